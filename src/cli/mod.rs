@@ -1,0 +1,69 @@
+//! The command line: one module per command; `main.rs` only parses and calls `run`.
+
+mod inspect;
+mod output;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code of a command whose job failed or was canceled.
+pub const EXIT_JOB_FAILED: u8 = 1;
+/// Exit code of a command refused for its input or environment.
+pub const EXIT_USAGE: u8 = 2;
+
+#[derive(Parser, Debug)]
+#[command(name = "jobcenter", version, about = "Maintenance work as DAG jobs with leader/follower execution")]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a job file in this process: engine, embedded store and executor.
+    Run(run::RunArgs),
+    /// Check a job file and print what it holds, storing nothing.
+    Validate { file: PathBuf },
+    /// List the jobs in a data directory.
+    Jobs(inspect::JobsArgs),
+    /// Show one job with its tasks.
+    Job(inspect::JobArgs),
+}
+
+/// Runs a parsed command line; returns the process exit code.
+pub fn main(cli: Cli) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("jobcenter: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+            Command::Validate { file } => run::validate(&file).await,
+            Command::Jobs(args) => inspect::jobs(args).await,
+            Command::Job(args) => inspect::job(args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("jobcenter: {e:#}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}

@@ -1,0 +1,628 @@
+//! The engine: one loop that owns every active job, applies leader and
+//! follower steps in order, and hands each iteration's changes to a
+//! committer thread that writes them as one atomic batch, flushes (group
+//! commit), and only then sends replies and dispatches work.
+//!
+//! Because the loop is the only writer and hands over whole iterations, no
+//! reader (of the engine or of the store) ever sees half of a step.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::active::ActiveJob;
+use crate::clock::{Clock, Timestamp};
+use crate::dispatch::{Assignment, Dispatch, HandlerSpec, Sink, WorkOrder};
+use crate::follower::{self, Outcome, Rejection, Released};
+use crate::leader;
+use crate::model::{
+    HandlerId, JobId, JobOrigin, JobRecord, JobSpec, JobState, StateCounts, TaskIdx, TaskRef, TaskState,
+};
+use crate::store::{self, Batch, JobFilter, Store, StoredJob};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown job {0}")]
+    UnknownJob(JobId),
+    #[error("job {0} has already ended")]
+    JobEnded(JobId),
+    #[error("job {0} has not ended: only an ended job can be retried")]
+    JobNotEnded(JobId),
+    #[error("job {job} has nothing to retry: it {state}")]
+    NothingToRetry { job: JobId, state: JobState },
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// What to do at start-up with attempts held by handlers of a previous run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Orphans {
+    /// Run them again at once: their handlers died with the process (embedded use).
+    Requeue,
+    /// Keep them; the recovery check decides once handlers had time to come back.
+    Keep,
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub orphans: Orphans,
+    /// Attempts a task may lose with its handler before it fails.
+    pub lost_attempt_limit: u32,
+    /// Commands one iteration takes at most.
+    pub max_commands_per_iteration: usize,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { orphans: Orphans::Keep, lost_attempt_limit: 3, max_commands_per_iteration: 8192 }
+    }
+}
+
+/// A summary of a job for progress displays.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub record: JobRecord,
+    pub counts: StateCounts,
+}
+
+type Reply<T> = oneshot::Sender<T>;
+
+enum Command {
+    Submit {
+        id: JobId,
+        spec: Arc<JobSpec>,
+        origin: JobOrigin,
+        reply: Reply<Result<JobId, Error>>,
+    },
+    Started {
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        reply: Option<Reply<Result<(), Rejection>>>,
+    },
+    Complete {
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        outcome: Outcome,
+        reply: Option<Reply<Result<(), Rejection>>>,
+    },
+    Cancel {
+        job: JobId,
+        reply: Reply<Result<(), Error>>,
+    },
+    Retry {
+        job: StoredJob,
+        reply: Reply<Result<(), Error>>,
+    },
+    AddHandler {
+        spec: HandlerSpec,
+    },
+    HandlerGone {
+        handler: HandlerId,
+        reason: String,
+        count_lost: bool,
+    },
+    Get {
+        job: JobId,
+        reply: Reply<Option<StoredJob>>,
+    },
+    Summary {
+        job: JobId,
+        reply: Reply<Option<Summary>>,
+    },
+    Wait {
+        job: JobId,
+        reply: Reply<Option<JobRecord>>,
+    },
+    ActiveJobs {
+        reply: Reply<Vec<JobRecord>>,
+    },
+}
+
+/// Work that may only happen after the iteration's batch is durable.
+enum Action {
+    Send { sink: Sink, order: WorkOrder },
+    Reply(Box<dyn FnOnce() + Send>),
+}
+
+#[derive(Default)]
+struct Step {
+    batch: Batch,
+    actions: Vec<Action>,
+}
+
+impl Step {
+    fn reply<T: Send + 'static>(&mut self, reply: Reply<T>, value: T) {
+        self.actions.push(Action::Reply(Box::new(move || {
+            let _ = reply.send(value);
+        })));
+    }
+}
+
+/// The engine's state: every active job, the dispatch table and the waiters.
+struct Core {
+    options: Options,
+    jobs: HashMap<JobId, ActiveJob>,
+    dispatch: Dispatch,
+    waiters: HashMap<JobId, Vec<Reply<Option<JobRecord>>>>,
+}
+
+impl Core {
+    fn queue_ready(&mut self, job: JobId, ready: &[u32], now: Timestamp) {
+        let Some(active) = self.jobs.get(&job) else { return };
+        for &idx in ready {
+            let spec = &active.spec.tasks[idx as usize];
+            let not_before = active.tasks[idx as usize].not_before;
+            self.dispatch.push_ready(
+                spec.job_type.clone(),
+                spec.priority,
+                TaskRef { job, idx: TaskIdx(idx) },
+                not_before,
+                now,
+            );
+        }
+    }
+
+    fn after_release(&mut self, job: JobId, released: Released, now: Timestamp, step: &mut Step) {
+        self.queue_ready(job, &released.ready, now);
+        if released.job_done {
+            self.finalize(job, now, step);
+        }
+    }
+
+    /// The leader's last step: mark the job and let its waiters go.
+    fn finalize(&mut self, job: JobId, now: Timestamp, step: &mut Step) {
+        let Some(active) = self.jobs.get_mut(&job) else { return };
+        if !leader::finalize(active, now, &mut step.batch) {
+            return;
+        }
+        let record = active.record.clone();
+        tracing::info!(job.id = %job, job.state = %record.state, "job ended");
+        self.jobs.remove(&job);
+        self.dispatch.forget_job(job);
+        for waiter in self.waiters.remove(&job).unwrap_or_default() {
+            step.reply(waiter, Some(record.clone()));
+        }
+    }
+
+    fn apply(&mut self, command: Command, now: Timestamp, step: &mut Step) {
+        match command {
+            Command::Submit { id, spec, origin, reply } => {
+                let (job, ready) = leader::submit(id, spec, origin, now, &mut step.batch);
+                tracing::info!(job.id = %id, job.name = %job.record.name, tasks = job.len(), "job submitted");
+                self.jobs.insert(id, job);
+                self.queue_ready(id, &ready, now);
+                step.reply(reply, Ok(id));
+            }
+            Command::Started { task, attempt, handler, reply } => {
+                let result = match self.jobs.get_mut(&task.job) {
+                    Some(job) => follower::start(job, task.idx.0, attempt, handler, now, &mut step.batch),
+                    None => Err(Rejection::JobEnded { job: task.job }),
+                };
+                if let Some(reply) = reply {
+                    step.reply(reply, result);
+                }
+            }
+            Command::Complete { task, attempt, handler, outcome, reply } => {
+                let result = self.complete(task, attempt, handler, outcome, now, step);
+                if let Err(rejection) = &result {
+                    tracing::warn!(job.id = %task.job, task.idx = task.idx.0, attempt, %handler, %rejection, "completion rejected");
+                }
+                if let Some(reply) = reply {
+                    step.reply(reply, result);
+                }
+            }
+            Command::Cancel { job, reply } => {
+                let result = match self.jobs.get_mut(&job) {
+                    Some(active) => {
+                        let running = leader::cancel(active, now, &mut step.batch);
+                        for (idx, attempt, handler) in running.running {
+                            if let Some(sink) = self.dispatch.sink(handler) {
+                                let order = WorkOrder::Cancel { task: TaskRef { job, idx: TaskIdx(idx) }, attempt };
+                                step.actions.push(Action::Send { sink: sink.clone(), order });
+                            }
+                        }
+                        self.dispatch.forget_job(job);
+                        self.finalize(job, now, step);
+                        Ok(())
+                    }
+                    None => Err(Error::JobEnded(job)),
+                };
+                step.reply(reply, result);
+            }
+            Command::Retry { job, reply } => {
+                let id = job.record.id;
+                let result = if self.jobs.contains_key(&id) || !job.record.state.is_terminal() {
+                    Err(Error::JobNotEnded(id))
+                } else if job.record.state == JobState::Succeeded {
+                    Err(Error::NothingToRetry { job: id, state: job.record.state })
+                } else {
+                    let mut active = ActiveJob::from_stored(job);
+                    let ready = leader::retry(&mut active, now, &mut step.batch);
+                    self.jobs.insert(id, active);
+                    self.queue_ready(id, &ready, now);
+                    Ok(())
+                };
+                step.reply(reply, result);
+            }
+            Command::AddHandler { spec } => {
+                tracing::debug!(handler = %spec.handler, capacity = spec.capacity, "handler joined");
+                self.dispatch.add_handler(spec);
+            }
+            Command::HandlerGone { handler, reason, count_lost } => {
+                self.dispatch.remove_handler(handler);
+                self.lose_handler(handler, &reason, count_lost, now, step);
+            }
+            Command::Get { job, reply } => {
+                let _ = reply.send(self.jobs.get(&job).map(ActiveJob::to_stored));
+            }
+            Command::Summary { job, reply } => {
+                let _ = reply.send(self.jobs.get(&job).map(|a| Summary { record: a.record.clone(), counts: a.counts }));
+            }
+            Command::Wait { job, reply } => {
+                if self.jobs.contains_key(&job) {
+                    self.waiters.entry(job).or_default().push(reply);
+                } else {
+                    let _ = reply.send(None);
+                }
+            }
+            Command::ActiveJobs { reply } => {
+                let _ = reply.send(self.jobs.values().map(|a| a.record.clone()).collect());
+            }
+        }
+    }
+
+    fn complete(
+        &mut self,
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        outcome: Outcome,
+        now: Timestamp,
+        step: &mut Step,
+    ) -> Result<(), Rejection> {
+        let Some(job) = self.jobs.get_mut(&task.job) else {
+            return Err(Rejection::JobEnded { job: task.job });
+        };
+        let released = follower::complete(job, task.idx.0, attempt, handler, outcome, now, &mut step.batch)?;
+        self.dispatch.release_slot(handler);
+        self.after_release(task.job, released, now, step);
+        Ok(())
+    }
+
+    /// Every attempt held by `handler` is lost at once.
+    fn lose_handler(&mut self, handler: HandlerId, reason: &str, count_lost: bool, now: Timestamp, step: &mut Step) {
+        let mut held: Vec<TaskRef> = Vec::new();
+        for (id, job) in &self.jobs {
+            for (idx, task) in job.tasks.iter().enumerate() {
+                if task.state.is_held() && task.handler == Some(handler) {
+                    held.push(TaskRef { job: *id, idx: TaskIdx(idx as u32) });
+                }
+            }
+        }
+        for task in held {
+            self.lose(task, reason, count_lost, now, step);
+        }
+    }
+
+    fn lose(&mut self, task: TaskRef, reason: &str, count_lost: bool, now: Timestamp, step: &mut Step) {
+        let limit = self.options.lost_attempt_limit;
+        let Some(job) = self.jobs.get_mut(&task.job) else { return };
+        if let Some(handler) = job.tasks[task.idx.index()].handler {
+            self.dispatch.release_slot(handler);
+        }
+        let released = follower::lose(job, task.idx.0, reason, count_lost, limit, now, &mut step.batch);
+        self.after_release(task.job, released, now, step);
+    }
+
+    /// Hands queued tasks to handlers with free slots, type by type.
+    fn dispatch_ready(&mut self, now: Timestamp, step: &mut Step) {
+        self.dispatch.promote_due(now);
+        for job_type in self.dispatch.queued_types() {
+            while let Some(handler) = self.dispatch.pick_handler(&job_type) {
+                let Some(task) = self.dispatch.pop(&job_type) else { break };
+                let Some(job) = self.jobs.get_mut(&task.job) else { continue };
+                let record = &job.tasks[task.idx.index()];
+                if record.state != TaskState::Ready {
+                    continue;
+                }
+                if record.not_before.is_some_and(|at| at > now) {
+                    let (job_type, priority) = {
+                        let spec = &job.spec.tasks[task.idx.index()];
+                        (spec.job_type.clone(), spec.priority)
+                    };
+                    self.dispatch.push_ready(job_type, priority, task, record.not_before, now);
+                    continue;
+                }
+                let running = self.dispatch.starts_running(handler);
+                let attempt = leader::assign(job, task.idx.0, handler, running, now, &mut step.batch);
+                let spec = &job.spec.tasks[task.idx.index()];
+                let assignment = Assignment {
+                    task,
+                    attempt,
+                    job_name: job.record.name.clone(),
+                    task_id: spec.id.clone(),
+                    job_type: spec.job_type.clone(),
+                    parameters: spec.parameters.clone(),
+                    labels: spec.labels.clone(),
+                    priority: spec.priority,
+                    execution_timeout_seconds: spec.execution_timeout_seconds,
+                };
+                self.dispatch.take_slot(handler);
+                if let Some(sink) = self.dispatch.sink(handler) {
+                    step.actions.push(Action::Send { sink: sink.clone(), order: WorkOrder::Execute(assignment) });
+                }
+            }
+        }
+    }
+
+    /// Brings stored active jobs back: repairs derived state, deals with
+    /// orphaned attempts, finalizes jobs whose tasks all ended, queues the rest.
+    fn restore(&mut self, stored: Vec<StoredJob>, now: Timestamp, step: &mut Step) {
+        for stored_job in stored {
+            let id = stored_job.record.id;
+            let mut job = ActiveJob::from_stored(stored_job);
+            let mut ready = Vec::new();
+            let mut orphans = Vec::new();
+            for idx in 0..job.len() as u32 {
+                let state = job.tasks[idx as usize].state;
+                if state == TaskState::Pending && job.unmet[idx as usize] == 0 {
+                    job.set_state(idx, TaskState::Ready, now);
+                    job.record_task(idx, &mut step.batch);
+                }
+                match job.tasks[idx as usize].state {
+                    TaskState::Ready => ready.push(idx),
+                    TaskState::Assigned | TaskState::Running => orphans.push(idx),
+                    _ => {}
+                }
+            }
+            self.jobs.insert(id, job);
+            self.queue_ready(id, &ready, now);
+            if self.options.orphans == Orphans::Requeue {
+                for idx in orphans {
+                    self.lose(TaskRef { job: id, idx: TaskIdx(idx) }, "the admin restarted", false, now, step);
+                }
+            }
+            if self.jobs.get(&id).is_some_and(ActiveJob::all_ended) {
+                self.finalize(id, now, step);
+            }
+        }
+    }
+}
+
+/// A cheap, cloneable handle to a running engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    commands: mpsc::Sender<Command>,
+    store: Arc<dyn Store>,
+}
+
+/// The engine itself; `start` loads the store and returns its handle.
+pub struct Engine;
+
+impl Engine {
+    /// Loads every active job, makes start-up repairs durable, then runs the
+    /// loop and the committer until every handle is dropped.
+    pub async fn start(store: Arc<dyn Store>, clock: Arc<dyn Clock>, options: Options) -> Result<EngineHandle, Error> {
+        let loaded = {
+            let store = store.clone();
+            tokio::task::spawn_blocking(move || store.load_active()).await.map_err(|_| Error::Stopped)??
+        };
+        let mut core = Core { options, jobs: HashMap::new(), dispatch: Dispatch::default(), waiters: HashMap::new() };
+        let mut step = Step::default();
+        core.restore(loaded, clock.now(), &mut step);
+        if !step.batch.is_empty() {
+            let store = store.clone();
+            let batch = std::mem::take(&mut step.batch);
+            tokio::task::spawn_blocking(move || store.write(&batch).and_then(|()| store.flush()))
+                .await
+                .map_err(|_| Error::Stopped)??;
+        }
+        let (commands_tx, commands_rx) = mpsc::channel(65_536);
+        let (steps_tx, steps_rx) = mpsc::channel(64);
+        let committer_store = store.clone();
+        std::thread::Builder::new()
+            .name("jobcenter-commit".into())
+            .spawn(move || run_committer(committer_store, steps_rx))
+            .map_err(|e| Error::Store(store::Error::Io(e.to_string())))?;
+        tokio::spawn(run_loop(core, clock, commands_rx, steps_tx));
+        Ok(EngineHandle { commands: commands_tx, store })
+    }
+}
+
+async fn run_loop(
+    mut core: Core,
+    clock: Arc<dyn Clock>,
+    mut commands: mpsc::Receiver<Command>,
+    steps: mpsc::Sender<Step>,
+) {
+    let max = core.options.max_commands_per_iteration;
+    let mut received: Vec<Command> = Vec::with_capacity(max);
+    loop {
+        let first = match core.dispatch.next_wake() {
+            Some(at) => {
+                let wait = std::time::Duration::from_millis(at.millis_since(clock.now()));
+                tokio::select! {
+                    command = commands.recv() => match command {
+                        Some(command) => Some(command),
+                        None => break,
+                    },
+                    () = tokio::time::sleep(wait) => None,
+                }
+            }
+            None => match commands.recv().await {
+                Some(command) => Some(command),
+                None => break,
+            },
+        };
+        received.extend(first);
+        while received.len() < max {
+            match commands.try_recv() {
+                Ok(command) => received.push(command),
+                Err(_) => break,
+            }
+        }
+        let now = clock.now();
+        let mut step = Step::default();
+        for command in received.drain(..) {
+            core.apply(command, now, &mut step);
+        }
+        core.dispatch_ready(now, &mut step);
+        if (!step.batch.is_empty() || !step.actions.is_empty()) && steps.send(step).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Writes every step it has, flushes once, then performs their actions.
+fn run_committer(store: Arc<dyn Store>, mut steps: mpsc::Receiver<Step>) {
+    let mut pending: Vec<Step> = Vec::new();
+    while let Some(step) = steps.blocking_recv() {
+        pending.push(step);
+        while let Ok(step) = steps.try_recv() {
+            pending.push(step);
+        }
+        let mut wrote = false;
+        for step in &pending {
+            if !step.batch.is_empty() {
+                fail_stop(store.write(&step.batch));
+                wrote = true;
+            }
+        }
+        if wrote {
+            fail_stop(store.flush());
+        }
+        for step in pending.drain(..) {
+            for action in step.actions {
+                match action {
+                    Action::Send { sink, order } => {
+                        let _ = sink.send(order);
+                    }
+                    Action::Reply(reply) => reply(),
+                }
+            }
+        }
+    }
+}
+
+/// A store that cannot write is fail-stop: nothing after it may be acknowledged.
+fn fail_stop(result: Result<(), store::Error>) {
+    if let Err(e) = result {
+        tracing::error!(error = %e, "store write failed; stopping");
+        eprintln!("jobcenter: {e}; stopping so that nothing unwritten is acknowledged");
+        std::process::exit(74);
+    }
+}
+
+impl EngineHandle {
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, Error> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.send(make(tx)).await.map_err(|_| Error::Stopped)?;
+        rx.await.map_err(|_| Error::Stopped)
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Persists a validated job; returns its id once it is durable.
+    pub async fn submit(&self, spec: JobSpec, origin: JobOrigin) -> Result<JobId, Error> {
+        let spec = Arc::new(spec);
+        self.call(|reply| Command::Submit { id: JobId::new(), spec, origin, reply }).await?
+    }
+
+    /// Reports that an attempt began executing.
+    pub async fn started(
+        &self,
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+    ) -> Result<Result<(), Rejection>, Error> {
+        self.call(|reply| Command::Started { task, attempt, handler, reply: Some(reply) }).await
+    }
+
+    /// Reports an attempt's outcome; the answer comes once the step is durable.
+    pub async fn complete(
+        &self,
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        outcome: Outcome,
+    ) -> Result<Result<(), Rejection>, Error> {
+        self.call(|reply| Command::Complete { task, attempt, handler, outcome, reply: Some(reply) }).await
+    }
+
+    pub async fn cancel(&self, job: JobId) -> Result<(), Error> {
+        match self.call(|reply| Command::Cancel { job, reply }).await? {
+            Err(Error::JobEnded(_)) if self.stored(job).await?.is_none() => Err(Error::UnknownJob(job)),
+            other => other,
+        }
+    }
+
+    /// Retries the failed part of an ended job.
+    pub async fn retry(&self, job: JobId) -> Result<(), Error> {
+        let stored = self.stored(job).await?.ok_or(Error::UnknownJob(job))?;
+        self.call(|reply| Command::Retry { job: stored, reply }).await?
+    }
+
+    pub async fn add_handler(&self, spec: HandlerSpec) -> Result<(), Error> {
+        self.commands.send(Command::AddHandler { spec }).await.map_err(|_| Error::Stopped)
+    }
+
+    /// Every attempt the handler holds is lost; `count_lost` counts it against the tasks.
+    pub async fn handler_gone(&self, handler: HandlerId, reason: &str, count_lost: bool) -> Result<(), Error> {
+        let reason = reason.to_string();
+        self.commands.send(Command::HandlerGone { handler, reason, count_lost }).await.map_err(|_| Error::Stopped)
+    }
+
+    /// A job with all its tasks, active or ended.
+    pub async fn job(&self, job: JobId) -> Result<Option<StoredJob>, Error> {
+        match self.call(|reply| Command::Get { job, reply }).await? {
+            Some(active) => Ok(Some(active)),
+            None => self.stored(job).await,
+        }
+    }
+
+    pub async fn summary(&self, job: JobId) -> Result<Option<Summary>, Error> {
+        match self.call(|reply| Command::Summary { job, reply }).await? {
+            Some(summary) => Ok(Some(summary)),
+            None => Ok(self.stored(job).await?.map(|stored| {
+                let mut counts = StateCounts::default();
+                for task in &stored.tasks {
+                    counts.add(task.state);
+                }
+                Summary { record: stored.record, counts }
+            })),
+        }
+    }
+
+    /// Waits until the job has ended and returns its final record.
+    pub async fn wait(&self, job: JobId) -> Result<JobRecord, Error> {
+        match self.call(|reply| Command::Wait { job, reply }).await? {
+            Some(record) => Ok(record),
+            None => match self.stored(job).await? {
+                Some(stored) if stored.record.state.is_terminal() => Ok(stored.record),
+                Some(_) => Err(Error::Stopped),
+                None => Err(Error::UnknownJob(job)),
+            },
+        }
+    }
+
+    pub async fn active_jobs(&self) -> Result<Vec<JobRecord>, Error> {
+        self.call(|reply| Command::ActiveJobs { reply }).await
+    }
+
+    pub async fn list(&self, filter: JobFilter) -> Result<Vec<JobRecord>, Error> {
+        let store = self.store.clone();
+        Ok(tokio::task::spawn_blocking(move || store.list_jobs(&filter)).await.map_err(|_| Error::Stopped)??)
+    }
+
+    async fn stored(&self, job: JobId) -> Result<Option<StoredJob>, Error> {
+        let store = self.store.clone();
+        Ok(tokio::task::spawn_blocking(move || store.get_job(job)).await.map_err(|_| Error::Stopped)??)
+    }
+}

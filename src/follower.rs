@@ -1,0 +1,209 @@
+//! The follower step: what happens when a task ends, as one set of changes
+//! that the engine writes in a single atomic batch.
+//!
+//! On success the step records the result and releases every child whose
+//! last unmet dependency this was. On failure (retries spent) it records the
+//! failure and marks every descendant `upstream_failed` in the same batch, so
+//! a child that would become ready at the same moment is never dispatched.
+//! It reports when it ended the job's last task: the leader then finalizes.
+
+use crate::active::ActiveJob;
+use crate::clock::Timestamp;
+use crate::model::{HandlerId, JobId, TaskState};
+use crate::store::Batch;
+
+/// How an attempt ended, as its handler reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded { output: Vec<String> },
+    Failed { error: String, output: Vec<String> },
+    Canceled { reason: String },
+}
+
+/// Why a completion (or start report) was refused; a refused report changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    #[error("unknown job {job}")]
+    UnknownJob { job: JobId },
+    #[error("job {job} has already ended")]
+    JobEnded { job: JobId },
+    #[error("unknown task #{idx} in job {job}")]
+    UnknownTask { job: JobId, idx: u32 },
+    #[error("stale attempt: the task is on attempt {current}, the report is for attempt {reported}")]
+    StaleAttempt { current: u32, reported: u32 },
+    #[error("already ended: the task is {state}")]
+    AlreadyEnded { state: TaskState },
+    #[error("not dispatched: the task is {state}")]
+    NotHeld { state: TaskState },
+    #[error("not the holder: attempt {attempt} is held by handler {holder}")]
+    NotHolder { attempt: u32, holder: String },
+}
+
+/// What the follower step did besides writing records.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Released {
+    /// Children that became ready (or the task itself, for a retry).
+    pub ready: Vec<u32>,
+    /// The job has no task left that is not terminal.
+    pub job_done: bool,
+}
+
+/// Checks that `handler` holds `attempt` of the task.
+pub fn check_holder(job: &ActiveJob, idx: u32, attempt: u32, handler: HandlerId) -> Result<(), Rejection> {
+    let Some(task) = job.tasks.get(idx as usize) else {
+        return Err(Rejection::UnknownTask { job: job.id(), idx });
+    };
+    if attempt != task.attempt {
+        return Err(Rejection::StaleAttempt { current: task.attempt, reported: attempt });
+    }
+    if task.state.is_terminal() {
+        return Err(Rejection::AlreadyEnded { state: task.state });
+    }
+    if !task.state.is_held() {
+        return Err(Rejection::NotHeld { state: task.state });
+    }
+    if task.handler != Some(handler) {
+        let holder = task.handler.map(|h| h.to_string()).unwrap_or_else(|| "nobody".into());
+        return Err(Rejection::NotHolder { attempt, holder });
+    }
+    Ok(())
+}
+
+/// The attempt has begun executing (assigned -> running).
+pub fn start(
+    job: &mut ActiveJob,
+    idx: u32,
+    attempt: u32,
+    handler: HandlerId,
+    now: Timestamp,
+    batch: &mut Batch,
+) -> Result<(), Rejection> {
+    check_holder(job, idx, attempt, handler)?;
+    if job.tasks[idx as usize].state == TaskState::Assigned {
+        job.set_state(idx, TaskState::Running, now);
+        job.tasks[idx as usize].started_at = Some(now);
+        job.record_task(idx, batch);
+    }
+    Ok(())
+}
+
+/// The follower step for a reported outcome.
+pub fn complete(
+    job: &mut ActiveJob,
+    idx: u32,
+    attempt: u32,
+    handler: HandlerId,
+    outcome: Outcome,
+    now: Timestamp,
+    batch: &mut Batch,
+) -> Result<Released, Rejection> {
+    check_holder(job, idx, attempt, handler)?;
+    let mut released = Released::default();
+    match outcome {
+        Outcome::Succeeded { output } => {
+            let task = &mut job.tasks[idx as usize];
+            task.output = output;
+            task.error = None;
+            succeed(job, idx, now, batch, &mut released);
+        }
+        Outcome::Failed { error, output } => {
+            let retry_limit = job.spec.tasks[idx as usize].retry_limit;
+            let backoff = job.spec.tasks[idx as usize].retry_backoff_seconds;
+            let task = &mut job.tasks[idx as usize];
+            task.output = output;
+            task.error = Some(error);
+            task.failures += 1;
+            if task.failures <= retry_limit && !job.record.cancel_requested {
+                task.handler = None;
+                task.not_before = Some(now.plus_seconds(backoff));
+                job.set_state(idx, TaskState::Ready, now);
+                job.record_task(idx, batch);
+                released.ready.push(idx);
+            } else {
+                fail(job, idx, TaskState::Failed, now, batch);
+            }
+        }
+        Outcome::Canceled { reason } => {
+            job.tasks[idx as usize].error = Some(reason);
+            fail(job, idx, TaskState::Canceled, now, batch);
+        }
+    }
+    released.job_done = job.all_ended();
+    Ok(released)
+}
+
+/// The held attempt is gone with its handler. Counted against the task's
+/// lost-attempt limit when `count` is set (a worker died), not when the
+/// admin itself restarted. Returns what was released.
+pub fn lose(
+    job: &mut ActiveJob,
+    idx: u32,
+    reason: &str,
+    count: bool,
+    lost_limit: u32,
+    now: Timestamp,
+    batch: &mut Batch,
+) -> Released {
+    let mut released = Released::default();
+    let task = &mut job.tasks[idx as usize];
+    if !task.state.is_held() {
+        return released;
+    }
+    if count {
+        task.lost += 1;
+    }
+    task.error = Some(reason.to_string());
+    task.handler = None;
+    if task.lost > lost_limit {
+        task.error = Some(format!("{reason}; lost {} times, the limit is {lost_limit}", task.lost));
+        fail(job, idx, TaskState::Failed, now, batch);
+    } else if job.record.cancel_requested {
+        fail(job, idx, TaskState::Canceled, now, batch);
+    } else {
+        task.not_before = None;
+        job.set_state(idx, TaskState::Ready, now);
+        job.record_task(idx, batch);
+        released.ready.push(idx);
+    }
+    released.job_done = job.all_ended();
+    released
+}
+
+fn succeed(job: &mut ActiveJob, idx: u32, now: Timestamp, batch: &mut Batch, released: &mut Released) {
+    job.set_state(idx, TaskState::Succeeded, now);
+    job.record_task(idx, batch);
+    let spec = job.spec.clone();
+    for &child in spec.dag.children(idx) {
+        let unmet = &mut job.unmet[child as usize];
+        *unmet -= 1;
+        if *unmet == 0 && job.tasks[child as usize].state == TaskState::Pending {
+            job.set_state(child, TaskState::Ready, now);
+            job.record_task(child, batch);
+            released.ready.push(child);
+        }
+    }
+}
+
+/// Ends a task as failed or canceled and marks every descendant that has
+/// not ended `upstream_failed` (or `canceled`), iteratively.
+fn fail(job: &mut ActiveJob, idx: u32, state: TaskState, now: Timestamp, batch: &mut Batch) {
+    job.set_state(idx, state, now);
+    job.record_task(idx, batch);
+    let (descendant_state, error) = match state {
+        TaskState::Canceled => (TaskState::Canceled, "canceled with its job".to_string()),
+        _ => (TaskState::UpstreamFailed, format!("upstream task {:?} failed", &*job.spec.tasks[idx as usize].id)),
+    };
+    let spec = job.spec.clone();
+    let mut stack: Vec<u32> = spec.dag.children(idx).to_vec();
+    while let Some(t) = stack.pop() {
+        if job.tasks[t as usize].state != TaskState::Pending {
+            // Already ended through another failed ancestor (with its own
+            // descendants), or, for a ready child of a retried job, not ours.
+            continue;
+        }
+        job.tasks[t as usize].error = Some(error.clone());
+        job.set_state(t, descendant_state, now);
+        job.record_task(t, batch);
+        stack.extend_from_slice(spec.dag.children(t));
+    }
+}

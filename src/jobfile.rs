@@ -1,0 +1,535 @@
+//! The job file format (JSON, TOML or YAML) and its validation into a `JobSpec`.
+//!
+//! Validation collects every problem it can name (up to a bound) so that a
+//! user fixes a file in one pass; nothing is stored for a rejected job.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+
+use crate::dag::{Cycle, Dag};
+use crate::model::{JobSpec, Priority, TaskSpec};
+
+/// Bounds on what a job may hold.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_file_bytes: u64,
+    pub max_tasks: usize,
+    pub max_edges: usize,
+    pub max_id_bytes: usize,
+    pub max_parameter_bytes: usize,
+    pub max_parameter_depth: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_file_bytes: 512 * 1024 * 1024,
+            max_tasks: 1_000_000,
+            max_edges: 10_000_000,
+            max_id_bytes: 256,
+            max_parameter_bytes: 64 * 1024,
+            max_parameter_depth: 32,
+        }
+    }
+}
+
+/// The most problems one error lists before it stops looking.
+const MAX_PROBLEMS: usize = 20;
+/// The deepest nesting a whole document may have; deeper input is refused
+/// before it is parsed, whatever part of the file it is in.
+const MAX_DOCUMENT_DEPTH: usize = 100;
+const MAX_NAME_BYTES: usize = 256;
+const MAX_JOB_TYPE_BYTES: usize = 128;
+const MAX_LABEL_VALUE_BYTES: usize = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    Toml,
+    Yaml,
+}
+
+impl Format {
+    /// The format a file's extension names; JSON when it names none of them.
+    pub fn from_path(path: &Path) -> Format {
+        match path.extension().and_then(|e| e.to_str()).map(|e| e.to_ascii_lowercase()).as_deref() {
+            Some("toml") => Format::Toml,
+            Some("yaml" | "yml") => Format::Yaml,
+            _ => Format::Json,
+        }
+    }
+}
+
+/// One broken rule, with the place it is broken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Problem {
+    FileTooLarge { bytes: u64, limit: u64 },
+    Unreadable { message: String },
+    Syntax { rule: &'static str, message: String },
+    TooDeep { line: usize, column: usize },
+    EmptyJob,
+    BadName { reason: String },
+    TooManyTasks { count: usize, limit: usize },
+    TooManyEdges { count: usize, limit: usize },
+    EmptyId { index: usize },
+    IdTooLong { index: usize, bytes: usize, limit: usize },
+    IdCharacter { id: String, character: char },
+    DuplicateId { id: String, first: usize, second: usize },
+    BadJobType { task: String, reason: String },
+    SelfDependency { task: String },
+    UnknownDependency { task: String, dependency: String },
+    DuplicateDependency { task: String, dependency: String },
+    ParametersNotObject { task: String },
+    ParametersTooLarge { task: String, bytes: usize, limit: usize },
+    ParametersTooDeep { task: String, depth: usize, limit: usize },
+    BadLabel { task: String, key: String, reason: String },
+    Cycle { path: Vec<String> },
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::FileTooLarge { bytes, limit } => {
+                write!(f, "file too large: {bytes} bytes, the limit is {limit}")
+            }
+            Problem::Unreadable { message } => write!(f, "unreadable: {message}"),
+            Problem::Syntax { rule, message } => write!(f, "{rule}: {message}"),
+            Problem::TooDeep { line, column } => write!(
+                f,
+                "nesting too deep: more than {MAX_DOCUMENT_DEPTH} levels at line {line}, column {column} \
+                 (parameters may nest at most 32 levels)"
+            ),
+            Problem::EmptyJob => write!(f, "empty job: a job needs at least one task"),
+            Problem::BadName { reason } => write!(f, "job name: {reason}"),
+            Problem::TooManyTasks { count, limit } => {
+                write!(f, "too many tasks: {count}, the limit is {limit}")
+            }
+            Problem::TooManyEdges { count, limit } => {
+                write!(f, "too many dependencies: {count} edges, the limit is {limit}")
+            }
+            Problem::EmptyId { index } => write!(f, "empty id: task #{index} has an empty id"),
+            Problem::IdTooLong { index, bytes, limit } => {
+                write!(f, "id too long: task #{index} has an id of {bytes} bytes, the limit is {limit}")
+            }
+            Problem::IdCharacter { id, character } => write!(
+                f,
+                "id character: task {id:?} uses {character:?}; ids may use ASCII letters, digits and . _ - : / @"
+            ),
+            Problem::DuplicateId { id, first, second } => {
+                write!(f, "duplicate id: {id:?} is declared by task #{first} and task #{second}")
+            }
+            Problem::BadJobType { task, reason } => write!(f, "job type: task {task:?} {reason}"),
+            Problem::SelfDependency { task } => {
+                write!(f, "self-dependency: task {task:?} depends on itself")
+            }
+            Problem::UnknownDependency { task, dependency } => {
+                write!(f, "unknown dependency: task {task:?} depends on {dependency:?}, which is not in the job")
+            }
+            Problem::DuplicateDependency { task, dependency } => {
+                write!(f, "duplicate dependency: task {task:?} lists {dependency:?} more than once")
+            }
+            Problem::ParametersNotObject { task } => {
+                write!(f, "parameters: task {task:?} has parameters that are not an object")
+            }
+            Problem::ParametersTooLarge { task, bytes, limit } => {
+                write!(f, "parameters too large: task {task:?} has {bytes} bytes of parameters, the limit is {limit}")
+            }
+            Problem::ParametersTooDeep { task, depth, limit } => write!(
+                f,
+                "parameters too deep: task {task:?} nests its parameters {depth} levels, the limit is {limit}"
+            ),
+            Problem::BadLabel { task, key, reason } => {
+                write!(f, "label: task {task:?} label {key:?} {reason}")
+            }
+            Problem::Cycle { path } => {
+                write!(f, "cycle: ")?;
+                write_cycle(f, path)
+            }
+        }
+    }
+}
+
+fn write_cycle(f: &mut fmt::Formatter<'_>, path: &[String]) -> fmt::Result {
+    const SHOWN: usize = 5;
+    let quoted = |s: &String| format!("{s:?}");
+    let body: Vec<String> = if path.len() > 2 * SHOWN + 1 {
+        let mut v: Vec<String> = path[..SHOWN].iter().map(quoted).collect();
+        v.push(format!("... ({} more)", path.len() - 2 * SHOWN));
+        v.extend(path[path.len() - SHOWN..].iter().map(quoted));
+        v
+    } else {
+        path.iter().map(quoted).collect()
+    };
+    write!(f, "{}", body.join(" depends on "))?;
+    if let Some(first) = path.first() {
+        write!(f, " depends on {first:?} ({} tasks)", path.len())?;
+    }
+    Ok(())
+}
+
+/// A rejected job file: where it came from and every problem found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct Error {
+    pub source_name: String,
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let [only] = self.problems.as_slice() {
+            return write!(f, "invalid job {}: {only}", self.source_name);
+        }
+        write!(f, "invalid job {}: {} problems", self.source_name, self.problems.len())?;
+        for problem in &self.problems {
+            write!(f, "\n  - {problem}")?;
+        }
+        if self.problems.len() >= MAX_PROBLEMS {
+            write!(f, "\n  (stopped after {MAX_PROBLEMS} problems)")?;
+        }
+        Ok(())
+    }
+}
+
+impl Error {
+    fn one(source_name: &str, problem: Problem) -> Error {
+        Error { source_name: source_name.to_string(), problems: vec![problem] }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobFile {
+    name: String,
+    tasks: Vec<TaskFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskFile {
+    id: String,
+    job_type: String,
+    #[serde(default)]
+    parameters: Option<Box<RawValue>>,
+    #[serde(default)]
+    depends_on: Vec<String>,
+    #[serde(default)]
+    priority: Priority,
+    #[serde(default)]
+    labels: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    retry_limit: u32,
+    #[serde(default = "default_backoff")]
+    retry_backoff_seconds: u64,
+    #[serde(default)]
+    execution_timeout_seconds: Option<u64>,
+}
+
+fn default_backoff() -> u64 {
+    5
+}
+
+/// Reads and validates a job file; the format follows the extension.
+pub fn read_file(path: &Path, limits: &Limits) -> Result<JobSpec, Error> {
+    let source_name = path.display().to_string();
+    let file = std::fs::File::open(path)
+        .map_err(|e| Error::one(&source_name, Problem::Unreadable { message: e.to_string() }))?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if size > limits.max_file_bytes {
+        return Err(Error::one(&source_name, Problem::FileTooLarge { bytes: size, limit: limits.max_file_bytes }));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(limits.max_file_bytes + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::one(&source_name, Problem::Unreadable { message: e.to_string() }))?;
+    parse(&bytes, Format::from_path(path), &source_name, limits)
+}
+
+/// Parses and validates a job from its bytes.
+pub fn parse(bytes: &[u8], format: Format, source_name: &str, limits: &Limits) -> Result<JobSpec, Error> {
+    if bytes.len() as u64 > limits.max_file_bytes {
+        return Err(Error::one(
+            source_name,
+            Problem::FileTooLarge { bytes: bytes.len() as u64, limit: limits.max_file_bytes },
+        ));
+    }
+    let fingerprint: [u8; 32] = Sha256::digest(bytes).into();
+    let file = match format {
+        Format::Json => {
+            if let Some((line, column)) = too_deep_at(bytes) {
+                return Err(Error::one(source_name, Problem::TooDeep { line, column }));
+            }
+            serde_json::from_slice::<JobFile>(bytes).map_err(|e| Error::one(source_name, syntax(&e.to_string())))?
+        }
+        Format::Toml | Format::Yaml => {
+            let value = parse_other(bytes, format).map_err(|p| Error::one(source_name, p))?;
+            let json = serde_json::to_vec(&value).map_err(|e| Error::one(source_name, syntax(&e.to_string())))?;
+            if too_deep_at(&json).is_some() {
+                return Err(Error::one(source_name, Problem::TooDeep { line: 0, column: 0 }));
+            }
+            serde_json::from_slice::<JobFile>(&json)
+                .map_err(|e| Error::one(source_name, syntax(&strip_position(&e))))?
+        }
+    };
+    validate(file, fingerprint, limits).map_err(|problems| Error { source_name: source_name.to_string(), problems })
+}
+
+fn parse_other(bytes: &[u8], format: Format) -> Result<serde_json::Value, Problem> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| Problem::Syntax { rule: "syntax", message: format!("not UTF-8: {e}") })?;
+    match format {
+        Format::Toml => toml::from_str::<serde_json::Value>(text).map_err(|e| syntax(e.message())),
+        _ => serde_yaml_ng::from_str::<serde_json::Value>(text).map_err(|e| syntax(&e.to_string())),
+    }
+}
+
+fn strip_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
+
+fn syntax(message: &str) -> Problem {
+    let rule = if message.starts_with("unknown field") {
+        "unknown field"
+    } else if message.starts_with("missing field") {
+        "missing field"
+    } else if message.starts_with("unknown variant") {
+        "unknown value"
+    } else if message.starts_with("invalid type") {
+        "wrong type"
+    } else {
+        "syntax"
+    };
+    Problem::Syntax { rule, message: message.trim().to_string() }
+}
+
+/// Position (1-based line and column) where a JSON document first nests
+/// deeper than `MAX_DOCUMENT_DEPTH`, scanning without parsing.
+fn too_deep_at(bytes: &[u8]) -> Option<(usize, usize)> {
+    nesting_depth(bytes, MAX_DOCUMENT_DEPTH).err()
+}
+
+/// Maximum nesting depth of JSON text, or the position where it exceeds `limit`.
+fn nesting_depth(bytes: &[u8], limit: usize) -> Result<usize, (usize, usize)> {
+    let (mut depth, mut max_depth) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    let (mut line, mut line_start) = (1usize, 0usize);
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                max_depth = max_depth.max(depth);
+                if depth > limit {
+                    return Err((line, i - line_start + 1));
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b'\n' => {
+                line += 1;
+                line_start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    Ok(max_depth)
+}
+
+fn check_id(id: &str, index: usize, limits: &Limits, problems: &mut Vec<Problem>) {
+    if id.is_empty() {
+        problems.push(Problem::EmptyId { index });
+    } else if id.len() > limits.max_id_bytes {
+        problems.push(Problem::IdTooLong { index, bytes: id.len(), limit: limits.max_id_bytes });
+    } else if let Some(character) = id.chars().find(|c| !is_id_char(*c)) {
+        problems.push(Problem::IdCharacter { id: id.to_string(), character });
+    }
+}
+
+/// Task ids use ASCII letters, digits and `. _ - : / @`.
+pub fn is_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '/' | '@')
+}
+
+fn label_value(value: &serde_json::Value) -> Result<String, String> {
+    match value {
+        serde_json::Value::String(s) => Ok(s.clone()),
+        serde_json::Value::Number(n) => Ok(n.to_string()),
+        serde_json::Value::Bool(b) => Ok(b.to_string()),
+        _ => Err("must be a string, number or boolean".to_string()),
+    }
+}
+
+fn validate(file: JobFile, fingerprint: [u8; 32], limits: &Limits) -> Result<JobSpec, Vec<Problem>> {
+    let mut problems = Vec::new();
+    if file.name.trim().is_empty() {
+        problems.push(Problem::BadName { reason: "must not be empty".into() });
+    } else if file.name.len() > MAX_NAME_BYTES {
+        problems.push(Problem::BadName { reason: format!("longer than {MAX_NAME_BYTES} bytes") });
+    } else if file.name.chars().any(char::is_control) {
+        problems.push(Problem::BadName { reason: "must not contain control characters".into() });
+    }
+    if file.tasks.is_empty() {
+        problems.push(Problem::EmptyJob);
+        return Err(problems);
+    }
+    if file.tasks.len() > limits.max_tasks {
+        problems.push(Problem::TooManyTasks { count: file.tasks.len(), limit: limits.max_tasks });
+        return Err(problems);
+    }
+    let n_edges: usize = file.tasks.iter().map(|t| t.depends_on.len()).sum();
+    if n_edges > limits.max_edges {
+        problems.push(Problem::TooManyEdges { count: n_edges, limit: limits.max_edges });
+        return Err(problems);
+    }
+
+    let mut index_of: HashMap<&str, u32> = HashMap::with_capacity(file.tasks.len());
+    for (index, task) in file.tasks.iter().enumerate() {
+        check_id(&task.id, index, limits, &mut problems);
+        if let Some(first) = index_of.insert(task.id.as_str(), index as u32) {
+            problems.push(Problem::DuplicateId { id: task.id.clone(), first: first as usize, second: index });
+            index_of.insert(task.id.as_str(), first);
+        }
+        if problems.len() >= MAX_PROBLEMS {
+            return Err(problems);
+        }
+    }
+
+    let mut parent_lists: Vec<Vec<u32>> = Vec::with_capacity(file.tasks.len());
+    for task in &file.tasks {
+        let mut parents = Vec::with_capacity(task.depends_on.len());
+        for dependency in &task.depends_on {
+            if *dependency == task.id {
+                problems.push(Problem::SelfDependency { task: task.id.clone() });
+            } else {
+                match index_of.get(dependency.as_str()) {
+                    Some(&p) => {
+                        if parents.contains(&p) {
+                            problems.push(Problem::DuplicateDependency {
+                                task: task.id.clone(),
+                                dependency: dependency.clone(),
+                            });
+                        } else {
+                            parents.push(p);
+                        }
+                    }
+                    None => problems
+                        .push(Problem::UnknownDependency { task: task.id.clone(), dependency: dependency.clone() }),
+                }
+            }
+        }
+        parents.sort_unstable();
+        parent_lists.push(parents);
+        if problems.len() >= MAX_PROBLEMS {
+            return Err(problems);
+        }
+    }
+    drop(index_of);
+
+    let mut job_types: HashMap<String, Arc<str>> = HashMap::new();
+    let mut tasks = Vec::with_capacity(file.tasks.len());
+    for task in file.tasks {
+        let task_problems_before = problems.len();
+        if task.job_type.is_empty() {
+            problems.push(Problem::BadJobType { task: task.id.clone(), reason: "is empty".into() });
+        } else if task.job_type.len() > MAX_JOB_TYPE_BYTES {
+            problems.push(Problem::BadJobType {
+                task: task.id.clone(),
+                reason: format!("is longer than {MAX_JOB_TYPE_BYTES} bytes"),
+            });
+        } else if !task.job_type.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
+            problems.push(Problem::BadJobType {
+                task: task.id.clone(),
+                reason: format!("{:?} may use ASCII letters, digits and _ - . only", task.job_type),
+            });
+        }
+        let parameters: Box<str> = match task.parameters {
+            None => "{}".into(),
+            Some(raw) => {
+                let text = raw.get();
+                if !text.starts_with('{') {
+                    problems.push(Problem::ParametersNotObject { task: task.id.clone() });
+                } else if text.len() > limits.max_parameter_bytes {
+                    problems.push(Problem::ParametersTooLarge {
+                        task: task.id.clone(),
+                        bytes: text.len(),
+                        limit: limits.max_parameter_bytes,
+                    });
+                } else {
+                    let depth = nesting_depth(text.as_bytes(), usize::MAX).unwrap_or(usize::MAX);
+                    if depth > limits.max_parameter_depth {
+                        problems.push(Problem::ParametersTooDeep {
+                            task: task.id.clone(),
+                            depth,
+                            limit: limits.max_parameter_depth,
+                        });
+                    }
+                }
+                Box::<str>::from(raw)
+            }
+        };
+        let mut labels = BTreeMap::new();
+        for (key, value) in task.labels {
+            match label_value(&value) {
+                Ok(v) if v.len() <= MAX_LABEL_VALUE_BYTES && !key.is_empty() => {
+                    labels.insert(key, v);
+                }
+                Ok(_) if key.is_empty() => {
+                    problems.push(Problem::BadLabel { task: task.id.clone(), key, reason: "has an empty key".into() })
+                }
+                Ok(_) => problems.push(Problem::BadLabel {
+                    task: task.id.clone(),
+                    key,
+                    reason: format!("is longer than {MAX_LABEL_VALUE_BYTES} bytes"),
+                }),
+                Err(reason) => problems.push(Problem::BadLabel { task: task.id.clone(), key, reason }),
+            }
+        }
+        if problems.len() >= MAX_PROBLEMS {
+            return Err(problems);
+        }
+        if problems.len() > task_problems_before {
+            continue;
+        }
+        let job_type =
+            job_types.entry(task.job_type.clone()).or_insert_with(|| Arc::from(task.job_type.as_str())).clone();
+        tasks.push(TaskSpec {
+            id: task.id.into_boxed_str(),
+            job_type,
+            parameters,
+            priority: task.priority,
+            labels,
+            retry_limit: task.retry_limit,
+            retry_backoff_seconds: task.retry_backoff_seconds,
+            execution_timeout_seconds: task.execution_timeout_seconds,
+        });
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+
+    let dag = Dag::from_parents(&parent_lists);
+    drop(parent_lists);
+    if let Err(Cycle(path)) = dag.check_acyclic() {
+        let path = path.iter().map(|&t| tasks[t as usize].id.to_string()).collect();
+        return Err(vec![Problem::Cycle { path }]);
+    }
+    Ok(JobSpec { name: file.name, tasks, dag, fingerprint })
+}

@@ -1,0 +1,14 @@
+//! jobcenter: maintenance work as DAG jobs with leader/follower execution.
+
+pub mod active;
+pub mod cli;
+pub mod clock;
+pub mod dag;
+pub mod dispatch;
+pub mod engine;
+pub mod follower;
+pub mod jobfile;
+pub mod leader;
+pub mod model;
+pub mod store;
+pub mod worker;

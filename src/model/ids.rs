@@ -1,0 +1,103 @@
+//! Identifier newtypes for jobs, tasks and handlers.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// A job's id: a time-ordered UUID (v7), so ids sort by submission.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct JobId(pub Uuid);
+
+impl JobId {
+    pub fn new() -> JobId {
+        JobId(Uuid::now_v7())
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        self.0.as_bytes()
+    }
+
+    pub fn from_bytes(bytes: [u8; 16]) -> JobId {
+        JobId(Uuid::from_bytes(bytes))
+    }
+}
+
+impl Default for JobId {
+    fn default() -> JobId {
+        JobId::new()
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JobId({})", self.0)
+    }
+}
+
+impl FromStr for JobId {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<JobId, uuid::Error> {
+        Uuid::parse_str(s).map(JobId)
+    }
+}
+
+/// The handler of an attempt: a worker process's per-lifetime UUID (or the
+/// admin instance's own UUID for work it runs itself).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct HandlerId(pub Uuid);
+
+impl HandlerId {
+    pub fn new() -> HandlerId {
+        HandlerId(Uuid::new_v4())
+    }
+}
+
+impl Default for HandlerId {
+    fn default() -> HandlerId {
+        HandlerId::new()
+    }
+}
+
+impl fmt::Display for HandlerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for HandlerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HandlerId({})", self.0)
+    }
+}
+
+impl FromStr for HandlerId {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<HandlerId, uuid::Error> {
+        Uuid::parse_str(s).map(HandlerId)
+    }
+}
+
+/// A task's position inside its job: an index into the job's task list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TaskIdx(pub u32);
+
+impl TaskIdx {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A task anywhere: its job and its index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TaskRef {
+    pub job: JobId,
+    pub idx: TaskIdx,
+}

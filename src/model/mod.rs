@@ -1,0 +1,13 @@
+//! The domain model: ids, task and job states, the validated job spec and the persisted records.
+//!
+//! Nothing here does I/O; the follower and leader steps transform these values.
+
+mod ids;
+mod record;
+mod spec;
+mod state;
+
+pub use ids::{HandlerId, JobId, TaskIdx, TaskRef};
+pub use record::{JobOrigin, JobRecord, TaskRecord};
+pub use spec::{JobSpec, Priority, TaskSpec};
+pub use state::{JobState, StateCounts, TaskState};

@@ -1,0 +1,115 @@
+//! Binary encoding of records and specs for the key-value backends, and their keys.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::Error;
+use crate::dag::Dag;
+use crate::model::{JobId, JobRecord, JobSpec, TaskSpec};
+
+/// A spec is stored in chunks of about this many bytes, so that a job of a
+/// million tasks is a few dozen values rather than one huge one.
+const SPEC_CHUNK_BYTES: usize = 1 << 20;
+
+#[derive(Serialize, Deserialize)]
+struct StoredTaskSpec {
+    spec: TaskSpec,
+    parents: Vec<u32>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SpecHeader {
+    name: String,
+    n_tasks: u32,
+    n_chunks: u32,
+    fingerprint: [u8; 32],
+}
+
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    postcard::to_allocvec(value).expect("postcard encodes plain data")
+}
+
+pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8], what: &str) -> Result<T, String> {
+    postcard::from_bytes(bytes).map_err(|e| format!("undecodable {what}: {e}"))
+}
+
+pub fn task_key(job: JobId, idx: u32) -> [u8; 20] {
+    let mut key = [0u8; 20];
+    key[..16].copy_from_slice(job.as_bytes());
+    key[16..].copy_from_slice(&idx.to_be_bytes());
+    key
+}
+
+pub fn split_task_key(key: &[u8]) -> Option<(JobId, u32)> {
+    let job: [u8; 16] = key.get(..16)?.try_into().ok()?;
+    let idx: [u8; 4] = key.get(16..20)?.try_into().ok()?;
+    Some((JobId::from_bytes(job), u32::from_be_bytes(idx)))
+}
+
+/// The spec as (key suffix, value) pairs: chunk `u32::MAX` is the header.
+pub fn encode_spec(spec: &JobSpec) -> Vec<(u32, Vec<u8>)> {
+    let mut chunks = Vec::new();
+    let mut current: Vec<StoredTaskSpec> = Vec::new();
+    let mut current_bytes = 0usize;
+    let flush = |current: &mut Vec<StoredTaskSpec>, chunks: &mut Vec<(u32, Vec<u8>)>| {
+        let number = chunks.len() as u32;
+        chunks.push((number, encode(current)));
+        current.clear();
+    };
+    for (idx, task) in spec.tasks.iter().enumerate() {
+        current_bytes += task.parameters.len() + task.id.len() + 16;
+        current.push(StoredTaskSpec { spec: task.clone(), parents: spec.dag.parents(idx as u32).to_vec() });
+        if current_bytes >= SPEC_CHUNK_BYTES {
+            flush(&mut current, &mut chunks);
+            current_bytes = 0;
+        }
+    }
+    if !current.is_empty() {
+        flush(&mut current, &mut chunks);
+    }
+    let header = SpecHeader {
+        name: spec.name.clone(),
+        n_tasks: spec.len() as u32,
+        n_chunks: chunks.len() as u32,
+        fingerprint: spec.fingerprint,
+    };
+    chunks.push((u32::MAX, encode(&header)));
+    chunks
+}
+
+/// Rebuilds a spec from its chunks in key order (header last).
+pub fn decode_spec(chunks: &[Vec<u8>]) -> Result<JobSpec, String> {
+    let (header_bytes, bodies) = chunks.split_last().ok_or("spec has no chunks")?;
+    let header: SpecHeader = decode(header_bytes, "spec header")?;
+    if bodies.len() != header.n_chunks as usize {
+        return Err(format!("spec has {} chunks, its header says {}", bodies.len(), header.n_chunks));
+    }
+    let mut tasks = Vec::with_capacity(header.n_tasks as usize);
+    let mut parent_lists = Vec::with_capacity(header.n_tasks as usize);
+    let mut job_types: Vec<Arc<str>> = Vec::new();
+    for body in bodies {
+        let stored: Vec<StoredTaskSpec> = decode(body, "spec chunk")?;
+        for mut entry in stored {
+            match job_types.iter().find(|t| t.as_ref() == entry.spec.job_type.as_ref()) {
+                Some(shared) => entry.spec.job_type = shared.clone(),
+                None => job_types.push(entry.spec.job_type.clone()),
+            }
+            tasks.push(entry.spec);
+            parent_lists.push(entry.parents);
+        }
+    }
+    if tasks.len() != header.n_tasks as usize {
+        return Err(format!("spec has {} tasks, its header says {}", tasks.len(), header.n_tasks));
+    }
+    let n = tasks.len() as u32;
+    if parent_lists.iter().flatten().any(|&p| p >= n) {
+        return Err("spec names a parent outside the job".into());
+    }
+    let dag = Dag::from_parents(&parent_lists);
+    Ok(JobSpec { name: header.name, tasks, dag, fingerprint: header.fingerprint })
+}
+
+pub fn decode_job(bytes: &[u8]) -> Result<JobRecord, Error> {
+    decode(bytes, "job record").map_err(Error::Io)
+}

@@ -1,0 +1,116 @@
+//! Durable state behind one trait: jobs, their specs and task records.
+//!
+//! A `Batch` is written atomically (no reader sees part of it) and becomes
+//! durable at the next `flush`; the engine acknowledges nothing and
+//! dispatches nothing before that flush returns. Only `sled.rs` names sled.
+
+mod codec;
+mod memory;
+mod sled;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use crate::model::{JobId, JobRecord, JobSpec, JobState, TaskIdx, TaskRecord};
+
+pub use self::memory::MemoryStore;
+pub use self::sled::SledStore;
+
+/// The schema version this build reads and writes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("data directory {path} is locked by another process: stop it, or use another --data-dir")]
+    Locked { path: String },
+    #[error("data directory {path} is corrupt ({detail}): restore it from a backup, or move it aside to start empty")]
+    Corrupt { path: String, detail: String },
+    #[error("data directory {path} has schema version {found}, this build reads version {expected}: use a matching jobcenter build")]
+    SchemaMismatch { path: String, found: u32, expected: u32 },
+    #[error("data directory {path} cannot be used ({detail}): check its path and permissions")]
+    Unusable { path: String, detail: String },
+    #[error("storage failure: {0}")]
+    Io(String),
+}
+
+/// Every change of one group commit, written atomically.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    /// Jobs created by this batch, with their whole spec.
+    pub new_jobs: Vec<(JobRecord, Arc<JobSpec>)>,
+    /// Job records that changed.
+    pub jobs: Vec<JobRecord>,
+    /// Task records that changed; a later entry for the same task wins.
+    pub tasks: Vec<(JobId, TaskIdx, TaskRecord)>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.new_jobs.is_empty() && self.jobs.is_empty() && self.tasks.is_empty()
+    }
+
+    pub fn append(&mut self, other: Batch) {
+        self.new_jobs.extend(other.new_jobs);
+        self.jobs.extend(other.jobs);
+        self.tasks.extend(other.tasks);
+    }
+}
+
+/// A job as stored: its record, spec and the record of every task.
+#[derive(Clone, Debug)]
+pub struct StoredJob {
+    pub record: JobRecord,
+    pub spec: Arc<JobSpec>,
+    pub tasks: Vec<TaskRecord>,
+}
+
+impl StoredJob {
+    /// Fills in the tasks that have no stored record with their initial record.
+    pub fn assemble(record: JobRecord, spec: Arc<JobSpec>, stored: Vec<(u32, TaskRecord)>) -> StoredJob {
+        let mut tasks: Vec<Option<TaskRecord>> = vec![None; spec.len()];
+        for (idx, task) in stored {
+            if let Some(slot) = tasks.get_mut(idx as usize) {
+                *slot = Some(task);
+            }
+        }
+        let tasks = tasks
+            .into_iter()
+            .enumerate()
+            .map(|(idx, task)| {
+                task.unwrap_or_else(|| TaskRecord::initial(spec.dag.in_degree(idx as u32) > 0, record.created_at))
+            })
+            .collect();
+        StoredJob { record, spec, tasks }
+    }
+}
+
+/// Which jobs `list_jobs` returns, newest first.
+#[derive(Clone, Debug, Default)]
+pub struct JobFilter {
+    pub state: Option<JobState>,
+    pub name: Option<String>,
+    pub fingerprint: Option<[u8; 32]>,
+    pub limit: Option<usize>,
+}
+
+impl JobFilter {
+    pub fn matches(&self, job: &JobRecord) -> bool {
+        self.state.is_none_or(|s| s == job.state)
+            && self.name.as_ref().is_none_or(|n| *n == job.name)
+            && self.fingerprint.is_none_or(|f| f == job.fingerprint)
+    }
+}
+
+pub trait Store: Send + Sync + 'static {
+    /// Applies a batch atomically; it is durable after the next `flush`.
+    fn write(&self, batch: &Batch) -> Result<(), Error>;
+    /// Makes every write so far durable.
+    fn flush(&self) -> Result<(), Error>;
+    /// Every job that is not terminal, with all its tasks.
+    fn load_active(&self) -> Result<Vec<StoredJob>, Error>;
+    fn get_job(&self, id: JobId) -> Result<Option<StoredJob>, Error>;
+    /// Job records matching the filter, newest first.
+    fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, Error>;
+}

@@ -1,0 +1,183 @@
+//! The built-in job types: `noop` (sleeps, fails on demand) and `shell`
+//! (runs a command; its exit code decides).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use super::{BoxFuture, Handler, TaskContext};
+use crate::follower::Outcome;
+
+/// Output lines kept per attempt, and the longest line kept.
+const MAX_OUTPUT_LINES: usize = 200;
+const MAX_LINE_BYTES: usize = 1000;
+
+pub fn builtin_handlers() -> Vec<Arc<dyn Handler>> {
+    vec![Arc::new(NoopHandler), Arc::new(ShellHandler)]
+}
+
+fn invalid(error: impl std::fmt::Display) -> Outcome {
+    Outcome::Failed { error: format!("invalid parameters: {error}"), output: Vec::new() }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoopParameters {
+    #[serde(default)]
+    sleep_ms: u64,
+    #[serde(default)]
+    fail: bool,
+    #[serde(default)]
+    fail_attempts: u32,
+}
+
+/// Does nothing (after `sleep_ms`); fails every attempt with `fail`, or the
+/// first `fail_attempts` attempts.
+pub struct NoopHandler;
+
+impl Handler for NoopHandler {
+    fn job_type(&self) -> &'static str {
+        "noop"
+    }
+
+    fn execute(&self, ctx: TaskContext) -> BoxFuture {
+        Box::pin(async move {
+            let params: NoopParameters = match serde_json::from_value(ctx.parameters) {
+                Ok(p) => p,
+                Err(e) => return invalid(e),
+            };
+            if params.sleep_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(params.sleep_ms)).await;
+            }
+            if params.fail {
+                Outcome::Failed { error: "noop told to fail".into(), output: Vec::new() }
+            } else if ctx.attempt <= params.fail_attempts {
+                Outcome::Failed {
+                    error: format!("noop told to fail attempt {} of the first {}", ctx.attempt, params.fail_attempts),
+                    output: Vec::new(),
+                }
+            } else {
+                Outcome::Succeeded { output: Vec::new() }
+            }
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShellParameters {
+    command: Option<String>,
+    argv: Option<Vec<String>>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<String>,
+    timeout_seconds: Option<u64>,
+}
+
+/// Runs `command` with `sh -c`, or `argv` directly; exit code 0 succeeds.
+/// Keeps the last lines of stdout and stderr on the task.
+pub struct ShellHandler;
+
+impl Handler for ShellHandler {
+    fn job_type(&self) -> &'static str {
+        "shell"
+    }
+
+    fn execute(&self, ctx: TaskContext) -> BoxFuture {
+        Box::pin(async move {
+            let params: ShellParameters = match serde_json::from_value(ctx.parameters) {
+                Ok(p) => p,
+                Err(e) => return invalid(e),
+            };
+            let mut command = match (&params.command, &params.argv) {
+                (Some(line), None) => {
+                    let mut c = tokio::process::Command::new("sh");
+                    c.arg("-c").arg(line);
+                    c
+                }
+                (None, Some(argv)) if !argv.is_empty() => {
+                    let mut c = tokio::process::Command::new(&argv[0]);
+                    c.args(&argv[1..]);
+                    c
+                }
+                _ => return invalid("give exactly one of `command` (a string) or `argv` (a non-empty list)"),
+            };
+            command
+                .envs(&params.env)
+                .env("JOBCENTER_JOB_ID", ctx.job.to_string())
+                .env("JOBCENTER_TASK_ID", &*ctx.task_id)
+                .env("JOBCENTER_ATTEMPT", ctx.attempt.to_string())
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .kill_on_drop(true);
+            if let Some(cwd) = &params.cwd {
+                command.current_dir(cwd);
+            }
+            let mut child = match command.spawn() {
+                Ok(child) => child,
+                Err(e) => {
+                    return Outcome::Failed { error: format!("cannot start the command: {e}"), output: Vec::new() }
+                }
+            };
+            let output = Arc::new(std::sync::Mutex::new(VecDeque::new()));
+            let readers = [
+                child.stdout.take().map(|s| tokio::spawn(collect_lines(s, "", output.clone()))),
+                child.stderr.take().map(|s| tokio::spawn(collect_lines(s, "stderr: ", output.clone()))),
+            ];
+            let status = match params.timeout_seconds {
+                Some(seconds) => match tokio::time::timeout(Duration::from_secs(seconds), child.wait()).await {
+                    Ok(status) => status,
+                    Err(_) => {
+                        let _ = child.kill().await;
+                        for reader in readers.into_iter().flatten() {
+                            let _ = reader.await;
+                        }
+                        return Outcome::Failed {
+                            error: format!("timed out after {seconds} s"),
+                            output: take_lines(&output),
+                        };
+                    }
+                },
+                None => child.wait().await,
+            };
+            for reader in readers.into_iter().flatten() {
+                let _ = reader.await;
+            }
+            let output = take_lines(&output);
+            match status {
+                Ok(status) if status.success() => Outcome::Succeeded { output },
+                Ok(status) => Outcome::Failed { error: format!("command exited with {status}"), output },
+                Err(e) => Outcome::Failed { error: format!("waiting for the command failed: {e}"), output },
+            }
+        })
+    }
+}
+
+type Lines = Arc<std::sync::Mutex<VecDeque<String>>>;
+
+async fn collect_lines(stream: impl tokio::io::AsyncRead + Unpin, prefix: &'static str, output: Lines) {
+    let mut lines = BufReader::new(stream).lines();
+    while let Ok(Some(mut line)) = lines.next_line().await {
+        if line.len() > MAX_LINE_BYTES {
+            let mut cut = MAX_LINE_BYTES;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            line.truncate(cut);
+            line.push_str(" [...]");
+        }
+        let mut kept = output.lock().expect("output lock");
+        if kept.len() == MAX_OUTPUT_LINES {
+            kept.pop_front();
+        }
+        kept.push_back(format!("{prefix}{line}"));
+    }
+}
+
+fn take_lines(output: &Lines) -> Vec<String> {
+    output.lock().expect("output lock").drain(..).collect()
+}

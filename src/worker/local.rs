@@ -1,0 +1,157 @@
+//! The in-process executor: joins the engine as one handler with N slots
+//! and runs each assignment with the registered handler for its job type.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use super::{Registry, TaskContext};
+use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
+use crate::engine::{self, EngineHandle};
+use crate::follower::Outcome;
+use crate::model::{HandlerId, TaskRef};
+
+/// An append-only record of executions, one line per event:
+/// `JOB_ID TASK_ID ATTEMPT start|succeeded|failed|canceled`. Tests read it
+/// to prove that nothing that had succeeded ran again.
+#[derive(Clone)]
+pub struct ExecLog {
+    file: Arc<Mutex<std::fs::File>>,
+}
+
+impl ExecLog {
+    pub fn open(path: &Path) -> std::io::Result<ExecLog> {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(ExecLog { file: Arc::new(Mutex::new(file)) })
+    }
+
+    fn record(&self, assignment: &Assignment, event: &str) {
+        let line = format!("{} {} {} {event}\n", assignment.task.job, assignment.task_id, assignment.attempt);
+        let mut file = self.file.lock().expect("exec log lock");
+        if let Err(e) = file.write_all(line.as_bytes()) {
+            tracing::error!(error = %e, "cannot write the execution log");
+        }
+    }
+}
+
+pub struct LocalExecutor;
+
+impl LocalExecutor {
+    /// Joins the engine with `concurrency` slots for the registry's job
+    /// types; runs until the engine stops. Returns the handler id.
+    pub async fn start(
+        engine: EngineHandle,
+        registry: Registry,
+        concurrency: u32,
+        exec_log: Option<ExecLog>,
+    ) -> Result<HandlerId, engine::Error> {
+        let handler = HandlerId::new();
+        let (sink, orders) = mpsc::unbounded_channel();
+        engine
+            .add_handler(HandlerSpec {
+                handler,
+                job_types: Some(registry.job_types()),
+                capacity: concurrency.max(1),
+                starts_running: true,
+                sink,
+            })
+            .await?;
+        tokio::spawn(run(engine, registry, handler, orders, exec_log));
+        Ok(handler)
+    }
+}
+
+type Running = Arc<Mutex<HashMap<(TaskRef, u32), AbortHandle>>>;
+
+async fn run(
+    engine: EngineHandle,
+    registry: Registry,
+    handler: HandlerId,
+    mut orders: mpsc::UnboundedReceiver<WorkOrder>,
+    exec_log: Option<ExecLog>,
+) {
+    let running: Running = Arc::default();
+    while let Some(order) = orders.recv().await {
+        match order {
+            WorkOrder::Execute(assignment) => {
+                let key = (assignment.task, assignment.attempt);
+                let engine = engine.clone();
+                let registry = registry.clone();
+                let exec_log = exec_log.clone();
+                let running_for_task = running.clone();
+                let join = tokio::spawn(async move {
+                    let outcome = execute(&registry, &assignment, exec_log.as_ref()).await;
+                    running_for_task.lock().expect("running lock").remove(&key);
+                    report(&engine, handler, &assignment, outcome).await;
+                });
+                running.lock().expect("running lock").insert(key, join.abort_handle());
+            }
+            WorkOrder::Cancel { task, attempt } => {
+                let aborted = running.lock().expect("running lock").remove(&(task, attempt));
+                if let Some(abort) = aborted {
+                    abort.abort();
+                    let outcome = Outcome::Canceled { reason: "canceled with its job".into() };
+                    if let Ok(Err(rejection)) = engine.complete(task, attempt, handler, outcome).await {
+                        tracing::debug!(%rejection, "cancel report refused");
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn execute(registry: &Registry, assignment: &Assignment, exec_log: Option<&ExecLog>) -> Outcome {
+    let Some(handler) = registry.get(&assignment.job_type) else {
+        return Outcome::Failed {
+            error: format!("no handler for job type {:?}", assignment.job_type),
+            output: Vec::new(),
+        };
+    };
+    let parameters = match serde_json::from_str(&assignment.parameters) {
+        Ok(value) => value,
+        Err(e) => return Outcome::Failed { error: format!("invalid parameters: {e}"), output: Vec::new() },
+    };
+    let ctx = TaskContext {
+        task: assignment.task,
+        job: assignment.task.job,
+        job_name: assignment.job_name.clone(),
+        task_id: assignment.task_id.clone(),
+        job_type: assignment.job_type.clone(),
+        attempt: assignment.attempt,
+        parameters,
+        labels: assignment.labels.clone(),
+    };
+    if let Some(log) = exec_log {
+        log.record(assignment, "start");
+    }
+    let future = handler.execute(ctx);
+    let outcome = match assignment.execution_timeout_seconds {
+        Some(seconds) => match tokio::time::timeout(Duration::from_secs(seconds), future).await {
+            Ok(outcome) => outcome,
+            Err(_) => Outcome::Failed { error: format!("execution timed out after {seconds} s"), output: Vec::new() },
+        },
+        None => future.await,
+    };
+    if let Some(log) = exec_log {
+        let event = match &outcome {
+            Outcome::Succeeded { .. } => "succeeded",
+            Outcome::Failed { .. } => "failed",
+            Outcome::Canceled { .. } => "canceled",
+        };
+        log.record(assignment, event);
+    }
+    outcome
+}
+
+async fn report(engine: &EngineHandle, handler: HandlerId, assignment: &Assignment, outcome: Outcome) {
+    match engine.complete(assignment.task, assignment.attempt, handler, outcome).await {
+        Ok(Ok(())) => {}
+        Ok(Err(rejection)) => tracing::warn!(task.id = %assignment.task_id, %rejection, "completion refused"),
+        Err(e) => tracing::debug!(error = %e, "engine gone before the completion"),
+    }
+}
