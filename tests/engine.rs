@@ -1,0 +1,246 @@
+//! The engine as a whole: commands in, durable steps, work orders out,
+//! with the in-memory store (whose `crash` forgets unflushed writes) and sled.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jobcenter::clock::SystemClock;
+use jobcenter::dispatch::{HandlerSpec, WorkOrder};
+use jobcenter::engine::{Engine, EngineHandle, Error, Options, Orphans};
+use jobcenter::follower::{Outcome, Rejection};
+use jobcenter::jobfile::{self, Format, Limits};
+use jobcenter::model::{HandlerId, JobOrigin, JobSpec, JobState, TaskState};
+use jobcenter::store::{MemoryStore, SledStore, Store};
+use jobcenter::worker::{builtin_handlers, LocalExecutor, Registry};
+use tokio::sync::mpsc;
+
+fn spec(text: &str) -> JobSpec {
+    jobfile::parse(text.as_bytes(), Format::Json, "test", &Limits::default()).expect("valid job")
+}
+
+fn nine_tasks(fail: Option<u32>) -> JobSpec {
+    let edges = [(1, 4), (1, 7), (2, 4), (2, 5), (2, 6), (2, 7), (4, 7), (4, 9), (5, 8), (6, 8), (6, 9)];
+    let tasks: Vec<String> = (1..=9)
+        .map(|i| {
+            let deps: Vec<String> = edges.iter().filter(|(_, b)| *b == i).map(|(a, _)| format!("\"{a}\"")).collect();
+            let fail = fail == Some(i);
+            format!(
+                r#"{{"id":"{i}","job_type":"noop","parameters":{{"fail":{fail}}},"depends_on":[{}]}}"#,
+                deps.join(",")
+            )
+        })
+        .collect();
+    spec(&format!(r#"{{"name":"nine","tasks":[{}]}}"#, tasks.join(",")))
+}
+
+async fn start(store: Arc<dyn Store>, orphans: Orphans) -> EngineHandle {
+    Engine::start(store, Arc::new(SystemClock), Options { orphans, ..Options::default() }).await.expect("engine starts")
+}
+
+/// A handler driven by the test: it sees each work order and answers by hand.
+struct Manual {
+    handler: HandlerId,
+    orders: mpsc::UnboundedReceiver<WorkOrder>,
+}
+
+async fn manual(engine: &EngineHandle, capacity: u32) -> Manual {
+    let handler = HandlerId::new();
+    let (sink, orders) = mpsc::unbounded_channel();
+    engine.add_handler(HandlerSpec { handler, job_types: None, capacity, starts_running: false, sink }).await.unwrap();
+    Manual { handler, orders }
+}
+
+impl Manual {
+    async fn next(&mut self) -> WorkOrder {
+        tokio::time::timeout(Duration::from_secs(10), self.orders.recv()).await.expect("a work order").expect("open")
+    }
+
+    async fn none_within(&mut self, millis: u64) {
+        let got = tokio::time::timeout(Duration::from_millis(millis), self.orders.recv()).await;
+        assert!(got.is_err(), "unexpected work order {got:?}");
+    }
+}
+
+fn ok() -> Outcome {
+    Outcome::Succeeded { output: vec![] }
+}
+
+#[tokio::test]
+async fn nine_tasks_through_the_engine_dispatch_in_dependency_order() {
+    let engine = start(Arc::new(MemoryStore::new()), Orphans::Keep).await;
+    let job = engine.submit(nine_tasks(None), JobOrigin::User).await.unwrap();
+    let mut worker = manual(&engine, 100).await;
+    let mut dispatched = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let WorkOrder::Execute(a) = worker.next().await else { panic!("expected an execution") };
+        held.push(a);
+    }
+    let mut first: Vec<String> = held.iter().map(|a| a.task_id.to_string()).collect();
+    first.sort();
+    assert_eq!(first, ["1", "2", "3"]);
+    worker.none_within(100).await;
+    // Complete in the specification's order and collect each release.
+    for id in ["1", "2", "3", "5", "4", "6", "8", "9", "7"] {
+        let position = held.iter().position(|a| &*a.task_id == id).unwrap_or_else(|| panic!("{id} not dispatched"));
+        let a = held.remove(position);
+        engine.complete(a.task, a.attempt, worker.handler, ok()).await.unwrap().unwrap();
+        dispatched.push(id.to_string());
+        let expected: &[&str] = match id {
+            "2" => &["4", "5", "6"],
+            "4" => &["7"],
+            "6" => &["8", "9"],
+            _ => &[],
+        };
+        let mut released = Vec::new();
+        for _ in 0..expected.len() {
+            let WorkOrder::Execute(a) = worker.next().await else { panic!("expected an execution") };
+            released.push(a.task_id.to_string());
+            held.push(a);
+        }
+        released.sort();
+        assert_eq!(released, expected, "released after {id}");
+    }
+    let record = engine.wait(job).await.unwrap();
+    assert_eq!(record.state, JobState::Succeeded);
+}
+
+#[tokio::test]
+async fn acknowledged_submits_and_completions_survive_a_crash() {
+    let store = MemoryStore::new();
+    let engine = start(Arc::new(store.clone()), Orphans::Keep).await;
+    let job = engine.submit(nine_tasks(None), JobOrigin::User).await.unwrap();
+    store.crash();
+    assert!(store.get_job(job).unwrap().is_some(), "an acknowledged submit is durable");
+    let mut worker = manual(&engine, 1).await;
+    let WorkOrder::Execute(a) = worker.next().await else { panic!() };
+    store.crash();
+    let stored = store.get_job(job).unwrap().unwrap();
+    assert_eq!(
+        stored.tasks[a.task.idx.index()].state,
+        TaskState::Assigned,
+        "dispatched only after the assignment is durable"
+    );
+    engine.complete(a.task, a.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    store.crash();
+    let stored = store.get_job(job).unwrap().unwrap();
+    assert_eq!(stored.tasks[a.task.idx.index()].state, TaskState::Succeeded, "an acknowledged completion is durable");
+}
+
+#[tokio::test]
+async fn refused_completions_are_typed_and_idempotent() {
+    let engine = start(Arc::new(MemoryStore::new()), Orphans::Keep).await;
+    engine.submit(spec(r#"{"name":"one","tasks":[{"id":"a","job_type":"noop"}]}"#), JobOrigin::User).await.unwrap();
+    let mut worker = manual(&engine, 1).await;
+    let WorkOrder::Execute(a) = worker.next().await else { panic!() };
+    let stranger = HandlerId::new();
+    assert!(matches!(
+        engine.complete(a.task, a.attempt, stranger, ok()).await.unwrap(),
+        Err(Rejection::NotHolder { .. })
+    ));
+    assert!(matches!(
+        engine.complete(a.task, a.attempt + 1, worker.handler, ok()).await.unwrap(),
+        Err(Rejection::StaleAttempt { .. })
+    ));
+    engine.complete(a.task, a.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    assert!(matches!(
+        engine.complete(a.task, a.attempt, worker.handler, ok()).await.unwrap(),
+        Err(Rejection::JobEnded { .. })
+    ));
+    let job = engine.job(a.task.job).await.unwrap().unwrap();
+    assert_eq!(job.record.state, JobState::Succeeded);
+    assert_eq!(job.tasks[0].attempt, 1);
+}
+
+#[tokio::test]
+async fn cancel_stops_running_work_and_ends_the_job_canceled() {
+    let engine = start(Arc::new(MemoryStore::new()), Orphans::Keep).await;
+    let job = engine.submit(nine_tasks(None), JobOrigin::User).await.unwrap();
+    let mut worker = manual(&engine, 2).await;
+    let mut running = Vec::new();
+    for _ in 0..2 {
+        let WorkOrder::Execute(a) = worker.next().await else { panic!() };
+        running.push(a);
+    }
+    engine.cancel(job).await.unwrap();
+    for _ in 0..2 {
+        let WorkOrder::Cancel { task, attempt } = worker.next().await else { panic!("expected a cancel") };
+        engine
+            .complete(task, attempt, worker.handler, Outcome::Canceled { reason: "asked".into() })
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let record = engine.wait(job).await.unwrap();
+    assert_eq!(record.state, JobState::Canceled);
+    let stored = engine.job(job).await.unwrap().unwrap();
+    assert!(stored.tasks.iter().all(|t| t.state == TaskState::Canceled));
+    assert!(matches!(engine.cancel(job).await, Err(Error::JobEnded(_))));
+}
+
+#[tokio::test]
+async fn executor_runs_many_jobs_and_retry_reruns_the_failed_part() {
+    let engine = start(Arc::new(MemoryStore::new()), Orphans::Keep).await;
+    LocalExecutor::start(engine.clone(), Registry::new(builtin_handlers()), 16, None).await.unwrap();
+    let mut jobs = Vec::new();
+    for n in 0..20 {
+        jobs.push(engine.submit(nine_tasks(if n % 4 == 0 { Some(4) } else { None }), JobOrigin::User).await.unwrap());
+    }
+    for (n, job) in jobs.iter().enumerate() {
+        let record = engine.wait(*job).await.unwrap();
+        let expected = if n % 4 == 0 { JobState::Failed } else { JobState::Succeeded };
+        assert_eq!(record.state, expected, "job {n}");
+    }
+    let failed = engine.job(jobs[0]).await.unwrap().unwrap();
+    let states: Vec<TaskState> = failed.tasks.iter().map(|t| t.state).collect();
+    use TaskState::{Failed as F, Succeeded as S, UpstreamFailed as U};
+    assert_eq!(states, [S, S, S, F, S, S, U, S, U]);
+    // The failure is permanent (fail: true), so a retry fails the same way, but only reruns 4, 7, 9.
+    engine.retry(jobs[0]).await.unwrap();
+    assert_eq!(engine.wait(jobs[0]).await.unwrap().state, JobState::Failed);
+    let again = engine.job(jobs[0]).await.unwrap().unwrap();
+    let attempts: Vec<u32> = again.tasks.iter().map(|t| t.attempt).collect();
+    assert_eq!(attempts, [1, 1, 1, 2, 1, 1, 0, 1, 0]);
+    assert!(matches!(engine.retry(jobs[1]).await, Err(Error::NothingToRetry { .. })));
+}
+
+#[tokio::test]
+async fn restart_requeues_orphaned_attempts_as_new_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let job = {
+        let engine = start(Arc::new(SledStore::open(&path).unwrap()), Orphans::Requeue).await;
+        let job = engine.submit(nine_tasks(None), JobOrigin::User).await.unwrap();
+        let mut worker = manual(&engine, 3).await;
+        let WorkOrder::Execute(a) = worker.next().await else { panic!() };
+        engine.complete(a.task, a.attempt, worker.handler, ok()).await.unwrap().unwrap();
+        for _ in 0..2 {
+            let WorkOrder::Execute(_) = worker.next().await else { panic!() };
+        }
+        job
+    };
+    // The first engine's threads still hold the directory for a moment after its handles drop.
+    let mut reopened = None;
+    for _ in 0..100 {
+        match SledStore::open(&path) {
+            Ok(store) => {
+                reopened = Some(store);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let engine = start(Arc::new(reopened.expect("the data directory is released")), Orphans::Requeue).await;
+    let stored = engine.job(job).await.unwrap().unwrap();
+    let held = stored.tasks.iter().filter(|t| t.state.is_held()).count();
+    assert_eq!(held, 0, "nothing is left held by a handler that is gone");
+    LocalExecutor::start(engine.clone(), Registry::new(builtin_handlers()), 4, None).await.unwrap();
+    assert_eq!(engine.wait(job).await.unwrap().state, JobState::Succeeded);
+    let done = engine.job(job).await.unwrap().unwrap();
+    let attempts: Vec<u32> = done.tasks.iter().map(|t| t.attempt).collect();
+    assert_eq!(
+        attempts.iter().filter(|&&a| a == 2).count(),
+        2,
+        "the two orphaned tasks ran again as attempt 2: {attempts:?}"
+    );
+}
