@@ -481,7 +481,12 @@ async fn run_loop(
 /// Writes every step it has, flushes once, then performs their actions.
 fn run_committer(store: Arc<dyn Store>, mut steps: mpsc::Receiver<Step>) {
     let mut pending: Vec<Step> = Vec::new();
+    let (mut iters, mut wt, mut ft, mut recs) = (0u64, 0f64, 0f64, 0usize);
     while let Some(step) = steps.blocking_recv() {
+        iters += 1;
+        if iters % 500 == 0 {
+            eprintln!("iters {iters} write {wt:.3}s flush {ft:.3}s recs {recs}");
+        }
         pending.push(step);
         while let Ok(step) = steps.try_recv() {
             pending.push(step);
@@ -489,12 +494,17 @@ fn run_committer(store: Arc<dyn Store>, mut steps: mpsc::Receiver<Step>) {
         let mut wrote = false;
         for step in &pending {
             if !step.batch.is_empty() {
+                recs += step.batch.tasks.len();
+                let t = std::time::Instant::now();
                 fail_stop(store.write(&step.batch));
+                wt += t.elapsed().as_secs_f64();
                 wrote = true;
             }
         }
         if wrote {
+            let t = std::time::Instant::now();
             fail_stop(store.flush());
+            ft += t.elapsed().as_secs_f64();
         }
         for step in pending.drain(..) {
             for action in step.actions {

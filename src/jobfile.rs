@@ -101,11 +101,14 @@ impl fmt::Display for Problem {
             }
             Problem::Unreadable { message } => write!(f, "unreadable: {message}"),
             Problem::Syntax { rule, message } => write!(f, "{rule}: {message}"),
-            Problem::TooDeep { line, column } => write!(
-                f,
-                "nesting too deep: more than {MAX_DOCUMENT_DEPTH} levels at line {line}, column {column} \
-                 (parameters may nest at most 32 levels)"
-            ),
+            Problem::TooDeep { line, column } => {
+                write!(f, "nesting too deep: more than {MAX_DOCUMENT_DEPTH} levels")?;
+                // Line 0: the depth was found after conversion from YAML, where no position is known.
+                if *line > 0 {
+                    write!(f, " at line {line}, column {column}")?;
+                }
+                write!(f, " (parameters may nest at most 32 levels)")
+            }
             Problem::EmptyJob => write!(f, "empty job: a job needs at least one task"),
             Problem::BadName { reason } => write!(f, "job name: {reason}"),
             Problem::TooManyTasks { count, limit } => {
@@ -285,7 +288,16 @@ fn parse_other(bytes: &[u8], format: Format) -> Result<serde_json::Value, Proble
         .map_err(|e| Problem::Syntax { rule: "syntax", message: format!("not UTF-8: {e}") })?;
     match format {
         Format::Toml => toml::from_str::<serde_json::Value>(text).map_err(|e| syntax(e.message())),
-        _ => serde_yaml_ng::from_str::<serde_json::Value>(text).map_err(|e| syntax(&e.to_string())),
+        _ => serde_yaml_ng::from_str::<serde_json::Value>(text).map_err(|e| {
+            // The YAML reader stops at 128 levels, beyond the document limit: report it as that limit.
+            let message = e.to_string();
+            match e.location() {
+                Some(at) if message.starts_with("recursion limit exceeded") => {
+                    Problem::TooDeep { line: at.line(), column: at.column() }
+                }
+                _ => syntax(&message),
+            }
+        }),
     }
 }
 
@@ -306,6 +318,8 @@ fn syntax(message: &str) -> Problem {
         "unknown value"
     } else if message.starts_with("invalid type") {
         "wrong type"
+    } else if message.starts_with("invalid value") {
+        "invalid value"
     } else {
         "syntax"
     };
@@ -420,26 +434,30 @@ fn validate(file: JobFile, fingerprint: [u8; 32], limits: &Limits) -> Result<Job
                 problems.push(Problem::SelfDependency { task: task.id.clone() });
             } else {
                 match index_of.get(dependency.as_str()) {
-                    Some(&p) => {
-                        if parents.contains(&p) {
-                            problems.push(Problem::DuplicateDependency {
-                                task: task.id.clone(),
-                                dependency: dependency.clone(),
-                            });
-                        } else {
-                            parents.push(p);
-                        }
-                    }
+                    Some(&p) => parents.push(p),
                     None => problems
                         .push(Problem::UnknownDependency { task: task.id.clone(), dependency: dependency.clone() }),
                 }
             }
+            if problems.len() >= MAX_PROBLEMS {
+                return Err(problems);
+            }
         }
+        // Sorting finds repeats in O(n log n); a task may depend on a million others.
         parents.sort_unstable();
-        parent_lists.push(parents);
-        if problems.len() >= MAX_PROBLEMS {
-            return Err(problems);
+        let mut repeated = parents.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]).collect::<Vec<u32>>();
+        repeated.dedup();
+        for p in repeated {
+            problems.push(Problem::DuplicateDependency {
+                task: task.id.clone(),
+                dependency: file.tasks[p as usize].id.clone(),
+            });
+            if problems.len() >= MAX_PROBLEMS {
+                return Err(problems);
+            }
         }
+        parents.dedup();
+        parent_lists.push(parents);
     }
     drop(index_of);
 
@@ -487,6 +505,9 @@ fn validate(file: JobFile, fingerprint: [u8; 32], limits: &Limits) -> Result<Job
         };
         let mut labels = BTreeMap::new();
         for (key, value) in task.labels {
+            if problems.len() >= MAX_PROBLEMS {
+                return Err(problems);
+            }
             match label_value(&value) {
                 Ok(v) if v.len() <= MAX_LABEL_VALUE_BYTES && !key.is_empty() => {
                     labels.insert(key, v);

@@ -34,13 +34,6 @@ pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8], what: &str) -> Result<T, 
     postcard::from_bytes(bytes).map_err(|e| format!("undecodable {what}: {e}"))
 }
 
-pub fn task_key(job: JobId, idx: u32) -> [u8; 20] {
-    let mut key = [0u8; 20];
-    key[..16].copy_from_slice(job.as_bytes());
-    key[16..].copy_from_slice(&idx.to_be_bytes());
-    key
-}
-
 pub fn split_task_key(key: &[u8]) -> Option<(JobId, u32)> {
     let job: [u8; 16] = key.get(..16)?.try_into().ok()?;
     let idx: [u8; 4] = key.get(16..20)?.try_into().ok()?;

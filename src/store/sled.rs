@@ -1,16 +1,20 @@
-//! The embedded default store on sled 0.34: one multi-tree transaction per batch.
+//! The embedded default store on sled 0.34: every batch is one atomic sled
+//! batch on one tree, so a reader or a crash sees all of it or none of it.
 //!
-//! Trees: `meta` (schema version), `jobs` (id -> record), `active` (ids of
-//! non-terminal jobs), `specs` (id + chunk number -> spec chunk) and `tasks`
-//! (id + task index -> record of a task that left its initial state).
+//! The `meta` tree holds the schema version. The `data` tree holds four key
+//! spaces, each a one-byte prefix and a job id: `j` the job record, `a` a
+//! marker for non-terminal jobs, `s` + chunk number the spec in chunks, and
+//! `t` + group number the records of the tasks of one group of
+//! `TASKS_PER_GROUP` consecutive tasks that left their initial state. Tasks
+//! change in clusters (a step touches a task and its children, a layer ends
+//! together), and sled's cost is per key, so one key per group makes a step
+//! a few writes rather than one per task.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use sled::transaction::{ConflictableTransactionError, TransactionError};
-use sled::Transactional;
-
-use super::codec::{self, decode_job, decode_spec, encode, encode_spec, split_task_key, task_key};
+use super::codec::{self, decode_job, decode_spec, encode, encode_spec, split_task_key};
 use super::{Batch, Error, JobFilter, Store, StoredJob, SCHEMA_VERSION};
 use crate::model::{JobId, JobRecord, TaskRecord};
 
@@ -22,10 +26,31 @@ pub struct SledStore {
     path: PathBuf,
     db: sled::Db,
     meta: sled::Tree,
-    jobs: sled::Tree,
-    active: sled::Tree,
-    specs: sled::Tree,
-    tasks: sled::Tree,
+    data: sled::Tree,
+}
+
+const JOB: u8 = b'j';
+const ACTIVE: u8 = b'a';
+const SPEC: u8 = b's';
+const TASK: u8 = b't';
+const TASKS_PER_GROUP: u32 = 32;
+
+/// The stored records of one group: (offset in the group, record).
+type Group = Vec<(u8, TaskRecord)>;
+
+fn key(space: u8, job: JobId) -> [u8; 17] {
+    let mut key = [0u8; 17];
+    key[0] = space;
+    key[1..].copy_from_slice(job.as_bytes());
+    key
+}
+
+fn key_with(space: u8, job: JobId, number: u32) -> [u8; 21] {
+    let mut key = [0u8; 21];
+    key[0] = space;
+    key[1..17].copy_from_slice(job.as_bytes());
+    key[17..].copy_from_slice(&number.to_be_bytes());
+    key
 }
 
 impl SledStore {
@@ -64,15 +89,7 @@ impl SledStore {
 
         let db = open_guarded(path, &display)?;
         let open_tree = |name: &str| db.open_tree(name).map_err(|e| corrupt(e.to_string()));
-        let store = SledStore {
-            meta: open_tree("meta")?,
-            jobs: open_tree("jobs")?,
-            active: open_tree("active")?,
-            specs: open_tree("specs")?,
-            tasks: open_tree("tasks")?,
-            path: path.to_path_buf(),
-            db,
-        };
+        let store = SledStore { meta: open_tree("meta")?, data: open_tree("data")?, path: path.to_path_buf(), db };
         if fresh {
             store.meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes()).map_err(|e| unusable(e.to_string()))?;
             store.db.flush().map_err(|e| unusable(e.to_string()))?;
@@ -109,7 +126,7 @@ impl SledStore {
 
     fn read_spec(&self, id: JobId) -> Result<crate::model::JobSpec, Error> {
         let mut chunks = Vec::new();
-        for entry in self.specs.scan_prefix(id.as_bytes()) {
+        for entry in self.data.scan_prefix(key(SPEC, id)) {
             let (_, value) = entry.map_err(|e| self.io(e))?;
             chunks.push(value.to_vec());
         }
@@ -119,11 +136,11 @@ impl SledStore {
     fn read_job(&self, record: JobRecord) -> Result<StoredJob, Error> {
         let spec = std::sync::Arc::new(self.read_spec(record.id)?);
         let mut stored = Vec::new();
-        for entry in self.tasks.scan_prefix(record.id.as_bytes()) {
-            let (key, value) = entry.map_err(|e| self.io(e))?;
-            let (_, idx) = split_task_key(&key).ok_or_else(|| self.corrupt("malformed task key"))?;
-            let task: TaskRecord = codec::decode(&value, "task record").map_err(|d| self.corrupt(d))?;
-            stored.push((idx, task));
+        for entry in self.data.scan_prefix(key(TASK, record.id)) {
+            let (group_key, value) = entry.map_err(|e| self.io(e))?;
+            let (_, group) = split_task_key(&group_key[1..]).ok_or_else(|| self.corrupt("malformed task key"))?;
+            let tasks: Group = codec::decode(&value, "task records").map_err(|d| self.corrupt(d))?;
+            stored.extend(tasks.into_iter().map(|(offset, task)| (group * TASKS_PER_GROUP + u32::from(offset), task)));
         }
         Ok(StoredJob::assemble(record, spec, stored))
     }
@@ -153,7 +170,11 @@ fn write_marker(marker: &Path) -> std::io::Result<()> {
 
 /// sled 0.34 can panic on a damaged directory; turn that into an error.
 fn open_guarded(path: &Path, display: &str) -> Result<sled::Db, Error> {
-    let config = sled::Config::new().path(path).cache_capacity(128 * 1024 * 1024).flush_every_ms(None);
+    let config = sled::Config::new()
+        .path(path)
+        .cache_capacity(128 * 1024 * 1024)
+        .mode(sled::Mode::HighThroughput)
+        .flush_every_ms(None);
     let previous_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()));
@@ -177,45 +198,41 @@ fn open_guarded(path: &Path, display: &str) -> Result<sled::Db, Error> {
 
 impl Store for SledStore {
     fn write(&self, batch: &Batch) -> Result<(), Error> {
-        let new_specs: Vec<(JobId, Vec<(u32, Vec<u8>)>)> =
-            batch.new_jobs.iter().map(|(record, spec)| (record.id, encode_spec(spec))).collect();
-        let jobs: Vec<(JobId, bool, Vec<u8>)> = batch
-            .new_jobs
-            .iter()
-            .map(|(r, _)| r)
-            .chain(batch.jobs.iter())
-            .map(|r| (r.id, r.state.is_terminal(), encode(r)))
-            .collect();
-        let tasks: Vec<([u8; 20], Vec<u8>)> =
-            batch.tasks.iter().map(|(job, idx, task)| (task_key(*job, idx.0), encode(task))).collect();
-        let result =
-            (&self.jobs, &self.active, &self.specs, &self.tasks).transaction(|(jobs_t, active_t, specs_t, tasks_t)| {
-                for (id, chunks) in &new_specs {
-                    for (number, bytes) in chunks {
-                        let mut key = [0u8; 20];
-                        key[..16].copy_from_slice(id.as_bytes());
-                        key[16..].copy_from_slice(&number.to_be_bytes());
-                        specs_t.insert(&key[..], bytes.as_slice())?;
-                    }
-                }
-                for (id, terminal, bytes) in &jobs {
-                    jobs_t.insert(&id.as_bytes()[..], bytes.as_slice())?;
-                    if *terminal {
-                        active_t.remove(&id.as_bytes()[..])?;
-                    } else {
-                        active_t.insert(&id.as_bytes()[..], &[][..])?;
-                    }
-                }
-                for (key, bytes) in &tasks {
-                    tasks_t.insert(&key[..], bytes.as_slice())?;
-                }
-                Ok::<(), ConflictableTransactionError<()>>(())
-            });
-        match result {
-            Ok(()) => Ok(()),
-            Err(TransactionError::Storage(e)) => Err(self.io(e)),
-            Err(TransactionError::Abort(())) => Err(Error::Io("transaction aborted".into())),
+        let mut writes = sled::Batch::default();
+        for (record, spec) in &batch.new_jobs {
+            for (number, bytes) in encode_spec(spec) {
+                writes.insert(&key_with(SPEC, record.id, number)[..], bytes);
+            }
         }
+        for record in batch.new_jobs.iter().map(|(r, _)| r).chain(batch.jobs.iter()) {
+            writes.insert(&key(JOB, record.id)[..], encode(record));
+            if record.state.is_terminal() {
+                writes.remove(&key(ACTIVE, record.id)[..]);
+            } else {
+                writes.insert(&key(ACTIVE, record.id)[..], &[][..]);
+            }
+        }
+        let mut groups: BTreeMap<(JobId, u32), BTreeMap<u8, &TaskRecord>> = BTreeMap::new();
+        for (job, idx, task) in &batch.tasks {
+            let offset = (idx.0 % TASKS_PER_GROUP) as u8;
+            groups.entry((*job, idx.0 / TASKS_PER_GROUP)).or_default().insert(offset, task);
+        }
+        for ((job, group), changed) in groups {
+            let group_key = key_with(TASK, job, group);
+            let mut merged: BTreeMap<u8, TaskRecord> = match self.data.get(group_key).map_err(|e| self.io(e))? {
+                Some(bytes) => {
+                    let stored: Group = codec::decode(&bytes, "task records").map_err(|d| self.corrupt(d))?;
+                    stored.into_iter().collect()
+                }
+                None => BTreeMap::new(),
+            };
+            for (offset, task) in changed {
+                merged.insert(offset, task.clone());
+            }
+            let merged: Group = merged.into_iter().collect();
+            writes.insert(&group_key[..], encode(&merged));
+        }
+        self.data.apply_batch(writes).map_err(|e| self.io(e))
     }
 
     fn flush(&self) -> Result<(), Error> {
@@ -224,11 +241,13 @@ impl Store for SledStore {
 
     fn load_active(&self) -> Result<Vec<StoredJob>, Error> {
         let mut out = Vec::new();
-        for entry in self.active.iter() {
-            let (key, _) = entry.map_err(|e| self.io(e))?;
+        for entry in self.data.scan_prefix([ACTIVE]) {
+            let (active_key, _) = entry.map_err(|e| self.io(e))?;
+            let id: [u8; 16] = active_key[1..].try_into().map_err(|_| self.corrupt("malformed active key"))?;
+            let id = JobId::from_bytes(id);
             let bytes = self
-                .jobs
-                .get(&key)
+                .data
+                .get(key(JOB, id))
                 .map_err(|e| self.io(e))?
                 .ok_or_else(|| self.corrupt("an active job has no record"))?;
             let record = self.job_record(&bytes)?;
@@ -238,7 +257,7 @@ impl Store for SledStore {
     }
 
     fn get_job(&self, id: JobId) -> Result<Option<StoredJob>, Error> {
-        match self.jobs.get(id.as_bytes()).map_err(|e| self.io(e))? {
+        match self.data.get(key(JOB, id)).map_err(|e| self.io(e))? {
             Some(bytes) => Ok(Some(self.read_job(self.job_record(&bytes)?)?)),
             None => Ok(None),
         }
@@ -246,7 +265,7 @@ impl Store for SledStore {
 
     fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, Error> {
         let mut out = Vec::new();
-        for entry in self.jobs.iter().rev() {
+        for entry in self.data.scan_prefix([JOB]).rev() {
             if out.len() >= filter.limit.unwrap_or(usize::MAX) {
                 break;
             }

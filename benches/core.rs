@@ -1,0 +1,250 @@
+//! Benchmarks of the core engine on the embedded sled store, durable (every
+//! step flushed): follower transitions per second, submitting a
+//! million-task job, propagating a failure over a million descendants, and
+//! restarting with a million tasks stored.
+//!
+//! `cargo bench --bench core` runs every scenario RUNS times, each in a fresh
+//! child process (so peak RSS is the scenario's own), and prints the median.
+//! `cargo bench --bench core -- SCENARIO` runs one scenario once.
+#![allow(clippy::print_stdout)]
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jobcenter::clock::SystemClock;
+use jobcenter::dispatch::{HandlerSpec, WorkOrder};
+use jobcenter::engine::{Engine, EngineHandle, Options, Orphans};
+use jobcenter::follower::Outcome;
+use jobcenter::jobfile::{self, Limits};
+use jobcenter::model::{HandlerId, JobOrigin, JobState};
+use jobcenter::store::{SledStore, Store};
+use jobcenter::worker::{builtin_handlers, LocalExecutor, Registry};
+
+const RUNS: usize = 3;
+const SCENARIOS: [&str; 5] = ["flush", "transitions", "submit", "propagate", "restart"];
+
+/// A seeded layered DAG in the job file format, like `gen_dag.py --shape layered`.
+fn layered(n: usize, width: usize, fanin: usize, extra: &str) -> String {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut out = String::with_capacity(n * 80);
+    out.push_str(&format!(r#"{{"name":"layered-{n}","tasks":["#));
+    for i in 0..n {
+        let layer = i / width;
+        let mut deps: Vec<usize> = Vec::new();
+        if layer > 0 {
+            let start = (layer - 1) * width;
+            while deps.len() < fanin.min(width) {
+                let d = start + (next() as usize % width);
+                if !deps.contains(&d) {
+                    deps.push(d);
+                }
+            }
+            deps.sort_unstable();
+        }
+        let deps: Vec<String> = deps.iter().map(|d| format!("\"t{d}\"")).collect();
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&format!(
+            r#"{{"id":"t{i}","job_type":"noop","parameters":{{{extra}}},"depends_on":[{}]}}"#,
+            deps.join(",")
+        ));
+    }
+    out.push_str("]}");
+    out
+}
+
+/// A binary out-tree: each task releases two children; the root fails.
+fn tree(n: usize) -> String {
+    let mut out = String::with_capacity(n * 70);
+    out.push_str(&format!(r#"{{"name":"tree-{n}","tasks":["#));
+    for i in 0..n {
+        if i > 0 {
+            out.push(',');
+        }
+        let deps = if i == 0 { String::new() } else { format!("\"t{}\"", (i - 1) / 2) };
+        let fail = i == 0;
+        out.push_str(&format!(
+            r#"{{"id":"t{i}","job_type":"noop","parameters":{{"fail":{fail}}},"depends_on":[{deps}]}}"#
+        ));
+    }
+    out.push_str("]}");
+    out
+}
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+fn parse(text: &str) -> jobcenter::model::JobSpec {
+    jobfile::parse(text.as_bytes(), jobfile::Format::Json, "bench", &Limits::default()).expect("valid")
+}
+
+async fn engine(path: &Path) -> EngineHandle {
+    let store: Arc<dyn Store> = Arc::new(SledStore::open(path).expect("open store"));
+    Engine::start(store, Arc::new(SystemClock), Options { orphans: Orphans::Requeue, ..Options::default() })
+        .await
+        .expect("engine")
+}
+
+async fn transitions(dir: &Path) -> serde_json::Value {
+    let n = 100_000;
+    let spec = parse(&layered(n, 100, 3, ""));
+    let engine = engine(dir).await;
+    LocalExecutor::start(engine.clone(), Registry::new(builtin_handlers()), 1024, None).await.unwrap();
+    let started = Instant::now();
+    let job = engine.submit(spec, JobOrigin::User).await.unwrap();
+    let submitted = started.elapsed();
+    let record = engine.wait(job).await.unwrap();
+    let elapsed = started.elapsed() - submitted;
+    assert_eq!(record.state, JobState::Succeeded);
+    serde_json::json!({
+        "tasks": n,
+        "seconds": elapsed.as_secs_f64(),
+        "transitions_per_s": n as f64 / elapsed.as_secs_f64(),
+        "peak_rss_mib": peak_rss_mib(),
+    })
+}
+
+async fn submit(dir: &Path) -> serde_json::Value {
+    let n = 1_000_000;
+    let file = dir.join("job.json");
+    std::fs::write(&file, layered(n, 100, 3, "")).unwrap();
+    let engine = engine(&dir.join("data")).await;
+    let started = Instant::now();
+    let path = file.clone();
+    let spec =
+        tokio::task::spawn_blocking(move || jobfile::read_file(&path, &Limits::default()).unwrap()).await.unwrap();
+    let validated = started.elapsed();
+    let job = engine.submit(spec, JobOrigin::User).await.unwrap();
+    let elapsed = started.elapsed();
+    std::hint::black_box(job);
+    serde_json::json!({
+        "tasks": n,
+        "read_and_validate_s": validated.as_secs_f64(),
+        "submit_s": elapsed.as_secs_f64(),
+        "peak_rss_mib": peak_rss_mib(),
+    })
+}
+
+async fn propagate(dir: &Path) -> serde_json::Value {
+    let n = 1_000_000;
+    let spec = parse(&tree(n));
+    let engine = engine(dir).await;
+    let job = engine.submit(spec, JobOrigin::User).await.unwrap();
+    let handler = HandlerId::new();
+    let (sink, mut orders) = tokio::sync::mpsc::unbounded_channel();
+    engine
+        .add_handler(HandlerSpec { handler, job_types: None, capacity: 1, starts_running: true, sink })
+        .await
+        .unwrap();
+    let Some(WorkOrder::Execute(root)) = orders.recv().await else { panic!("the root is dispatched") };
+    let started = Instant::now();
+    let failed = Outcome::Failed { error: "root fails".into(), output: vec![] };
+    engine.complete(root.task, root.attempt, handler, failed).await.unwrap().unwrap();
+    let elapsed = started.elapsed();
+    let record = engine.wait(job).await.unwrap();
+    assert_eq!(record.state, JobState::Failed);
+    serde_json::json!({
+        "descendants": n - 1,
+        "propagate_s": elapsed.as_secs_f64(),
+        "peak_rss_mib": peak_rss_mib(),
+    })
+}
+
+async fn restart(dir: &Path) -> serde_json::Value {
+    let n = 1_000_000;
+    {
+        let spec = parse(&layered(n, 100, 3, ""));
+        let engine = engine(dir).await;
+        engine.submit(spec, JobOrigin::User).await.unwrap();
+    }
+    // The first engine's threads let go of the directory shortly after its handles drop.
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    let engine = engine(dir).await;
+    let jobs = engine.active_jobs().await.unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(jobs.len(), 1);
+    serde_json::json!({ "tasks_stored": n, "serving_after_s": elapsed.as_secs_f64() })
+}
+
+/// The floor under every durable step: one small batch written and flushed.
+async fn flush(dir: &Path) -> serde_json::Value {
+    use jobcenter::clock::Timestamp;
+    use jobcenter::model::{JobId, TaskIdx, TaskRecord};
+    use jobcenter::store::Batch;
+    let store = SledStore::open(dir).expect("open store");
+    let job = JobId::new();
+    let mut latencies = Vec::new();
+    for i in 0..2000u32 {
+        let mut batch = Batch::default();
+        batch.tasks.push((job, TaskIdx(i % 100), TaskRecord::initial(false, Timestamp(i64::from(i)))));
+        let started = Instant::now();
+        store.write(&batch).unwrap();
+        store.flush().unwrap();
+        latencies.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    let tail: Vec<f64> = latencies[1000..].to_vec();
+    serde_json::json!({ "write_and_flush_ms": median(tail) })
+}
+
+fn run_one(name: &str) {
+    let dir = tempfile::tempdir_in(std::env::var("BENCH_DIR").unwrap_or_else(|_| ".".into())).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let result = runtime.block_on(async {
+        match name {
+            "flush" => flush(dir.path()).await,
+            "transitions" => transitions(dir.path()).await,
+            "submit" => submit(dir.path()).await,
+            "propagate" => propagate(dir.path()).await,
+            "restart" => restart(dir.path()).await,
+            other => panic!("unknown scenario {other}; known: {SCENARIOS:?}"),
+        }
+    });
+    println!("{}", serde_json::json!({ "scenario": name, "result": result }));
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    if let Some(name) = args.first() {
+        run_one(name);
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for name in SCENARIOS {
+        let mut results: Vec<serde_json::Value> = Vec::new();
+        for _ in 0..RUNS {
+            let output = Command::new(&exe).arg(name).output().expect("run scenario");
+            assert!(output.status.success(), "{name} failed: {}", String::from_utf8_lossy(&output.stderr));
+            let line = String::from_utf8_lossy(&output.stdout);
+            let value: serde_json::Value = serde_json::from_str(line.trim()).expect("one JSON line");
+            results.push(value["result"].clone());
+        }
+        let mut summary = serde_json::Map::new();
+        for key in results[0].as_object().unwrap().keys() {
+            let values: Vec<f64> = results.iter().filter_map(|r| r[key].as_f64()).collect();
+            summary.insert(key.clone(), serde_json::json!(median(values)));
+        }
+        println!("{}", serde_json::json!({ "scenario": name, "runs": RUNS, "median": summary }));
+    }
+}
