@@ -226,7 +226,7 @@ fn sled_store_refuses_a_garbled_database() {
     let opened = SledStore::open(dir.path());
     let err = match opened {
         Err(e) => e,
-        Ok(store) => store.load_active().err().expect("a garbled database must not read as valid"),
+        Ok(store) => store.load_active().expect_err("a garbled database must not read as valid"),
     };
     assert!(matches!(err, super::Error::Corrupt { .. }), "{err}");
 }

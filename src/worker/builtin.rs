@@ -113,6 +113,7 @@ impl Handler for ShellHandler {
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
+                .process_group(0)
                 .kill_on_drop(true);
             if let Some(cwd) = &params.cwd {
                 command.current_dir(cwd);
@@ -123,6 +124,8 @@ impl Handler for ShellHandler {
                     return Outcome::Failed { error: format!("cannot start the command: {e}"), output: Vec::new() }
                 }
             };
+            // A timeout or a cancel (dropping this future) ends every process the command started.
+            let mut group = child.id().map(|pid| ProcessGroup { pid, armed: true });
             let output = Arc::new(std::sync::Mutex::new(VecDeque::new()));
             let readers = [
                 child.stdout.take().map(|s| tokio::spawn(collect_lines(s, "", output.clone()))),
@@ -132,6 +135,7 @@ impl Handler for ShellHandler {
                 Some(seconds) => match tokio::time::timeout(Duration::from_secs(seconds), child.wait()).await {
                     Ok(status) => status,
                     Err(_) => {
+                        drop(group);
                         let _ = child.kill().await;
                         for reader in readers.into_iter().flatten() {
                             let _ = reader.await;
@@ -144,6 +148,9 @@ impl Handler for ShellHandler {
                 },
                 None => child.wait().await,
             };
+            if let Some(group) = group.as_mut() {
+                group.armed = false;
+            }
             for reader in readers.into_iter().flatten() {
                 let _ = reader.await;
             }
@@ -154,6 +161,23 @@ impl Handler for ShellHandler {
                 Err(e) => Outcome::Failed { error: format!("waiting for the command failed: {e}"), output },
             }
         })
+    }
+}
+
+/// Kills a command's whole process group when dropped while armed.
+struct ProcessGroup {
+    pid: u32,
+    armed: bool,
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Ok(pid) = i32::try_from(self.pid) {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
     }
 }
 
