@@ -205,3 +205,97 @@ async fn collect_lines(stream: impl tokio::io::AsyncRead + Unpin, prefix: &'stat
 fn take_lines(output: &Lines) -> Vec<String> {
     output.lock().expect("output lock").drain(..).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{JobId, TaskIdx, TaskRef};
+
+    fn ctx(job_type: &str, attempt: u32, parameters: serde_json::Value) -> TaskContext {
+        let job = JobId::new();
+        TaskContext {
+            task: TaskRef { job, idx: TaskIdx(0) },
+            job,
+            job_name: "test".into(),
+            task_id: "t1".into(),
+            job_type: Arc::from(job_type),
+            attempt,
+            parameters,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    async fn shell(parameters: serde_json::Value) -> Outcome {
+        ShellHandler.execute(ctx("shell", 2, parameters)).await
+    }
+
+    #[tokio::test]
+    async fn shell_keeps_output_and_sets_the_task_environment() {
+        let outcome = shell(serde_json::json!({
+            "command": "echo out; echo err >&2; echo $JOBCENTER_TASK_ID $JOBCENTER_ATTEMPT $GREETING",
+            "env": {"GREETING": "hello"}
+        }))
+        .await;
+        let Outcome::Succeeded { mut output } = outcome else { panic!("{outcome:?}") };
+        output.sort();
+        assert_eq!(output, ["out", "stderr: err", "t1 2 hello"]);
+    }
+
+    #[tokio::test]
+    async fn shell_exit_code_decides() {
+        let outcome = shell(serde_json::json!({"argv": ["sh", "-c", "exit 3"]})).await;
+        let Outcome::Failed { error, .. } = outcome else { panic!("{outcome:?}") };
+        assert!(error.contains("exit status: 3"), "{error}");
+        let outcome = shell(serde_json::json!({"argv": ["true"], "cwd": "/"})).await;
+        assert!(matches!(outcome, Outcome::Succeeded { .. }), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn shell_timeout_kills_everything_the_command_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let command = format!("sleep 30 & echo $! > {}; sleep 30", pid_file.display());
+        let started = tokio::time::Instant::now();
+        let outcome = shell(serde_json::json!({"command": command, "timeout_seconds": 1})).await;
+        assert!(started.elapsed() < Duration::from_secs(10), "the attempt ended at its timeout");
+        let Outcome::Failed { error, .. } = outcome else { panic!("{outcome:?}") };
+        assert_eq!(error, "timed out after 1 s");
+        let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_string();
+        let mut gone = false;
+        for _ in 0..50 {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // Gone, or a zombie waiting for its parent (init) to reap it.
+            if stat.is_empty() || stat.split(' ').nth(2) == Some("Z") {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(gone, "the background sleep {pid} outlived the timeout");
+    }
+
+    #[tokio::test]
+    async fn shell_refuses_bad_parameters() {
+        for parameters in [
+            serde_json::json!({}),
+            serde_json::json!({"command": "true", "argv": ["true"]}),
+            serde_json::json!({"argv": []}),
+            serde_json::json!({"command": "true", "shell": "bash"}),
+        ] {
+            let outcome = shell(parameters.clone()).await;
+            let Outcome::Failed { error, .. } = outcome else { panic!("{parameters} was accepted") };
+            assert!(error.starts_with("invalid parameters"), "{parameters}: {error}");
+        }
+    }
+
+    #[tokio::test]
+    async fn noop_fails_as_told() {
+        let run = |attempt, parameters| NoopHandler.execute(ctx("noop", attempt, parameters));
+        assert!(matches!(run(1, serde_json::json!({})).await, Outcome::Succeeded { .. }));
+        assert!(matches!(run(5, serde_json::json!({"fail": true})).await, Outcome::Failed { .. }));
+        assert!(matches!(run(2, serde_json::json!({"fail_attempts": 2})).await, Outcome::Failed { .. }));
+        assert!(matches!(run(3, serde_json::json!({"fail_attempts": 2})).await, Outcome::Succeeded { .. }));
+        let Outcome::Failed { error, .. } = run(1, serde_json::json!({"sleep": 5})).await else { panic!() };
+        assert!(error.contains("unknown field `sleep`"), "{error}");
+    }
+}
