@@ -129,6 +129,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let progress = tokio::spawn(show_progress(engine.clone(), job));
     let record = engine.wait(job).await?;
     progress.abort();
+    if std::io::stderr().is_terminal() {
+        eprintln!();
+    }
     let final_job = engine.job(job).await?.context("the finished job is missing from the store")?;
     if args.json {
         println!("{}", serde_json::to_string(&job_json(&final_job, false))?);

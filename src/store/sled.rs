@@ -20,6 +20,8 @@ use crate::model::{JobId, JobRecord, TaskRecord};
 
 /// The file that marks a directory as jobcenter's, written once at creation.
 const MARKER_FILE: &str = "JOBCENTER";
+/// Present only while a new data directory is being created.
+const INIT_MARKER_FILE: &str = "JOBCENTER.creating";
 const SCHEMA_KEY: &[u8] = b"schema_version";
 
 pub struct SledStore {
@@ -57,6 +59,8 @@ impl SledStore {
     /// Opens (or creates) a data directory. A directory that is not empty
     /// but holds no jobcenter data, a damaged one, or one held by another
     /// process gives an error naming the path; it is never re-initialized.
+    /// Creation is itself crash-safe: `JOBCENTER.creating` is written first
+    /// and `JOBCENTER` last, so a creation cut short is started over.
     pub fn open(path: &Path) -> Result<SledStore, Error> {
         let display = path.display().to_string();
         let unusable = |detail: String| Error::Unusable { path: display.clone(), detail };
@@ -65,12 +69,24 @@ impl SledStore {
             return Err(unusable("not a directory".into()));
         }
         let marker = path.join(MARKER_FILE);
-        let fresh = match std::fs::read_dir(path) {
+        let initializing = path.join(INIT_MARKER_FILE);
+        let empty = match std::fs::read_dir(path) {
             Ok(mut entries) => entries.next().is_none(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
             Err(e) => return Err(unusable(e.to_string())),
         };
-        if !fresh {
+        let fresh = if empty {
+            std::fs::create_dir_all(path).map_err(|e| unusable(e.to_string()))?;
+            write_atomically(path, INIT_MARKER_FILE, "jobcenter data directory being created\n")
+                .map_err(|e| unusable(e.to_string()))?;
+            true
+        } else if !marker.exists() && initializing.exists() {
+            // A previous start was stopped while it created the directory:
+            // nothing was stored yet, so start the creation over.
+            tracing::warn!(path = %path.display(), "finishing the interrupted creation of the data directory");
+            clear_except(path, INIT_MARKER_FILE).map_err(|e| unusable(e.to_string()))?;
+            true
+        } else {
             match std::fs::read_to_string(&marker) {
                 Ok(text) => check_marker(&text, &display)?,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -83,9 +99,8 @@ impl SledStore {
             if !path.join("db").exists() {
                 return Err(corrupt("its database file is missing".into()));
             }
-        } else {
-            std::fs::create_dir_all(path).map_err(|e| unusable(e.to_string()))?;
-        }
+            false
+        };
 
         let db = open_guarded(path, &display)?;
         let open_tree = |name: &str| db.open_tree(name).map_err(|e| corrupt(e.to_string()));
@@ -93,7 +108,9 @@ impl SledStore {
         if fresh {
             store.meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes()).map_err(|e| unusable(e.to_string()))?;
             store.db.flush().map_err(|e| unusable(e.to_string()))?;
-            write_marker(&marker).map_err(|e| unusable(e.to_string()))?;
+            write_atomically(path, MARKER_FILE, &format!("jobcenter data directory\nschema {SCHEMA_VERSION}\n"))
+                .and_then(|()| std::fs::remove_file(&initializing))
+                .map_err(|e| unusable(e.to_string()))?;
         } else {
             let found = store.meta.get(SCHEMA_KEY).map_err(|e| corrupt(e.to_string()))?;
             let found = found
@@ -162,10 +179,30 @@ fn check_marker(text: &str, display: &str) -> Result<(), Error> {
     Ok(())
 }
 
-fn write_marker(marker: &Path) -> std::io::Result<()> {
-    let mut file = std::fs::File::create(marker)?;
-    writeln!(file, "jobcenter data directory\nschema {SCHEMA_VERSION}")?;
-    file.sync_all()
+/// Writes a small file so that it is either absent or whole, even across a crash.
+fn write_atomically(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
+    let temporary = dir.join(format!("{name}.tmp"));
+    let mut file = std::fs::File::create(&temporary)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&temporary, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Removes everything in `dir` but the file `keep`.
+fn clear_except(dir: &Path, keep: &str) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_name() == keep {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
 }
 
 /// sled 0.34 can panic on a damaged directory; turn that into an error.

@@ -230,3 +230,17 @@ fn sled_store_refuses_a_garbled_database() {
     };
     assert!(matches!(err, super::Error::Corrupt { .. }), "{err}");
 }
+
+#[test]
+fn sled_store_finishes_an_interrupted_creation() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    drop(SledStore::open(&path).unwrap());
+    // As if the first start was killed before it wrote its marker.
+    std::fs::remove_file(path.join("JOBCENTER")).unwrap();
+    std::fs::write(path.join("JOBCENTER.creating"), "jobcenter data directory being created\n").unwrap();
+    let store = SledStore::open(&path).expect("an interrupted creation is started over");
+    assert!(store.load_active().unwrap().is_empty());
+    assert!(path.join("JOBCENTER").exists());
+    assert!(!path.join("JOBCENTER.creating").exists());
+}
