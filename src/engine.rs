@@ -478,33 +478,21 @@ async fn run_loop(
     }
 }
 
-/// Writes every step it has, flushes once, then performs their actions.
+/// Writes every step it has as one batch, flushes once, then performs their actions.
 fn run_committer(store: Arc<dyn Store>, mut steps: mpsc::Receiver<Step>) {
     let mut pending: Vec<Step> = Vec::new();
-    let (mut iters, mut wt, mut ft, mut recs) = (0u64, 0f64, 0f64, 0usize);
     while let Some(step) = steps.blocking_recv() {
-        iters += 1;
-        if iters % 500 == 0 {
-            eprintln!("iters {iters} write {wt:.3}s flush {ft:.3}s recs {recs}");
-        }
         pending.push(step);
         while let Ok(step) = steps.try_recv() {
             pending.push(step);
         }
-        let mut wrote = false;
-        for step in &pending {
-            if !step.batch.is_empty() {
-                recs += step.batch.tasks.len();
-                let t = std::time::Instant::now();
-                fail_stop(store.write(&step.batch));
-                wt += t.elapsed().as_secs_f64();
-                wrote = true;
-            }
+        let mut batch = Batch::default();
+        for step in &mut pending {
+            batch.append(std::mem::take(&mut step.batch));
         }
-        if wrote {
-            let t = std::time::Instant::now();
+        if !batch.is_empty() {
+            fail_stop(store.write(&batch));
             fail_stop(store.flush());
-            ft += t.elapsed().as_secs_f64();
         }
         for step in pending.drain(..) {
             for action in step.actions {
