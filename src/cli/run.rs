@@ -15,7 +15,7 @@ use crate::clock::SystemClock;
 use crate::engine::{Engine, EngineHandle, Options, Orphans};
 use crate::jobfile::{self, Limits};
 use crate::model::{JobId, JobOrigin, JobSpec, JobState, TaskState};
-use crate::store::{JobFilter, SledStore, Store};
+use crate::store::{self, JobFilter, Store};
 use crate::worker::{builtin_handlers, ExecLog, LocalExecutor, Registry};
 
 #[derive(clap::Args, Debug)]
@@ -47,8 +47,7 @@ pub async fn read_job_file(path: &Path) -> Result<JobSpec, jobfile::Error> {
 /// Opens the embedded store; any problem is one line naming the path.
 pub async fn open_store(data_dir: &Path) -> anyhow::Result<Arc<dyn Store>> {
     let path = data_dir.to_path_buf();
-    let store = tokio::task::spawn_blocking(move || SledStore::open(&path)).await.context("opening the store")??;
-    Ok(Arc::new(store))
+    Ok(tokio::task::spawn_blocking(move || store::open_data_dir(&path)).await.context("opening the store")??)
 }
 
 pub async fn validate(file: &Path) -> anyhow::Result<ExitCode> {

@@ -18,6 +18,11 @@ use crate::model::{JobId, JobRecord, JobSpec, JobState, TaskIdx, TaskRecord};
 pub use self::memory::MemoryStore;
 pub use self::sled::SledStore;
 
+/// Opens the embedded default store in a data directory.
+pub fn open_data_dir(path: &std::path::Path) -> Result<Arc<dyn Store>, Error> {
+    Ok(Arc::new(SledStore::open(path)?))
+}
+
 /// The schema version this build reads and writes.
 pub const SCHEMA_VERSION: u32 = 1;
 
