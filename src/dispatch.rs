@@ -44,15 +44,31 @@ pub struct HandlerSpec {
     pub handler: HandlerId,
     /// The job types it executes; `None` for any.
     pub job_types: Option<Vec<Arc<str>>>,
+    /// Attempts it runs at once, over all job types.
     pub capacity: u32,
+    /// Attempts of one job type it runs at once (its declared maximum);
+    /// a type not listed is bounded by `capacity` only.
+    pub type_capacity: BTreeMap<Arc<str>, u32>,
     /// It starts an attempt as soon as it gets it (no separate start report).
     pub starts_running: bool,
     pub sink: Sink,
 }
 
+/// Dispatch limits of one job type, from its policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TypeLimits {
+    /// Attempts of this type running at once, over every handler.
+    pub global: u32,
+    /// Attempts of this type one handler runs at once.
+    pub per_worker: u32,
+}
+
 struct Slot {
     spec: HandlerSpec,
     in_use: u32,
+    by_type: BTreeMap<Arc<str>, u32>,
+    /// The slot total the handler last reported, when it reports one.
+    reported_total: Option<u32>,
 }
 
 impl Slot {
@@ -61,7 +77,14 @@ impl Slot {
     }
 
     fn free(&self) -> u32 {
-        self.spec.capacity.saturating_sub(self.in_use)
+        let capacity = self.spec.capacity.min(self.reported_total.unwrap_or(u32::MAX));
+        capacity.saturating_sub(self.in_use)
+    }
+
+    fn free_for(&self, job_type: &str, per_worker: u32) -> u32 {
+        let cap = self.spec.type_capacity.get(job_type).copied().unwrap_or(u32::MAX).min(per_worker);
+        let used = self.by_type.get(job_type).copied().unwrap_or(0);
+        cap.saturating_sub(used).min(self.free())
     }
 }
 
@@ -92,16 +115,46 @@ pub struct Dispatch {
     delayed: BTreeSet<(Timestamp, u64, TaskRef)>,
     delayed_meta: BTreeMap<u64, (Arc<str>, Priority)>,
     next_seq: u64,
+    limits: BTreeMap<Arc<str>, TypeLimits>,
+    running: BTreeMap<Arc<str>, u32>,
 }
 
 impl Dispatch {
     pub fn add_handler(&mut self, spec: HandlerSpec) {
-        let in_use = self.handlers.get(&spec.handler).map(|s| s.in_use).unwrap_or(0);
-        self.handlers.insert(spec.handler, Slot { spec, in_use });
+        let previous = self.handlers.remove(&spec.handler);
+        let (in_use, by_type) = previous.map(|s| (s.in_use, s.by_type)).unwrap_or_default();
+        self.handlers.insert(spec.handler, Slot { spec, in_use, by_type, reported_total: None });
     }
 
+    /// The handler's own count of its slots, from its heartbeat.
+    pub fn report_slots(&mut self, handler: HandlerId, total: u32) {
+        if let Some(slot) = self.handlers.get_mut(&handler) {
+            slot.reported_total = Some(total);
+        }
+    }
+
+    pub fn set_limits(&mut self, job_type: Arc<str>, limits: TypeLimits) {
+        self.limits.insert(job_type, limits);
+    }
+
+    pub fn limits(&self, job_type: &str) -> Option<TypeLimits> {
+        self.limits.get(job_type).copied()
+    }
+
+    /// Attempts of a job type running now, over every handler.
+    pub fn running(&self, job_type: &str) -> u32 {
+        self.running.get(job_type).copied().unwrap_or(0)
+    }
+
+    /// Forgets a handler and the slots it held.
     pub fn remove_handler(&mut self, handler: HandlerId) -> bool {
-        self.handlers.remove(&handler).is_some()
+        let Some(slot) = self.handlers.remove(&handler) else { return false };
+        for (job_type, used) in slot.by_type {
+            if let Some(running) = self.running.get_mut(&job_type) {
+                *running = running.saturating_sub(used);
+            }
+        }
+        true
     }
 
     pub fn has_handler(&self, handler: HandlerId) -> bool {
@@ -163,12 +216,20 @@ impl Dispatch {
         self.queues.values().map(BinaryHeap::len).sum::<usize>() + self.delayed.len()
     }
 
-    /// The handler with the most free slots that accepts this job type.
+    /// The handler with the most free slots that accepts this job type,
+    /// within the type's global and per-worker limits.
     pub fn pick_handler(&self, job_type: &str) -> Option<HandlerId> {
+        let limits = self.limits.get(job_type);
+        if limits.is_some_and(|l| self.running(job_type) >= l.global) {
+            return None;
+        }
+        let per_worker = limits.map(|l| l.per_worker).unwrap_or(u32::MAX);
         self.handlers
             .iter()
-            .filter(|(_, slot)| slot.free() > 0 && slot.accepts(job_type))
-            .max_by_key(|(_, slot)| slot.free())
+            .filter(|(_, slot)| slot.accepts(job_type))
+            .map(|(id, slot)| (id, slot.free_for(job_type, per_worker)))
+            .filter(|(_, free)| *free > 0)
+            .max_by_key(|(_, free)| *free)
             .map(|(id, _)| *id)
     }
 
@@ -176,15 +237,23 @@ impl Dispatch {
         self.queues.get_mut(job_type)?.pop().map(|e| e.task)
     }
 
-    pub fn take_slot(&mut self, handler: HandlerId) {
+    pub fn take_slot(&mut self, handler: HandlerId, job_type: &Arc<str>) {
         if let Some(slot) = self.handlers.get_mut(&handler) {
             slot.in_use += 1;
+            *slot.by_type.entry(job_type.clone()).or_default() += 1;
+            *self.running.entry(job_type.clone()).or_default() += 1;
         }
     }
 
-    pub fn release_slot(&mut self, handler: HandlerId) {
+    pub fn release_slot(&mut self, handler: HandlerId, job_type: &str) {
         if let Some(slot) = self.handlers.get_mut(&handler) {
             slot.in_use = slot.in_use.saturating_sub(1);
+            if let Some(used) = slot.by_type.get_mut(job_type) {
+                *used = used.saturating_sub(1);
+            }
+            if let Some(running) = self.running.get_mut(job_type) {
+                *running = running.saturating_sub(1);
+            }
         }
     }
 
@@ -244,29 +313,68 @@ mod tests {
         let (sink, _rx) = tokio::sync::mpsc::unbounded_channel();
         let a = HandlerId::new();
         let b = HandlerId::new();
+        let (noop, shell): (Arc<str>, Arc<str>) = (Arc::from("noop"), Arc::from("shell"));
         d.add_handler(HandlerSpec {
             handler: a,
             job_types: None,
             capacity: 2,
+            type_capacity: BTreeMap::new(),
             starts_running: true,
             sink: sink.clone(),
         });
         d.add_handler(HandlerSpec {
             handler: b,
-            job_types: Some(vec![Arc::from("shell")]),
+            job_types: Some(vec![shell.clone()]),
             capacity: 3,
+            type_capacity: BTreeMap::new(),
             starts_running: true,
             sink,
         });
         assert_eq!(d.pick_handler("noop"), Some(a));
         assert_eq!(d.pick_handler("shell"), Some(b));
-        d.take_slot(b);
-        d.take_slot(b);
+        d.take_slot(b, &shell);
+        d.take_slot(b, &shell);
         assert_eq!(d.pick_handler("shell"), Some(a));
-        d.take_slot(a);
-        d.take_slot(a);
+        d.take_slot(a, &noop);
+        d.take_slot(a, &noop);
         assert_eq!(d.pick_handler("noop"), None);
-        d.release_slot(a);
+        d.release_slot(a, "noop");
         assert_eq!(d.pick_handler("noop"), Some(a));
+    }
+
+    #[test]
+    fn type_limits_bound_dispatch_globally_and_per_worker() {
+        let mut d = Dispatch::default();
+        let (sink, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let vacuum: Arc<str> = Arc::from("vacuum");
+        let handlers: Vec<HandlerId> = (0..2).map(|_| HandlerId::new()).collect();
+        for &handler in &handlers {
+            d.add_handler(HandlerSpec {
+                handler,
+                job_types: None,
+                capacity: 10,
+                type_capacity: BTreeMap::from([(vacuum.clone(), 2)]),
+                starts_running: false,
+                sink: sink.clone(),
+            });
+        }
+        d.set_limits(vacuum.clone(), TypeLimits { global: 3, per_worker: 5 });
+        let mut taken = Vec::new();
+        while let Some(h) = d.pick_handler("vacuum") {
+            d.take_slot(h, &vacuum);
+            taken.push(h);
+        }
+        assert_eq!(taken.len(), 3, "the global limit");
+        assert_eq!(d.running("vacuum"), 3);
+        d.set_limits(vacuum.clone(), TypeLimits { global: 10, per_worker: 5 });
+        while let Some(h) = d.pick_handler("vacuum") {
+            d.take_slot(h, &vacuum);
+        }
+        assert_eq!(d.running("vacuum"), 4, "each worker declared at most 2 vacuums");
+        d.report_slots(handlers[0], 1);
+        d.release_slot(handlers[0], "vacuum");
+        assert_eq!(d.pick_handler("vacuum"), None, "the worker reports one slot, and it is in use");
+        assert!(d.remove_handler(handlers[1]));
+        assert_eq!(d.running("vacuum"), 1);
     }
 }

@@ -6,14 +6,14 @@
 //! Because the loop is the only writer and hands over whole iterations, no
 //! reader (of the engine or of the store) ever sees half of a step.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::active::ActiveJob;
 use crate::clock::{Clock, Timestamp};
-use crate::dispatch::{Assignment, Dispatch, HandlerSpec, Sink, WorkOrder};
+use crate::dispatch::{Assignment, Dispatch, HandlerSpec, Sink, TypeLimits, WorkOrder};
 use crate::follower::{self, Outcome, Rejection, Released};
 use crate::leader;
 use crate::model::{
@@ -68,6 +68,35 @@ pub struct Summary {
     pub counts: StateCounts,
 }
 
+/// A change that watchers see, after it is durable.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Task {
+        job: JobId,
+        idx: u32,
+        state: TaskState,
+        attempt: u32,
+        error: Option<String>,
+        handler: Option<HandlerId>,
+        at: Timestamp,
+        progress_percent: f32,
+        stage: String,
+    },
+    Job {
+        job: JobId,
+        state: JobState,
+        at: Timestamp,
+    },
+}
+
+/// Progress a handler reports for an attempt it holds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Progress {
+    pub percent: f32,
+    pub stage: String,
+    pub message: String,
+}
+
 type Reply<T> = oneshot::Sender<T>;
 
 enum Command {
@@ -101,6 +130,31 @@ enum Command {
     AddHandler {
         spec: HandlerSpec,
     },
+    Progress {
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        progress: Progress,
+    },
+    Requeue {
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        reason: String,
+    },
+    HandlerSlots {
+        handler: HandlerId,
+        total: u32,
+    },
+    LoseAllBut {
+        live: HashSet<HandlerId>,
+        reason: String,
+        reply: Reply<usize>,
+    },
+    SetLimits {
+        job_type: Arc<str>,
+        limits: TypeLimits,
+    },
     HandlerGone {
         handler: HandlerId,
         reason: String,
@@ -127,6 +181,7 @@ enum Command {
 enum Action {
     Send { sink: Sink, order: WorkOrder },
     Reply(Box<dyn FnOnce() + Send>),
+    Event(Event),
 }
 
 #[derive(Default)]
@@ -149,6 +204,9 @@ struct Core {
     jobs: HashMap<JobId, ActiveJob>,
     dispatch: Dispatch,
     waiters: HashMap<JobId, Vec<Reply<Option<JobRecord>>>>,
+    /// Execution deadlines of held attempts: (deadline, task, attempt).
+    deadlines: BTreeSet<(Timestamp, TaskRef, u32)>,
+    events: broadcast::Sender<Event>,
 }
 
 impl Core {
@@ -249,6 +307,44 @@ impl Core {
                 };
                 step.reply(reply, result);
             }
+            Command::Progress { task, attempt, handler, progress } => {
+                let Some(job) = self.jobs.get_mut(&task.job) else { return };
+                if follower::start(job, task.idx.0, attempt, handler, now, &mut step.batch).is_ok() {
+                    let record = &mut job.tasks[task.idx.index()];
+                    record.progress_percent = progress.percent;
+                    record.stage = progress.stage;
+                    if self.events.receiver_count() > 0 {
+                        step.actions.push(Action::Event(task_event(task.job, task.idx.0, record)));
+                    }
+                }
+            }
+            Command::Requeue { task, attempt, handler, reason } => {
+                let holds = self
+                    .jobs
+                    .get(&task.job)
+                    .is_some_and(|job| follower::check_holder(job, task.idx.0, attempt, handler).is_ok());
+                if holds {
+                    self.lose(task, &reason, false, now, step);
+                }
+            }
+            Command::HandlerSlots { handler, total } => self.dispatch.report_slots(handler, total),
+            Command::SetLimits { job_type, limits } => self.dispatch.set_limits(job_type, limits),
+            Command::LoseAllBut { live, reason, reply } => {
+                let mut orphans = Vec::new();
+                for (id, job) in &self.jobs {
+                    for (idx, task) in job.tasks.iter().enumerate() {
+                        let gone = task.handler.is_some_and(|h| !live.contains(&h) && !self.dispatch.has_handler(h));
+                        if task.state.is_held() && gone {
+                            orphans.push(TaskRef { job: *id, idx: TaskIdx(idx as u32) });
+                        }
+                    }
+                }
+                let n_orphans = orphans.len();
+                for task in orphans {
+                    self.lose(task, &reason, false, now, step);
+                }
+                step.reply(reply, n_orphans);
+            }
             Command::AddHandler { spec } => {
                 tracing::debug!(handler = %spec.handler, capacity = spec.capacity, "handler joined");
                 self.dispatch.add_handler(spec);
@@ -289,7 +385,8 @@ impl Core {
             return Err(Rejection::JobEnded { job: task.job });
         };
         let released = follower::complete(job, task.idx.0, attempt, handler, outcome, now, &mut step.batch)?;
-        self.dispatch.release_slot(handler);
+        let job_type = job.spec.tasks[task.idx.index()].job_type.clone();
+        self.dispatch.release_slot(handler, &job_type);
         self.after_release(task.job, released, now, step);
         Ok(())
     }
@@ -313,7 +410,7 @@ impl Core {
         let limit = self.options.lost_attempt_limit;
         let Some(job) = self.jobs.get_mut(&task.job) else { return };
         if let Some(handler) = job.tasks[task.idx.index()].handler {
-            self.dispatch.release_slot(handler);
+            self.dispatch.release_slot(handler, &job.spec.tasks[task.idx.index()].job_type);
         }
         let released = follower::lose(job, task.idx.0, reason, count_lost, limit, now, &mut step.batch);
         self.after_release(task.job, released, now, step);
@@ -352,10 +449,47 @@ impl Core {
                     priority: spec.priority,
                     execution_timeout_seconds: spec.execution_timeout_seconds,
                 };
-                self.dispatch.take_slot(handler);
+                self.dispatch.take_slot(handler, &spec.job_type);
+                if let Some(seconds) = spec.execution_timeout_seconds {
+                    self.deadlines.insert((now.plus_seconds(seconds), task, attempt));
+                }
                 if let Some(sink) = self.dispatch.sink(handler) {
                     step.actions.push(Action::Send { sink: sink.clone(), order: WorkOrder::Execute(assignment) });
                 }
+            }
+        }
+    }
+
+    /// When the next delayed task or execution deadline is due.
+    fn next_wake(&self) -> Option<Timestamp> {
+        let deadline = self.deadlines.first().map(|(at, _, _)| *at);
+        match (self.dispatch.next_wake(), deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Ends attempts that ran past their execution timeout: the handler is
+    /// told to stop, and the attempt fails (and is retried if it may be).
+    fn expire_deadlines(&mut self, now: Timestamp, step: &mut Step) {
+        while let Some(&(at, task, attempt)) = self.deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let Some(job) = self.jobs.get(&task.job) else { continue };
+            let record = &job.tasks[task.idx.index()];
+            let Some(handler) = record.handler.filter(|_| record.state.is_held() && record.attempt == attempt) else {
+                continue;
+            };
+            let seconds = job.spec.tasks[task.idx.index()].execution_timeout_seconds.unwrap_or(0);
+            if let Some(sink) = self.dispatch.sink(handler) {
+                step.actions.push(Action::Send { sink: sink.clone(), order: WorkOrder::Cancel { task, attempt } });
+            }
+            let error = format!("execution timed out after {seconds} s");
+            let outcome = Outcome::Failed { error, output: Vec::new() };
+            if let Err(rejection) = self.complete(task, attempt, handler, outcome, now, step) {
+                tracing::warn!(job.id = %task.job, task.idx = task.idx.0, %rejection, "timeout not applied");
             }
         }
     }
@@ -394,11 +528,38 @@ impl Core {
     }
 }
 
+fn task_event(job: JobId, idx: u32, record: &crate::model::TaskRecord) -> Event {
+    Event::Task {
+        job,
+        idx,
+        state: record.state,
+        attempt: record.attempt,
+        error: record.error.clone(),
+        handler: record.handler,
+        at: record.updated_at,
+        progress_percent: record.progress_percent,
+        stage: record.stage.clone(),
+    }
+}
+
+/// The events of a step's batch, for watchers.
+fn batch_events(batch: &Batch) -> Vec<Event> {
+    let tasks = batch.tasks.iter().map(|(job, idx, record)| task_event(*job, idx.0, record));
+    let jobs = batch
+        .new_jobs
+        .iter()
+        .map(|(record, _)| record)
+        .chain(batch.jobs.iter())
+        .map(|record| Event::Job { job: record.id, state: record.state, at: record.updated_at });
+    jobs.chain(tasks).collect()
+}
+
 /// A cheap, cloneable handle to a running engine.
 #[derive(Clone)]
 pub struct EngineHandle {
     commands: mpsc::Sender<Command>,
     store: Arc<dyn Store>,
+    events: broadcast::Sender<Event>,
 }
 
 /// The engine itself; `start` loads the store and returns its handle.
@@ -412,7 +573,15 @@ impl Engine {
             let store = store.clone();
             tokio::task::spawn_blocking(move || store.load_active()).await.map_err(|_| Error::Stopped)??
         };
-        let mut core = Core { options, jobs: HashMap::new(), dispatch: Dispatch::default(), waiters: HashMap::new() };
+        let (events, _) = broadcast::channel(65_536);
+        let mut core = Core {
+            options,
+            jobs: HashMap::new(),
+            dispatch: Dispatch::default(),
+            waiters: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            events: events.clone(),
+        };
         let mut step = Step::default();
         core.restore(loaded, clock.now(), &mut step);
         if !step.batch.is_empty() {
@@ -425,12 +594,13 @@ impl Engine {
         let (commands_tx, commands_rx) = mpsc::channel(65_536);
         let (steps_tx, steps_rx) = mpsc::channel(64);
         let committer_store = store.clone();
+        let committer_events = events.clone();
         std::thread::Builder::new()
             .name("jobcenter-commit".into())
-            .spawn(move || run_committer(committer_store, steps_rx))
+            .spawn(move || run_committer(committer_store, steps_rx, committer_events))
             .map_err(|e| Error::Store(store::Error::Io(e.to_string())))?;
         tokio::spawn(run_loop(core, clock, commands_rx, steps_tx));
-        Ok(EngineHandle { commands: commands_tx, store })
+        Ok(EngineHandle { commands: commands_tx, store, events })
     }
 }
 
@@ -443,7 +613,7 @@ async fn run_loop(
     let max = core.options.max_commands_per_iteration;
     let mut received: Vec<Command> = Vec::with_capacity(max);
     loop {
-        let first = match core.dispatch.next_wake() {
+        let first = match core.next_wake() {
             Some(at) => {
                 let wait = std::time::Duration::from_millis(at.millis_since(clock.now()));
                 tokio::select! {
@@ -471,7 +641,11 @@ async fn run_loop(
         for command in received.drain(..) {
             core.apply(command, now, &mut step);
         }
+        core.expire_deadlines(now, &mut step);
         core.dispatch_ready(now, &mut step);
+        if core.events.receiver_count() > 0 {
+            step.actions.extend(batch_events(&step.batch).into_iter().map(Action::Event));
+        }
         if (!step.batch.is_empty() || !step.actions.is_empty()) && steps.send(step).await.is_err() {
             break;
         }
@@ -479,7 +653,7 @@ async fn run_loop(
 }
 
 /// Writes every step it has as one batch, flushes once, then performs their actions.
-fn run_committer(store: Arc<dyn Store>, mut steps: mpsc::Receiver<Step>) {
+fn run_committer(store: Arc<dyn Store>, mut steps: mpsc::Receiver<Step>, events: broadcast::Sender<Event>) {
     let mut pending: Vec<Step> = Vec::new();
     while let Some(step) = steps.blocking_recv() {
         pending.push(step);
@@ -501,6 +675,9 @@ fn run_committer(store: Arc<dyn Store>, mut steps: mpsc::Receiver<Step>) {
                         let _ = sink.send(order);
                     }
                     Action::Reply(reply) => reply(),
+                    Action::Event(event) => {
+                        let _ = events.send(event);
+                    }
                 }
             }
         }
@@ -565,6 +742,42 @@ impl EngineHandle {
     pub async fn retry(&self, job: JobId) -> Result<(), Error> {
         let stored = self.stored(job).await?.ok_or(Error::UnknownJob(job))?;
         self.call(|reply| Command::Retry { job: stored, reply }).await?
+    }
+
+    /// Every durable change from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// Progress of an attempt; the first report also marks it running.
+    pub async fn progress(&self, task: TaskRef, attempt: u32, handler: HandlerId, progress: Progress) -> Result<(), Error> {
+        self.send(Command::Progress { task, attempt, handler, progress }).await
+    }
+
+    /// The handler gave the attempt back without running it (it was at
+    /// capacity): the task is ready again, and nothing is counted against it.
+    pub async fn requeue(&self, task: TaskRef, attempt: u32, handler: HandlerId, reason: &str) -> Result<(), Error> {
+        self.send(Command::Requeue { task, attempt, handler, reason: reason.to_string() }).await
+    }
+
+    /// The slot total a handler reports about itself.
+    pub async fn handler_slots(&self, handler: HandlerId, total: u32) -> Result<(), Error> {
+        self.send(Command::HandlerSlots { handler, total }).await
+    }
+
+    pub async fn set_limits(&self, job_type: Arc<str>, limits: TypeLimits) -> Result<(), Error> {
+        self.send(Command::SetLimits { job_type, limits }).await
+    }
+
+    /// Every attempt held by a handler that is neither connected nor in
+    /// `live` is lost (not counted against the task). Returns how many.
+    pub async fn lose_all_but(&self, live: HashSet<HandlerId>, reason: &str) -> Result<usize, Error> {
+        let reason = reason.to_string();
+        self.call(|reply| Command::LoseAllBut { live, reason, reply }).await
+    }
+
+    async fn send(&self, command: Command) -> Result<(), Error> {
+        self.commands.send(command).await.map_err(|_| Error::Stopped)
     }
 
     pub async fn add_handler(&self, spec: HandlerSpec) -> Result<(), Error> {

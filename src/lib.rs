@@ -10,5 +10,7 @@ pub mod follower;
 pub mod jobfile;
 pub mod leader;
 pub mod model;
+pub mod proto;
+pub mod wire;
 pub mod store;
 pub mod worker;

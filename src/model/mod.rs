@@ -9,5 +9,5 @@ mod state;
 
 pub use ids::{HandlerId, JobId, TaskIdx, TaskRef};
 pub use record::{JobOrigin, JobRecord, TaskRecord};
-pub use spec::{JobSpec, Priority, TaskSpec};
+pub use spec::{hex, JobSpec, Priority, TaskSpec};
 pub use state::{JobState, StateCounts, TaskState};

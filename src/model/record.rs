@@ -32,7 +32,7 @@ pub struct JobRecord {
 
 /// The runtime state of one task. A task with no stored record is in its
 /// initial state: `ready` without dependencies, `pending` with.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TaskRecord {
     pub state: TaskState,
     /// Number of times the task was handed to a handler; 0 before the first.
@@ -53,6 +53,9 @@ pub struct TaskRecord {
     pub error: Option<String>,
     /// The last lines of output the handler reported (bounded).
     pub output: Vec<String>,
+    /// The last progress the handler reported for the current attempt.
+    pub progress_percent: f32,
+    pub stage: String,
 }
 
 impl TaskRecord {
@@ -71,6 +74,8 @@ impl TaskRecord {
             not_before: None,
             error: None,
             output: Vec::new(),
+            progress_percent: 0.0,
+            stage: String::new(),
         }
     }
 }

@@ -12,6 +12,7 @@ struct Tables {
     jobs: BTreeMap<JobId, JobRecord>,
     specs: HashMap<JobId, Arc<JobSpec>>,
     tasks: HashMap<JobId, BTreeMap<u32, TaskRecord>>,
+    settings: BTreeMap<String, Vec<u8>>,
 }
 
 impl Tables {
@@ -98,6 +99,29 @@ impl Store for MemoryStore {
             .filter(|j| filter.matches(j))
             .take(filter.limit.unwrap_or(usize::MAX))
             .cloned()
+            .collect())
+    }
+
+    fn put_setting(&self, key: &str, value: Option<&[u8]>) -> Result<(), Error> {
+        let mut guard = self.inner.lock().expect("memory store lock");
+        let inner = &mut *guard;
+        for tables in [&mut inner.visible, &mut inner.durable] {
+            match value {
+                Some(value) => tables.settings.insert(key.to_string(), value.to_vec()),
+                None => tables.settings.remove(key),
+            };
+        }
+        Ok(())
+    }
+
+    fn settings(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, Error> {
+        let inner = self.inner.lock().expect("memory store lock");
+        Ok(inner
+            .visible
+            .settings
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
     }
 }

@@ -118,4 +118,9 @@ pub trait Store: Send + Sync + 'static {
     fn get_job(&self, id: JobId) -> Result<Option<StoredJob>, Error>;
     /// Job records matching the filter, newest first.
     fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, Error>;
+    /// Sets (or with `None` removes) a setting, such as a job type's policy;
+    /// durable when it returns.
+    fn put_setting(&self, key: &str, value: Option<&[u8]>) -> Result<(), Error>;
+    /// Every setting whose key starts with `prefix`, in key order.
+    fn settings(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, Error>;
 }

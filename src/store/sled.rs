@@ -23,6 +23,8 @@ const MARKER_FILE: &str = "JOBCENTER";
 /// Present only while a new data directory is being created.
 const INIT_MARKER_FILE: &str = "JOBCENTER.creating";
 const SCHEMA_KEY: &[u8] = b"schema_version";
+/// Settings live in the `meta` tree under this prefix.
+const SETTING_PREFIX: &str = "setting/";
 
 pub struct SledStore {
     path: PathBuf,
@@ -311,6 +313,27 @@ impl Store for SledStore {
             if filter.matches(&record) {
                 out.push(record);
             }
+        }
+        Ok(out)
+    }
+
+    fn put_setting(&self, key: &str, value: Option<&[u8]>) -> Result<(), Error> {
+        let key = format!("{SETTING_PREFIX}{key}");
+        match value {
+            Some(value) => self.meta.insert(key.as_bytes(), value).map(|_| ()),
+            None => self.meta.remove(key.as_bytes()).map(|_| ()),
+        }
+        .map_err(|e| self.io(e))?;
+        self.flush()
+    }
+
+    fn settings(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, Error> {
+        let full = format!("{SETTING_PREFIX}{prefix}");
+        let mut out = Vec::new();
+        for entry in self.meta.scan_prefix(full.as_bytes()) {
+            let (key, value) = entry.map_err(|e| self.io(e))?;
+            let key = String::from_utf8_lossy(&key[SETTING_PREFIX.len()..]).into_owned();
+            out.push((key, value.to_vec()));
         }
         Ok(out)
     }

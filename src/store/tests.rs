@@ -99,6 +99,17 @@ pub fn stores_a_large_spec_in_chunks(store: &dyn Store) {
     assert_eq!(*stored.spec, *spec);
 }
 
+pub fn settings_are_kept_by_key(store: &dyn Store) {
+    store.put_setting("policy/vacuum", Some(b"a")).unwrap();
+    store.put_setting("policy/balance", Some(b"b")).unwrap();
+    store.put_setting("descriptor/vacuum", Some(b"c")).unwrap();
+    store.put_setting("policy/balance", Some(b"b2")).unwrap();
+    let policies = store.settings("policy/").unwrap();
+    assert_eq!(policies, vec![("policy/balance".to_string(), b"b2".to_vec()), ("policy/vacuum".to_string(), b"a".to_vec())]);
+    store.put_setting("policy/vacuum", None).unwrap();
+    assert_eq!(store.settings("policy/").unwrap().len(), 1);
+}
+
 macro_rules! store_test_suite {
     ($module:ident, $make:expr) => {
         mod $module {
@@ -121,6 +132,12 @@ macro_rules! store_test_suite {
             fn terminal_jobs_leave_the_active_set() {
                 let (store, _dir) = $make;
                 super::terminal_jobs_leave_the_active_set(&store);
+            }
+
+            #[test]
+            fn settings_are_kept_by_key() {
+                let (store, _dir) = $make;
+                super::settings_are_kept_by_key(&store);
             }
 
             #[test]

@@ -14,7 +14,7 @@ use super::{Registry, TaskContext};
 use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
 use crate::engine::{self, EngineHandle};
 use crate::follower::Outcome;
-use crate::model::{HandlerId, TaskRef};
+use crate::model::{HandlerId, JobId, TaskRef};
 
 /// An append-only record of executions, one line per event:
 /// `JOB_ID TASK_ID ATTEMPT start|succeeded|failed|canceled`. Tests read it
@@ -31,7 +31,12 @@ impl ExecLog {
     }
 
     fn record(&self, assignment: &Assignment, event: &str) {
-        let line = format!("{} {} {} {event}\n", assignment.task.job, assignment.task_id, assignment.attempt);
+        self.record_event(assignment.task.job, &assignment.task_id, assignment.attempt, event);
+    }
+
+    /// Appends `JOB_ID TASK_ID ATTEMPT EVENT`, for executors other than this module's.
+    pub(crate) fn record_event(&self, job: JobId, task_id: &str, attempt: u32, event: &str) {
+        let line = format!("{job} {task_id} {attempt} {event}\n");
         let mut file = self.file.lock().expect("exec log lock");
         if let Err(e) = file.write_all(line.as_bytes()) {
             tracing::error!(error = %e, "cannot write the execution log");
@@ -57,6 +62,7 @@ impl LocalExecutor {
                 handler,
                 job_types: Some(registry.job_types()),
                 capacity: concurrency.max(1),
+                type_capacity: Default::default(),
                 starts_running: true,
                 sink,
             })

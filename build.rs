@@ -1,0 +1,12 @@
+//! Compiles the protocol definitions in `proto/` with a pure-Rust protobuf
+//! compiler, so that building needs no `protoc`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = ["proto/plugin.proto", "proto/jobcenter.proto"];
+    for file in files {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    let descriptors = protox::compile(files, ["proto"])?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
+    Ok(())
+}

@@ -1,0 +1,222 @@
+//! Conventions shared by the admin server, its workers and its clients:
+//! how a task attempt is named on the worker stream, how JSON parameters
+//! map to the stream's typed `ConfigValue`s and back, and how a client finds
+//! the gRPC port behind an admin's HTTP address.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use serde_json::{Map, Number, Value};
+
+use crate::model::{JobId, Priority, TaskIdx, TaskRef};
+use crate::proto::plugin::{config_value::Kind, ConfigValue, JobPriority};
+
+/// The HTTP path that tells a worker which port the worker stream listens on.
+pub const PLUGIN_STATUS_PATH: &str = "/api/plugin/status";
+/// Without an answer from `PLUGIN_STATUS_PATH`, the gRPC port is the HTTP port plus this.
+pub const GRPC_PORT_OFFSET: u16 = 10_000;
+/// What a SeaweedFS worker answers when it has no free execution slot.
+pub const AT_CAPACITY: &str = "executor is at capacity";
+
+/// The stream's name for one attempt of one task: `JOB_UUID.TASK_INDEX.ATTEMPT`.
+pub fn attempt_id(task: TaskRef, attempt: u32) -> String {
+    format!("{}.{}.{}", task.job, task.idx.0, attempt)
+}
+
+/// Reads back an `attempt_id`.
+pub fn parse_attempt_id(text: &str) -> Option<(TaskRef, u32)> {
+    let mut parts = text.split('.');
+    let job: JobId = parts.next()?.parse().ok()?;
+    let idx: u32 = parts.next()?.parse().ok()?;
+    let attempt: u32 = parts.next()?.parse().ok()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((TaskRef { job, idx: TaskIdx(idx) }, attempt))
+}
+
+pub fn priority_to_wire(priority: Priority) -> JobPriority {
+    match priority {
+        Priority::Low => JobPriority::Low,
+        Priority::Normal => JobPriority::Normal,
+        Priority::High => JobPriority::High,
+        Priority::Critical => JobPriority::Critical,
+    }
+}
+
+pub fn priority_from_wire(priority: i32) -> Priority {
+    match JobPriority::try_from(priority) {
+        Ok(JobPriority::Low) => Priority::Low,
+        Ok(JobPriority::High) => Priority::High,
+        Ok(JobPriority::Critical) => Priority::Critical,
+        _ => Priority::Normal,
+    }
+}
+
+/// Keys that mark the JSON form of the typed values JSON has no type for.
+const BYTES_KEY: &str = "$bytes";
+const DURATION_KEY: &str = "$duration_ms";
+
+/// A JSON parameters object as the stream's typed values. Integers become
+/// `int64`, other numbers `double`, lists of one scalar type the typed list,
+/// other lists and objects nested values; `null` members are left out.
+pub fn json_to_values(parameters: &Map<String, Value>) -> HashMap<String, ConfigValue> {
+    parameters.iter().filter_map(|(k, v)| json_to_value(v).map(|v| (k.clone(), v))).collect()
+}
+
+pub fn json_to_value(value: &Value) -> Option<ConfigValue> {
+    use crate::proto::plugin::{BoolList, DoubleList, Int64List, StringList, ValueList, ValueMap};
+    let kind = match value {
+        Value::Null => return None,
+        Value::Bool(b) => Kind::BoolValue(*b),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => Kind::Int64Value(i),
+            None => Kind::DoubleValue(n.as_f64().unwrap_or(0.0)),
+        },
+        Value::String(s) => Kind::StringValue(s.clone()),
+        Value::Array(items) if !items.is_empty() && items.iter().all(Value::is_string) => {
+            Kind::StringList(StringList { values: items.iter().filter_map(|v| v.as_str().map(String::from)).collect() })
+        }
+        Value::Array(items) if !items.is_empty() && items.iter().all(|v| v.as_i64().is_some()) => {
+            Kind::Int64List(Int64List { values: items.iter().filter_map(Value::as_i64).collect() })
+        }
+        Value::Array(items) if !items.is_empty() && items.iter().all(Value::is_number) => {
+            Kind::DoubleList(DoubleList { values: items.iter().filter_map(Value::as_f64).collect() })
+        }
+        Value::Array(items) if !items.is_empty() && items.iter().all(Value::is_boolean) => {
+            Kind::BoolList(BoolList { values: items.iter().filter_map(Value::as_bool).collect() })
+        }
+        Value::Array(items) => Kind::ListValue(ValueList { values: items.iter().filter_map(json_to_value).collect() }),
+        Value::Object(map) => {
+            if let (1, Some(Value::String(encoded))) = (map.len(), map.get(BYTES_KEY)) {
+                Kind::BytesValue(decode_hex(encoded)?)
+            } else if let (1, Some(millis)) = (map.len(), map.get(DURATION_KEY).and_then(Value::as_i64)) {
+                Kind::DurationValue(prost_types::Duration {
+                    seconds: millis.div_euclid(1000),
+                    nanos: (millis.rem_euclid(1000) * 1_000_000) as i32,
+                })
+            } else {
+                Kind::MapValue(ValueMap { fields: json_to_values(map) })
+            }
+        }
+    };
+    Some(ConfigValue { kind: Some(kind) })
+}
+
+/// The stream's typed values as a JSON object, the inverse of `json_to_values`
+/// for every kind JSON can hold; bytes and durations take a tagged form.
+pub fn values_to_json(values: &HashMap<String, ConfigValue>) -> Map<String, Value> {
+    let sorted: BTreeMap<&String, &ConfigValue> = values.iter().collect();
+    sorted.into_iter().map(|(k, v)| (k.clone(), value_to_json(v))).collect()
+}
+
+pub fn value_to_json(value: &ConfigValue) -> Value {
+    let Some(kind) = &value.kind else { return Value::Null };
+    match kind {
+        Kind::BoolValue(b) => Value::Bool(*b),
+        Kind::Int64Value(i) => Value::Number((*i).into()),
+        Kind::DoubleValue(d) => Number::from_f64(*d).map(Value::Number).unwrap_or(Value::Null),
+        Kind::StringValue(s) => Value::String(s.clone()),
+        Kind::BytesValue(bytes) => serde_json::json!({ BYTES_KEY: encode_hex(bytes) }),
+        Kind::DurationValue(d) => {
+            serde_json::json!({ DURATION_KEY: d.seconds * 1000 + i64::from(d.nanos) / 1_000_000 })
+        }
+        Kind::StringList(l) => Value::Array(l.values.iter().cloned().map(Value::String).collect()),
+        Kind::Int64List(l) => Value::Array(l.values.iter().map(|i| Value::Number((*i).into())).collect()),
+        Kind::DoubleList(l) => {
+            Value::Array(l.values.iter().filter_map(|d| Number::from_f64(*d)).map(Value::Number).collect())
+        }
+        Kind::BoolList(l) => Value::Array(l.values.iter().map(|b| Value::Bool(*b)).collect()),
+        Kind::ListValue(l) => Value::Array(l.values.iter().map(value_to_json).collect()),
+        Kind::MapValue(m) => Value::Object(values_to_json(&m.fields)),
+    }
+}
+
+fn encode_hex(bytes: &[u8]) -> String {
+    crate::model::hex(bytes)
+}
+
+fn decode_hex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// Resolves the gRPC address behind an admin's HTTP `host:port`: asks
+/// `PLUGIN_STATUS_PATH` for `worker_grpc_port`, and falls back to the HTTP
+/// port plus `GRPC_PORT_OFFSET`.
+pub async fn resolve_grpc_address(admin: &str) -> anyhow::Result<String> {
+    let (host, port) = split_host_port(admin)?;
+    let port = match fetch_grpc_port(&host, port).await {
+        Ok(port) => port,
+        Err(e) => {
+            tracing::debug!(admin, error = %e, "no plugin status; assuming the gRPC port is the HTTP port + 10000");
+            port.checked_add(GRPC_PORT_OFFSET).ok_or_else(|| anyhow::anyhow!("port {port} leaves no room for +10000"))?
+        }
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+pub fn split_host_port(address: &str) -> anyhow::Result<(String, u16)> {
+    let (host, port) = address
+        .rsplit_once(':')
+        .ok_or_else(|| anyhow::anyhow!("{address:?} is not HOST:PORT"))?;
+    let port: u16 = port.parse().map_err(|_| anyhow::anyhow!("{address:?} has no valid port"))?;
+    Ok((host.trim_start_matches('[').trim_end_matches(']').to_string(), port))
+}
+
+async fn fetch_grpc_port(host: &str, port: u16) -> anyhow::Result<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let connect = tokio::net::TcpStream::connect((host, port));
+    let mut stream = tokio::time::timeout(Duration::from_secs(3), connect).await??;
+    let request = format!("GET {PLUGIN_STATUS_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(3), stream.take(64 * 1024).read_to_end(&mut response)).await??;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| anyhow::anyhow!("malformed HTTP answer"))?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        anyhow::bail!("{PLUGIN_STATUS_PATH} answered {}", head.lines().next().unwrap_or(""));
+    }
+    let status: Value = serde_json::from_str(body.trim())?;
+    let port = status.get("worker_grpc_port").and_then(Value::as_u64).unwrap_or(0);
+    u16::try_from(port).ok().filter(|p| *p > 0).ok_or_else(|| anyhow::anyhow!("no worker_grpc_port in the answer"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempt_ids_round_trip() {
+        let task = TaskRef { job: JobId::new(), idx: TaskIdx(42) };
+        assert_eq!(parse_attempt_id(&attempt_id(task, 3)), Some((task, 3)));
+        assert_eq!(parse_attempt_id("not-a-job.1.2"), None);
+        assert_eq!(parse_attempt_id(&format!("{}.1", task.job)), None);
+        assert_eq!(parse_attempt_id(&format!("{}.1.2.3", task.job)), None);
+    }
+
+    #[test]
+    fn json_parameters_round_trip_through_typed_values() {
+        let json = serde_json::json!({
+            "volume_id": 7, "ratio": 0.3, "server": "127.0.0.1:8080", "force": true,
+            "servers": ["a", "b"], "ids": [1, 2, 3], "weights": [0.5, 1.5], "flags": [true, false],
+            "mixed": [1, "a"], "nested": {"depth": {"x": 1}}, "blob": {"$bytes": "00ff10"},
+            "wait": {"$duration_ms": 1500}, "empty": []
+        });
+        let map = json.as_object().unwrap();
+        let values = json_to_values(map);
+        assert!(matches!(values["volume_id"].kind, Some(Kind::Int64Value(7))));
+        assert!(matches!(values["blob"].kind, Some(Kind::BytesValue(ref b)) if b == &[0, 255, 16]));
+        assert!(matches!(values["wait"].kind, Some(Kind::DurationValue(ref d)) if d.seconds == 1 && d.nanos == 500_000_000));
+        assert_eq!(Value::Object(values_to_json(&values)), json);
+    }
+
+    #[test]
+    fn splits_host_and_port() {
+        assert_eq!(split_host_port("127.0.0.1:23646").unwrap(), ("127.0.0.1".to_string(), 23646));
+        assert_eq!(split_host_port("[::1]:80").unwrap(), ("::1".to_string(), 80));
+        assert!(split_host_port("localhost").is_err());
+    }
+}
