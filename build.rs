@@ -7,6 +7,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={file}");
     }
     let descriptors = protox::compile(files, ["proto"])?;
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .type_attribute(".jobcenter.v1", "#[derive(serde::Serialize)]")
+        .type_attribute(".jobcenter.v1", "#[serde(rename_all = \"snake_case\")]")
+        .compile_fds(descriptors)?;
     Ok(())
 }

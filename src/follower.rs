@@ -113,7 +113,10 @@ pub fn complete(
             task.output = output;
             task.error = Some(error);
             task.failures += 1;
-            if task.failures <= retry_limit && !job.record.cancel_requested {
+            if job.record.cancel_requested {
+                // A handler stopped by a cancel reports a failure.
+                fail(job, idx, TaskState::Canceled, now, batch);
+            } else if task.failures <= retry_limit {
                 task.handler = None;
                 task.not_before = Some(now.plus_seconds(backoff));
                 job.set_state(idx, TaskState::Ready, now);

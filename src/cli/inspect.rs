@@ -1,7 +1,8 @@
-//! `jobcenter jobs` and `jobcenter job`: read jobs from a data directory.
+//! `jobcenter jobs --data-dir` and `jobcenter job --data-dir`: read jobs
+//! straight from a data directory that no process holds.
 #![allow(clippy::print_stdout)]
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::ExitCode;
 
 use super::output::{job_header, job_json, job_row, task_table};
@@ -10,35 +11,18 @@ use super::EXIT_USAGE;
 use crate::model::{JobId, JobState};
 use crate::store::JobFilter;
 
-#[derive(clap::Args, Debug)]
-pub struct JobsArgs {
-    /// The data directory to read.
-    #[arg(long, default_value = "jobcenter-data")]
-    pub data_dir: PathBuf,
-    /// Only jobs in this state.
-    #[arg(long)]
-    pub state: Option<JobState>,
-    /// At most this many jobs, newest first.
-    #[arg(long, default_value_t = 50)]
-    pub limit: usize,
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(clap::Args, Debug)]
-pub struct JobArgs {
-    pub id: String,
-    #[arg(long, default_value = "jobcenter-data")]
-    pub data_dir: PathBuf,
-    #[arg(long)]
-    pub json: bool,
-}
-
-pub async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
-    let store = open_store(&args.data_dir).await?;
-    let filter = JobFilter { state: args.state, limit: Some(args.limit), ..JobFilter::default() };
+pub async fn jobs(data_dir: &Path, state: Option<&str>, limit: usize, json: bool) -> anyhow::Result<ExitCode> {
+    let state = match state.map(str::parse::<JobState>).transpose() {
+        Ok(state) => state,
+        Err(e) => {
+            eprintln!("jobcenter: {e}");
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    let store = open_store(data_dir).await?;
+    let filter = JobFilter { state, limit: Some(limit), ..JobFilter::default() };
     let jobs = tokio::task::spawn_blocking(move || store.list_jobs(&filter)).await??;
-    if args.json {
+    if json {
         let rows: Vec<serde_json::Value> = jobs
             .iter()
             .map(|j| {
@@ -59,17 +43,17 @@ pub async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn job(args: JobArgs) -> anyhow::Result<ExitCode> {
-    let Ok(id) = args.id.parse::<JobId>() else {
-        eprintln!("jobcenter: {:?} is not a job id (a UUID)", args.id);
+pub async fn job(data_dir: &Path, id: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let Ok(id) = id.parse::<JobId>() else {
+        eprintln!("jobcenter: {id:?} is not a job id (a UUID)");
         return Ok(ExitCode::from(EXIT_USAGE));
     };
-    let store = open_store(&args.data_dir).await?;
+    let store = open_store(data_dir).await?;
     let Some(job) = tokio::task::spawn_blocking(move || store.get_job(id)).await?? else {
-        eprintln!("jobcenter: no job {id} in {}", args.data_dir.display());
+        eprintln!("jobcenter: no job {id} in {}", data_dir.display());
         return Ok(ExitCode::from(EXIT_USAGE));
     };
-    if args.json {
+    if json {
         println!("{}", serde_json::to_string(&job_json(&job, true))?);
     } else {
         println!("job {} {:?}: {}", job.record.id, job.record.name, job.record.state);

@@ -1,8 +1,11 @@
 //! The command line: one module per command; `main.rs` only parses and calls `run`.
 
+mod client;
 mod inspect;
 mod output;
 mod run;
+mod server;
+mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,10 +39,24 @@ pub enum Command {
     Run(run::RunArgs),
     /// Check a job file and print what it holds, storing nothing.
     Validate { file: PathBuf },
-    /// List the jobs in a data directory.
-    Jobs(inspect::JobsArgs),
+    /// Run the admin server: engine, worker stream, client API.
+    Server(server::ServerArgs),
+    /// Submit a job file to an admin server.
+    Submit(client::SubmitArgs),
+    /// List jobs, newest first.
+    Jobs(client::JobsArgs),
     /// Show one job with its tasks.
-    Job(inspect::JobArgs),
+    Job(client::JobArgs),
+    /// Cancel a job: waiting tasks are canceled, running ones asked to stop.
+    Cancel(client::JobIdArgs),
+    /// Run the failed part of an ended job again.
+    Retry(client::JobIdArgs),
+    /// List the connected workers.
+    Workers(client::WorkersArgs),
+    /// Show or change a job type's policy.
+    Policy(client::PolicyArgs),
+    /// Execute tasks for an admin server over the worker stream.
+    Worker(worker::WorkerArgs),
 }
 
 /// Runs a parsed command line; returns the process exit code.
@@ -55,8 +72,21 @@ pub fn main(cli: Cli) -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Validate { file } => run::validate(&file).await,
-            Command::Jobs(args) => inspect::jobs(args).await,
-            Command::Job(args) => inspect::job(args).await,
+            Command::Server(args) => server::run(args).await,
+            Command::Submit(args) => client::submit(args).await,
+            Command::Jobs(args) => match &args.data_dir {
+                Some(dir) => inspect::jobs(dir, args.state.as_deref(), args.limit as usize, args.json).await,
+                None => client::jobs(args).await,
+            },
+            Command::Job(args) => match &args.data_dir {
+                Some(dir) => inspect::job(dir, &args.id, args.json).await,
+                None => client::job(args).await,
+            },
+            Command::Cancel(args) => client::cancel(args).await,
+            Command::Retry(args) => client::retry(args).await,
+            Command::Workers(args) => client::workers(args).await,
+            Command::Policy(args) => client::policy(args).await,
+            Command::Worker(args) => worker::run(args).await,
         }
     });
     match result {

@@ -1,0 +1,389 @@
+//! Commands that talk to a running admin server over its client API:
+//! submit, jobs, job, cancel, retry, workers and policy.
+#![allow(clippy::print_stdout)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use super::{EXIT_JOB_FAILED, EXIT_USAGE};
+use crate::jobfile::Format;
+use crate::proto::api::{self, job_event, job_service_client::JobServiceClient};
+use crate::wire;
+
+/// Where the admin is and how to prove who we are.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Connection {
+    /// The admin server's HTTP address; its gRPC port is looked up there.
+    #[arg(long, global = true, default_value = "127.0.0.1:23646", env = "JOBCENTER_ADMIN")]
+    pub admin: String,
+    /// A file holding the shared token (the token may also come from JOBCENTER_TOKEN).
+    #[arg(long, global = true)]
+    pub token_file: Option<PathBuf>,
+}
+
+type Client = JobServiceClient<InterceptedService<Channel, Bearer>>;
+
+#[derive(Clone)]
+pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// The token from `--token-file` or `JOBCENTER_TOKEN`, never from argv.
+pub fn token(token_file: &Option<PathBuf>) -> anyhow::Result<Option<String>> {
+    if let Some(path) = token_file {
+        let token = crate::server::read_token(path).with_context(|| format!("reading {}", path.display()))?;
+        return Ok(Some(token));
+    }
+    Ok(std::env::var("JOBCENTER_TOKEN").ok().filter(|t| !t.trim().is_empty()))
+}
+
+impl Connection {
+    pub async fn connect(&self) -> anyhow::Result<Client> {
+        let address = wire::resolve_grpc_address(&self.admin).await?;
+        let channel = Channel::from_shared(format!("http://{address}"))?
+            .connect()
+            .await
+            .with_context(|| format!("cannot reach the admin at {} (gRPC {address})", self.admin))?;
+        let bearer = match token(&self.token_file)? {
+            Some(token) => Some(format!("Bearer {token}").parse().context("the token is not valid header text")?),
+            None => None,
+        };
+        Ok(JobServiceClient::with_interceptor(channel, Bearer(bearer))
+            .max_decoding_message_size(256 * 1024 * 1024)
+            .max_encoding_message_size(256 * 1024 * 1024))
+    }
+}
+
+fn status_error(status: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{}", status.message())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SubmitArgs {
+    pub file: PathBuf,
+    /// Wait until the job ends; exit 0 if it succeeded, 1 otherwise.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait, print the final job as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
+    let content = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let format = match Format::from_path(&args.file) {
+        Format::Json => "json",
+        Format::Toml => "toml",
+        Format::Yaml => "yaml",
+    };
+    let mut client = args.connection.connect().await?;
+    let request =
+        api::SubmitJobRequest { content, format: format.into(), source_name: args.file.display().to_string() };
+    let job_id = match client.submit_job(request).await {
+        Ok(response) => response.into_inner().job_id,
+        Err(status) if status.code() == tonic::Code::InvalidArgument => {
+            eprintln!("{}", status.message());
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+        Err(status) => return Err(status_error(status)),
+    };
+    if !args.wait {
+        if args.json {
+            println!("{}", serde_json::json!({ "job_id": job_id }));
+        } else {
+            println!("{job_id}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!("submitted job {job_id}");
+    let job = wait(&mut client, &job_id).await?;
+    print_final(&job, args.json);
+    Ok(if job.state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(EXIT_JOB_FAILED) })
+}
+
+/// Follows the job's watch stream until it ends, then fetches it whole.
+pub async fn wait(client: &mut Client, job_id: &str) -> anyhow::Result<api::Job> {
+    let terminal = |state: &str| matches!(state, "succeeded" | "failed" | "canceled");
+    loop {
+        let mut stream =
+            client.watch_job(api::JobRef { job_id: job_id.into() }).await.map_err(status_error)?.into_inner();
+        let mut ended = false;
+        while let Some(event) = stream.message().await.map_err(status_error)? {
+            match event.event {
+                Some(job_event::Event::Snapshot(job)) if terminal(&job.state) => ended = true,
+                Some(job_event::Event::Job(transition)) if terminal(&transition.state) => ended = true,
+                _ => {}
+            }
+            if ended {
+                break;
+            }
+        }
+        if ended {
+            return client
+                .get_job(api::JobRef { job_id: job_id.into() })
+                .await
+                .map(|r| r.into_inner())
+                .map_err(status_error);
+        }
+    }
+}
+
+/// The final job as `jobcenter run` prints it.
+pub fn job_json(job: &api::Job) -> serde_json::Value {
+    let tasks: Vec<serde_json::Value> = job
+        .tasks
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "id": t.id, "job_type": t.job_type, "state": t.state, "attempt": t.attempt,
+                "error": (!t.error.is_empty()).then_some(&t.error),
+            })
+        })
+        .collect();
+    serde_json::json!({ "id": job.id, "name": job.name, "state": job.state, "tasks": tasks })
+}
+
+fn print_final(job: &api::Job, json: bool) {
+    if json {
+        println!("{}", job_json(job));
+    } else {
+        print_job(job);
+    }
+}
+
+fn print_job(job: &api::Job) {
+    println!("job {} {:?}: {}", job.id, job.name, job.state);
+    let width = job.tasks.iter().map(|t| t.id.len()).max().unwrap_or(2).clamp(2, 40);
+    println!("{:<width$}  {:<16}  {:<16}  {:>7}  ERROR", "ID", "JOB TYPE", "STATE", "ATTEMPT");
+    for t in &job.tasks {
+        let error = if t.state == "succeeded" { "" } else { t.error.as_str() };
+        println!("{:<width$}  {:<16}  {:<16}  {:>7}  {}", t.id, t.job_type, t.state, t.attempt, error);
+    }
+}
+
+fn time(millis: i64) -> String {
+    if millis == 0 {
+        "-".into()
+    } else {
+        crate::clock::Timestamp(millis).to_rfc3339()
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct JobsArgs {
+    /// Only jobs in this state.
+    #[arg(long)]
+    pub state: Option<String>,
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    #[arg(long)]
+    pub json: bool,
+    /// Read a data directory directly instead of asking a server.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+pub async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let request = api::ListJobsRequest { state: args.state.unwrap_or_default(), limit: args.limit };
+    let jobs = client.list_jobs(request).await.map_err(status_error)?.into_inner().jobs;
+    if args.json {
+        println!("{}", serde_json::to_string(&jobs)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:<36}  {:<10}  {:>8}  {:<24}  NAME", "ID", "STATE", "TASKS", "CREATED");
+    for j in jobs {
+        println!("{:<36}  {:<10}  {:>8}  {:<24}  {}", j.id, j.state, j.tasks, time(j.created_at_ms), j.name);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct JobArgs {
+    pub id: String,
+    #[arg(long)]
+    pub json: bool,
+    /// Read a data directory directly instead of asking a server.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+pub async fn job(args: JobArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let job = match client.get_job(api::JobRef { job_id: args.id.clone() }).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            eprintln!("jobcenter: {}", status.message());
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&job)?);
+    } else {
+        print_job(&job);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct JobIdArgs {
+    pub id: String,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+pub async fn cancel(args: JobIdArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    match client.cancel_job(api::JobRef { job_id: args.id.clone() }).await {
+        Ok(_) => {
+            println!("job {} canceled: waiting tasks are canceled, running ones are asked to stop", args.id);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(status) => {
+            eprintln!("jobcenter: {}", status.message());
+            Ok(ExitCode::from(EXIT_USAGE))
+        }
+    }
+}
+
+pub async fn retry(args: JobIdArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    match client.retry_job(api::JobRef { job_id: args.id.clone() }).await {
+        Ok(_) => {
+            println!("job {}: its failed part runs again", args.id);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(status) => {
+            eprintln!("jobcenter: {}", status.message());
+            Ok(ExitCode::from(EXIT_USAGE))
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WorkersArgs {
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+pub async fn workers(args: WorkersArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let workers = client.list_workers(api::ListWorkersRequest {}).await.map_err(status_error)?.into_inner().workers;
+    if args.json {
+        println!("{}", serde_json::to_string(&workers)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:<24}  {:<36}  {:<9}  {:<24}  JOB TYPES", "WORKER", "HANDLER", "SLOTS", "LAST HEARTBEAT");
+    for w in workers {
+        let types: Vec<String> = w
+            .capabilities
+            .iter()
+            .map(|c| {
+                let roles = match (c.can_detect, c.can_execute) {
+                    (true, true) => "detect+execute",
+                    (true, false) => "detect",
+                    _ => "execute",
+                };
+                format!("{}({roles})", c.job_type)
+            })
+            .collect();
+        let slots = format!("{}/{}", w.execution_slots_used, w.execution_slots_total);
+        println!(
+            "{:<24}  {:<36}  {:<9}  {:<24}  {}",
+            w.worker_id,
+            w.handler,
+            slots,
+            time(w.last_heartbeat_ms),
+            types.join(" ")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PolicyArgs {
+    #[command(subcommand)]
+    pub command: PolicyCommand,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum PolicyCommand {
+    /// Show a job type's effective policy and where each value comes from.
+    Get {
+        job_type: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change settings: NAME=VALUE (VALUE `default` removes what was set).
+    Set {
+        job_type: String,
+        #[arg(required = true)]
+        settings: Vec<String>,
+    },
+}
+
+pub async fn policy(args: PolicyArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let (policy, json) = match args.command {
+        PolicyCommand::Get { job_type, json } => {
+            (client.get_policy(api::PolicyRef { job_type }).await.map_err(status_error)?.into_inner(), json)
+        }
+        PolicyCommand::Set { job_type, settings } => {
+            let mut values = HashMap::new();
+            for setting in settings {
+                let Some((name, value)) = setting.split_once('=') else {
+                    eprintln!("jobcenter: {setting:?} is not NAME=VALUE");
+                    return Ok(ExitCode::from(EXIT_USAGE));
+                };
+                values.insert(name.trim().to_string(), value.trim().to_string());
+            }
+            match client.set_policy(api::SetPolicyRequest { job_type, values }).await {
+                Ok(r) => (r.into_inner(), false),
+                Err(status) => {
+                    eprintln!("jobcenter: {}", status.message());
+                    return Ok(ExitCode::from(EXIT_USAGE));
+                }
+            }
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string(&policy)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let values = BTreeMap::from([
+        ("global_execution_concurrency", policy.global_execution_concurrency),
+        ("per_worker_execution_concurrency", policy.per_worker_execution_concurrency),
+        ("retry_limit", policy.retry_limit),
+        ("retry_backoff_seconds", policy.retry_backoff_seconds),
+        ("execution_timeout_seconds", policy.execution_timeout_seconds),
+        ("job_type_max_runtime_seconds", policy.job_type_max_runtime_seconds),
+    ]);
+    println!("policy of {}", policy.job_type);
+    for (name, value) in values {
+        let source = policy.sources.get(name).map(String::as_str).unwrap_or("default");
+        println!("  {name:<34} {value:>8}  ({source})");
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,135 @@
+//! `jobcenter server`: the admin server on a data directory.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::client::token;
+use super::run::open_store;
+use super::EXIT_USAGE;
+use crate::server::{self, ServerOptions};
+use crate::wire::GRPC_PORT_OFFSET;
+
+#[derive(clap::Args, Debug)]
+pub struct ServerArgs {
+    #[arg(long, default_value = "jobcenter-data")]
+    pub data_dir: PathBuf,
+    /// HTTP address (JSON API, health, worker port lookup).
+    #[arg(long, default_value = "127.0.0.1:23646")]
+    pub http: SocketAddr,
+    /// gRPC port (worker stream and client API); default: HTTP port + 10000.
+    #[arg(long)]
+    pub grpc: Option<u16>,
+    /// Master gRPC addresses handed to workers (repeat or comma-separate).
+    #[arg(long, value_delimiter = ',')]
+    pub master: Vec<String>,
+    /// In-process workers running the built-in job types.
+    #[arg(long, default_value_t = 0)]
+    pub local_workers: u32,
+    /// Slots of each in-process worker.
+    #[arg(long, default_value_t = 4)]
+    pub local_worker_slots: u32,
+    /// Heartbeat interval asked of workers.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub heartbeat: Duration,
+    /// How long attempts of a previous run wait for their worker to return.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub orphan_grace: Duration,
+    /// Attempts a task may lose with its worker before it fails.
+    #[arg(long, default_value_t = 3)]
+    pub lost_attempt_limit: u32,
+    /// A file holding the shared token required of clients and workers
+    /// (or JOBCENTER_TOKEN).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Bind a non-loopback address without a token.
+    #[arg(long)]
+    pub allow_insecure_bind: bool,
+}
+
+/// `15s`, `500ms`, `2m`, `1h`, or plain seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len()));
+    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration such as 15s, 500ms or 2m"))?;
+    let seconds = match unit {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?}; use ms, s, m or h")),
+    };
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
+    let token = token(&args.token_file)?;
+    if !args.http.ip().is_loopback() && token.is_none() && !args.allow_insecure_bind {
+        eprintln!(
+            "jobcenter: refusing to listen on {} without a token: give --token-file (or JOBCENTER_TOKEN), \
+             or --allow-insecure-bind",
+            args.http
+        );
+        return Ok(ExitCode::from(EXIT_USAGE));
+    }
+    let grpc_port = match args.grpc {
+        Some(port) => port,
+        None if args.http.port() == 0 => 0,
+        None => args.http.port().checked_add(GRPC_PORT_OFFSET).context("the HTTP port leaves no room for +10000")?,
+    };
+    let grpc_addr = SocketAddr::new(args.http.ip(), grpc_port);
+    let store = match open_store(&args.data_dir).await {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!("jobcenter: {e:#}");
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    let http = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
+    let grpc = tokio::net::TcpListener::bind(grpc_addr).await.with_context(|| format!("binding {grpc_addr}"))?;
+    let options = ServerOptions {
+        masters: args.master,
+        heartbeat_interval: args.heartbeat,
+        orphan_grace: args.orphan_grace,
+        local_workers: args.local_workers,
+        local_worker_slots: args.local_worker_slots,
+        token,
+        lost_attempt_limit: args.lost_attempt_limit,
+        ..ServerOptions::default()
+    };
+    server::run(store, options, http, grpc, shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(signal) => signal,
+        Err(_) => {
+            let _ = interrupt.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = interrupt => {}
+        _ = terminate.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_durations() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("3 days").is_err());
+        assert!(parse_duration("fast").is_err());
+    }
+}

@@ -1,0 +1,226 @@
+//! Per-job-type policy: dispatch limits, retries and timeouts. Each value
+//! comes from, in order of precedence, what an operator set, the job type's
+//! descriptor (sent by its worker), or the defaults.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dispatch::TypeLimits;
+use crate::proto::plugin::{AdminRuntimeConfig, AdminRuntimeDefaults};
+
+/// The settings of one job type.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    pub global_execution_concurrency: u32,
+    pub per_worker_execution_concurrency: u32,
+    pub retry_limit: u32,
+    pub retry_backoff_seconds: u32,
+    /// 0: no limit.
+    pub execution_timeout_seconds: u32,
+    pub job_type_max_runtime_seconds: u32,
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy {
+            global_execution_concurrency: 1,
+            per_worker_execution_concurrency: 1,
+            retry_limit: 0,
+            retry_backoff_seconds: 5,
+            execution_timeout_seconds: 0,
+            job_type_max_runtime_seconds: 1800,
+        }
+    }
+}
+
+/// Names of the settings, as `jobcenter policy set` takes them.
+pub const SETTINGS: [&str; 6] = [
+    "global_execution_concurrency",
+    "per_worker_execution_concurrency",
+    "retry_limit",
+    "retry_backoff_seconds",
+    "execution_timeout_seconds",
+    "job_type_max_runtime_seconds",
+];
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("unknown policy setting {name:?}; settings are {}", SETTINGS.join(", "))]
+    UnknownSetting { name: String },
+    #[error("policy setting {name} must be a whole number, not {value:?}")]
+    NotANumber { name: String, value: String },
+    #[error("policy setting {name} must be at least 1")]
+    Zero { name: String },
+}
+
+/// Values an operator set, by setting name.
+pub type Overrides = BTreeMap<String, u32>;
+
+/// Where a value of an effective policy came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    Descriptor,
+    Set,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Default => "default",
+            Source::Descriptor => "descriptor",
+            Source::Set => "set",
+        }
+    }
+}
+
+impl Policy {
+    fn slot(&mut self, name: &str) -> Option<&mut u32> {
+        Some(match name {
+            "global_execution_concurrency" => &mut self.global_execution_concurrency,
+            "per_worker_execution_concurrency" => &mut self.per_worker_execution_concurrency,
+            "retry_limit" => &mut self.retry_limit,
+            "retry_backoff_seconds" => &mut self.retry_backoff_seconds,
+            "execution_timeout_seconds" => &mut self.execution_timeout_seconds,
+            "job_type_max_runtime_seconds" => &mut self.job_type_max_runtime_seconds,
+            _ => return None,
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Option<u32> {
+        self.clone().slot(name).map(|v| *v)
+    }
+
+    /// The effective policy of a job type and where each value came from.
+    pub fn resolve(
+        builtin: Option<Policy>,
+        descriptor: Option<&AdminRuntimeDefaults>,
+        overrides: &Overrides,
+    ) -> (Policy, BTreeMap<String, Source>) {
+        let mut policy = builtin.unwrap_or_default();
+        let mut sources: BTreeMap<String, Source> = SETTINGS.iter().map(|s| (s.to_string(), Source::Default)).collect();
+        if let Some(d) = descriptor {
+            let from_descriptor = [
+                ("global_execution_concurrency", d.global_execution_concurrency),
+                ("per_worker_execution_concurrency", d.per_worker_execution_concurrency),
+                ("retry_limit", d.retry_limit),
+                ("retry_backoff_seconds", d.retry_backoff_seconds),
+                ("execution_timeout_seconds", d.execution_timeout_seconds),
+                ("job_type_max_runtime_seconds", d.job_type_max_runtime_seconds),
+            ];
+            for (name, value) in from_descriptor {
+                // A descriptor leaves a value it does not set at 0; retries may really be 0.
+                if value > 0 || (name == "retry_limit" && value == 0 && d.enabled) {
+                    if let (Some(slot), Ok(value)) = (policy.slot(name), u32::try_from(value)) {
+                        *slot = value;
+                        sources.insert(name.to_string(), Source::Descriptor);
+                    }
+                }
+            }
+        }
+        for (name, value) in overrides {
+            if let Some(slot) = policy.slot(name) {
+                *slot = *value;
+                sources.insert(name.clone(), Source::Set);
+            }
+        }
+        (policy, sources)
+    }
+
+    pub fn limits(&self) -> TypeLimits {
+        TypeLimits {
+            global: self.global_execution_concurrency.max(1),
+            per_worker: self.per_worker_execution_concurrency.max(1),
+        }
+    }
+
+    /// The policy as the worker stream carries it.
+    pub fn to_runtime(&self) -> AdminRuntimeConfig {
+        let int = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
+        AdminRuntimeConfig {
+            enabled: true,
+            detection_interval_minutes: 0,
+            detection_timeout_seconds: 45,
+            max_jobs_per_detection: 1000,
+            global_execution_concurrency: int(self.global_execution_concurrency),
+            per_worker_execution_concurrency: int(self.per_worker_execution_concurrency),
+            retry_limit: int(self.retry_limit),
+            retry_backoff_seconds: int(self.retry_backoff_seconds),
+            job_type_max_runtime_seconds: int(self.job_type_max_runtime_seconds),
+            execution_timeout_seconds: int(self.execution_timeout_seconds),
+        }
+    }
+}
+
+/// Applies `name=value` changes to an operator's overrides; nothing changes on error.
+pub fn apply_changes(overrides: &Overrides, changes: &BTreeMap<String, String>) -> Result<Overrides, Error> {
+    let mut out = overrides.clone();
+    for (name, value) in changes {
+        if !SETTINGS.contains(&name.as_str()) {
+            return Err(Error::UnknownSetting { name: name.clone() });
+        }
+        if value == "default" {
+            out.remove(name);
+            continue;
+        }
+        let number: u32 =
+            value.trim().parse().map_err(|_| Error::NotANumber { name: name.clone(), value: value.clone() })?;
+        let must_be_positive =
+            matches!(name.as_str(), "global_execution_concurrency" | "per_worker_execution_concurrency");
+        if must_be_positive && number == 0 {
+            return Err(Error::Zero { name: name.clone() });
+        }
+        out.insert(name.clone(), number);
+    }
+    Ok(out)
+}
+
+/// Defaults of the built-in job types, which are light enough to run many at once.
+pub fn builtin(job_type: &str) -> Option<Policy> {
+    matches!(job_type, "noop" | "shell").then(|| Policy {
+        global_execution_concurrency: 1024,
+        per_worker_execution_concurrency: 1024,
+        ..Policy::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operator_beats_descriptor_beats_default() {
+        let descriptor = AdminRuntimeDefaults {
+            enabled: true,
+            global_execution_concurrency: 4,
+            retry_limit: 2,
+            retry_backoff_seconds: 0,
+            ..AdminRuntimeDefaults::default()
+        };
+        let overrides = Overrides::from([("retry_limit".to_string(), 5)]);
+        let (policy, sources) = Policy::resolve(None, Some(&descriptor), &overrides);
+        assert_eq!(policy.global_execution_concurrency, 4);
+        assert_eq!(sources["global_execution_concurrency"], Source::Descriptor);
+        assert_eq!(policy.retry_limit, 5);
+        assert_eq!(sources["retry_limit"], Source::Set);
+        assert_eq!(policy.retry_backoff_seconds, 5, "a 0 in a descriptor means unset");
+        assert_eq!(sources["retry_backoff_seconds"], Source::Default);
+        assert_eq!(policy.job_type_max_runtime_seconds, 1800);
+    }
+
+    #[test]
+    fn changes_are_checked_before_anything_changes() {
+        let base = Overrides::from([("retry_limit".to_string(), 1)]);
+        let ok = BTreeMap::from([("global_execution_concurrency".to_string(), "8".to_string())]);
+        assert_eq!(apply_changes(&base, &ok).unwrap()["global_execution_concurrency"], 8);
+        let reset = BTreeMap::from([("retry_limit".to_string(), "default".to_string())]);
+        assert!(apply_changes(&base, &reset).unwrap().is_empty());
+        let unknown = BTreeMap::from([("retries".to_string(), "1".to_string())]);
+        assert!(matches!(apply_changes(&base, &unknown), Err(Error::UnknownSetting { .. })));
+        let bad = BTreeMap::from([("retry_limit".to_string(), "many".to_string())]);
+        assert!(matches!(apply_changes(&base, &bad), Err(Error::NotANumber { .. })));
+        let zero = BTreeMap::from([("per_worker_execution_concurrency".to_string(), "0".to_string())]);
+        assert!(matches!(apply_changes(&base, &zero), Err(Error::Zero { .. })));
+    }
+}

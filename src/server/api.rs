@@ -1,0 +1,314 @@
+//! The client API's operations, shared by the gRPC `JobService` and the
+//! JSON-over-HTTP routes; errors map to a gRPC status or an HTTP code here,
+//! in one place.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+use super::{convert, Shared};
+use crate::engine::{self, Event};
+use crate::jobfile::{self, Format};
+use crate::model::{JobId, JobOrigin, JobState};
+use crate::proto::api::{self, job_event, job_service_server::JobService};
+use crate::store::JobFilter;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Internal(String),
+    #[error("a valid token is required: send `authorization: Bearer TOKEN`")]
+    Unauthenticated,
+}
+
+impl Error {
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Error::Invalid(_) => 400,
+            Error::NotFound(_) => 404,
+            Error::Conflict(_) => 409,
+            Error::Unavailable(_) => 503,
+            Error::Internal(_) => 500,
+            Error::Unauthenticated => 401,
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        match e {
+            Error::Invalid(m) => Status::invalid_argument(m),
+            Error::NotFound(m) => Status::not_found(m),
+            Error::Conflict(m) => Status::failed_precondition(m),
+            Error::Unavailable(m) => Status::unavailable(m),
+            Error::Internal(m) => Status::internal(m),
+            Error::Unauthenticated => Status::unauthenticated(Error::Unauthenticated.to_string()),
+        }
+    }
+}
+
+impl From<engine::Error> for Error {
+    fn from(e: engine::Error) -> Error {
+        match e {
+            engine::Error::UnknownJob(_) => Error::NotFound(e.to_string()),
+            engine::Error::JobEnded(_) | engine::Error::JobNotEnded(_) | engine::Error::NothingToRetry { .. } => {
+                Error::Conflict(e.to_string())
+            }
+            engine::Error::Store(_) => Error::Internal(e.to_string()),
+            engine::Error::Stopped => Error::Unavailable(e.to_string()),
+        }
+    }
+}
+
+fn parse_job_id(text: &str) -> Result<JobId, Error> {
+    text.parse().map_err(|_| Error::Invalid(format!("{text:?} is not a job id (a UUID)")))
+}
+
+#[derive(Clone)]
+pub struct Api {
+    shared: Arc<Shared>,
+}
+
+impl Api {
+    pub fn new(shared: Arc<Shared>) -> Api {
+        Api { shared }
+    }
+
+    pub async fn submit(&self, content: Vec<u8>, format: &str, source_name: &str) -> Result<String, Error> {
+        let format = match format {
+            "" | "json" => Format::Json,
+            "toml" => Format::Toml,
+            "yaml" | "yml" => Format::Yaml,
+            other => return Err(Error::Invalid(format!("unknown job file format {other:?}: use json, toml or yaml"))),
+        };
+        let name = if source_name.is_empty() { "the submitted job".to_string() } else { source_name.to_string() };
+        let limits = self.shared.options.limits.clone();
+        let spec = tokio::task::spawn_blocking(move || jobfile::parse(&content, format, &name, &limits))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        let id = self.shared.engine.submit(spec, JobOrigin::User).await?;
+        Ok(id.to_string())
+    }
+
+    pub async fn job(&self, id: &str) -> Result<api::Job, Error> {
+        let id = parse_job_id(id)?;
+        let stored = self.shared.engine.job(id).await?.ok_or_else(|| Error::NotFound(format!("no job {id}")))?;
+        Ok(convert::job(&stored))
+    }
+
+    pub async fn list(&self, state: &str, limit: u32) -> Result<Vec<api::JobSummary>, Error> {
+        let state = match state {
+            "" => None,
+            s => Some(s.parse::<JobState>().map_err(Error::Invalid)?),
+        };
+        let limit = if limit == 0 { 50 } else { limit as usize };
+        let filter = JobFilter { state, limit: Some(limit), ..JobFilter::default() };
+        Ok(self.shared.engine.list(filter).await?.iter().map(convert::summary).collect())
+    }
+
+    pub async fn cancel(&self, id: &str) -> Result<(), Error> {
+        Ok(self.shared.engine.cancel(parse_job_id(id)?).await?)
+    }
+
+    pub async fn retry(&self, id: &str) -> Result<(), Error> {
+        Ok(self.shared.engine.retry(parse_job_id(id)?).await?)
+    }
+
+    pub fn workers(&self) -> Vec<api::Worker> {
+        self.shared.registry.workers().iter().map(|w| w.to_api()).collect()
+    }
+
+    pub fn policy(&self, job_type: &str) -> Result<api::Policy, Error> {
+        if job_type.is_empty() {
+            return Err(Error::Invalid("a job type is required".into()));
+        }
+        let (policy, sources) = self.shared.policies.effective(job_type);
+        Ok(convert::policy(job_type, &policy, &sources))
+    }
+
+    pub async fn set_policy(&self, job_type: &str, changes: &BTreeMap<String, String>) -> Result<api::Policy, Error> {
+        if job_type.is_empty() {
+            return Err(Error::Invalid("a job type is required".into()));
+        }
+        self.shared
+            .policies
+            .set(job_type, changes)
+            .map_err(|e| Error::Internal(e.to_string()))?
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        self.shared.policies.push_limits(&self.shared.engine, job_type).await;
+        self.policy(job_type)
+    }
+
+    /// A snapshot, then the job's transitions, until it has ended.
+    pub async fn watch(&self, id: &str) -> Result<impl Stream<Item = Result<api::JobEvent, Status>> + Send, Error> {
+        let id = parse_job_id(id)?;
+        let events = self.shared.engine.subscribe();
+        let snapshot = self.job(&id.to_string()).await?;
+        let task_ids: Vec<String> = snapshot.tasks.iter().map(|t| t.id.clone()).collect();
+        let ended = snapshot.state != "pending" && snapshot.state != "running";
+        let first = api::JobEvent { event: Some(job_event::Event::Snapshot(snapshot)) };
+        let api = self.clone();
+        let stream = async_stream(first, ended, id, task_ids, events, api);
+        Ok(stream)
+    }
+}
+
+fn async_stream(
+    first: api::JobEvent,
+    ended: bool,
+    id: JobId,
+    task_ids: Vec<String>,
+    events: tokio::sync::broadcast::Receiver<Event>,
+    api: Api,
+) -> impl Stream<Item = Result<api::JobEvent, Status>> + Send {
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    tokio::spawn(async move {
+        if tx.send(Ok(first)).await.is_err() || ended {
+            return;
+        }
+        let mut events = tokio_stream::wrappers::BroadcastStream::new(events);
+        while let Some(event) = events.next().await {
+            let out = match event {
+                Ok(Event::Task { job, idx, state, attempt, error, handler, at, progress_percent, stage })
+                    if job == id =>
+                {
+                    api::JobEvent {
+                        event: Some(job_event::Event::Task(api::TaskTransition {
+                            task_id: task_ids.get(idx as usize).cloned().unwrap_or_default(),
+                            state: state.as_str().into(),
+                            attempt,
+                            error: error.unwrap_or_default(),
+                            handler: handler.map(|h| h.to_string()).unwrap_or_default(),
+                            at_ms: at.as_millis(),
+                            progress_percent: f64::from(progress_percent),
+                            stage,
+                        })),
+                    }
+                }
+                Ok(Event::Job { job, state, at }) if job == id => {
+                    let event = api::JobEvent {
+                        event: Some(job_event::Event::Job(api::JobTransition {
+                            state: state.as_str().into(),
+                            at_ms: at.as_millis(),
+                        })),
+                    };
+                    let done = state.is_terminal();
+                    if tx.send(Ok(event)).await.is_err() || done {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(_) => continue,
+                Err(_lagged) => match api.job(&id.to_string()).await {
+                    // Fell behind: start again from a fresh snapshot.
+                    Ok(snapshot) => api::JobEvent { event: Some(job_event::Event::Snapshot(snapshot)) },
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::from(e))).await;
+                        return;
+                    }
+                },
+            };
+            if tx.send(Ok(out)).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// The gRPC face of the API.
+#[derive(Clone)]
+pub struct JobServiceImpl {
+    api: Api,
+}
+
+impl JobServiceImpl {
+    pub fn new(api: Api) -> JobServiceImpl {
+        JobServiceImpl { api }
+    }
+
+    fn check<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        self.api.shared.auth.check(request.metadata())
+    }
+}
+
+#[tonic::async_trait]
+impl JobService for JobServiceImpl {
+    type WatchJobStream = Pin<Box<dyn Stream<Item = Result<api::JobEvent, Status>> + Send + 'static>>;
+
+    async fn submit_job(
+        &self,
+        request: Request<api::SubmitJobRequest>,
+    ) -> Result<Response<api::SubmitJobResponse>, Status> {
+        self.check(&request)?;
+        let r = request.into_inner();
+        let job_id = self.api.submit(r.content, &r.format, &r.source_name).await?;
+        Ok(Response::new(api::SubmitJobResponse { job_id }))
+    }
+
+    async fn get_job(&self, request: Request<api::JobRef>) -> Result<Response<api::Job>, Status> {
+        self.check(&request)?;
+        Ok(Response::new(self.api.job(&request.into_inner().job_id).await?))
+    }
+
+    async fn list_jobs(
+        &self,
+        request: Request<api::ListJobsRequest>,
+    ) -> Result<Response<api::ListJobsResponse>, Status> {
+        self.check(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(api::ListJobsResponse { jobs: self.api.list(&r.state, r.limit).await? }))
+    }
+
+    async fn watch_job(&self, request: Request<api::JobRef>) -> Result<Response<Self::WatchJobStream>, Status> {
+        self.check(&request)?;
+        let stream = self.api.watch(&request.into_inner().job_id).await?;
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn cancel_job(&self, request: Request<api::JobRef>) -> Result<Response<api::JobRef>, Status> {
+        self.check(&request)?;
+        let r = request.into_inner();
+        self.api.cancel(&r.job_id).await?;
+        Ok(Response::new(r))
+    }
+
+    async fn retry_job(&self, request: Request<api::JobRef>) -> Result<Response<api::JobRef>, Status> {
+        self.check(&request)?;
+        let r = request.into_inner();
+        self.api.retry(&r.job_id).await?;
+        Ok(Response::new(r))
+    }
+
+    async fn list_workers(
+        &self,
+        request: Request<api::ListWorkersRequest>,
+    ) -> Result<Response<api::ListWorkersResponse>, Status> {
+        self.check(&request)?;
+        Ok(Response::new(api::ListWorkersResponse { workers: self.api.workers() }))
+    }
+
+    async fn get_policy(&self, request: Request<api::PolicyRef>) -> Result<Response<api::Policy>, Status> {
+        self.check(&request)?;
+        Ok(Response::new(self.api.policy(&request.into_inner().job_type)?))
+    }
+
+    async fn set_policy(&self, request: Request<api::SetPolicyRequest>) -> Result<Response<api::Policy>, Status> {
+        self.check(&request)?;
+        let r = request.into_inner();
+        let changes: BTreeMap<String, String> = r.values.into_iter().collect();
+        Ok(Response::new(self.api.set_policy(&r.job_type, &changes).await?))
+    }
+}

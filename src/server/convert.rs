@@ -1,0 +1,87 @@
+//! Jobs, tasks and policies as the client API carries them.
+
+use std::collections::BTreeMap;
+
+use crate::clock::Timestamp;
+use crate::model::{JobOrigin, JobRecord};
+use crate::policy::{Policy, Source};
+use crate::proto::api;
+use crate::store::StoredJob;
+
+fn millis(t: Option<Timestamp>) -> i64 {
+    t.map(Timestamp::as_millis).unwrap_or(0)
+}
+
+pub fn origin(origin: &JobOrigin) -> String {
+    match origin {
+        JobOrigin::User => "user".into(),
+        JobOrigin::Scheduler { job_type, sequence } => format!("scheduler:{job_type}:{sequence}"),
+    }
+}
+
+pub fn job(stored: &StoredJob) -> api::Job {
+    let spec = &stored.spec;
+    let tasks = spec
+        .tasks
+        .iter()
+        .zip(&stored.tasks)
+        .enumerate()
+        .map(|(idx, (task_spec, task))| api::Task {
+            id: task_spec.id.to_string(),
+            job_type: task_spec.job_type.to_string(),
+            state: task.state.as_str().into(),
+            attempt: task.attempt,
+            error: task.error.clone().unwrap_or_default(),
+            handler: task.handler.map(|h| h.to_string()).unwrap_or_default(),
+            failures: task.failures,
+            lost: task.lost,
+            created_at_ms: task.created_at.as_millis(),
+            assigned_at_ms: millis(task.assigned_at),
+            started_at_ms: millis(task.started_at),
+            updated_at_ms: task.updated_at.as_millis(),
+            finished_at_ms: millis(task.finished_at),
+            depends_on: spec.dag.parents(idx as u32).iter().map(|&p| spec.tasks[p as usize].id.to_string()).collect(),
+            priority: task_spec.priority.as_str().into(),
+            labels: task_spec.labels.clone().into_iter().collect(),
+            parameters: task_spec.parameters.to_string(),
+            output: task.output.clone(),
+            progress_percent: f64::from(task.progress_percent),
+            stage: task.stage.clone(),
+            worker_id: String::new(),
+        })
+        .collect();
+    api::Job {
+        id: stored.record.id.to_string(),
+        name: stored.record.name.clone(),
+        state: stored.record.state.as_str().into(),
+        origin: origin(&stored.record.origin),
+        created_at_ms: stored.record.created_at.as_millis(),
+        finished_at_ms: millis(stored.record.finished_at),
+        cancel_requested: stored.record.cancel_requested,
+        tasks,
+    }
+}
+
+pub fn summary(record: &JobRecord) -> api::JobSummary {
+    api::JobSummary {
+        id: record.id.to_string(),
+        name: record.name.clone(),
+        state: record.state.as_str().into(),
+        tasks: record.n_tasks,
+        created_at_ms: record.created_at.as_millis(),
+        finished_at_ms: millis(record.finished_at),
+    }
+}
+
+pub fn policy(job_type: &str, policy: &Policy, sources: &BTreeMap<String, Source>) -> api::Policy {
+    api::Policy {
+        job_type: job_type.into(),
+        global_execution_concurrency: policy.global_execution_concurrency,
+        per_worker_execution_concurrency: policy.per_worker_execution_concurrency,
+        retry_limit: policy.retry_limit,
+        retry_backoff_seconds: policy.retry_backoff_seconds,
+        execution_timeout_seconds: policy.execution_timeout_seconds,
+        job_type_max_runtime_seconds: policy.job_type_max_runtime_seconds,
+        sources: sources.iter().map(|(k, v)| (k.clone(), v.as_str().to_string())).collect(),
+    }
+}

@@ -1,0 +1,123 @@
+//! JSON over HTTP: what the worker asks first (`/api/plugin/status`), health
+//! and readiness, and the client API under `/api/`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use super::api::{Api, Error};
+use super::Shared;
+use crate::wire::PLUGIN_STATUS_PATH;
+
+#[derive(Clone)]
+struct AppState {
+    shared: Arc<Shared>,
+    api: Api,
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(json!({ "error": self.to_string() }))).into_response()
+    }
+}
+
+fn authorized(state: &AppState, headers: &HeaderMap) -> Result<(), Error> {
+    let header = headers.get("authorization").and_then(|v| v.to_str().ok());
+    if state.shared.auth.check_header(header) {
+        Ok(())
+    } else {
+        Err(Error::Unauthenticated)
+    }
+}
+
+pub fn router(shared: Arc<Shared>, api: Api) -> Router {
+    let body_limit = shared.options.max_request_bytes;
+    let state = AppState { shared, api };
+    Router::new()
+        .route(PLUGIN_STATUS_PATH, get(plugin_status))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(|| async { "ready\n" }))
+        .route("/api/jobs", get(list_jobs).post(submit_job))
+        .route("/api/jobs/{id}", get(get_job))
+        .route("/api/jobs/{id}/cancel", post(cancel_job))
+        .route("/api/jobs/{id}/retry", post(retry_job))
+        .route("/api/workers", get(workers))
+        .route("/api/policies/{job_type}", get(get_policy).put(set_policy))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+async fn plugin_status(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({ "enabled": true, "worker_grpc_port": state.shared.grpc_port }))
+}
+
+type Reply = Result<Response, Error>;
+
+async fn list_jobs(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Reply {
+    authorized(&s, &headers)?;
+    let state = q.get("state").map(String::as_str).unwrap_or("");
+    let limit = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
+    let jobs = s.api.list(state, limit).await?;
+    Ok(Json(json!({ "jobs": jobs })).into_response())
+}
+
+async fn submit_job(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Reply {
+    authorized(&s, &headers)?;
+    let format = q.get("format").map(String::as_str).unwrap_or("json");
+    let name = q.get("name").map(String::as_str).unwrap_or("");
+    let job_id = s.api.submit(body.to_vec(), format, name).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "job_id": job_id }))).into_response())
+}
+
+async fn get_job(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Reply {
+    authorized(&s, &headers)?;
+    Ok(Json(s.api.job(&id).await?).into_response())
+}
+
+async fn cancel_job(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Reply {
+    authorized(&s, &headers)?;
+    s.api.cancel(&id).await?;
+    Ok(Json(json!({ "job_id": id, "canceled": true })).into_response())
+}
+
+async fn retry_job(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Reply {
+    authorized(&s, &headers)?;
+    s.api.retry(&id).await?;
+    Ok(Json(json!({ "job_id": id, "retried": true })).into_response())
+}
+
+async fn workers(State(s): State<AppState>, headers: HeaderMap) -> Reply {
+    authorized(&s, &headers)?;
+    Ok(Json(json!({ "workers": s.api.workers() })).into_response())
+}
+
+async fn get_policy(State(s): State<AppState>, headers: HeaderMap, Path(job_type): Path<String>) -> Reply {
+    authorized(&s, &headers)?;
+    Ok(Json(s.api.policy(&job_type)?).into_response())
+}
+
+async fn set_policy(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(job_type): Path<String>,
+    Json(changes): Json<BTreeMap<String, Value>>,
+) -> Reply {
+    authorized(&s, &headers)?;
+    let changes: BTreeMap<String, String> =
+        changes.into_iter().map(|(k, v)| (k, v.as_str().map(String::from).unwrap_or_else(|| v.to_string()))).collect();
+    let policy = s.api.set_policy(&job_type, &changes).await?;
+    Ok(Json(policy).into_response())
+}

@@ -1,0 +1,161 @@
+//! The admin server: the engine behind a gRPC port (the worker stream and
+//! the client API) and an HTTP port (JSON API, health, the port lookup that
+//! workers make first), plus optional in-process workers.
+
+mod api;
+mod auth;
+mod convert;
+mod http;
+mod policies;
+mod registry;
+mod worker_stream;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+pub use auth::{read_token, Auth};
+pub use registry::Registry;
+pub use worker_stream::handler_of;
+
+use crate::clock::{Clock, SystemClock};
+use crate::engine::{Engine, EngineHandle, Options, Orphans};
+use crate::jobfile::Limits;
+use crate::proto::api::job_service_server::JobServiceServer;
+use crate::proto::plugin::plugin_control_service_server::PluginControlServiceServer;
+use crate::store::Store;
+use crate::worker::{builtin_handlers, LocalExecutor, Registry as HandlerRegistry};
+
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// Master gRPC addresses given to workers in the cluster context.
+    pub masters: Vec<String>,
+    pub heartbeat_interval: Duration,
+    /// How long after a start attempts held by workers of the previous run
+    /// wait for their worker to come back before they run again elsewhere.
+    pub orphan_grace: Duration,
+    pub local_workers: u32,
+    pub local_worker_slots: u32,
+    pub token: Option<String>,
+    pub limits: Limits,
+    /// The largest request (a submitted job file) the API takes.
+    pub max_request_bytes: usize,
+    /// The largest message a worker may send on its stream.
+    pub max_worker_message_bytes: usize,
+    pub lost_attempt_limit: u32,
+}
+
+impl Default for ServerOptions {
+    fn default() -> ServerOptions {
+        ServerOptions {
+            masters: Vec::new(),
+            heartbeat_interval: Duration::from_secs(15),
+            orphan_grace: Duration::from_secs(30),
+            local_workers: 0,
+            local_worker_slots: 4,
+            token: None,
+            limits: Limits::default(),
+            max_request_bytes: 64 * 1024 * 1024,
+            max_worker_message_bytes: 16 * 1024 * 1024,
+            lost_attempt_limit: 3,
+        }
+    }
+}
+
+/// What every part of the server shares.
+pub struct Shared {
+    pub engine: EngineHandle,
+    pub registry: Registry,
+    pub policies: policies::Policies,
+    pub auth: Auth,
+    pub options: ServerOptions,
+    pub grpc_port: u16,
+    pub clock: Arc<dyn Clock>,
+}
+
+/// Runs the server on listeners that are already bound until `shutdown` resolves.
+pub async fn run(
+    store: Arc<dyn Store>,
+    options: ServerOptions,
+    http: TcpListener,
+    grpc: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let engine_options =
+        Options { orphans: Orphans::Keep, lost_attempt_limit: options.lost_attempt_limit, ..Options::default() };
+    let engine = Engine::start(store.clone(), clock.clone(), engine_options).await?;
+    let policies = {
+        let store = store.clone();
+        tokio::task::spawn_blocking(move || policies::Policies::load(store)).await??
+    };
+    for job_type in policies.job_types().iter().map(String::as_str).chain(["noop", "shell"]) {
+        policies.push_limits(&engine, job_type).await;
+    }
+    let grpc_addr: SocketAddr = grpc.local_addr()?;
+    let http_addr: SocketAddr = http.local_addr()?;
+    let shared = Arc::new(Shared {
+        engine: engine.clone(),
+        registry: Registry::default(),
+        policies,
+        auth: Auth::new(options.token.clone()),
+        options: options.clone(),
+        grpc_port: grpc_addr.port(),
+        clock,
+    });
+
+    for _ in 0..options.local_workers {
+        let handlers = HandlerRegistry::new(builtin_handlers());
+        LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;
+    }
+    spawn_orphan_check(shared.clone());
+
+    let api = api::Api::new(shared.clone());
+    let worker_service = PluginControlServiceServer::new(worker_stream::WorkerStreamService::new(shared.clone()))
+        .max_decoding_message_size(options.max_worker_message_bytes)
+        .max_encoding_message_size(options.max_worker_message_bytes);
+    let job_service = JobServiceServer::new(api::JobServiceImpl::new(api.clone()))
+        .max_decoding_message_size(options.max_request_bytes)
+        .max_encoding_message_size(options.max_request_bytes.max(64 * 1024 * 1024));
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    let grpc_server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(worker_service)
+        .add_service(job_service)
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc), stopped(stop_rx.clone()));
+    let http_server =
+        axum::serve(http, http::router(shared.clone(), api)).with_graceful_shutdown(stopped(stop_rx.clone()));
+    eprintln!("jobcenter server listening: http {http_addr} grpc {grpc_addr}");
+    tracing::info!(%http_addr, %grpc_addr, "listening");
+    let (grpc_result, http_result) = tokio::join!(grpc_server, http_server);
+    grpc_result?;
+    http_result?;
+    Ok(())
+}
+
+/// After a start, attempts held by workers of the previous run wait for
+/// their worker to reconnect; those still without one then run again.
+fn spawn_orphan_check(shared: Arc<Shared>) {
+    tokio::spawn(async move {
+        tokio::time::sleep(shared.options.orphan_grace).await;
+        let live: HashSet<_> = shared.registry.handlers().into_iter().collect();
+        match shared.engine.lose_all_but(live, "its worker did not come back after the admin restarted").await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(attempts = n, "attempts of workers that did not come back run again"),
+            Err(e) => tracing::debug!(error = %e, "engine stopped before the orphan check"),
+        }
+    });
+}

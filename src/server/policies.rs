@@ -1,0 +1,108 @@
+//! The policy book: each job type's descriptor (as its worker sent it) and
+//! operator overrides, persisted as settings, and the effective policy the
+//! dispatcher applies.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use prost::Message;
+
+use crate::engine::EngineHandle;
+use crate::policy::{self, Overrides, Policy, Source};
+use crate::proto::plugin::JobTypeDescriptor;
+use crate::store::{self, Store};
+
+const DESCRIPTOR_PREFIX: &str = "descriptor/";
+const POLICY_PREFIX: &str = "policy/";
+
+#[derive(Default)]
+struct Book {
+    descriptors: BTreeMap<String, JobTypeDescriptor>,
+    overrides: BTreeMap<String, Overrides>,
+}
+
+#[derive(Clone)]
+pub struct Policies {
+    store: Arc<dyn Store>,
+    book: Arc<Mutex<Book>>,
+}
+
+impl Policies {
+    /// Loads what the store holds.
+    pub fn load(store: Arc<dyn Store>) -> Result<Policies, store::Error> {
+        let mut book = Book::default();
+        for (key, bytes) in store.settings(DESCRIPTOR_PREFIX)? {
+            match JobTypeDescriptor::decode(bytes.as_slice()) {
+                Ok(descriptor) => {
+                    book.descriptors.insert(key[DESCRIPTOR_PREFIX.len()..].to_string(), descriptor);
+                }
+                Err(e) => tracing::warn!(key, error = %e, "skipping an undecodable descriptor"),
+            }
+        }
+        for (key, bytes) in store.settings(POLICY_PREFIX)? {
+            match serde_json::from_slice::<Overrides>(&bytes) {
+                Ok(overrides) => {
+                    book.overrides.insert(key[POLICY_PREFIX.len()..].to_string(), overrides);
+                }
+                Err(e) => tracing::warn!(key, error = %e, "skipping an unreadable policy"),
+            }
+        }
+        Ok(Policies { store, book: Arc::new(Mutex::new(book)) })
+    }
+
+    /// Job types with a descriptor or a policy set.
+    pub fn job_types(&self) -> Vec<String> {
+        let book = self.book.lock().expect("policy lock");
+        let mut types: Vec<String> = book.descriptors.keys().chain(book.overrides.keys()).cloned().collect();
+        types.sort();
+        types.dedup();
+        types
+    }
+
+    pub fn has_descriptor(&self, job_type: &str) -> bool {
+        self.book.lock().expect("policy lock").descriptors.contains_key(job_type)
+    }
+
+    pub fn descriptor(&self, job_type: &str) -> Option<JobTypeDescriptor> {
+        self.book.lock().expect("policy lock").descriptors.get(job_type).cloned()
+    }
+
+    pub fn effective(&self, job_type: &str) -> (Policy, BTreeMap<String, Source>) {
+        let book = self.book.lock().expect("policy lock");
+        let descriptor = book.descriptors.get(job_type).and_then(|d| d.admin_runtime_defaults.as_ref());
+        let overrides = book.overrides.get(job_type).cloned().unwrap_or_default();
+        Policy::resolve(policy::builtin(job_type), descriptor, &overrides)
+    }
+
+    pub fn save_descriptor(&self, descriptor: JobTypeDescriptor) -> Result<(), store::Error> {
+        let key = format!("{DESCRIPTOR_PREFIX}{}", descriptor.job_type);
+        self.store.put_setting(&key, Some(&descriptor.encode_to_vec()))?;
+        self.book.lock().expect("policy lock").descriptors.insert(descriptor.job_type.clone(), descriptor);
+        Ok(())
+    }
+
+    /// Applies `name=value` changes; nothing changes when one is invalid.
+    pub fn set(
+        &self,
+        job_type: &str,
+        changes: &BTreeMap<String, String>,
+    ) -> Result<Result<(), policy::Error>, store::Error> {
+        let current = self.book.lock().expect("policy lock").overrides.get(job_type).cloned().unwrap_or_default();
+        let updated = match policy::apply_changes(&current, changes) {
+            Ok(updated) => updated,
+            Err(e) => return Ok(Err(e)),
+        };
+        let bytes = serde_json::to_vec(&updated).expect("overrides serialize");
+        self.store.put_setting(&format!("{POLICY_PREFIX}{job_type}"), Some(&bytes))?;
+        self.book.lock().expect("policy lock").overrides.insert(job_type.to_string(), updated);
+        Ok(Ok(()))
+    }
+
+    /// Tells the engine the dispatch limits of a job type.
+    pub async fn push_limits(&self, engine: &EngineHandle, job_type: &str) {
+        let (policy, _) = self.effective(job_type);
+        if engine.set_limits(Arc::from(job_type), policy.limits()).await.is_err() {
+            tracing::debug!(job_type, "engine stopped before the limits were set");
+        }
+    }
+}

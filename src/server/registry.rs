@@ -1,0 +1,138 @@
+//! The connected workers: what each declared, its last heartbeat, and a
+//! way to stop its session when the same worker process connects again.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use crate::clock::Timestamp;
+use crate::model::HandlerId;
+use crate::proto::api;
+use crate::proto::plugin::{JobTypeCapability, WorkerHeartbeat, WorkerHello};
+
+#[derive(Clone, Debug)]
+pub struct WorkerEntry {
+    pub worker_id: String,
+    pub handler: HandlerId,
+    pub address: String,
+    pub version: String,
+    pub capabilities: Vec<JobTypeCapability>,
+    pub execution_slots_used: i32,
+    pub execution_slots_total: i32,
+    pub detection_slots_used: i32,
+    pub detection_slots_total: i32,
+    pub running_work: u32,
+    pub connected_at: Timestamp,
+    pub last_heartbeat: Option<Timestamp>,
+    pub heartbeats: u32,
+    session: u64,
+    stop: Arc<Notify>,
+}
+
+impl WorkerEntry {
+    pub fn to_api(&self) -> api::Worker {
+        api::Worker {
+            worker_id: self.worker_id.clone(),
+            handler: self.handler.to_string(),
+            address: self.address.clone(),
+            version: self.version.clone(),
+            capabilities: self
+                .capabilities
+                .iter()
+                .map(|c| api::Capability {
+                    job_type: c.job_type.clone(),
+                    can_detect: c.can_detect,
+                    can_execute: c.can_execute,
+                    max_detection_concurrency: c.max_detection_concurrency,
+                    max_execution_concurrency: c.max_execution_concurrency,
+                })
+                .collect(),
+            execution_slots_used: self.execution_slots_used,
+            execution_slots_total: self.execution_slots_total,
+            detection_slots_used: self.detection_slots_used,
+            detection_slots_total: self.detection_slots_total,
+            connected_at_ms: self.connected_at.as_millis(),
+            last_heartbeat_ms: self.last_heartbeat.map(Timestamp::as_millis).unwrap_or(0),
+            heartbeats: self.heartbeats,
+            held_attempts: self.running_work,
+        }
+    }
+}
+
+/// A session's registration: dropping it does nothing; `stop` ends the session.
+pub struct Registration {
+    pub session: u64,
+    pub stop: Arc<Notify>,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    inner: Mutex<(u64, BTreeMap<HandlerId, WorkerEntry>)>,
+}
+
+impl Registry {
+    /// Registers a worker; a session of the same handler already there is told to stop.
+    pub fn register(
+        &self,
+        handler: HandlerId,
+        hello: &WorkerHello,
+        now: Timestamp,
+    ) -> (Registration, Option<Arc<Notify>>) {
+        let mut guard = self.inner.lock().expect("registry lock");
+        guard.0 += 1;
+        let session = guard.0;
+        let stop = Arc::new(Notify::new());
+        let entry = WorkerEntry {
+            worker_id: hello.worker_id.clone(),
+            handler,
+            address: hello.address.clone(),
+            version: hello.worker_version.clone(),
+            capabilities: hello.capabilities.clone(),
+            execution_slots_used: 0,
+            execution_slots_total: 0,
+            detection_slots_used: 0,
+            detection_slots_total: 0,
+            running_work: 0,
+            connected_at: now,
+            last_heartbeat: None,
+            heartbeats: 0,
+            session,
+            stop: stop.clone(),
+        };
+        let previous = guard.1.insert(handler, entry).map(|old| old.stop);
+        (Registration { session, stop }, previous)
+    }
+
+    pub fn heartbeat(&self, handler: HandlerId, heartbeat: &WorkerHeartbeat, now: Timestamp) {
+        let mut guard = self.inner.lock().expect("registry lock");
+        if let Some(entry) = guard.1.get_mut(&handler) {
+            entry.execution_slots_used = heartbeat.execution_slots_used;
+            entry.execution_slots_total = heartbeat.execution_slots_total;
+            entry.detection_slots_used = heartbeat.detection_slots_used;
+            entry.detection_slots_total = heartbeat.detection_slots_total;
+            entry.running_work = heartbeat.running_work.len() as u32;
+            entry.last_heartbeat = Some(now);
+            entry.heartbeats += 1;
+        }
+    }
+
+    /// Removes the worker if `session` is still its session; true if it was.
+    pub fn unregister(&self, handler: HandlerId, session: u64) -> bool {
+        let mut guard = self.inner.lock().expect("registry lock");
+        if guard.1.get(&handler).is_some_and(|e| e.session == session) {
+            guard.1.remove(&handler);
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn workers(&self) -> Vec<WorkerEntry> {
+        self.inner.lock().expect("registry lock").1.values().cloned().collect()
+    }
+
+    pub fn handlers(&self) -> Vec<HandlerId> {
+        self.inner.lock().expect("registry lock").1.keys().copied().collect()
+    }
+}

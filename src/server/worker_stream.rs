@@ -1,0 +1,414 @@
+//! The worker stream: one session per connected worker. It registers the
+//! worker as a handler, turns the engine's work orders into execute and
+//! cancel requests, and turns progress, completions and heartbeats back into
+//! engine calls. When the stream ends, every attempt the worker held is lost.
+
+use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::Shared;
+use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
+use crate::engine::Progress;
+use crate::follower::Outcome;
+use crate::model::HandlerId;
+use crate::proto::plugin::{
+    admin_to_worker_message, plugin_control_service_server::PluginControlService, worker_to_admin_message, AdminHello,
+    AdminToWorkerMessage, CancelRequest, ClusterContext, ExecuteJobRequest, JobCompleted, JobSpec, RequestConfigSchema,
+    WorkKind, WorkerHello, WorkerToAdminMessage,
+};
+use crate::wire;
+
+/// How long a new stream may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Messages waiting to go out to one worker.
+const OUTBOUND_QUEUE: usize = 1024;
+/// Output lines kept from a worker's result.
+const MAX_OUTPUT_LINES: usize = 200;
+
+type Outbound = mpsc::Sender<Result<AdminToWorkerMessage, Status>>;
+
+#[derive(Clone)]
+pub struct WorkerStreamService {
+    shared: Arc<Shared>,
+    requests: Arc<AtomicU64>,
+}
+
+impl WorkerStreamService {
+    pub fn new(shared: Arc<Shared>) -> WorkerStreamService {
+        WorkerStreamService { shared, requests: Arc::default() }
+    }
+}
+
+/// The handler id of a worker process: its instance id when that is a UUID,
+/// otherwise a UUID derived from it (the same instance, the same handler).
+pub fn handler_of(hello: &WorkerHello) -> HandlerId {
+    let instance = if hello.worker_instance_id.is_empty() { &hello.worker_id } else { &hello.worker_instance_id };
+    match instance.parse::<HandlerId>() {
+        Ok(handler) => handler,
+        Err(_) => HandlerId(uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, instance.as_bytes())),
+    }
+}
+
+fn message(request_id: String, body: admin_to_worker_message::Body) -> AdminToWorkerMessage {
+    AdminToWorkerMessage { request_id, sent_at: Some(now_timestamp()), body: Some(body) }
+}
+
+fn now_timestamp() -> prost_types::Timestamp {
+    let millis = crate::clock::Clock::now(&crate::clock::SystemClock).as_millis();
+    prost_types::Timestamp { seconds: millis.div_euclid(1000), nanos: (millis.rem_euclid(1000) * 1_000_000) as i32 }
+}
+
+fn body_name(body: &Option<worker_to_admin_message::Body>) -> &'static str {
+    use worker_to_admin_message::Body;
+    match body {
+        None => "an empty message",
+        Some(Body::Hello(_)) => "hello",
+        Some(Body::Heartbeat(_)) => "heartbeat",
+        Some(Body::Acknowledge(_)) => "acknowledge",
+        Some(Body::ConfigSchemaResponse(_)) => "config_schema_response",
+        Some(Body::DetectionProposals(_)) => "detection_proposals",
+        Some(Body::DetectionComplete(_)) => "detection_complete",
+        Some(Body::JobProgressUpdate(_)) => "job_progress_update",
+        Some(Body::JobCompleted(_)) => "job_completed",
+        Some(Body::Observations(_)) => "observations",
+        Some(Body::ObjectPreviewResponse(_)) => "object_preview_response",
+    }
+}
+
+#[tonic::async_trait]
+impl PluginControlService for WorkerStreamService {
+    type WorkerStreamStream = Pin<Box<dyn Stream<Item = Result<AdminToWorkerMessage, Status>> + Send + 'static>>;
+
+    async fn worker_stream(
+        &self,
+        request: Request<Streaming<WorkerToAdminMessage>>,
+    ) -> Result<Response<Self::WorkerStreamStream>, Status> {
+        self.shared.auth.check(request.metadata())?;
+        let mut inbound = request.into_inner();
+        let first = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
+            Err(_) => return Err(Status::deadline_exceeded("no hello within 10 s: the first message must be hello")),
+            Ok(Err(status)) => return Err(status),
+            Ok(Ok(None)) => return Err(Status::cancelled("the stream ended before hello")),
+            Ok(Ok(Some(first))) => first,
+        };
+        let hello = match first.body {
+            Some(worker_to_admin_message::Body::Hello(hello)) => hello,
+            other => {
+                return Err(Status::failed_precondition(format!(
+                    "protocol: the first message must be hello, not {}",
+                    body_name(&other)
+                )))
+            }
+        };
+        if hello.worker_id.is_empty() && hello.worker_instance_id.is_empty() {
+            return Err(Status::invalid_argument("hello: worker_id and worker_instance_id are both empty"));
+        }
+        let (outbound, receiver) = mpsc::channel(OUTBOUND_QUEUE);
+        let session = Session {
+            shared: self.shared.clone(),
+            requests: self.requests.clone(),
+            handler: handler_of(&hello),
+            hello,
+            outbound,
+            pending_schema: HashMap::new(),
+        };
+        tokio::spawn(session.run(inbound));
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
+    }
+}
+
+struct Session {
+    shared: Arc<Shared>,
+    requests: Arc<AtomicU64>,
+    handler: HandlerId,
+    hello: WorkerHello,
+    outbound: Outbound,
+    /// Schema requests in flight: request id -> job type.
+    pending_schema: HashMap<String, String>,
+}
+
+impl Session {
+    fn next_request_id(&self, kind: &str) -> String {
+        format!("{kind}-{}", self.requests.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    async fn send(&self, message: AdminToWorkerMessage) -> bool {
+        self.outbound.send(Ok(message)).await.is_ok()
+    }
+
+    async fn run(mut self, mut inbound: Streaming<WorkerToAdminMessage>) {
+        let shared = self.shared.clone();
+        let handler = self.handler;
+        let now = shared.clock.now();
+        let (registration, previous) = shared.registry.register(handler, &self.hello, now);
+        if let Some(previous) = previous {
+            previous.notify_one();
+            // Its attempts went with its stream; give the old session a moment to say so.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let execute_types: Vec<Arc<str>> = self
+            .hello
+            .capabilities
+            .iter()
+            .filter(|c| c.can_execute && !c.job_type.is_empty())
+            .map(|c| Arc::from(c.job_type.as_str()))
+            .collect();
+        let type_capacity: BTreeMap<Arc<str>, u32> = self
+            .hello
+            .capabilities
+            .iter()
+            .filter(|c| c.can_execute && c.max_execution_concurrency > 0)
+            .map(|c| (Arc::from(c.job_type.as_str()), c.max_execution_concurrency as u32))
+            .collect();
+        let capacity = type_capacity.values().copied().max().unwrap_or(1).max(1);
+        tracing::info!(
+            worker.id = %self.hello.worker_id, %handler, job_types = ?execute_types, capacity,
+            "worker connected"
+        );
+        let (sink, mut orders) = mpsc::unbounded_channel();
+        let spec = HandlerSpec {
+            handler,
+            job_types: Some(execute_types.clone()),
+            capacity,
+            type_capacity,
+            starts_running: false,
+            sink,
+        };
+        let hello_reply = message(
+            String::new(),
+            admin_to_worker_message::Body::Hello(AdminHello {
+                accepted: true,
+                message: format!("jobcenter {}", env!("CARGO_PKG_VERSION")),
+                heartbeat_interval_seconds: shared.options.heartbeat_interval.as_secs().max(1) as i32,
+                reconnect_delay_seconds: 5,
+            }),
+        );
+        if !self.send(hello_reply).await || shared.engine.add_handler(spec).await.is_err() {
+            shared.registry.unregister(handler, registration.session);
+            return;
+        }
+        for capability in self.hello.capabilities.clone() {
+            shared.policies.push_limits(&shared.engine, &capability.job_type).await;
+            if !shared.policies.has_descriptor(&capability.job_type) {
+                let request_id = self.next_request_id("schema");
+                self.pending_schema.insert(request_id.clone(), capability.job_type.clone());
+                let body = admin_to_worker_message::Body::RequestConfigSchema(RequestConfigSchema {
+                    job_type: capability.job_type.clone(),
+                    force_refresh: false,
+                });
+                self.send(message(request_id, body)).await;
+            }
+        }
+
+        let reason = loop {
+            tokio::select! {
+                incoming = inbound.message() => match incoming {
+                    Ok(Some(message)) => {
+                        if let Err(status) = self.handle(message).await {
+                            let reason = status.message().to_string();
+                            let _ = self.outbound.send(Err(status)).await;
+                            break reason;
+                        }
+                    }
+                    Ok(None) => break "the worker closed its stream".to_string(),
+                    Err(status) => break format!("the worker stream failed: {}", status.message()),
+                },
+                order = orders.recv() => match order {
+                    Some(order) => {
+                        if !self.send_order(order).await {
+                            break "the worker stopped reading its stream".to_string();
+                        }
+                    }
+                    None => break "the engine stopped".to_string(),
+                },
+                () = registration.stop.notified() => break "the worker connected again".to_string(),
+                () = self.outbound.closed() => break "the worker went away".to_string(),
+            }
+        };
+        tracing::info!(worker.id = %self.hello.worker_id, %handler, reason, "worker disconnected");
+        shared.registry.unregister(handler, registration.session);
+        if let Err(e) = shared.engine.handler_gone(handler, &format!("lost with its worker: {reason}"), true).await {
+            tracing::debug!(error = %e, "engine stopped before the worker's attempts were released");
+        }
+    }
+
+    async fn send_order(&self, order: WorkOrder) -> bool {
+        match order {
+            WorkOrder::Execute(assignment) => {
+                let request = self.execute_request(&assignment);
+                let request_id = request.request_id.clone();
+                self.send(message(request_id, admin_to_worker_message::Body::ExecuteJobRequest(request))).await
+            }
+            WorkOrder::Cancel { task, attempt } => {
+                let cancel = CancelRequest {
+                    target_id: wire::attempt_id(task, attempt),
+                    target_kind: WorkKind::Execution as i32,
+                    reason: "canceled by jobcenter".into(),
+                    force: false,
+                };
+                let request_id = self.next_request_id("cancel");
+                self.send(message(request_id, admin_to_worker_message::Body::CancelRequest(cancel))).await
+            }
+        }
+    }
+
+    fn execute_request(&self, assignment: &Assignment) -> ExecuteJobRequest {
+        let job_id = wire::attempt_id(assignment.task, assignment.attempt);
+        let parameters = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&assignment.parameters)
+            .map(|map| wire::json_to_values(&map))
+            .unwrap_or_default();
+        let (policy, _) = self.shared.policies.effective(&assignment.job_type);
+        let descriptor = self.shared.policies.descriptor(&assignment.job_type);
+        let admin_config_values =
+            descriptor.as_ref().and_then(|d| d.admin_config_form.as_ref()).map(|f| f.default_values.clone());
+        let worker_config_values = descriptor.as_ref().map(|d| {
+            let mut values = d.worker_default_values.clone();
+            if let Some(form) = &d.worker_config_form {
+                for (k, v) in &form.default_values {
+                    values.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+            }
+            values
+        });
+        ExecuteJobRequest {
+            request_id: format!("exec-{job_id}"),
+            job: Some(JobSpec {
+                job_id,
+                job_type: assignment.job_type.to_string(),
+                dedupe_key: assignment.labels.get("dedupe_key").cloned().unwrap_or_default(),
+                priority: wire::priority_to_wire(assignment.priority) as i32,
+                summary: assignment.task_id.to_string(),
+                detail: assignment.job_name.clone(),
+                parameters,
+                labels: assignment.labels.clone().into_iter().collect(),
+                created_at: Some(now_timestamp()),
+                scheduled_at: None,
+            }),
+            admin_runtime: Some(policy.to_runtime()),
+            admin_config_values: admin_config_values.unwrap_or_default(),
+            worker_config_values: worker_config_values.unwrap_or_default(),
+            cluster_context: Some(ClusterContext {
+                master_grpc_addresses: self.shared.options.masters.clone(),
+                ..ClusterContext::default()
+            }),
+            attempt: i32::try_from(assignment.attempt).unwrap_or(i32::MAX),
+        }
+    }
+
+    /// Handles one message; an error ends the stream with that status.
+    async fn handle(&mut self, message: WorkerToAdminMessage) -> Result<(), Status> {
+        use worker_to_admin_message::Body;
+        let engine = &self.shared.engine;
+        match message.body {
+            Some(Body::Heartbeat(heartbeat)) => {
+                self.shared.registry.heartbeat(self.handler, &heartbeat, self.shared.clock.now());
+                if heartbeat.execution_slots_total > 0 {
+                    let _ = engine.handler_slots(self.handler, heartbeat.execution_slots_total as u32).await;
+                }
+            }
+            Some(Body::JobProgressUpdate(update)) => {
+                if update.job_id.is_empty() {
+                    return Ok(()); // detection activity, not an attempt
+                }
+                let Some((task, attempt)) = wire::parse_attempt_id(&update.job_id) else {
+                    tracing::warn!(handler = %self.handler, job_id = update.job_id, "progress for an unknown job id");
+                    return Ok(());
+                };
+                let progress = Progress {
+                    percent: update.progress_percent as f32,
+                    stage: update.stage.clone(),
+                    message: update.message.clone(),
+                };
+                let _ = engine.progress(task, attempt, self.handler, progress).await;
+            }
+            Some(Body::JobCompleted(completed)) => self.completed(completed).await,
+            Some(Body::ConfigSchemaResponse(response)) => {
+                self.pending_schema.remove(&response.request_id);
+                match response.job_type_descriptor {
+                    Some(descriptor) if response.success => {
+                        let job_type = descriptor.job_type.clone();
+                        if let Err(e) = self.shared.policies.save_descriptor(descriptor) {
+                            tracing::error!(job_type, error = %e, "cannot store a job type descriptor");
+                        }
+                        self.shared.policies.push_limits(engine, &job_type).await;
+                    }
+                    _ => tracing::warn!(
+                        job_type = response.job_type,
+                        error = response.error_message,
+                        "worker sent no descriptor"
+                    ),
+                }
+            }
+            Some(Body::Acknowledge(ack)) => {
+                if !ack.accepted {
+                    tracing::debug!(request_id = ack.request_id, message = ack.message, "worker declined a request");
+                }
+            }
+            Some(Body::Hello(_)) => {
+                return Err(Status::failed_precondition("protocol: hello was already received on this stream"))
+            }
+            Some(Body::DetectionProposals(_) | Body::DetectionComplete(_)) => {
+                tracing::debug!(handler = %self.handler, "detection message with no detection running");
+            }
+            Some(Body::Observations(_) | Body::ObjectPreviewResponse(_)) => {}
+            None => return Err(Status::invalid_argument("protocol: a message with no body")),
+        }
+        Ok(())
+    }
+
+    async fn completed(&self, completed: JobCompleted) {
+        let engine = &self.shared.engine;
+        let Some((task, attempt)) = wire::parse_attempt_id(&completed.job_id) else {
+            tracing::warn!(handler = %self.handler, job_id = completed.job_id, "completion for an unknown job id: ignored");
+            return;
+        };
+        if !completed.success && completed.error_message == wire::AT_CAPACITY {
+            let _ = engine.requeue(task, attempt, self.handler, "the worker was at capacity").await;
+            return;
+        }
+        let mut output: Vec<String> = completed
+            .result
+            .as_ref()
+            .and_then(|r| r.output_values.get("output"))
+            .map(|v| match wire::value_to_json(v) {
+                serde_json::Value::Array(lines) => {
+                    lines.into_iter().map(|l| l.as_str().map(String::from).unwrap_or_else(|| l.to_string())).collect()
+                }
+                other => vec![other.to_string()],
+            })
+            .unwrap_or_default();
+        if let Some(summary) = completed.result.as_ref().map(|r| &r.summary).filter(|s| !s.is_empty()) {
+            output.push(summary.clone());
+        }
+        for activity in &completed.activities {
+            output.push(format!("{}: {}", activity.stage, activity.message));
+        }
+        if output.len() > MAX_OUTPUT_LINES {
+            output.drain(..output.len() - MAX_OUTPUT_LINES);
+        }
+        let outcome = if completed.success {
+            Outcome::Succeeded { output }
+        } else {
+            let error = if completed.error_message.is_empty() {
+                "the worker reported a failure".into()
+            } else {
+                completed.error_message
+            };
+            Outcome::Failed { error, output }
+        };
+        match engine.complete(task, attempt, self.handler, outcome).await {
+            Ok(Ok(())) => {}
+            Ok(Err(rejection)) => {
+                tracing::warn!(handler = %self.handler, job_id = completed.job_id, %rejection, "completion refused")
+            }
+            Err(e) => tracing::debug!(error = %e, "engine stopped before a completion"),
+        }
+    }
+}
