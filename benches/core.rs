@@ -149,7 +149,14 @@ async fn propagate(dir: &Path) -> serde_json::Value {
     let handler = HandlerId::new();
     let (sink, mut orders) = tokio::sync::mpsc::unbounded_channel();
     engine
-        .add_handler(HandlerSpec { handler, job_types: None, capacity: 1, type_capacity: Default::default(), starts_running: true, sink })
+        .add_handler(HandlerSpec {
+            handler,
+            job_types: None,
+            capacity: 1,
+            type_capacity: Default::default(),
+            starts_running: true,
+            sink,
+        })
         .await
         .unwrap();
     let Some(WorkOrder::Execute(root)) = orders.recv().await else { panic!("the root is dispatched") };

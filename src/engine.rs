@@ -353,17 +353,26 @@ impl Core {
                 self.dispatch.remove_handler(handler);
                 self.lose_handler(handler, &reason, count_lost, now, step);
             }
-            Command::Get { job, reply } => {
-                let _ = reply.send(self.jobs.get(&job).map(ActiveJob::to_stored));
-            }
-            Command::Summary { job, reply } => {
-                let _ = reply.send(self.jobs.get(&job).map(|a| Summary { record: a.record.clone(), counts: a.counts }));
-            }
+            // A job that is not active is read from the store by the caller;
+            // "not here" is answered after the committer has written every
+            // earlier step, so that the store already shows how the job ended.
+            Command::Get { job, reply } => match self.jobs.get(&job) {
+                Some(active) => {
+                    let _ = reply.send(Some(active.to_stored()));
+                }
+                None => step.reply(reply, None),
+            },
+            Command::Summary { job, reply } => match self.jobs.get(&job) {
+                Some(a) => {
+                    let _ = reply.send(Some(Summary { record: a.record.clone(), counts: a.counts }));
+                }
+                None => step.reply(reply, None),
+            },
             Command::Wait { job, reply } => {
                 if self.jobs.contains_key(&job) {
                     self.waiters.entry(job).or_default().push(reply);
                 } else {
-                    let _ = reply.send(None);
+                    step.reply(reply, None);
                 }
             }
             Command::ActiveJobs { reply } => {
@@ -545,12 +554,11 @@ fn task_event(job: JobId, idx: u32, record: &crate::model::TaskRecord) -> Event 
 /// The events of a step's batch, for watchers.
 fn batch_events(batch: &Batch) -> Vec<Event> {
     let tasks = batch.tasks.iter().map(|(job, idx, record)| task_event(*job, idx.0, record));
-    let jobs = batch
-        .new_jobs
-        .iter()
-        .map(|(record, _)| record)
-        .chain(batch.jobs.iter())
-        .map(|record| Event::Job { job: record.id, state: record.state, at: record.updated_at });
+    let jobs = batch.new_jobs.iter().map(|(record, _)| record).chain(batch.jobs.iter()).map(|record| Event::Job {
+        job: record.id,
+        state: record.state,
+        at: record.updated_at,
+    });
     jobs.chain(tasks).collect()
 }
 
@@ -750,7 +758,13 @@ impl EngineHandle {
     }
 
     /// Progress of an attempt; the first report also marks it running.
-    pub async fn progress(&self, task: TaskRef, attempt: u32, handler: HandlerId, progress: Progress) -> Result<(), Error> {
+    pub async fn progress(
+        &self,
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        progress: Progress,
+    ) -> Result<(), Error> {
         self.send(Command::Progress { task, attempt, handler, progress }).await
     }
 

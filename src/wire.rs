@@ -152,16 +152,15 @@ pub async fn resolve_grpc_address(admin: &str) -> anyhow::Result<String> {
         Ok(port) => port,
         Err(e) => {
             tracing::debug!(admin, error = %e, "no plugin status; assuming the gRPC port is the HTTP port + 10000");
-            port.checked_add(GRPC_PORT_OFFSET).ok_or_else(|| anyhow::anyhow!("port {port} leaves no room for +10000"))?
+            port.checked_add(GRPC_PORT_OFFSET)
+                .ok_or_else(|| anyhow::anyhow!("port {port} leaves no room for +10000"))?
         }
     };
     Ok(format!("{host}:{port}"))
 }
 
 pub fn split_host_port(address: &str) -> anyhow::Result<(String, u16)> {
-    let (host, port) = address
-        .rsplit_once(':')
-        .ok_or_else(|| anyhow::anyhow!("{address:?} is not HOST:PORT"))?;
+    let (host, port) = address.rsplit_once(':').ok_or_else(|| anyhow::anyhow!("{address:?} is not HOST:PORT"))?;
     let port: u16 = port.parse().map_err(|_| anyhow::anyhow!("{address:?} has no valid port"))?;
     Ok((host.trim_start_matches('[').trim_end_matches(']').to_string(), port))
 }
@@ -209,7 +208,9 @@ mod tests {
         let values = json_to_values(map);
         assert!(matches!(values["volume_id"].kind, Some(Kind::Int64Value(7))));
         assert!(matches!(values["blob"].kind, Some(Kind::BytesValue(ref b)) if b == &[0, 255, 16]));
-        assert!(matches!(values["wait"].kind, Some(Kind::DurationValue(ref d)) if d.seconds == 1 && d.nanos == 500_000_000));
+        assert!(
+            matches!(values["wait"].kind, Some(Kind::DurationValue(ref d)) if d.seconds == 1 && d.nanos == 500_000_000)
+        );
         assert_eq!(Value::Object(values_to_json(&values)), json);
     }
 

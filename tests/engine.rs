@@ -46,7 +46,17 @@ struct Manual {
 async fn manual(engine: &EngineHandle, capacity: u32) -> Manual {
     let handler = HandlerId::new();
     let (sink, orders) = mpsc::unbounded_channel();
-    engine.add_handler(HandlerSpec { handler, job_types: None, capacity, type_capacity: Default::default(), starts_running: false, sink }).await.unwrap();
+    engine
+        .add_handler(HandlerSpec {
+            handler,
+            job_types: None,
+            capacity,
+            type_capacity: Default::default(),
+            starts_running: false,
+            sink,
+        })
+        .await
+        .unwrap();
     Manual { handler, orders }
 }
 

@@ -24,6 +24,7 @@ use crate::proto::plugin::{
     WorkKind, WorkerHello, WorkerToAdminMessage,
 };
 use crate::wire;
+use crate::worker::remote;
 
 /// How long a new stream may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -287,7 +288,12 @@ impl Session {
                 summary: assignment.task_id.to_string(),
                 detail: assignment.job_name.clone(),
                 parameters,
-                labels: assignment.labels.clone().into_iter().collect(),
+                labels: {
+                    let mut labels: HashMap<String, String> = assignment.labels.clone().into_iter().collect();
+                    labels.insert(remote::TASK_ID_LABEL.into(), assignment.task_id.to_string());
+                    labels.insert(remote::JOB_NAME_LABEL.into(), assignment.job_name.clone());
+                    labels
+                },
                 created_at: Some(now_timestamp()),
                 scheduled_at: None,
             }),

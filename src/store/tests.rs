@@ -105,7 +105,10 @@ pub fn settings_are_kept_by_key(store: &dyn Store) {
     store.put_setting("descriptor/vacuum", Some(b"c")).unwrap();
     store.put_setting("policy/balance", Some(b"b2")).unwrap();
     let policies = store.settings("policy/").unwrap();
-    assert_eq!(policies, vec![("policy/balance".to_string(), b"b2".to_vec()), ("policy/vacuum".to_string(), b"a".to_vec())]);
+    assert_eq!(
+        policies,
+        vec![("policy/balance".to_string(), b"b2".to_vec()), ("policy/vacuum".to_string(), b"a".to_vec())]
+    );
     store.put_setting("policy/vacuum", None).unwrap();
     assert_eq!(store.settings("policy/").unwrap().len(), 1);
 }

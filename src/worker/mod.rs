@@ -3,6 +3,7 @@
 
 mod builtin;
 mod local;
+pub mod remote;
 
 use std::collections::BTreeMap;
 use std::future::Future;
