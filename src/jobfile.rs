@@ -377,6 +377,13 @@ fn check_id(id: &str, index: usize, limits: &Limits, problems: &mut Vec<Problem>
     }
 }
 
+/// Job types are 1 to 128 ASCII letters, digits, `_`, `-` or `.`.
+pub fn is_job_type(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= MAX_JOB_TYPE_BYTES
+        && text.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
 /// Task ids use ASCII letters, digits and `. _ - : / @`.
 pub fn is_id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '/' | '@')

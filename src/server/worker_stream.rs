@@ -17,6 +17,7 @@ use super::Shared;
 use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
 use crate::engine::Progress;
 use crate::follower::Outcome;
+use crate::jobfile;
 use crate::model::HandlerId;
 use crate::proto::plugin::{
     admin_to_worker_message, plugin_control_service_server::PluginControlService, worker_to_admin_message, AdminHello,
@@ -110,6 +111,14 @@ impl PluginControlService for WorkerStreamService {
         };
         if hello.worker_id.is_empty() && hello.worker_instance_id.is_empty() {
             return Err(Status::invalid_argument("hello: worker_id and worker_instance_id are both empty"));
+        }
+        for (n, capability) in hello.capabilities.iter().enumerate() {
+            if !jobfile::is_job_type(&capability.job_type) {
+                return Err(Status::invalid_argument(format!(
+                    "hello: capability #{n} has job type {:?}; a job type is 1 to 128 ASCII letters, digits, _ - or .",
+                    capability.job_type
+                )));
+            }
         }
         let (outbound, receiver) = mpsc::channel(OUTBOUND_QUEUE);
         let session = Session {
@@ -219,7 +228,12 @@ impl Session {
                         }
                     }
                     Ok(None) => break "the worker closed its stream".to_string(),
-                    Err(status) => break format!("the worker stream failed: {}", status.message()),
+                    Err(status) => {
+                        // Say why before closing: a message over the size limit ends up here.
+                        let reason = format!("the worker stream failed: {}", status.message());
+                        let _ = self.outbound.send(Err(Status::new(status.code(), reason.clone()))).await;
+                        break reason;
+                    }
                 },
                 order = orders.recv() => match order {
                     Some(order) => {

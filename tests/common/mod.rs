@@ -1,0 +1,194 @@
+//! Shared harness of the multi-process tests: start the real `jobcenter`
+//! server and workers on loopback, find their ports, kill and restart them.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_jobcenter")
+}
+
+/// A child process that is killed (SIGKILL) when dropped.
+pub struct Process {
+    pub child: Child,
+    pub name: String,
+}
+
+impl Process {
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A running `jobcenter server` and where it listens.
+pub struct Server {
+    pub process: Process,
+    pub http: String,
+    pub grpc: String,
+    pub data_dir: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Server {
+    /// Starts a server on free loopback ports and waits until it listens.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Server {
+        Server::start_on(data_dir, "127.0.0.1:0", extra)
+    }
+
+    pub fn start_on(data_dir: &Path, http: &str, extra: &[&str]) -> Server {
+        let log = data_dir.with_extension("server.log");
+        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let mut args = vec!["server", "--data-dir", data_dir.to_str().unwrap(), "--http", http];
+        if http.ends_with(":0") {
+            args.extend(["--grpc", "0"]);
+        }
+        args.extend_from_slice(extra);
+        let mut child = Command::new(binary())
+            .args(&args)
+            .env("JOBCENTER_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the server");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut log_file = log_file;
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                use std::io::Write;
+                let _ = writeln!(log_file, "{line}");
+                if !sent {
+                    if let Some(rest) = line.strip_prefix("jobcenter server listening: ") {
+                        let _ = tx.send(rest.to_string());
+                        sent = true;
+                    }
+                }
+            }
+        });
+        let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
+            panic!("the server did not start: {}", std::fs::read_to_string(&log).unwrap_or_default())
+        });
+        // "http 127.0.0.1:P grpc 127.0.0.1:Q"
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        let (http, grpc) = (parts[1].to_string(), parts[3].to_string());
+        Server { process: Process { child, name: "server".into() }, http, grpc, data_dir: data_dir.to_path_buf(), log }
+    }
+
+    /// Runs a client command against this server and returns its output.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        let mut command = Command::new(binary());
+        command.args(args).args(["--admin", &self.http]);
+        run_with_timeout(command, Duration::from_secs(120))
+    }
+
+    pub fn cli_json(&self, args: &[&str]) -> serde_json::Value {
+        let output = self.cli(args);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+            panic!("{args:?} printed no JSON ({e}): {stdout}\nstderr: {}", String::from_utf8_lossy(&output.stderr))
+        })
+    }
+
+    pub fn workers(&self) -> Vec<serde_json::Value> {
+        self.cli_json(&["workers", "--json"]).as_array().cloned().unwrap_or_default()
+    }
+
+    /// Waits until `count` workers are connected.
+    pub fn wait_for_workers(&self, count: usize) -> Vec<serde_json::Value> {
+        wait_until(Duration::from_secs(30), || {
+            let workers = self.workers();
+            (workers.len() >= count).then_some(workers)
+        })
+        .unwrap_or_else(|| panic!("{count} workers did not connect: {:?}", self.workers()))
+    }
+}
+
+/// Starts `jobcenter worker` against a server.
+pub fn start_worker(server: &Server, id: &str, extra: &[&str], exec_log: Option<&Path>) -> Process {
+    let mut command = Command::new(binary());
+    command
+        .args(["worker", "--admin", &server.http, "--id", id, "--heartbeat", "1s"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(log) = exec_log {
+        command.env("JOBCENTER_EXEC_LOG", log);
+    }
+    let child = command.spawn().expect("start a worker");
+    Process { child, name: id.to_string() }
+}
+
+/// Runs a command to its end, killing it after `limit`.
+pub fn run_with_timeout(mut command: Command, limit: Duration) -> Output {
+    let child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(output) => output.expect("wait for the command"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("{command:?} did not finish within {limit:?}");
+        }
+    }
+}
+
+/// Polls `check` every 100 ms until it gives a value or `limit` passes.
+pub fn wait_until<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return Some(value);
+        }
+        if started.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The specification's nine-task job; task `fail` (if any) fails every attempt.
+pub fn nine_tasks(fail: Option<u32>, sleep_ms: u64) -> String {
+    let edges = [(1, 4), (1, 7), (2, 4), (2, 5), (2, 6), (2, 7), (4, 7), (4, 9), (5, 8), (6, 8), (6, 9)];
+    let tasks: Vec<String> = (1..=9)
+        .map(|i| {
+            let deps: Vec<String> = edges.iter().filter(|(_, b)| *b == i).map(|(a, _)| format!("\"{a}\"")).collect();
+            let fail = fail == Some(i);
+            format!(
+                r#"{{"id":"{i}","job_type":"noop","parameters":{{"fail":{fail},"sleep_ms":{sleep_ms}}},"depends_on":[{}]}}"#,
+                deps.join(",")
+            )
+        })
+        .collect();
+    format!(r#"{{"name":"nine","tasks":[{}]}}"#, tasks.join(","))
+}
+
+/// (task id, state) pairs of a job JSON as `run --json` and `submit --wait --json` print it.
+pub fn states(job: &serde_json::Value) -> Vec<(String, String)> {
+    let mut states: Vec<(String, String)> = job["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .map(|t| (t["id"].as_str().unwrap().to_string(), t["state"].as_str().unwrap().to_string()))
+        .collect();
+    states.sort();
+    states
+}

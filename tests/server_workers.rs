@@ -1,0 +1,114 @@
+//! The admin server with real worker processes on loopback: the nine-task
+//! job through two workers ends as `jobcenter run` ends it, and a worker
+//! killed while it holds tasks has its attempts run again on the other.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{nine_tasks, run_with_timeout, start_worker, states, wait_until, Server};
+
+fn run_embedded(file: &std::path::Path, dir: &std::path::Path) -> serde_json::Value {
+    let mut command = Command::new(common::binary());
+    command.args(["run", file.to_str().unwrap(), "--json", "--data-dir", dir.join("embedded").to_str().unwrap()]);
+    let output = run_with_timeout(command, Duration::from_secs(60));
+    serde_json::from_slice(&output.stdout).expect("run --json")
+}
+
+#[test]
+fn nine_tasks_through_two_workers_end_as_run_ends_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let _a = start_worker(&server, "worker-a", &[], None);
+    let _b = start_worker(&server, "worker-b", &[], None);
+    server.wait_for_workers(2);
+    for (name, fail, expected_exit) in [("success", None, 0), ("failure", Some(4), 1)] {
+        let file = dir.path().join(format!("{name}.json"));
+        std::fs::write(&file, nine_tasks(fail, 20)).unwrap();
+        let output = server.cli(&["submit", file.to_str().unwrap(), "--wait", "--json"]);
+        assert_eq!(output.status.code(), Some(expected_exit), "{}", String::from_utf8_lossy(&output.stderr));
+        let remote: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let embedded = run_embedded(&file, dir.path());
+        assert_eq!(states(&remote), states(&embedded), "{name}: the server and `run` agree");
+        assert_eq!(remote["state"], embedded["state"]);
+        if fail.is_some() {
+            let by_id: BTreeMap<String, String> = states(&remote).into_iter().collect();
+            assert_eq!(by_id["4"], "failed");
+            assert_eq!(by_id["7"], "upstream_failed");
+            assert_eq!(by_id["9"], "upstream_failed");
+            assert_eq!(by_id["8"], "succeeded");
+        }
+    }
+    // Both workers took part: every succeeded task names its handler.
+    let jobs = server.cli_json(&["jobs", "--json"]);
+    let id = jobs[0]["id"].as_str().unwrap().to_string();
+    let job = server.cli_json(&["job", &id, "--json"]);
+    let handlers: std::collections::BTreeSet<&str> = job["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["handler"].as_str())
+        .filter(|h| !h.is_empty())
+        .collect();
+    assert!(!handlers.is_empty());
+}
+
+/// Exec log lines `JOB TASK ATTEMPT EVENT` of one job.
+fn exec_events(log: &std::path::Path, job: &str) -> Vec<(String, u32, String)> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            (parts.len() == 4 && parts[0] == job)
+                .then(|| (parts[1].to_string(), parts[2].parse().unwrap(), parts[3].to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_worker_s_attempts_run_again_on_the_other_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let log = dir.path().join("exec.log");
+    let mut victim = start_worker(&server, "victim", &["--max-execute", "4"], Some(&log));
+    server.wait_for_workers(1);
+    // Twelve independent tasks of 1.5 s: the victim takes four at once.
+    let tasks: Vec<String> =
+        (0..12).map(|i| format!(r#"{{"id":"t{i}","job_type":"noop","parameters":{{"sleep_ms":1500}}}}"#)).collect();
+    let file = dir.path().join("slow.json");
+    std::fs::write(&file, format!(r#"{{"name":"slow","tasks":[{}]}}"#, tasks.join(","))).unwrap();
+    let job_id = String::from_utf8(server.cli(&["submit", file.to_str().unwrap()]).stdout).unwrap().trim().to_string();
+    // Wait until the victim holds work, then kill it.
+    let held = wait_until(Duration::from_secs(20), || {
+        let starts = exec_events(&log, &job_id).iter().filter(|e| e.2 == "start").count();
+        (starts >= 4).then_some(starts)
+    });
+    assert!(held.is_some(), "the victim never started its tasks");
+    victim.kill();
+    let _survivor = start_worker(&server, "survivor", &["--max-execute", "4"], Some(&log));
+    let done = wait_until(Duration::from_secs(60), || {
+        let job = server.cli_json(&["job", &job_id, "--json"]);
+        matches!(job["state"].as_str(), Some("succeeded" | "failed")).then_some(job)
+    })
+    .expect("the job ends");
+    assert_eq!(done["state"], "succeeded");
+    let events = exec_events(&log, &job_id);
+    let lost: Vec<&serde_json::Value> =
+        done["tasks"].as_array().unwrap().iter().filter(|t| t["attempt"].as_u64() == Some(2)).collect();
+    assert!(!lost.is_empty(), "the attempts the victim held ran again as attempt 2");
+    for task in lost {
+        assert_eq!(task["lost"], 1, "{task}");
+    }
+    // No task succeeded twice.
+    let mut successes: BTreeMap<String, u32> = BTreeMap::new();
+    for (task, _, event) in &events {
+        if event == "succeeded" {
+            *successes.entry(task.clone()).or_default() += 1;
+        }
+    }
+    assert_eq!(successes.len(), 12);
+    assert!(successes.values().all(|&n| n == 1), "{successes:?}");
+}
