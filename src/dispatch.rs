@@ -34,6 +34,8 @@ pub struct Assignment {
     pub labels: BTreeMap<String, String>,
     pub priority: Priority,
     pub execution_timeout_seconds: Option<u64>,
+    /// When the completion that released this task reached the server.
+    pub released_at: Option<std::time::Instant>,
 }
 
 pub type Sink = UnboundedSender<WorkOrder>;

@@ -117,6 +117,8 @@ enum Command {
         attempt: u32,
         handler: HandlerId,
         outcome: Outcome,
+        /// When the report reached the server, to measure dispatch latency.
+        received: Option<std::time::Instant>,
         reply: Option<Reply<Result<(), Rejection>>>,
     },
     Cancel {
@@ -207,6 +209,10 @@ struct Core {
     /// Execution deadlines of held attempts: (deadline, task, attempt).
     deadlines: BTreeSet<(Timestamp, TaskRef, u32)>,
     events: broadcast::Sender<Event>,
+    /// While a completion is applied: when it reached the server.
+    releasing: Option<std::time::Instant>,
+    /// When the completion that made each queued task ready reached the server.
+    released_at: HashMap<TaskRef, std::time::Instant>,
 }
 
 impl Core {
@@ -226,6 +232,11 @@ impl Core {
     }
 
     fn after_release(&mut self, job: JobId, released: Released, now: Timestamp, step: &mut Step) {
+        if let Some(received) = self.releasing {
+            for &idx in &released.ready {
+                self.released_at.insert(TaskRef { job, idx: TaskIdx(idx) }, received);
+            }
+        }
         self.queue_ready(job, &released.ready, now);
         if released.job_done {
             self.finalize(job, now, step);
@@ -242,6 +253,7 @@ impl Core {
         tracing::info!(job.id = %job, job.state = %record.state, "job ended");
         self.jobs.remove(&job);
         self.dispatch.forget_job(job);
+        self.released_at.retain(|task, _| task.job != job);
         for waiter in self.waiters.remove(&job).unwrap_or_default() {
             step.reply(waiter, Some(record.clone()));
         }
@@ -258,15 +270,17 @@ impl Core {
             }
             Command::Started { task, attempt, handler, reply } => {
                 let result = match self.jobs.get_mut(&task.job) {
-                    Some(job) => follower::start(job, task.idx.0, attempt, handler, now, &mut step.batch),
+                    Some(job) => follower::start(job, task.idx.0, attempt, handler, now),
                     None => Err(Rejection::JobEnded { job: task.job }),
                 };
                 if let Some(reply) = reply {
                     step.reply(reply, result);
                 }
             }
-            Command::Complete { task, attempt, handler, outcome, reply } => {
+            Command::Complete { task, attempt, handler, outcome, received, reply } => {
+                self.releasing = received;
                 let result = self.complete(task, attempt, handler, outcome, now, step);
+                self.releasing = None;
                 if let Err(rejection) = &result {
                     tracing::warn!(job.id = %task.job, task.idx = task.idx.0, attempt, %handler, %rejection, "completion rejected");
                 }
@@ -309,7 +323,7 @@ impl Core {
             }
             Command::Progress { task, attempt, handler, progress } => {
                 let Some(job) = self.jobs.get_mut(&task.job) else { return };
-                if follower::start(job, task.idx.0, attempt, handler, now, &mut step.batch).is_ok() {
+                if follower::start(job, task.idx.0, attempt, handler, now).is_ok() {
                     let record = &mut job.tasks[task.idx.index()];
                     record.progress_percent = progress.percent;
                     record.stage = progress.stage;
@@ -448,6 +462,7 @@ impl Core {
                 let attempt = leader::assign(job, task.idx.0, handler, running, now, &mut step.batch);
                 let spec = &job.spec.tasks[task.idx.index()];
                 let assignment = Assignment {
+                    released_at: self.released_at.remove(&task),
                     task,
                     attempt,
                     job_name: job.record.name.clone(),
@@ -589,6 +604,8 @@ impl Engine {
             waiters: HashMap::new(),
             deadlines: BTreeSet::new(),
             events: events.clone(),
+            releasing: None,
+            released_at: HashMap::new(),
         };
         let mut step = Step::default();
         core.restore(loaded, clock.now(), &mut step);
@@ -736,7 +753,21 @@ impl EngineHandle {
         handler: HandlerId,
         outcome: Outcome,
     ) -> Result<Result<(), Rejection>, Error> {
-        self.call(|reply| Command::Complete { task, attempt, handler, outcome, reply: Some(reply) }).await
+        self.call(|reply| Command::Complete { task, attempt, handler, outcome, received: None, reply: Some(reply) })
+            .await
+    }
+
+    /// Reports an attempt's outcome without waiting for the step; a refusal
+    /// is logged. `received` is when the report reached the server.
+    pub async fn report(
+        &self,
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        outcome: Outcome,
+        received: std::time::Instant,
+    ) -> Result<(), Error> {
+        self.send(Command::Complete { task, attempt, handler, outcome, received: Some(received), reply: None }).await
     }
 
     pub async fn cancel(&self, job: JobId) -> Result<(), Error> {

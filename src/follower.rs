@@ -70,19 +70,15 @@ pub fn check_holder(job: &ActiveJob, idx: u32, attempt: u32, handler: HandlerId)
 }
 
 /// The attempt has begun executing (assigned -> running).
-pub fn start(
-    job: &mut ActiveJob,
-    idx: u32,
-    attempt: u32,
-    handler: HandlerId,
-    now: Timestamp,
-    batch: &mut Batch,
-) -> Result<(), Rejection> {
+///
+/// The start is kept in memory and written with the task's next change (its
+/// completion): recovery treats an assigned and a running attempt alike, so
+/// a start needs no write, and no flush, of its own.
+pub fn start(job: &mut ActiveJob, idx: u32, attempt: u32, handler: HandlerId, now: Timestamp) -> Result<(), Rejection> {
     check_holder(job, idx, attempt, handler)?;
     if job.tasks[idx as usize].state == TaskState::Assigned {
         job.set_state(idx, TaskState::Running, now);
         job.tasks[idx as usize].started_at = Some(now);
-        job.record_task(idx, batch);
     }
     Ok(())
 }

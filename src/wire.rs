@@ -166,21 +166,27 @@ pub fn split_host_port(address: &str) -> anyhow::Result<(String, u16)> {
 }
 
 async fn fetch_grpc_port(host: &str, port: u16) -> anyhow::Result<u16> {
+    let status = http_get_json(&format!("{host}:{port}"), PLUGIN_STATUS_PATH).await?;
+    let port = status.get("worker_grpc_port").and_then(Value::as_u64).unwrap_or(0);
+    u16::try_from(port).ok().filter(|p| *p > 0).ok_or_else(|| anyhow::anyhow!("no worker_grpc_port in the answer"))
+}
+
+/// A plain HTTP/1.1 GET of a JSON document from `host:port`, bounded in time and size.
+pub async fn http_get_json(address: &str, path: &str) -> anyhow::Result<Value> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let connect = tokio::net::TcpStream::connect((host, port));
+    let (host, port) = split_host_port(address)?;
+    let connect = tokio::net::TcpStream::connect((host.as_str(), port));
     let mut stream = tokio::time::timeout(Duration::from_secs(3), connect).await??;
-    let request = format!("GET {PLUGIN_STATUS_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(3), stream.take(64 * 1024).read_to_end(&mut response)).await??;
+    tokio::time::timeout(Duration::from_secs(3), stream.take(1024 * 1024).read_to_end(&mut response)).await??;
     let text = String::from_utf8_lossy(&response);
     let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| anyhow::anyhow!("malformed HTTP answer"))?;
     if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        anyhow::bail!("{PLUGIN_STATUS_PATH} answered {}", head.lines().next().unwrap_or(""));
+        anyhow::bail!("{path} answered {}", head.lines().next().unwrap_or(""));
     }
-    let status: Value = serde_json::from_str(body.trim())?;
-    let port = status.get("worker_grpc_port").and_then(Value::as_u64).unwrap_or(0);
-    u16::try_from(port).ok().filter(|p| *p > 0).ok_or_else(|| anyhow::anyhow!("no worker_grpc_port in the answer"))
+    Ok(serde_json::from_str(body.trim())?)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The command line: one module per command; `main.rs` only parses and calls `run`.
 
+mod bench;
 mod client;
 mod inspect;
 mod output;
@@ -55,6 +56,8 @@ pub enum Command {
     Workers(client::WorkersArgs),
     /// Show or change a job type's policy.
     Policy(client::PolicyArgs),
+    /// Run a job file on a fresh server and worker processes and measure it.
+    Bench(bench::BenchArgs),
     /// Execute tasks for an admin server over the worker stream.
     Worker(worker::WorkerArgs),
 }
@@ -86,6 +89,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Retry(args) => client::retry(args).await,
             Command::Workers(args) => client::workers(args).await,
             Command::Policy(args) => client::policy(args).await,
+            Command::Bench(args) => bench::run(args).await,
             Command::Worker(args) => worker::run(args).await,
         }
     });

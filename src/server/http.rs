@@ -50,6 +50,7 @@ pub fn router(shared: Arc<Shared>, api: Api) -> Router {
         .route("/api/jobs/{id}/cancel", post(cancel_job))
         .route("/api/jobs/{id}/retry", post(retry_job))
         .route("/api/workers", get(workers))
+        .route("/api/stats", get(stats))
         .route("/api/policies/{job_type}", get(get_policy).put(set_policy))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
@@ -97,6 +98,12 @@ async fn retry_job(State(s): State<AppState>, headers: HeaderMap, Path(id): Path
     authorized(&s, &headers)?;
     s.api.retry(&id).await?;
     Ok(Json(json!({ "job_id": id, "retried": true })).into_response())
+}
+
+async fn stats(State(s): State<AppState>, headers: HeaderMap) -> Reply {
+    authorized(&s, &headers)?;
+    let (count, p50, p99) = s.shared.stats.dispatch();
+    Ok(Json(json!({ "dispatch": { "count": count, "p50_us": p50, "p99_us": p99 } })).into_response())
 }
 
 async fn workers(State(s): State<AppState>, headers: HeaderMap) -> Reply {

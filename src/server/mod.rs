@@ -66,8 +66,35 @@ impl Default for ServerOptions {
     }
 }
 
+/// Measurements the server keeps about itself.
+pub struct Stats {
+    /// From a completion reaching the server to the execute request of a task it released leaving.
+    dispatch_us: std::sync::Mutex<hdrhistogram::Histogram<u64>>,
+}
+
+impl Default for Stats {
+    fn default() -> Stats {
+        let histogram = hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
+        Stats { dispatch_us: std::sync::Mutex::new(histogram) }
+    }
+}
+
+impl Stats {
+    pub fn record_dispatch(&self, latency: Duration) {
+        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).clamp(1, 60_000_000);
+        let _ = self.dispatch_us.lock().expect("stats lock").record(micros);
+    }
+
+    /// (count, p50, p99) of dispatch latency in microseconds.
+    pub fn dispatch(&self) -> (u64, u64, u64) {
+        let h = self.dispatch_us.lock().expect("stats lock");
+        (h.len(), h.value_at_quantile(0.5), h.value_at_quantile(0.99))
+    }
+}
+
 /// What every part of the server shares.
 pub struct Shared {
+    pub stats: Stats,
     pub engine: EngineHandle,
     pub registry: Registry,
     pub policies: policies::Policies,
@@ -99,6 +126,7 @@ pub async fn run(
     let grpc_addr: SocketAddr = grpc.local_addr()?;
     let http_addr: SocketAddr = http.local_addr()?;
     let shared = Arc::new(Shared {
+        stats: Stats::default(),
         engine: engine.clone(),
         registry: Registry::default(),
         policies,

@@ -128,6 +128,7 @@ impl PluginControlService for WorkerStreamService {
             hello,
             outbound,
             pending_schema: HashMap::new(),
+            reported_slots: None,
         };
         tokio::spawn(session.run(inbound));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
@@ -142,6 +143,8 @@ struct Session {
     outbound: Outbound,
     /// Schema requests in flight: request id -> job type.
     pending_schema: HashMap<String, String>,
+    /// The slot total the worker last reported.
+    reported_slots: Option<u32>,
 }
 
 impl Session {
@@ -259,7 +262,12 @@ impl Session {
             WorkOrder::Execute(assignment) => {
                 let request = self.execute_request(&assignment);
                 let request_id = request.request_id.clone();
-                self.send(message(request_id, admin_to_worker_message::Body::ExecuteJobRequest(request))).await
+                let sent =
+                    self.send(message(request_id, admin_to_worker_message::Body::ExecuteJobRequest(request))).await;
+                if let Some(released_at) = assignment.released_at {
+                    self.shared.stats.record_dispatch(released_at.elapsed());
+                }
+                sent
             }
             WorkOrder::Cancel { task, attempt } => {
                 let cancel = CancelRequest {
@@ -329,8 +337,10 @@ impl Session {
         match message.body {
             Some(Body::Heartbeat(heartbeat)) => {
                 self.shared.registry.heartbeat(self.handler, &heartbeat, self.shared.clock.now());
-                if heartbeat.execution_slots_total > 0 {
-                    let _ = engine.handler_slots(self.handler, heartbeat.execution_slots_total as u32).await;
+                let total = u32::try_from(heartbeat.execution_slots_total).unwrap_or(0);
+                if total > 0 && self.reported_slots != Some(total) {
+                    self.reported_slots = Some(total);
+                    let _ = engine.handler_slots(self.handler, total).await;
                 }
             }
             Some(Body::JobProgressUpdate(update)) => {
@@ -384,6 +394,7 @@ impl Session {
     }
 
     async fn completed(&self, completed: JobCompleted) {
+        let received = std::time::Instant::now();
         let engine = &self.shared.engine;
         let Some((task, attempt)) = wire::parse_attempt_id(&completed.job_id) else {
             tracing::warn!(handler = %self.handler, job_id = completed.job_id, "completion for an unknown job id: ignored");
@@ -423,12 +434,10 @@ impl Session {
             };
             Outcome::Failed { error, output }
         };
-        match engine.complete(task, attempt, self.handler, outcome).await {
-            Ok(Ok(())) => {}
-            Ok(Err(rejection)) => {
-                tracing::warn!(handler = %self.handler, job_id = completed.job_id, %rejection, "completion refused")
-            }
-            Err(e) => tracing::debug!(error = %e, "engine stopped before a completion"),
+        // The engine logs a refusal; the worker expects no answer, so the
+        // stream goes on with the next message while the step is written.
+        if let Err(e) = engine.report(task, attempt, self.handler, outcome, received).await {
+            tracing::debug!(error = %e, "engine stopped before a completion");
         }
     }
 }
