@@ -63,6 +63,8 @@ pub struct TypeLimits {
     pub global: u32,
     /// Attempts of this type one handler runs at once.
     pub per_worker: u32,
+    /// How long an attempt of this type may run when its task sets no limit.
+    pub execution_timeout_seconds: Option<u64>,
 }
 
 struct Slot {
@@ -360,7 +362,7 @@ mod tests {
                 sink: sink.clone(),
             });
         }
-        d.set_limits(vacuum.clone(), TypeLimits { global: 3, per_worker: 5 });
+        d.set_limits(vacuum.clone(), TypeLimits { global: 3, per_worker: 5, execution_timeout_seconds: None });
         let mut taken = Vec::new();
         while let Some(h) = d.pick_handler("vacuum") {
             d.take_slot(h, &vacuum);
@@ -368,7 +370,7 @@ mod tests {
         }
         assert_eq!(taken.len(), 3, "the global limit");
         assert_eq!(d.running("vacuum"), 3);
-        d.set_limits(vacuum.clone(), TypeLimits { global: 10, per_worker: 5 });
+        d.set_limits(vacuum.clone(), TypeLimits { global: 10, per_worker: 5, execution_timeout_seconds: None });
         while let Some(h) = d.pick_handler("vacuum") {
             d.take_slot(h, &vacuum);
         }

@@ -474,7 +474,8 @@ impl Core {
                     execution_timeout_seconds: spec.execution_timeout_seconds,
                 };
                 self.dispatch.take_slot(handler, &spec.job_type);
-                if let Some(seconds) = spec.execution_timeout_seconds {
+                let type_timeout = self.dispatch.limits(&spec.job_type).and_then(|l| l.execution_timeout_seconds);
+                if let Some(seconds) = spec.execution_timeout_seconds.or(type_timeout) {
                     self.deadlines.insert((now.plus_seconds(seconds), task, attempt));
                 }
                 if let Some(sink) = self.dispatch.sink(handler) {
@@ -506,7 +507,7 @@ impl Core {
             let Some(handler) = record.handler.filter(|_| record.state.is_held() && record.attempt == attempt) else {
                 continue;
             };
-            let seconds = job.spec.tasks[task.idx.index()].execution_timeout_seconds.unwrap_or(0);
+            let seconds = at.millis_since(record.assigned_at.unwrap_or(at)) / 1000;
             if let Some(sink) = self.dispatch.sink(handler) {
                 step.actions.push(Action::Send { sink: sink.clone(), order: WorkOrder::Cancel { task, attempt } });
             }

@@ -132,6 +132,8 @@ impl Policy {
         TypeLimits {
             global: self.global_execution_concurrency.max(1),
             per_worker: self.per_worker_execution_concurrency.max(1),
+            execution_timeout_seconds: (self.execution_timeout_seconds > 0)
+                .then_some(u64::from(self.execution_timeout_seconds)),
         }
     }
 

@@ -167,7 +167,7 @@ impl System {
             Op::Start(k) => {
                 if let Some(t) = self.nth(k, |s| s == TaskState::Assigned) {
                     let attempt = self.job.tasks[t as usize].attempt;
-                    follower::start(&mut self.job, t, attempt, self.handler, self.now, &mut batch).unwrap();
+                    follower::start(&mut self.job, t, attempt, self.handler, self.now).unwrap();
                     assert_eq!(self.job.tasks[t as usize].state, TaskState::Running);
                 }
             }

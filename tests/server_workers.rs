@@ -112,3 +112,59 @@ fn a_killed_worker_s_attempts_run_again_on_the_other_worker() {
     assert_eq!(successes.len(), 12);
     assert!(successes.values().all(|&n| n == 1), "{successes:?}");
 }
+
+#[test]
+fn timeouts_cancel_and_retry_through_remote_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let _worker = start_worker(&server, "worker", &["--max-execute", "8"], None);
+    server.wait_for_workers(1);
+
+    // An attempt that outlives its execution timeout is stopped and fails.
+    let file = dir.path().join("slow.json");
+    std::fs::write(
+        &file,
+        r#"{"name":"slow","tasks":[{"id":"sleepy","job_type":"noop","parameters":{"sleep_ms":30000},"execution_timeout_seconds":1},
+           {"id":"after","job_type":"noop","depends_on":["sleepy"]}]}"#,
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let output = server.cli(&["submit", file.to_str().unwrap(), "--wait", "--json"]);
+    assert!(started.elapsed() < Duration::from_secs(20), "the timeout ended the attempt");
+    assert_eq!(output.status.code(), Some(1));
+    let job: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(job["tasks"][0]["state"], "failed");
+    assert_eq!(job["tasks"][0]["error"], "execution timed out after 1 s");
+    assert_eq!(job["tasks"][1]["state"], "upstream_failed");
+
+    // Cancel while a task runs on the worker: the job ends canceled.
+    let file = dir.path().join("long.json");
+    std::fs::write(
+        &file,
+        r#"{"name":"long","tasks":[{"id":"long","job_type":"noop","parameters":{"sleep_ms":30000}},
+           {"id":"next","job_type":"noop","depends_on":["long"]}]}"#,
+    )
+    .unwrap();
+    let id = String::from_utf8(server.cli(&["submit", file.to_str().unwrap()]).stdout).unwrap().trim().to_string();
+    wait_until(Duration::from_secs(20), || {
+        let job = server.cli_json(&["job", &id, "--json"]);
+        (job["tasks"][0]["state"] == "running").then_some(())
+    })
+    .expect("the task runs");
+    assert!(server.cli(&["cancel", &id]).status.success());
+    let canceled = wait_until(Duration::from_secs(20), || {
+        let job = server.cli_json(&["job", &id, "--json"]);
+        (job["state"] == "canceled").then_some(job)
+    })
+    .expect("the job ends canceled");
+    assert_eq!(canceled["tasks"][0]["state"], "canceled");
+    assert_eq!(canceled["tasks"][1]["state"], "canceled");
+    assert!(!server.cli(&["cancel", &id]).status.success(), "an ended job cannot be canceled again");
+
+    // Retry runs the canceled part again.
+    let retried = server.cli(&["retry", &id]);
+    assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
+    let job = server.cli_json(&["job", &id, "--json"]);
+    assert_eq!(job["state"], "running");
+    assert!(matches!(job["tasks"][0]["state"].as_str(), Some("ready" | "assigned" | "running")), "{job}");
+}

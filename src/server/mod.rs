@@ -47,6 +47,8 @@ pub struct ServerOptions {
     /// The largest message a worker may send on its stream.
     pub max_worker_message_bytes: usize,
     pub lost_attempt_limit: u32,
+    /// Workers connected at once; more are refused until one leaves.
+    pub max_workers: usize,
 }
 
 impl Default for ServerOptions {
@@ -62,6 +64,7 @@ impl Default for ServerOptions {
             max_request_bytes: 64 * 1024 * 1024,
             max_worker_message_bytes: 16 * 1024 * 1024,
             lost_attempt_limit: 3,
+            max_workers: 4096,
         }
     }
 }
@@ -161,6 +164,7 @@ pub async fn run(
 
     let grpc_server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .max_concurrent_streams(Some(u32::try_from(options.max_workers).unwrap_or(u32::MAX).saturating_add(256)))
         .add_service(worker_service)
         .add_service(job_service)
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc), stopped(stop_rx.clone()));

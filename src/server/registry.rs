@@ -132,6 +132,14 @@ impl Registry {
         self.inner.lock().expect("registry lock").1.values().cloned().collect()
     }
 
+    pub fn len(&self) -> usize {
+        self.inner.lock().expect("registry lock").1.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn handlers(&self) -> Vec<HandlerId> {
         self.inner.lock().expect("registry lock").1.keys().copied().collect()
     }

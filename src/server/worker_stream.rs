@@ -120,6 +120,12 @@ impl PluginControlService for WorkerStreamService {
                 )));
             }
         }
+        if self.shared.registry.len() >= self.shared.options.max_workers {
+            return Err(Status::resource_exhausted(format!(
+                "{} workers are connected, the most this admin takes; try again later",
+                self.shared.options.max_workers
+            )));
+        }
         let (outbound, receiver) = mpsc::channel(OUTBOUND_QUEUE);
         let session = Session {
             shared: self.shared.clone(),
