@@ -14,5 +14,6 @@ pub mod policy;
 pub mod proto;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod wire;
 pub mod worker;

@@ -24,6 +24,8 @@ pub struct Connection {
     /// A file holding the shared token (the token may also come from JOBCENTER_TOKEN).
     #[arg(long, global = true)]
     pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: crate::tls::ClientTls,
 }
 
 type Client = JobServiceClient<InterceptedService<Channel, Bearer>>;
@@ -52,7 +54,9 @@ pub fn token(token_file: &Option<PathBuf>) -> anyhow::Result<Option<String>> {
 impl Connection {
     pub async fn connect(&self) -> anyhow::Result<Client> {
         let address = wire::resolve_grpc_address(&self.admin).await?;
-        let channel = Channel::from_shared(format!("http://{address}"))?
+        let channel = self
+            .tls
+            .endpoint(&address)?
             .connect()
             .await
             .with_context(|| format!("cannot reach the admin at {} (gRPC {address})", self.admin))?;

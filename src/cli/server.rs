@@ -48,6 +48,8 @@ pub struct ServerArgs {
     /// Bind a non-loopback address without a token.
     #[arg(long)]
     pub allow_insecure_bind: bool,
+    #[command(flatten)]
+    pub tls: crate::tls::ServerTls,
 }
 
 /// `15s`, `500ms`, `2m`, `1h`, or plain seconds.
@@ -98,6 +100,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         local_worker_slots: args.local_worker_slots,
         token,
         lost_attempt_limit: args.lost_attempt_limit,
+        tls: args.tls.config()?,
         ..ServerOptions::default()
     };
     server::run(store, options, http, grpc, shutdown_signal()).await?;

@@ -41,6 +41,8 @@ pub struct WorkerArgs {
     /// A file holding the bearer token for the admin (else $JOBCENTER_TOKEN).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: crate::tls::ClientTls,
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
@@ -72,6 +74,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         heartbeat: args.heartbeat,
         token,
         exec_log,
+        tls: args.tls.clone(),
     };
     let shutdown = shutdown_signal()?;
     remote::run(options, registry, shutdown).await?;

@@ -49,6 +49,8 @@ pub struct ServerOptions {
     pub lost_attempt_limit: u32,
     /// Workers connected at once; more are refused until one leaves.
     pub max_workers: usize,
+    /// TLS (and mutual TLS) on the gRPC port.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 impl Default for ServerOptions {
@@ -65,6 +67,7 @@ impl Default for ServerOptions {
             max_worker_message_bytes: 16 * 1024 * 1024,
             lost_attempt_limit: 3,
             max_workers: 4096,
+            tls: None,
         }
     }
 }
@@ -162,7 +165,11 @@ pub async fn run(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
-    let grpc_server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = options.tls.clone() {
+        builder = builder.tls_config(tls)?;
+    }
+    let grpc_server = builder
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .max_concurrent_streams(Some(u32::try_from(options.max_workers).unwrap_or(u32::MAX).saturating_add(256)))
         .add_service(worker_service)

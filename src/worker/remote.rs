@@ -27,7 +27,6 @@ use tokio::task::{AbortHandle, JoinError, JoinSet};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::metadata::{Ascii, MetadataValue};
-use tonic::transport::Endpoint;
 use tonic::Streaming;
 
 use super::{ExecLog, Handler, Registry, TaskContext};
@@ -89,6 +88,8 @@ pub struct RemoteWorkerOptions {
     pub token: Option<String>,
     /// Records the start and end of every execution.
     pub exec_log: Option<ExecLog>,
+    /// TLS towards the admin's gRPC port.
+    pub tls: crate::tls::ClientTls,
 }
 
 /// `jobcenter-worker-HOSTNAME`, or a random short id when the host has no usable name.
@@ -251,8 +252,10 @@ impl Worker {
     ) -> anyhow::Result<Streaming<AdminToWorkerMessage>> {
         let address = wire::resolve_grpc_address(&self.options.admin).await?;
         let uri = grpc_uri(&address)?;
-        let channel = Endpoint::from_shared(uri.clone())
-            .with_context(|| format!("invalid stream address {uri}"))?
+        let channel = self
+            .options
+            .tls
+            .endpoint(&address)?
             .connect_timeout(CONNECT_TIMEOUT)
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
@@ -1267,6 +1270,7 @@ mod tests {
             heartbeat: Duration::from_secs(3600),
             token: Some("s3cret".into()),
             exec_log: Some(ExecLog::open(&log_path).unwrap()),
+            tls: Default::default(),
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let worker = tokio::spawn(run(options, Registry::new(builtin_handlers()), async move {

@@ -1,0 +1,80 @@
+//! TLS for the gRPC port: a server certificate, and optionally a client CA
+//! that makes it mutual; clients trust a CA and may present their own
+//! certificate. Built on tonic's rustls.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+
+use crate::wire;
+
+fn read(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("reading the {what} {}", path.display()))
+}
+
+/// The server side: its certificate and key, and the CA its clients' certificates must chain to.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ServerTls {
+    /// PEM certificate of the gRPC port; with --tls-key it serves TLS.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA: every client (worker or CLI) must present a certificate it signed (mutual TLS).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+}
+
+impl ServerTls {
+    pub fn config(&self) -> anyhow::Result<Option<ServerTlsConfig>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else { return Ok(None) };
+        let identity = Identity::from_pem(read(cert, "certificate")?, read(key, "key")?);
+        let mut config = ServerTlsConfig::new().identity(identity);
+        if let Some(ca) = &self.tls_client_ca {
+            config = config.client_ca_root(Certificate::from_pem(read(ca, "client CA")?));
+        }
+        Ok(Some(config))
+    }
+}
+
+/// The client side: the CA to trust and, for mutual TLS, our own certificate.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ClientTls {
+    /// PEM CA that signed the admin's certificate; connects with TLS.
+    #[arg(long, global = true)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM certificate to present to the admin (mutual TLS).
+    #[arg(long, global = true, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, global = true, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl ClientTls {
+    pub fn enabled(&self) -> bool {
+        self.tls_ca.is_some() || self.tls_cert.is_some()
+    }
+
+    /// An endpoint for a gRPC `host:port`, with TLS when configured.
+    pub fn endpoint(&self, address: &str) -> anyhow::Result<Endpoint> {
+        let (host, port) = wire::split_host_port(address)?;
+        let authority = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+        let scheme = if self.enabled() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{authority}"))
+            .with_context(|| format!("invalid address {address}"))?;
+        if self.enabled() {
+            let mut config = ClientTlsConfig::new().domain_name(host);
+            if let Some(ca) = &self.tls_ca {
+                config = config.ca_certificate(Certificate::from_pem(read(ca, "CA")?));
+            }
+            if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+                config = config.identity(Identity::from_pem(read(cert, "certificate")?, read(key, "key")?));
+            }
+            endpoint = endpoint.tls_config(config).context("TLS settings")?;
+        }
+        Ok(endpoint)
+    }
+}
