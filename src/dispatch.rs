@@ -121,6 +121,8 @@ pub struct Dispatch {
     next_seq: u64,
     limits: BTreeMap<Arc<str>, TypeLimits>,
     running: BTreeMap<Arc<str>, u32>,
+    /// Every task in a queue or waiting there for its backoff.
+    queued: std::collections::HashSet<TaskRef>,
 }
 
 impl Dispatch {
@@ -161,6 +163,10 @@ impl Dispatch {
         true
     }
 
+    pub fn handler_ids(&self) -> Vec<HandlerId> {
+        self.handlers.keys().copied().collect()
+    }
+
     pub fn has_handler(&self, handler: HandlerId) -> bool {
         self.handlers.contains_key(&handler)
     }
@@ -184,6 +190,7 @@ impl Dispatch {
     ) {
         self.next_seq += 1;
         let seq = self.next_seq;
+        self.queued.insert(task);
         match not_before {
             Some(at) if at > now => {
                 self.delayed.insert((at, seq, task));
@@ -238,7 +245,14 @@ impl Dispatch {
     }
 
     pub fn pop(&mut self, job_type: &str) -> Option<TaskRef> {
-        self.queues.get_mut(job_type)?.pop().map(|e| e.task)
+        let task = self.queues.get_mut(job_type)?.pop()?.task;
+        self.queued.remove(&task);
+        Some(task)
+    }
+
+    /// Whether the task waits in a queue.
+    pub fn is_queued(&self, task: TaskRef) -> bool {
+        self.queued.contains(&task)
     }
 
     pub fn take_slot(&mut self, handler: HandlerId, job_type: &Arc<str>) {
@@ -263,6 +277,7 @@ impl Dispatch {
 
     /// Forgets every queued entry of a job (it was canceled or ended).
     pub fn forget_job(&mut self, job: JobId) {
+        self.queued.retain(|t| t.job != job);
         for queue in self.queues.values_mut() {
             queue.retain(|e| e.task.job != job);
         }

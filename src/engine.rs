@@ -9,6 +9,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
+use jobcenter_recovery as recovery;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::active::ActiveJob;
@@ -20,6 +21,7 @@ use crate::model::{
     HandlerId, JobId, JobOrigin, JobRecord, JobSpec, JobState, StateCounts, TaskIdx, TaskRef, TaskState,
 };
 use crate::store::{self, Batch, JobFilter, Store, StoredJob};
+use crate::wire;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -156,6 +158,18 @@ enum Command {
     SetLimits {
         job_type: Arc<str>,
         limits: TypeLimits,
+    },
+    RecoverySnapshot {
+        reply: Reply<(Vec<recovery::JobSnapshot>, Vec<HandlerId>)>,
+    },
+    ApplyRecovery {
+        actions: Vec<(recovery::Rule, recovery::Action)>,
+        reply: Reply<Vec<bool>>,
+    },
+    Reconcile {
+        handler: HandlerId,
+        running: HashSet<String>,
+        before: Timestamp,
     },
     HandlerGone {
         handler: HandlerId,
@@ -343,6 +357,15 @@ impl Core {
             }
             Command::HandlerSlots { handler, total } => self.dispatch.report_slots(handler, total),
             Command::SetLimits { job_type, limits } => self.dispatch.set_limits(job_type, limits),
+            Command::RecoverySnapshot { reply } => {
+                let _ = reply.send(self.recovery_snapshot());
+            }
+            Command::ApplyRecovery { actions, reply } => {
+                let applied =
+                    actions.iter().map(|(rule, action)| self.apply_recovery(*rule, action, now, step)).collect();
+                step.reply(reply, applied);
+            }
+            Command::Reconcile { handler, running, before } => self.reconcile(handler, &running, before, now, step),
             Command::LoseAllBut { live, reason, reply } => {
                 let mut orphans = Vec::new();
                 for (id, job) in &self.jobs {
@@ -355,7 +378,7 @@ impl Core {
                 }
                 let n_orphans = orphans.len();
                 for task in orphans {
-                    self.lose(task, &reason, false, now, step);
+                    self.lose_attempt(task, &reason, false, now, step);
                 }
                 step.reply(reply, n_orphans);
             }
@@ -425,7 +448,185 @@ impl Core {
             }
         }
         for task in held {
+            self.lose_attempt(task, reason, count_lost, now, step);
+        }
+    }
+
+    /// The held attempt is gone with its handler. A scheduler job is not
+    /// resubmitted: it fails whole, and the next detection proposes the work again.
+    fn lose_attempt(&mut self, task: TaskRef, reason: &str, count_lost: bool, now: Timestamp, step: &mut Step) {
+        let from_scheduler =
+            self.jobs.get(&task.job).is_some_and(|job| matches!(job.record.origin, JobOrigin::Scheduler { .. }));
+        if from_scheduler {
+            let reason = format!("the scheduler job was failed, not resubmitted: {reason}");
+            self.fail_job(task.job, &reason, now, step);
+        } else {
             self.lose(task, reason, count_lost, now, step);
+        }
+    }
+
+    /// Fails a whole job: unfinished tasks fail, running ones are told to stop.
+    fn fail_job(&mut self, job_id: JobId, reason: &str, now: Timestamp, step: &mut Step) {
+        let Some(job) = self.jobs.get_mut(&job_id) else { return };
+        let running = leader::fail_job(job, reason, now, &mut step.batch);
+        for (idx, attempt, handler) in running.running {
+            self.dispatch.release_slot(handler, &job.spec.tasks[idx as usize].job_type);
+            if let Some(sink) = self.dispatch.sink(handler) {
+                let order = WorkOrder::Cancel { task: TaskRef { job: job_id, idx: TaskIdx(idx) }, attempt };
+                step.actions.push(Action::Send { sink: sink.clone(), order });
+            }
+        }
+        self.dispatch.forget_job(job_id);
+        self.finalize(job_id, now, step);
+    }
+
+    /// A plain snapshot of the active jobs for the recovery rules: each job
+    /// with its held and ready tasks, and the handlers that are connected.
+    fn recovery_snapshot(&self) -> (Vec<recovery::JobSnapshot>, Vec<HandlerId>) {
+        let jobs = self
+            .jobs
+            .values()
+            .map(|job| {
+                let tasks = job
+                    .tasks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| t.state.is_held() || t.state == TaskState::Ready)
+                    .map(|(idx, t)| {
+                        let spec = &job.spec.tasks[idx];
+                        recovery::TaskSnapshot {
+                            idx: idx as u32,
+                            id: spec.id.to_string(),
+                            state: recovery_state(t.state),
+                            attempt: t.attempt,
+                            handler: t.handler.map(|h| h.to_string()),
+                            assigned_at: t.assigned_at.map(Timestamp::as_millis),
+                            started_at: t.started_at.map(Timestamp::as_millis),
+                            updated_at: t.updated_at.as_millis(),
+                            finished_at: t.finished_at.map(Timestamp::as_millis),
+                            pinned_node: spec.labels.get("node").cloned(),
+                            queued: self.dispatch.is_queued(TaskRef { job: job.id(), idx: TaskIdx(idx as u32) }),
+                        }
+                    })
+                    .collect();
+                recovery::JobSnapshot {
+                    id: job.id().to_string(),
+                    active: !job.record.state.is_terminal(),
+                    from_scheduler: matches!(job.record.origin, JobOrigin::Scheduler { .. }),
+                    updated_at: job.record.updated_at.as_millis(),
+                    unfinished: job.len() - job.counts.terminal() as usize,
+                    tasks,
+                }
+            })
+            .collect();
+        (jobs, self.dispatch.handler_ids())
+    }
+
+    /// Applies one recovery action; false when its task has moved on (or the
+    /// job has ended), so that a stale or repeated finding changes nothing.
+    fn apply_recovery(
+        &mut self,
+        rule: recovery::Rule,
+        action: &recovery::Action,
+        now: Timestamp,
+        step: &mut Step,
+    ) -> bool {
+        use recovery::Action as A;
+        let job_of = |id: &str| id.parse::<JobId>().ok();
+        let reason = format!("recovery {}", rule);
+        match action {
+            A::Resubmit { job, task, attempt } | A::FailTask { job, task, attempt } => {
+                let Some(job_id) = job_of(job) else { return false };
+                let task_ref = TaskRef { job: job_id, idx: TaskIdx(*task) };
+                let Some(active) = self.jobs.get(&job_id) else { return false };
+                let Some(record) = active.tasks.get(*task as usize) else { return false };
+                if !record.state.is_held() || record.attempt != *attempt {
+                    return false;
+                }
+                let holder = record.handler;
+                if let Some(sink) = holder.and_then(|h| self.dispatch.sink(h)) {
+                    let order = WorkOrder::Cancel { task: task_ref, attempt: *attempt };
+                    step.actions.push(Action::Send { sink: sink.clone(), order });
+                }
+                if rule == recovery::Rule::HandlerSilent {
+                    // A silent handler gets no more work, this task included.
+                    if let Some(handler) = holder {
+                        self.dispatch.remove_handler(handler);
+                    }
+                }
+                if matches!(action, A::FailTask { .. }) {
+                    let limit_reason = format!("{reason}: its node is unresponsive");
+                    let Some(job) = self.jobs.get_mut(&job_id) else { return false };
+                    if let Some(handler) = job.tasks[*task as usize].handler {
+                        self.dispatch.release_slot(handler, &job.spec.tasks[*task as usize].job_type);
+                    }
+                    let released = follower::abandon(job, *task, &limit_reason, now, &mut step.batch);
+                    self.after_release(job_id, released, now, step);
+                } else {
+                    let count = rule == recovery::Rule::HandlerSilent;
+                    self.lose_attempt(task_ref, &reason, count, now, step);
+                }
+                true
+            }
+            A::Dispatch { job, task } => {
+                let Some(job_id) = job_of(job) else { return false };
+                let task_ref = TaskRef { job: job_id, idx: TaskIdx(*task) };
+                let ready = self
+                    .jobs
+                    .get(&job_id)
+                    .and_then(|j| j.tasks.get(*task as usize))
+                    .is_some_and(|t| t.state == TaskState::Ready);
+                if !ready || self.dispatch.is_queued(task_ref) {
+                    return false;
+                }
+                self.queue_ready(job_id, &[*task], now);
+                true
+            }
+            A::Finalize { job } => {
+                let Some(job_id) = job_of(job) else { return false };
+                if !self.jobs.get(&job_id).is_some_and(ActiveJob::all_ended) {
+                    return false;
+                }
+                self.finalize(job_id, now, step);
+                true
+            }
+            A::FailJob { job } => {
+                let Some(job_id) = job_of(job) else { return false };
+                if !self.jobs.contains_key(&job_id) {
+                    return false;
+                }
+                let reason = format!("{reason}: the scheduler job was failed, not resubmitted");
+                self.fail_job(job_id, &reason, now, step);
+                true
+            }
+        }
+    }
+
+    /// Attempts a handler was given before `before` and no longer runs (it
+    /// reconnected without them: a worker drops its work with its stream).
+    fn reconcile(
+        &mut self,
+        handler: HandlerId,
+        running: &HashSet<String>,
+        before: Timestamp,
+        now: Timestamp,
+        step: &mut Step,
+    ) {
+        let mut dropped = Vec::new();
+        for (id, job) in &self.jobs {
+            for (idx, task) in job.tasks.iter().enumerate() {
+                let task_ref = TaskRef { job: *id, idx: TaskIdx(idx as u32) };
+                if task.state.is_held()
+                    && task.handler == Some(handler)
+                    && task.assigned_at.is_some_and(|at| at < before)
+                    && !running.contains(&wire::attempt_id(task_ref, task.attempt))
+                {
+                    dropped.push(task_ref);
+                }
+            }
+        }
+        for task in dropped {
+            self.lose_attempt(task, "its worker no longer runs it", false, now, step);
         }
     }
 
@@ -550,6 +751,19 @@ impl Core {
                 self.finalize(id, now, step);
             }
         }
+    }
+}
+
+fn recovery_state(state: TaskState) -> recovery::TaskState {
+    match state {
+        TaskState::Pending => recovery::TaskState::Pending,
+        TaskState::Ready => recovery::TaskState::Ready,
+        TaskState::Assigned => recovery::TaskState::Assigned,
+        TaskState::Running => recovery::TaskState::Running,
+        TaskState::Succeeded => recovery::TaskState::Succeeded,
+        TaskState::Failed => recovery::TaskState::Failed,
+        TaskState::UpstreamFailed => recovery::TaskState::UpstreamFailed,
+        TaskState::Canceled => recovery::TaskState::Canceled,
     }
 }
 
@@ -681,6 +895,7 @@ async fn run_loop(
 /// Writes every step it has as one batch, flushes once, then performs their actions.
 fn run_committer(store: Arc<dyn Store>, mut steps: mpsc::Receiver<Step>, events: broadcast::Sender<Event>) {
     let mut pending: Vec<Step> = Vec::new();
+    let mut crash = CrashPoint::from_env();
     while let Some(step) = steps.blocking_recv() {
         pending.push(step);
         while let Ok(step) = steps.try_recv() {
@@ -692,7 +907,9 @@ fn run_committer(store: Arc<dyn Store>, mut steps: mpsc::Receiver<Step>, events:
         }
         if !batch.is_empty() {
             fail_stop(store.write(&batch));
+            crash.reached("before-flush");
             fail_stop(store.flush());
+            crash.reached("after-flush");
         }
         for step in pending.drain(..) {
             for action in step.actions {
@@ -705,6 +922,36 @@ fn run_committer(store: Arc<dyn Store>, mut steps: mpsc::Receiver<Step>, events:
                         let _ = events.send(event);
                     }
                 }
+            }
+        }
+    }
+}
+
+/// A named moment at which the process dies on purpose, for crash tests:
+/// `JOBCENTER_CRASH_AT=POINT:N` aborts the N-th time the committer reaches
+/// `POINT` (`before-flush`: written, not flushed; `after-flush`: flushed,
+/// nothing acknowledged or dispatched yet).
+struct CrashPoint {
+    point: Option<(String, u64)>,
+    seen: u64,
+}
+
+impl CrashPoint {
+    fn from_env() -> CrashPoint {
+        let point = std::env::var("JOBCENTER_CRASH_AT").ok().and_then(|spec| {
+            let (name, count) = spec.split_once(':')?;
+            Some((name.to_string(), count.parse().ok()?))
+        });
+        CrashPoint { point, seen: 0 }
+    }
+
+    fn reached(&mut self, name: &str) {
+        let Some((point, count)) = &self.point else { return };
+        if point == name {
+            self.seen += 1;
+            if self.seen >= *count {
+                eprintln!("jobcenter: crashing on purpose at {name} ({count})");
+                std::process::abort();
             }
         }
     }
@@ -820,6 +1067,27 @@ impl EngineHandle {
     pub async fn lose_all_but(&self, live: HashSet<HandlerId>, reason: &str) -> Result<usize, Error> {
         let reason = reason.to_string();
         self.call(|reply| Command::LoseAllBut { live, reason, reply }).await
+    }
+
+    /// The active jobs and connected handlers, for the recovery rules.
+    pub async fn recovery_snapshot(&self) -> Result<(Vec<recovery::JobSnapshot>, Vec<HandlerId>), Error> {
+        self.call(|reply| Command::RecoverySnapshot { reply }).await
+    }
+
+    /// Applies recovery actions; for each, whether it changed anything. Answers once the changes are durable.
+    pub async fn apply_recovery(&self, actions: Vec<(recovery::Rule, recovery::Action)>) -> Result<Vec<bool>, Error> {
+        self.call(|reply| Command::ApplyRecovery { actions, reply }).await
+    }
+
+    /// The attempts a (re)connected handler runs now: those it was given
+    /// before `before` and does not run are lost, uncounted.
+    pub async fn reconcile(
+        &self,
+        handler: HandlerId,
+        running: HashSet<String>,
+        before: Timestamp,
+    ) -> Result<(), Error> {
+        self.send(Command::Reconcile { handler, running, before }).await
     }
 
     async fn send(&self, command: Command) -> Result<(), Error> {

@@ -168,6 +168,19 @@ pub fn lose(
     released
 }
 
+/// Ends a held attempt failed, with no retry (its node is gone for good),
+/// marking every descendant `upstream_failed`.
+pub fn abandon(job: &mut ActiveJob, idx: u32, reason: &str, now: Timestamp, batch: &mut Batch) -> Released {
+    let mut released = Released::default();
+    if !job.tasks[idx as usize].state.is_held() {
+        return released;
+    }
+    job.tasks[idx as usize].error = Some(reason.to_string());
+    fail(job, idx, TaskState::Failed, now, batch);
+    released.job_done = job.all_ended();
+    released
+}
+
 fn succeed(job: &mut ActiveJob, idx: u32, now: Timestamp, batch: &mut Batch, released: &mut Released) {
     job.set_state(idx, TaskState::Succeeded, now);
     job.record_task(idx, batch);

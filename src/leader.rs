@@ -159,3 +159,23 @@ pub fn retry(job: &mut ActiveJob, now: Timestamp, batch: &mut Batch) -> Vec<u32>
     batch.jobs.push(job.record.clone());
     ready
 }
+
+/// Fails a job outright: every task that has not ended fails with `reason`
+/// (held ones are returned, so that their handlers are told to stop), and the
+/// job ends `failed`. Used for scheduler jobs, which are not resubmitted.
+pub fn fail_job(job: &mut ActiveJob, reason: &str, now: Timestamp, batch: &mut Batch) -> CancelRunning {
+    let mut out = CancelRunning::default();
+    for idx in 0..job.len() as u32 {
+        let task = &job.tasks[idx as usize];
+        if task.state.is_terminal() {
+            continue;
+        }
+        if let (true, Some(handler)) = (task.state.is_held(), task.handler) {
+            out.running.push((idx, task.attempt, handler));
+        }
+        job.tasks[idx as usize].error = Some(reason.to_string());
+        job.set_state(idx, TaskState::Failed, now);
+        job.record_task(idx, batch);
+    }
+    out
+}

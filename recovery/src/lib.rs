@@ -78,6 +78,9 @@ pub struct JobSnapshot {
     pub active: bool,
     pub from_scheduler: bool,
     pub updated_at: Millis,
+    /// Tasks that have not ended. `tasks` may hold only the tasks that can
+    /// need recovery (held and ready ones) and the last to end.
+    pub unfinished: usize,
     pub tasks: Vec<TaskSnapshot>,
 }
 
@@ -207,7 +210,7 @@ fn check_job(snapshot: &Snapshot, job: &JobSnapshot, findings: &mut Vec<Finding>
         return;
     }
     let now = snapshot.now;
-    if job.tasks.iter().all(|t| t.state.is_terminal()) {
+    if job.unfinished == 0 {
         let ended_at = job.tasks.iter().filter_map(|t| t.finished_at).max().unwrap_or(job.updated_at);
         let age = now - ended_at;
         if age > snapshot.config.finalize_grace_ms {

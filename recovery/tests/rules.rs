@@ -27,7 +27,8 @@ fn task(idx: u32, state: TaskState, handler: Option<&str>, updated_at: Millis) -
 }
 
 fn job(id: &str, tasks: Vec<TaskSnapshot>) -> JobSnapshot {
-    JobSnapshot { id: id.into(), active: true, from_scheduler: false, updated_at: NOW - MINUTE, tasks }
+    let unfinished = tasks.iter().filter(|t| !t.state.is_terminal()).count();
+    JobSnapshot { id: id.into(), active: true, from_scheduler: false, updated_at: NOW - MINUTE, unfinished, tasks }
 }
 
 fn snapshot(jobs: Vec<JobSnapshot>, handlers: &[(&str, &str, Millis)]) -> Snapshot {
@@ -220,6 +221,7 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                 active,
                 from_scheduler,
                 updated_at: NOW - MINUTE,
+                unfinished: tasks.iter().filter(|t: &&TaskSnapshot| !t.state.is_terminal()).count(),
                 tasks,
             })
             .collect(),

@@ -83,6 +83,12 @@ pub struct SubmitArgs {
     /// With --wait, print the final job as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Follow the job live, as `jobcenter watch` does; exit 0 if it succeeded, 1 otherwise.
+    #[arg(long, conflicts_with = "wait")]
+    pub watch: bool,
+    /// With --watch, print plain lines (the default when stdout is not a terminal).
+    #[arg(long, requires = "watch")]
+    pub plain: bool,
     #[command(flatten)]
     pub connection: Connection,
 }
@@ -105,6 +111,10 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         }
         Err(status) => return Err(status_error(status)),
     };
+    if args.watch {
+        eprintln!("submitted job {job_id}");
+        return super::watch::watch(&args.connection, &job_id, args.plain).await;
+    }
     if !args.wait {
         if args.json {
             println!("{}", serde_json::json!({ "job_id": job_id }));
@@ -199,11 +209,21 @@ pub struct JobsArgs {
     /// Read a data directory directly instead of asking a server.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Show the list live, read again every second.
+    #[arg(long, conflicts_with_all = ["json", "data_dir"])]
+    pub watch: bool,
+    /// With --watch, stop after this many refreshes (default: until Ctrl-C or q).
+    #[arg(long, requires = "watch")]
+    pub count: Option<u32>,
     #[command(flatten)]
     pub connection: Connection,
 }
 
 pub async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
+    if args.watch {
+        let source = super::watch::tables::Source::Jobs { state: args.state, limit: args.limit };
+        return super::watch::tables::live(&args.connection, source, args.count).await;
+    }
     let mut client = args.connection.connect().await?;
     let request = api::ListJobsRequest { state: args.state.unwrap_or_default(), limit: args.limit };
     let jobs = client.list_jobs(request).await.map_err(status_error)?.into_inner().jobs;
@@ -286,11 +306,20 @@ pub async fn retry(args: JobIdArgs) -> anyhow::Result<ExitCode> {
 pub struct WorkersArgs {
     #[arg(long)]
     pub json: bool,
+    /// Show the list live, read again every second.
+    #[arg(long, conflicts_with = "json")]
+    pub watch: bool,
+    /// With --watch, stop after this many refreshes (default: until Ctrl-C or q).
+    #[arg(long, requires = "watch")]
+    pub count: Option<u32>,
     #[command(flatten)]
     pub connection: Connection,
 }
 
 pub async fn workers(args: WorkersArgs) -> anyhow::Result<ExitCode> {
+    if args.watch {
+        return super::watch::tables::live(&args.connection, super::watch::tables::Source::Workers, args.count).await;
+    }
     let mut client = args.connection.connect().await?;
     let workers = client.list_workers(api::ListWorkersRequest {}).await.map_err(status_error)?.into_inner().workers;
     if args.json {
@@ -388,6 +417,50 @@ pub async fn policy(args: PolicyArgs) -> anyhow::Result<ExitCode> {
     for (name, value) in values {
         let source = policy.sources.get(name).map(String::as_str).unwrap_or("default");
         println!("  {name:<34} {value:>8}  ({source})");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RecoverArgs {
+    /// Report the findings without acting on them.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+pub async fn recover(args: RecoverArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let response = match client.recover(api::RecoverRequest { dry_run: args.dry_run }).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            eprintln!("jobcenter: {}", status.message());
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&response.findings)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if response.findings.is_empty() {
+        println!("recovery: nothing to do");
+    }
+    for f in &response.findings {
+        let done = match (args.dry_run, f.applied) {
+            (true, _) => "would",
+            (false, true) => "did",
+            (false, false) => "skipped (moved on)",
+        };
+        let age = format!("{:.1}s", f.age_ms as f64 / 1000.0);
+        let task = if f.task_id.is_empty() { "-" } else { f.task_id.as_str() };
+        let handler = if f.handler.is_empty() { "-" } else { f.handler.as_str() };
+        println!(
+            "{:<10} {:<22} job {} task {task} handler {handler} age {age}: {done} {} ({})",
+            f.rule, f.rule_name, f.job_id, f.action, f.detail
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -6,6 +6,7 @@ mod inspect;
 mod output;
 mod run;
 mod server;
+mod watch;
 mod worker;
 
 use std::path::PathBuf;
@@ -58,8 +59,12 @@ pub enum Command {
     Policy(client::PolicyArgs),
     /// Run a job file on a fresh server and worker processes and measure it.
     Bench(bench::BenchArgs),
+    /// Run the recovery check now and print each finding.
+    Recover(client::RecoverArgs),
     /// Execute tasks for an admin server over the worker stream.
     Worker(worker::WorkerArgs),
+    /// Follow a job live: its graph by level, full screen (plain lines when not a terminal).
+    Watch(watch::WatchArgs),
 }
 
 /// Runs a parsed command line; returns the process exit code.
@@ -90,7 +95,9 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Workers(args) => client::workers(args).await,
             Command::Policy(args) => client::policy(args).await,
             Command::Bench(args) => bench::run(args).await,
+            Command::Recover(args) => client::recover(args).await,
             Command::Worker(args) => worker::run(args).await,
+            Command::Watch(args) => watch::run(args).await,
         }
     });
     match result {

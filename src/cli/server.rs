@@ -38,6 +38,15 @@ pub struct ServerArgs {
     /// How long attempts of a previous run wait for their worker to return.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub orphan_grace: Duration,
+    /// A worker silent for longer loses its attempts (recovery rule R3).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub silence_timeout: Duration,
+    /// How often the recovery check runs.
+    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    pub recovery_interval: Duration,
+    /// A job whose tasks all ended is finalized by recovery after this (rule R5).
+    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    pub finalize_grace: Duration,
     /// Attempts a task may lose with its worker before it fails.
     #[arg(long, default_value_t = 3)]
     pub lost_attempt_limit: u32,
@@ -77,6 +86,16 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(EXIT_USAGE));
     }
+    // Workers are told the interval in whole seconds.
+    let heartbeat = Duration::from_secs(args.heartbeat.as_secs_f64().ceil().max(1.0) as u64);
+    if args.silence_timeout <= heartbeat * 2 {
+        eprintln!(
+            "jobcenter: --silence-timeout ({:?}) must be longer than twice --heartbeat ({:?}), \
+             or healthy workers would be taken for silent ones",
+            args.silence_timeout, heartbeat
+        );
+        return Ok(ExitCode::from(EXIT_USAGE));
+    }
     let grpc_port = match args.grpc {
         Some(port) => port,
         None if args.http.port() == 0 => 0,
@@ -101,6 +120,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         token,
         lost_attempt_limit: args.lost_attempt_limit,
         tls: args.tls.config()?,
+        silence_timeout: args.silence_timeout,
+        recovery_interval: args.recovery_interval,
+        finalize_grace: args.finalize_grace,
         ..ServerOptions::default()
     };
     server::run(store, options, http, grpc, shutdown_signal()).await?;

@@ -46,16 +46,18 @@ pub struct WorkerArgs {
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
-    let registry = match select_handlers(&args.job_types) {
+    let token = match &args.token_file {
+        Some(path) => Some(read_token_file(path).await?),
+        None => std::env::var(TOKEN_ENV).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()),
+    };
+    let mut handlers = builtin_handlers();
+    handlers.push(crate::worker::RecoveryCheckHandler::shared(args.admin.clone(), token.clone(), args.tls.clone()));
+    let registry = match select_handlers(handlers, &args.job_types) {
         Ok(registry) => registry,
         Err(message) => {
             eprintln!("jobcenter worker: {message}");
             return Ok(ExitCode::from(EXIT_USAGE));
         }
-    };
-    let token = match &args.token_file {
-        Some(path) => Some(read_token_file(path).await?),
-        None => std::env::var(TOKEN_ENV).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()),
     };
     let exec_log = match &args.exec_log {
         Some(path) => Some(ExecLog::open(path).with_context(|| format!("opening {}", path.display()))?),
@@ -82,8 +84,10 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The built-in handlers named in `job_types`, or all of them for an empty list.
-fn select_handlers(job_types: &[String]) -> Result<Registry, String> {
-    let handlers = builtin_handlers();
+fn select_handlers(
+    handlers: Vec<std::sync::Arc<dyn crate::worker::Handler>>,
+    job_types: &[String],
+) -> Result<Registry, String> {
     let wanted: Vec<&str> = job_types.iter().map(|t| t.trim()).filter(|t| !t.is_empty()).collect();
     if wanted.is_empty() {
         return Ok(Registry::new(handlers));
@@ -169,10 +173,10 @@ mod tests {
     fn selects_built_in_handlers() {
         let types =
             |registry: Registry| -> Vec<String> { registry.job_types().iter().map(|t| t.to_string()).collect() };
-        assert_eq!(types(select_handlers(&[]).unwrap()), ["noop", "shell"]);
-        assert_eq!(types(select_handlers(&["shell".into(), " ".into()]).unwrap()), ["shell"]);
-        assert_eq!(types(select_handlers(&["noop".into(), "noop".into()]).unwrap()), ["noop"]);
-        let error = select_handlers(&["noop".into(), "vacuum".into()]).err().unwrap();
+        assert_eq!(types(select_handlers(builtin_handlers(), &[]).unwrap()), ["noop", "shell"]);
+        assert_eq!(types(select_handlers(builtin_handlers(), &["shell".into(), " ".into()]).unwrap()), ["shell"]);
+        assert_eq!(types(select_handlers(builtin_handlers(), &["noop".into(), "noop".into()]).unwrap()), ["noop"]);
+        let error = select_handlers(builtin_handlers(), &["noop".into(), "vacuum".into()]).err().unwrap();
         assert_eq!(error, "unknown job type \"vacuum\"; this worker serves noop, shell");
     }
 

@@ -98,7 +98,10 @@ impl Api {
             .await
             .map_err(|e| Error::Internal(e.to_string()))?
             .map_err(|e| Error::Invalid(e.to_string()))?;
+        let started = std::time::Instant::now();
         let id = self.shared.engine.submit(spec, JobOrigin::User).await?;
+        // Until the committer reports its own timings: a submission is a step that waits to be durable.
+        self.shared.metrics.observe_api_step(started.elapsed());
         Ok(id.to_string())
     }
 
@@ -119,11 +122,21 @@ impl Api {
     }
 
     pub async fn cancel(&self, id: &str) -> Result<(), Error> {
-        Ok(self.shared.engine.cancel(parse_job_id(id)?).await?)
+        let id = parse_job_id(id)?;
+        let started = std::time::Instant::now();
+        self.shared.engine.cancel(id).await?;
+        self.shared.metrics.observe_api_step(started.elapsed());
+        tracing::info!(job.id = %id, "job canceled over the API");
+        Ok(())
     }
 
     pub async fn retry(&self, id: &str) -> Result<(), Error> {
-        Ok(self.shared.engine.retry(parse_job_id(id)?).await?)
+        let id = parse_job_id(id)?;
+        let started = std::time::Instant::now();
+        self.shared.engine.retry(id).await?;
+        self.shared.metrics.observe_api_step(started.elapsed());
+        tracing::info!(job.id = %id, "job retried over the API");
+        Ok(())
     }
 
     pub fn workers(&self) -> Vec<api::Worker> {
@@ -149,6 +162,12 @@ impl Api {
             .map_err(|e| Error::Invalid(e.to_string()))?;
         self.shared.policies.push_limits(&self.shared.engine, job_type).await;
         self.policy(job_type)
+    }
+
+    pub async fn recover(&self, dry_run: bool) -> Result<api::RecoverResponse, Error> {
+        let findings =
+            super::recovery::check(&self.shared, dry_run).await.map_err(|e| Error::Conflict(e.to_string()))?;
+        Ok(api::RecoverResponse { findings, dry_run })
     }
 
     /// A snapshot, then the job's transitions, until it has ended.
@@ -303,6 +322,11 @@ impl JobService for JobServiceImpl {
     async fn get_policy(&self, request: Request<api::PolicyRef>) -> Result<Response<api::Policy>, Status> {
         self.check(&request)?;
         Ok(Response::new(self.api.policy(&request.into_inner().job_type)?))
+    }
+
+    async fn recover(&self, request: Request<api::RecoverRequest>) -> Result<Response<api::RecoverResponse>, Status> {
+        self.check(&request)?;
+        Ok(Response::new(self.api.recover(request.into_inner().dry_run).await?))
     }
 
     async fn set_policy(&self, request: Request<api::SetPolicyRequest>) -> Result<Response<api::Policy>, Status> {

@@ -51,7 +51,10 @@ pub fn router(shared: Arc<Shared>, api: Api) -> Router {
         .route("/api/jobs/{id}/retry", post(retry_job))
         .route("/api/workers", get(workers))
         .route("/api/stats", get(stats))
+        .route("/api/recover", post(recover))
         .route("/api/policies/{job_type}", get(get_policy).put(set_policy))
+        .route("/api/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
@@ -100,10 +103,29 @@ async fn retry_job(State(s): State<AppState>, headers: HeaderMap, Path(id): Path
     Ok(Json(json!({ "job_id": id, "retried": true })).into_response())
 }
 
+async fn recover(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Reply {
+    authorized(&s, &headers)?;
+    let dry_run = q.get("dry_run").is_some_and(|v| v == "true" || v == "1");
+    Ok(Json(s.api.recover(dry_run).await?).into_response())
+}
+
 async fn stats(State(s): State<AppState>, headers: HeaderMap) -> Reply {
     authorized(&s, &headers)?;
     let (count, p50, p99) = s.shared.stats.dispatch();
     Ok(Json(json!({ "dispatch": { "count": count, "p50_us": p50, "p99_us": p99 } })).into_response())
+}
+
+/// The OpenAPI description of every route, written by hand next to this file.
+const OPENAPI: &str = include_str!("openapi.json");
+
+async fn openapi() -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn metrics(State(s): State<AppState>, headers: HeaderMap) -> Reply {
+    authorized(&s, &headers)?;
+    let text = s.shared.metrics.render(&s.shared).await;
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 
 async fn workers(State(s): State<AppState>, headers: HeaderMap) -> Reply {

@@ -6,11 +6,12 @@ mod api;
 mod auth;
 mod convert;
 mod http;
+pub mod metrics;
 mod policies;
+pub mod recovery;
 mod registry;
 mod worker_stream;
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,6 +52,12 @@ pub struct ServerOptions {
     pub max_workers: usize,
     /// TLS (and mutual TLS) on the gRPC port.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// A worker silent for longer loses its attempts (recovery R3).
+    pub silence_timeout: Duration,
+    /// How often the recovery check runs.
+    pub recovery_interval: Duration,
+    /// A job whose tasks all ended is finalized by recovery after this (R5).
+    pub finalize_grace: Duration,
 }
 
 impl Default for ServerOptions {
@@ -68,6 +75,9 @@ impl Default for ServerOptions {
             lost_attempt_limit: 3,
             max_workers: 4096,
             tls: None,
+            silence_timeout: Duration::from_secs(300),
+            recovery_interval: Duration::from_secs(60),
+            finalize_grace: Duration::from_secs(60),
         }
     }
 }
@@ -101,6 +111,8 @@ impl Stats {
 /// What every part of the server shares.
 pub struct Shared {
     pub stats: Stats,
+    pub recovery_gate: recovery::Gate,
+    pub metrics: metrics::Metrics,
     pub engine: EngineHandle,
     pub registry: Registry,
     pub policies: policies::Policies,
@@ -133,6 +145,8 @@ pub async fn run(
     let http_addr: SocketAddr = http.local_addr()?;
     let shared = Arc::new(Shared {
         stats: Stats::default(),
+        recovery_gate: recovery::Gate::default(),
+        metrics: metrics::Metrics::new(),
         engine: engine.clone(),
         registry: Registry::default(),
         policies,
@@ -146,7 +160,7 @@ pub async fn run(
         let handlers = HandlerRegistry::new(builtin_handlers());
         LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;
     }
-    spawn_orphan_check(shared.clone());
+    recovery::spawn_loop(shared.clone());
 
     let api = api::Api::new(shared.clone());
     let worker_service = PluginControlServiceServer::new(worker_stream::WorkerStreamService::new(shared.clone()))
@@ -183,18 +197,4 @@ pub async fn run(
     grpc_result?;
     http_result?;
     Ok(())
-}
-
-/// After a start, attempts held by workers of the previous run wait for
-/// their worker to reconnect; those still without one then run again.
-fn spawn_orphan_check(shared: Arc<Shared>) {
-    tokio::spawn(async move {
-        tokio::time::sleep(shared.options.orphan_grace).await;
-        let live: HashSet<_> = shared.registry.handlers().into_iter().collect();
-        match shared.engine.lose_all_but(live, "its worker did not come back after the admin restarted").await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(attempts = n, "attempts of workers that did not come back run again"),
-            Err(e) => tracing::debug!(error = %e, "engine stopped before the orphan check"),
-        }
-    });
 }

@@ -23,8 +23,12 @@ pub struct WorkerEntry {
     pub detection_slots_used: i32,
     pub detection_slots_total: i32,
     pub running_work: u32,
+    /// Executions running by job type, as the last heartbeat said.
+    pub running_by_type: BTreeMap<String, u32>,
     pub connected_at: Timestamp,
     pub last_heartbeat: Option<Timestamp>,
+    /// When the worker last wrote anything on its stream.
+    pub last_seen: Timestamp,
     pub heartbeats: u32,
     session: u64,
     stop: Arc<Notify>,
@@ -94,8 +98,10 @@ impl Registry {
             detection_slots_used: 0,
             detection_slots_total: 0,
             running_work: 0,
+            running_by_type: BTreeMap::new(),
             connected_at: now,
             last_heartbeat: None,
+            last_seen: now,
             heartbeats: 0,
             session,
             stop: stop.clone(),
@@ -112,8 +118,26 @@ impl Registry {
             entry.detection_slots_used = heartbeat.detection_slots_used;
             entry.detection_slots_total = heartbeat.detection_slots_total;
             entry.running_work = heartbeat.running_work.len() as u32;
+            entry.running_by_type.clear();
+            for work in &heartbeat.running_work {
+                *entry.running_by_type.entry(work.job_type.clone()).or_default() += 1;
+            }
             entry.last_heartbeat = Some(now);
             entry.heartbeats += 1;
+        }
+    }
+
+    /// Ends the worker's session.
+    pub fn stop(&self, handler: HandlerId) {
+        if let Some(entry) = self.inner.lock().expect("registry lock").1.get(&handler) {
+            entry.stop.notify_one();
+        }
+    }
+
+    /// The worker wrote something.
+    pub fn seen(&self, handler: HandlerId, now: Timestamp) {
+        if let Some(entry) = self.inner.lock().expect("registry lock").1.get_mut(&handler) {
+            entry.last_seen = now;
         }
     }
 

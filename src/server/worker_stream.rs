@@ -135,6 +135,7 @@ impl PluginControlService for WorkerStreamService {
             outbound,
             pending_schema: HashMap::new(),
             reported_slots: None,
+            unreconciled: Some(self.shared.clock.now()),
         };
         tokio::spawn(session.run(inbound));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
@@ -151,6 +152,8 @@ struct Session {
     pending_schema: HashMap<String, String>,
     /// The slot total the worker last reported.
     reported_slots: Option<u32>,
+    /// When the session started, until its first heartbeat is reconciled.
+    unreconciled: Option<crate::clock::Timestamp>,
 }
 
 impl Session {
@@ -252,7 +255,7 @@ impl Session {
                     }
                     None => break "the engine stopped".to_string(),
                 },
-                () = registration.stop.notified() => break "the worker connected again".to_string(),
+                () = registration.stop.notified() => break "the admin ended the session (the worker reconnected, or went silent)".to_string(),
                 () = self.outbound.closed() => break "the worker went away".to_string(),
             }
         };
@@ -340,9 +343,16 @@ impl Session {
     async fn handle(&mut self, message: WorkerToAdminMessage) -> Result<(), Status> {
         use worker_to_admin_message::Body;
         let engine = &self.shared.engine;
+        self.shared.registry.seen(self.handler, self.shared.clock.now());
         match message.body {
             Some(Body::Heartbeat(heartbeat)) => {
                 self.shared.registry.heartbeat(self.handler, &heartbeat, self.shared.clock.now());
+                if let Some(connected_at) = self.unreconciled.take() {
+                    // The first heartbeat of a (re)connected worker says what it
+                    // still runs; what it was given before and no longer runs is lost.
+                    let running = heartbeat.running_work.iter().map(|w| w.work_id.clone()).collect();
+                    let _ = engine.reconcile(self.handler, running, connected_at).await;
+                }
                 let total = u32::try_from(heartbeat.execution_slots_total).unwrap_or(0);
                 if total > 0 && self.reported_slots != Some(total) {
                     self.reported_slots = Some(total);

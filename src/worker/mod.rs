@@ -3,6 +3,7 @@
 
 mod builtin;
 mod local;
+mod recovery_check;
 pub mod remote;
 
 use std::collections::BTreeMap;
@@ -12,6 +13,7 @@ use std::sync::Arc;
 
 pub use builtin::{builtin_handlers, NoopHandler, ShellHandler};
 pub use local::{ExecLog, LocalExecutor};
+pub use recovery_check::RecoveryCheckHandler;
 
 use crate::follower::Outcome;
 use crate::model::{JobId, TaskRef};

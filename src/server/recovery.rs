@@ -1,0 +1,160 @@
+//! The recovery check on the server: build the snapshot from the engine and
+//! the worker registry, run the pure rules, apply their actions through the
+//! engine's normal steps, and record every finding. It runs single-flight,
+//! every interval, as a cluster task (a `recovery_check` job that any
+//! capable worker executes by calling back) or, with no such worker, here.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use jobcenter_recovery as recovery;
+
+use super::Shared;
+use crate::model::JobOrigin;
+use crate::proto::api;
+
+/// The job type of the periodic check, as a cluster task.
+pub const JOB_TYPE: &str = "recovery_check";
+
+/// Keeps the check single-flight: a check that is still running when the
+/// next is due makes that one a no-op (a queue of one).
+#[derive(Default)]
+pub struct Gate {
+    running: AtomicBool,
+}
+
+/// Runs the check once; applies the actions unless `dry_run`.
+pub async fn check(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
+    let gate = &shared.recovery_gate;
+    if gate.running.swap(true, Ordering::AcqRel) {
+        anyhow::bail!("a recovery check is already running");
+    }
+    let result = check_inner(shared, dry_run).await;
+    gate.running.store(false, Ordering::Release);
+    result
+}
+
+async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
+    let now = shared.clock.now().as_millis();
+    let (jobs, engine_handlers) = shared.engine.recovery_snapshot().await?;
+    let mut handlers = std::collections::BTreeMap::new();
+    for worker in shared.registry.workers() {
+        let last_seen = worker.last_seen.as_millis();
+        let handler = worker.handler.to_string();
+        handlers
+            .insert(handler.clone(), recovery::HandlerSnapshot { handler, node: worker.worker_id.clone(), last_seen });
+    }
+    for handler in engine_handlers {
+        // In-process executors live as long as the admin does.
+        let id = handler.to_string();
+        handlers.entry(id.clone()).or_insert(recovery::HandlerSnapshot {
+            handler: id,
+            node: "admin".into(),
+            last_seen: now,
+        });
+    }
+    let snapshot = recovery::Snapshot {
+        now,
+        config: recovery::Config {
+            silence_timeout_ms: shared.options.silence_timeout.as_millis() as i64,
+            finalize_grace_ms: shared.options.finalize_grace.as_millis() as i64,
+        },
+        handlers,
+        jobs,
+    };
+    let findings = recovery::check(&snapshot);
+    let applied = if dry_run || findings.is_empty() {
+        vec![false; findings.len()]
+    } else {
+        shared.engine.apply_recovery(findings.iter().map(|f| (f.rule, f.action.clone())).collect()).await?
+    };
+    if !dry_run {
+        // A silent worker gets no more work: its session ends, and the worker,
+        // when it wakes, finds its stream gone and drops what it was running.
+        for finding in findings.iter().filter(|f| f.rule == recovery::Rule::HandlerSilent) {
+            if let Some(handler) = finding.handler.as_deref().and_then(|h| h.parse().ok()) {
+                shared.registry.stop(handler);
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(findings.len());
+    for (finding, applied) in findings.into_iter().zip(applied) {
+        tracing::warn!(
+            rule = finding.rule.id(),
+            job.id = %finding.job,
+            task.id = finding.task.as_deref().unwrap_or(""),
+            handler = finding.handler.as_deref().unwrap_or(""),
+            age_ms = finding.age_ms,
+            applied,
+            dry_run,
+            detail = %finding.detail,
+            "recovery finding"
+        );
+        let action = serde_json::to_value(&finding.action)
+            .ok()
+            .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(String::from))
+            .unwrap_or_default();
+        out.push(api::Finding {
+            rule: finding.rule.id().into(),
+            rule_name: finding.rule.name().into(),
+            job_id: finding.job,
+            task_id: finding.task.unwrap_or_default(),
+            handler: finding.handler.unwrap_or_default(),
+            age_ms: finding.age_ms,
+            action,
+            detail: finding.detail,
+            applied,
+        });
+    }
+    Ok(out)
+}
+
+/// Every interval: a cluster task when a worker can run one, else the check here.
+pub fn spawn_loop(shared: Arc<Shared>) {
+    tokio::spawn(async move {
+        tokio::time::sleep(shared.options.orphan_grace.min(shared.options.recovery_interval)).await;
+        let mut in_flight: Option<crate::model::JobId> = None;
+        loop {
+            let capable = shared
+                .registry
+                .workers()
+                .iter()
+                .any(|w| w.capabilities.iter().any(|c| c.job_type == JOB_TYPE && c.can_execute));
+            if capable {
+                let busy = match in_flight {
+                    Some(job) => match shared.engine.summary(job).await {
+                        Ok(Some(summary)) => !summary.record.state.is_terminal(),
+                        _ => false,
+                    },
+                    None => false,
+                };
+                if !busy {
+                    in_flight = submit_cluster_task(&shared).await;
+                }
+            } else if let Err(e) = check(&shared, false).await {
+                tracing::debug!(error = %e, "recovery check skipped");
+            }
+            tokio::time::sleep(shared.options.recovery_interval).await;
+        }
+    });
+}
+
+async fn submit_cluster_task(shared: &Shared) -> Option<crate::model::JobId> {
+    let text = format!(r#"{{"name":"{JOB_TYPE}","tasks":[{{"id":"check","job_type":"{JOB_TYPE}"}}]}}"#);
+    let spec = crate::jobfile::parse(text.as_bytes(), crate::jobfile::Format::Json, JOB_TYPE, &shared.options.limits);
+    let spec = match spec {
+        Ok(spec) => spec,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the recovery check job");
+            return None;
+        }
+    };
+    let origin = JobOrigin::Scheduler { job_type: JOB_TYPE.into(), sequence: 0 };
+    match shared.engine.submit(spec, origin).await {
+        Ok(job) => Some(job),
+        Err(e) => {
+            tracing::debug!(error = %e, "recovery check job not submitted");
+            None
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! The admin killed at random moments, and crashed on purpose at named
+//! points (after a write before its flush, after a flush before anything is
+//! acknowledged or dispatched), over and over during a 2,000-task layered
+//! job; workers reconnect by themselves. The job ends as the reference model
+//! says, nothing acknowledged is lost, and nothing that succeeded runs again.
+//! `JOBCENTER_ADMIN_KILLS=N` sets the number of restarts (default 20).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{start_worker, wait_until, Server};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The job, and each task's parents and whether it always fails.
+fn layered_job(rng: &mut Rng, n: usize, width: usize) -> (String, Vec<Vec<usize>>, Vec<bool>) {
+    let mut parents = Vec::new();
+    let mut fails = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let layer = i / width;
+        let mut deps: Vec<usize> = Vec::new();
+        if layer > 0 {
+            while deps.len() < 3 {
+                let d = (layer - 1) * width + rng.below(width as u64) as usize;
+                if !deps.contains(&d) {
+                    deps.push(d);
+                }
+            }
+        }
+        let fail = layer >= n / width - 4 && rng.below(200) == 0;
+        let flaky = !fail && rng.below(100) == 0;
+        let sleep = 20 + rng.below(60);
+        let params = if fail {
+            format!(r#"{{"fail":true,"sleep_ms":{sleep}}}"#)
+        } else if flaky {
+            format!(r#"{{"fail_attempts":1,"sleep_ms":{sleep}}}"#)
+        } else {
+            format!(r#"{{"sleep_ms":{sleep}}}"#)
+        };
+        let deps_json: Vec<String> = deps.iter().map(|d| format!("\"t{d}\"")).collect();
+        let retry = if flaky { r#","retry_limit":1,"retry_backoff_seconds":0"# } else { "" };
+        tasks.push(format!(
+            r#"{{"id":"t{i}","job_type":"noop","parameters":{params},"depends_on":[{}]{retry}}}"#,
+            deps_json.join(",")
+        ));
+        parents.push(deps);
+        fails.push(fail);
+    }
+    (format!(r#"{{"name":"admin-kill","tasks":[{}]}}"#, tasks.join(",")), parents, fails)
+}
+
+/// Expected final state of every task.
+fn model(parents: &[Vec<usize>], fails: &[bool]) -> Vec<&'static str> {
+    let mut states: Vec<&'static str> = Vec::with_capacity(parents.len());
+    for (i, deps) in parents.iter().enumerate() {
+        let state = if deps.iter().any(|&p| states[p] != "succeeded") {
+            "upstream_failed"
+        } else if fails[i] {
+            "failed"
+        } else {
+            "succeeded"
+        };
+        states.push(state);
+    }
+    states
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn exec_events(log: &Path, job: &str) -> Vec<(String, u32, String)> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            if parts.len() != 4 || parts[0] != job {
+                return None;
+            }
+            Some((parts[1].to_string(), parts[2].parse().ok()?, parts[3].to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn the_admin_killed_over_and_over_still_finishes_the_job_exactly() {
+    let kills: usize = std::env::var("JOBCENTER_ADMIN_KILLS").ok().and_then(|k| k.parse().ok()).unwrap_or(20);
+    let seed: u64 = std::env::var("JOBCENTER_KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_cafe);
+    let mut rng = Rng(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (http_port, grpc_port) = (free_port(), free_port());
+    let http = format!("127.0.0.1:{http_port}");
+    let grpc = grpc_port.to_string();
+    let server_args = [
+        "--grpc",
+        grpc.as_str(),
+        "--silence-timeout",
+        "3s",
+        "--heartbeat",
+        "1s",
+        "--recovery-interval",
+        "1s",
+        "--orphan-grace",
+        "1s",
+    ];
+    let start = |crash: Option<String>| {
+        if let Some(crash) = &crash {
+            std::env::set_var("JOBCENTER_CRASH_AT", crash);
+        } else {
+            std::env::remove_var("JOBCENTER_CRASH_AT");
+        }
+        let server = Server::start_on(&data, &http, &server_args);
+        std::env::remove_var("JOBCENTER_CRASH_AT");
+        server
+    };
+
+    let (text, parents, fails) = layered_job(&mut rng, 2000, 100);
+    let expected = model(&parents, &fails);
+    let log = dir.path().join("exec.log");
+    let mut server = start(None);
+    let _workers: Vec<_> =
+        (0..2).map(|n| start_worker(&server, &format!("w{n}"), &["--max-execute", "4"], Some(&log))).collect();
+    server.wait_for_workers(2);
+    let file = dir.path().join("job.json");
+    std::fs::write(&file, text).unwrap();
+    let output = server.cli(&["submit", file.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let job_id = String::from_utf8(output.stdout).unwrap().trim().to_string();
+
+    let points = ["before-flush", "after-flush"];
+    let (mut landed, mut crashes) = (0, 0);
+    for round in 0..kills {
+        let finished = || {
+            let job = server_state(&http, &job_id);
+            matches!(job.as_deref(), Some("succeeded" | "failed"))
+        };
+        if round % 3 == 2 {
+            // Crash on purpose at a named point, a few commits from now.
+            server.process.kill();
+            let point = points[rng.below(2) as usize];
+            let n = 1 + rng.below(20);
+            server = start(Some(format!("{point}:{n}")));
+            let died = wait_until(Duration::from_secs(20), || (!server.process.is_running()).then_some(()));
+            if died.is_some() {
+                crashes += 1;
+                landed += 1;
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(200 + rng.below(600)));
+            if finished() {
+                break;
+            }
+            server.process.kill();
+            landed += 1;
+        }
+        server = start(None);
+    }
+    let last_start = Instant::now();
+    eprintln!("{landed} admin kills ({crashes} at named crash points)");
+    assert!(landed >= kills * 2 / 3, "only {landed} kills landed");
+
+    let done = wait_until(Duration::from_secs(180), || {
+        let job = server.cli_json(&["job", &job_id, "--json"]);
+        matches!(job["state"].as_str(), Some("succeeded" | "failed")).then_some(job)
+    })
+    .expect("the job ends after the last restart");
+    eprintln!("the job ended {:?} after the last restart", last_start.elapsed());
+
+    // Final states as the model says.
+    let tasks = done["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2000);
+    let mut mismatches = Vec::new();
+    for task in tasks {
+        let id = task["id"].as_str().unwrap();
+        let idx: usize = id[1..].parse().unwrap();
+        if task["state"] != expected[idx] {
+            mismatches.push(format!("{id}: {} (expected {})", task["state"], expected[idx]));
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{} tasks differ from the model: {:?}",
+        mismatches.len(),
+        &mismatches[..mismatches.len().min(10)]
+    );
+    let expected_job = if expected.iter().all(|s| *s == "succeeded") { "succeeded" } else { "failed" };
+    assert_eq!(done["state"], expected_job);
+
+    // Executions: no attempt started twice, none past the final attempt, and
+    // nothing started again once a child had started (the parent's success was durable).
+    let events = exec_events(&log, &job_id);
+    let final_attempt: BTreeMap<&str, u64> =
+        tasks.iter().map(|t| (t["id"].as_str().unwrap(), t["attempt"].as_u64().unwrap())).collect();
+    let mut started: BTreeSet<(String, u32)> = BTreeSet::new();
+    let mut first_start: BTreeMap<String, usize> = BTreeMap::new();
+    let mut last_start: BTreeMap<String, usize> = BTreeMap::new();
+    for (line, (task, attempt, event)) in events.iter().enumerate() {
+        if event != "start" {
+            continue;
+        }
+        assert!(started.insert((task.clone(), *attempt)), "{task} attempt {attempt} started twice");
+        assert!(
+            u64::from(*attempt) <= final_attempt[task.as_str()],
+            "{task} started attempt {attempt} past its final one"
+        );
+        first_start.entry(task.clone()).or_insert(line);
+        last_start.insert(task.clone(), line);
+    }
+    for (i, deps) in parents.iter().enumerate() {
+        let Some(&child_first) = first_start.get(&format!("t{i}")) else { continue };
+        for &p in deps {
+            let parent = format!("t{p}");
+            let parent_last = last_start[&parent];
+            assert!(parent_last < child_first, "{parent} started again after its child t{i} had started");
+        }
+    }
+    for task in tasks.iter().filter(|t| t["state"] == "upstream_failed") {
+        let id = task["id"].as_str().unwrap();
+        assert!(!first_start.contains_key(id), "{id} ended upstream_failed but ran");
+    }
+}
+
+/// The job's state, if the server answers.
+fn server_state(http: &str, job: &str) -> Option<String> {
+    let mut command = std::process::Command::new(common::binary());
+    command.args(["job", job, "--json", "--admin", http]);
+    let output = common::run_with_timeout(command, Duration::from_secs(30));
+    let value: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+    value["state"].as_str().map(String::from)
+}

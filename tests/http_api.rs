@@ -1,0 +1,361 @@
+//! The HTTP side of a real server: every route under `/api/` against its
+//! OpenAPI description (`/api/openapi.json`, which must name every route the
+//! router has and nothing else), errors as JSON with their codes, and the
+//! Prometheus metrics at `/metrics`.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{nine_tasks, start_worker, wait_until, Server};
+use serde_json::Value;
+
+/// One HTTP/1.1 request; returns the status and the body.
+fn http(address: &str, method: &str, path: &str, body: Option<(&str, &str)>, token: Option<&str>) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).expect("connect to the server");
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
+    if let Some(token) = token {
+        request.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    match body {
+        Some((content_type, body)) => {
+            request.push_str(&format!("Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}", body.len()))
+        }
+        None => request.push_str("Content-Length: 0\r\n\r\n"),
+    }
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let response = String::from_utf8(response).expect("UTF-8 response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("a header and a body");
+    let status: u16 = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("a status code");
+    let chunked = head.lines().any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding: chunked"));
+    let body = if chunked { dechunk(body) } else { body.to_string() };
+    (status, body)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = &rest[size + 2..];
+    }
+    out
+}
+
+fn json(address: &str, method: &str, path: &str, body: Option<(&str, &str)>) -> (u16, Value) {
+    let (status, text) = http(address, method, path, body, None);
+    let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {text}"));
+    (status, value)
+}
+
+/// Every (path, method) the router serves, read from its source.
+fn routed() -> BTreeSet<(String, String)> {
+    let source = include_str!("../src/server/http.rs");
+    let mut routes = BTreeSet::new();
+    for part in source.split(".route(").skip(1) {
+        let (path, handlers) = part.split_once(',').expect("route(path, handlers)");
+        let path = match path.trim() {
+            "PLUGIN_STATUS_PATH" => "/api/plugin/status".to_string(),
+            quoted => quoted.trim_matches('"').to_string(),
+        };
+        let handlers = handlers.split(")\n").next().unwrap();
+        for method in ["get", "post", "put", "delete", "patch"] {
+            if handlers.contains(&format!("{method}(")) {
+                routes.insert((path.clone(), method.to_string()));
+            }
+        }
+    }
+    routes
+}
+
+/// The required fields of a schema of the description.
+fn required(doc: &Value, schema: &str) -> Vec<String> {
+    doc["components"]["schemas"][schema]["required"]
+        .as_array()
+        .unwrap_or_else(|| panic!("schema {schema} has required fields"))
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn assert_shape(doc: &Value, schema: &str, value: &Value) {
+    for field in required(doc, schema) {
+        assert!(value.get(&field).is_some(), "{schema} lacks {field:?}: {value}");
+    }
+    if let Some(properties) = doc["components"]["schemas"][schema]["properties"].as_object() {
+        for key in value.as_object().expect("an object").keys() {
+            assert!(properties.contains_key(key), "{schema} does not describe {key:?}");
+        }
+    }
+}
+
+fn refs(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map {
+                if key == "$ref" {
+                    out.push(v.as_str().unwrap().to_string());
+                }
+                refs(v, out);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+        _ => {}
+    }
+}
+
+fn wait_for_state(address: &str, id: &str, state: &str) -> Value {
+    wait_until(Duration::from_secs(60), || {
+        let (_, job) = json(address, "GET", &format!("/api/jobs/{id}"), None);
+        (job["state"] == state).then_some(job)
+    })
+    .unwrap_or_else(|| panic!("job {id} never got to {state}"))
+}
+
+#[test]
+fn the_openapi_description_names_every_route_and_the_api_answers_as_it_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let _worker = start_worker(&server, "worker-1", &[], None);
+    server.wait_for_workers(1);
+    let address = server.http.as_str();
+
+    let (status, doc) = json(address, "GET", "/api/openapi.json", None);
+    assert_eq!(status, 200);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let documented: BTreeSet<(String, String)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, item)| item.as_object().unwrap().keys().map(move |m| (path.clone(), m.clone())))
+        .collect();
+    let routed = routed();
+    assert!(routed.len() >= 14, "{routed:?}");
+    assert_eq!(documented, routed, "the description and the router disagree");
+    let mut references = Vec::new();
+    refs(&doc, &mut references);
+    for reference in references {
+        let name = reference.strip_prefix("#/components/schemas/").expect("a schema reference");
+        assert!(doc["components"]["schemas"].get(name).is_some(), "{reference} is not defined");
+    }
+
+    // Health.
+    assert_eq!(http(address, "GET", "/healthz", None, None), (200, "ok\n".into()));
+    assert_eq!(http(address, "GET", "/readyz", None, None), (200, "ready\n".into()));
+    let (status, plugin) = json(address, "GET", "/api/plugin/status", None);
+    assert_eq!(status, 200);
+    assert_eq!(plugin["worker_grpc_port"].as_u64().unwrap().to_string(), server.grpc.rsplit(':').next().unwrap());
+
+    // Submit, read, list.
+    let (status, created) =
+        json(address, "POST", "/api/jobs?name=nine.json", Some(("application/json", &nine_tasks(Some(4), 200))));
+    assert_eq!(status, 201, "{created}");
+    let id = created["job_id"].as_str().unwrap().to_string();
+    let (status, job) = json(address, "GET", &format!("/api/jobs/{id}"), None);
+    assert_eq!(status, 200);
+    assert_shape(&doc, "Job", &job);
+    let tasks = job["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 9);
+    for task in tasks {
+        assert_shape(&doc, "Task", task);
+    }
+    let seven = tasks.iter().find(|t| t["id"] == "7").unwrap();
+    assert_eq!(seven["depends_on"], serde_json::json!(["1", "2", "4"]));
+    let job = wait_for_state(address, &id, "failed");
+    let by_id: BTreeMap<&str, &str> = job["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["id"].as_str().unwrap(), t["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!((by_id["4"], by_id["7"], by_id["8"]), ("failed", "upstream_failed", "succeeded"));
+
+    let (status, list) = json(address, "GET", "/api/jobs?state=failed&limit=5", None);
+    assert_eq!(status, 200);
+    let jobs = list["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_shape(&doc, "JobSummary", &jobs[0]);
+    assert_eq!(jobs[0]["id"], id.as_str());
+    assert_eq!(jobs[0]["tasks"], 9);
+    let (_, list) = json(address, "GET", "/api/jobs?state=succeeded", None);
+    assert!(list["jobs"].as_array().unwrap().is_empty());
+
+    // Errors are JSON with the documented codes.
+    let (status, error) = json(address, "GET", "/api/jobs?state=bogus", None);
+    assert_eq!(status, 400);
+    assert_shape(&doc, "Error", &error);
+    assert_eq!(json(address, "GET", "/api/jobs/not-a-uuid", None).0, 400);
+    assert_eq!(json(address, "GET", "/api/jobs/0190a2b4-0000-7000-8000-000000000009", None).0, 404);
+    let (status, error) = json(address, "POST", &format!("/api/jobs/{id}/cancel"), None);
+    assert_eq!(status, 409, "{error}");
+    let (status, error) = json(
+        address,
+        "POST",
+        "/api/jobs",
+        Some(("application/json", r#"{"name":"bad","tasks":[{"id":"a","job_type":"noop","depends_on":["b"]}]}"#)),
+    );
+    assert_eq!(status, 400);
+    assert!(error["error"].as_str().unwrap().contains("\"b\""), "{error}");
+
+    // Retry the failed part; it fails again the same way.
+    let (status, retried) = json(address, "POST", &format!("/api/jobs/{id}/retry"), None);
+    assert_eq!((status, &retried["retried"]), (200, &Value::Bool(true)), "{retried}");
+    let job = wait_for_state(address, &id, "failed");
+    let four = job["tasks"].as_array().unwrap().iter().find(|t| t["id"] == "4").unwrap();
+    assert_eq!(four["attempt"], 2);
+    assert_eq!(json(address, "POST", &format!("/api/jobs/{id}/retry"), None).0, 200);
+    wait_for_state(address, &id, "failed");
+
+    // A TOML job, canceled while it runs.
+    let toml = "name = \"slow\"\n[[tasks]]\nid = \"sleep\"\njob_type = \"noop\"\nparameters = { sleep_ms = 30000 }\n";
+    let (status, created) = json(address, "POST", "/api/jobs?format=toml", Some(("application/toml", toml)));
+    assert_eq!(status, 201, "{created}");
+    let slow = created["job_id"].as_str().unwrap().to_string();
+    let (status, canceled) = json(address, "POST", &format!("/api/jobs/{slow}/cancel"), None);
+    assert_eq!((status, &canceled["canceled"]), (200, &Value::Bool(true)));
+    wait_for_state(address, &slow, "canceled");
+
+    // Workers, stats, policies, recovery.
+    let (status, workers) = json(address, "GET", "/api/workers", None);
+    assert_eq!(status, 200);
+    let workers = workers["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 1);
+    assert_shape(&doc, "Worker", &workers[0]);
+    assert_eq!(workers[0]["worker_id"], "worker-1");
+    let (status, stats) = json(address, "GET", "/api/stats", None);
+    assert_eq!(status, 200);
+    assert!(stats["dispatch"]["count"].as_u64().unwrap() > 0, "{stats}");
+    let (status, policy) = json(address, "GET", "/api/policies/noop", None);
+    assert_eq!(status, 200);
+    assert_shape(&doc, "Policy", &policy);
+    let (status, policy) = json(
+        address,
+        "PUT",
+        "/api/policies/noop",
+        Some(("application/json", r#"{"retry_limit": 2, "global_execution_concurrency": "8"}"#)),
+    );
+    assert_eq!(status, 200, "{policy}");
+    assert_eq!((policy["retry_limit"].as_u64(), policy["sources"]["retry_limit"].as_str()), (Some(2), Some("set")));
+    assert_eq!(policy["global_execution_concurrency"], 8);
+    let (status, error) =
+        json(address, "PUT", "/api/policies/noop", Some(("application/json", r#"{"no_such_setting": 1}"#)));
+    assert_eq!(status, 400, "{error}");
+    let (status, recovered) = json(address, "POST", "/api/recover?dry_run=true", None);
+    assert_eq!(status, 200, "{recovered}");
+    assert_shape(&doc, "RecoverResponse", &recovered);
+    assert_eq!(recovered["dry_run"], true);
+}
+
+/// `name{labels} value` lines of a text exposition.
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (name, value) = l.rsplit_once(' ').expect("name value");
+            (name.to_string(), value.parse().unwrap_or_else(|_| panic!("{l}")))
+        })
+        .collect()
+}
+
+#[test]
+fn metrics_describe_jobs_tasks_workers_and_latencies() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let _worker = start_worker(&server, "worker-1", &[], None);
+    server.wait_for_workers(1);
+    let address = server.http.as_str();
+
+    let (status, created) = json(address, "POST", "/api/jobs", Some(("application/json", &nine_tasks(Some(4), 20))));
+    assert_eq!(status, 201);
+    wait_for_state(address, created["job_id"].as_str().unwrap(), "failed");
+    let slow = r#"{"name":"slow","tasks":[{"id":"a","job_type":"noop","parameters":{"sleep_ms":30000}}]}"#;
+    let (_, created) = json(address, "POST", "/api/jobs", Some(("application/json", slow)));
+    let slow = created["job_id"].as_str().unwrap().to_string();
+
+    // While the slow task runs, its worker reports the slot in use.
+    let scrape = || {
+        let (status, text) = http(address, "GET", "/metrics", None, None);
+        assert_eq!(status, 200, "{text}");
+        text
+    };
+    let text = wait_until(Duration::from_secs(30), || {
+        let text = scrape();
+        (samples(&text).get("jobcenter_worker_slots_used{job_type=\"noop\"}") == Some(&1.0)).then_some(text)
+    })
+    .unwrap_or_else(|| panic!("no slot in use:\n{}", scrape()));
+    let values = samples(&text);
+    let value = |name: &str| *values.get(name).unwrap_or_else(|| panic!("no {name} in\n{text}"));
+    assert_eq!(value("jobcenter_workers_connected"), 1.0);
+    assert_eq!(value("jobcenter_jobs{state=\"failed\"}"), 1.0);
+    assert_eq!(value("jobcenter_jobs{state=\"running\"}") + value("jobcenter_jobs{state=\"pending\"}"), 1.0);
+    assert_eq!(value("jobcenter_jobs{state=\"succeeded\"}"), 0.0);
+    assert_eq!(value("jobcenter_active_jobs"), 1.0);
+    assert_eq!(value("jobcenter_tasks{state=\"running\"}") + value("jobcenter_tasks{state=\"assigned\"}"), 1.0);
+    assert!(value("jobcenter_worker_slots_total{job_type=\"noop\"}") >= 1.0);
+    // Level-1 and level-2 tasks were released by completions: their dispatch was measured.
+    let dispatched = value("jobcenter_dispatch_latency_seconds_count");
+    assert!(dispatched >= 3.0, "{dispatched}");
+    assert_eq!(value("jobcenter_dispatch_latency_seconds_bucket{le=\"+Inf\"}"), dispatched);
+    // Buckets are cumulative: counts never go down as the bound goes up.
+    let mut buckets: Vec<(f64, f64)> = values
+        .iter()
+        .filter_map(|(name, count)| {
+            let bound = name.strip_prefix("jobcenter_dispatch_latency_seconds_bucket{le=\"")?.strip_suffix("\"}")?;
+            Some((if bound == "+Inf" { f64::INFINITY } else { bound.parse().unwrap() }, *count))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert!(buckets.len() >= 10, "{buckets:?}");
+    assert!(buckets.windows(2).all(|w| w[0].1 <= w[1].1), "{buckets:?}");
+    assert!(value("jobcenter_commit_seconds_count") >= 2.0, "both submissions waited to be durable");
+    assert!(value("jobcenter_store_flush_seconds_count") >= 1.0);
+    assert_eq!(value("jobcenter_detections_total{job_type=\"noop\"}"), 0.0);
+    assert_eq!(value("jobcenter_proposals_total{job_type=\"noop\"}"), 0.0);
+    for family in [
+        "jobcenter_dispatch_latency_seconds histogram",
+        "jobcenter_commit_seconds histogram",
+        "jobcenter_store_flush_seconds histogram",
+        "jobcenter_worker_slots_used gauge",
+        "jobcenter_detections_total counter",
+    ] {
+        assert!(text.contains(&format!("# TYPE {family}")), "no {family} in\n{text}");
+    }
+
+    // Canceled, the slow job is no longer active and its slot is free again.
+    assert_eq!(json(address, "POST", &format!("/api/jobs/{slow}/cancel"), None).0, 200);
+    wait_for_state(address, &slow, "canceled");
+    let values = wait_until(Duration::from_secs(30), || {
+        let values = samples(&scrape());
+        (values.get("jobcenter_worker_slots_used{job_type=\"noop\"}") == Some(&0.0)).then_some(values)
+    })
+    .expect("the slot is given back");
+    assert_eq!(values["jobcenter_active_jobs"], 0.0);
+    assert_eq!(values["jobcenter_jobs{state=\"canceled\"}"], 1.0);
+    assert_eq!(values["jobcenter_tasks{state=\"running\"}"], 0.0);
+}
+
+#[test]
+fn with_a_token_metrics_and_the_api_need_it_and_the_description_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret-token-for-tests\n").unwrap();
+    let server = Server::start(&dir.path().join("data"), &["--token-file", token_file.to_str().unwrap()]);
+    let address = server.http.as_str();
+    assert_eq!(http(address, "GET", "/metrics", None, None).0, 401);
+    assert_eq!(http(address, "GET", "/api/jobs", None, None).0, 401);
+    assert_eq!(http(address, "GET", "/metrics", None, Some("wrong")).0, 401);
+    let (status, text) = http(address, "GET", "/metrics", None, Some("s3cret-token-for-tests"));
+    assert_eq!(status, 200);
+    assert!(text.contains("jobcenter_workers_connected 0"), "{text}");
+    assert_eq!(http(address, "GET", "/api/openapi.json", None, None).0, 200);
+    assert_eq!(http(address, "GET", "/healthz", None, None).0, 200);
+}
