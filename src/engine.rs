@@ -50,6 +50,9 @@ pub enum Orphans {
 
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// This admin instance's own handler id, fresh at every start; recorded
+    /// on the jobs whose leader steps it takes.
+    pub instance: HandlerId,
     pub orphans: Orphans,
     /// Attempts a task may lose with its handler before it fails.
     pub lost_attempt_limit: u32,
@@ -59,7 +62,12 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Options {
-        Options { orphans: Orphans::Keep, lost_attempt_limit: 3, max_commands_per_iteration: 8192 }
+        Options {
+            instance: HandlerId::new(),
+            orphans: Orphans::Keep,
+            lost_attempt_limit: 3,
+            max_commands_per_iteration: 8192,
+        }
     }
 }
 
@@ -260,7 +268,7 @@ impl Core {
     /// The leader's last step: mark the job and let its waiters go.
     fn finalize(&mut self, job: JobId, now: Timestamp, step: &mut Step) {
         let Some(active) = self.jobs.get_mut(&job) else { return };
-        if !leader::finalize(active, now, &mut step.batch) {
+        if !leader::finalize(active, self.options.instance, now, &mut step.batch) {
             return;
         }
         let record = active.record.clone();
@@ -276,7 +284,7 @@ impl Core {
     fn apply(&mut self, command: Command, now: Timestamp, step: &mut Step) {
         match command {
             Command::Submit { id, spec, origin, reply } => {
-                let (job, ready) = leader::submit(id, spec, origin, now, &mut step.batch);
+                let (job, ready) = leader::submit(id, spec, origin, self.options.instance, now, &mut step.batch);
                 tracing::info!(job.id = %id, job.name = %job.record.name, tasks = job.len(), "job submitted");
                 self.jobs.insert(id, job);
                 self.queue_ready(id, &ready, now);
@@ -328,7 +336,7 @@ impl Core {
                     Err(Error::NothingToRetry { job: id, state: job.record.state })
                 } else {
                     let mut active = ActiveJob::from_stored(job);
-                    let ready = leader::retry(&mut active, now, &mut step.batch);
+                    let ready = leader::retry(&mut active, self.options.instance, now, &mut step.batch);
                     self.jobs.insert(id, active);
                     self.queue_ready(id, &ready, now);
                     Ok(())

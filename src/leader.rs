@@ -15,6 +15,7 @@ pub fn submit(
     id: JobId,
     spec: Arc<JobSpec>,
     origin: JobOrigin,
+    leader: HandlerId,
     now: Timestamp,
     batch: &mut Batch,
 ) -> (ActiveJob, Vec<u32>) {
@@ -29,6 +30,7 @@ pub fn submit(
         updated_at: now,
         finished_at: None,
         cancel_requested: false,
+        handler: Some(leader),
     };
     batch.new_jobs.push((record.clone(), spec.clone()));
     let tasks = (0..spec.len() as u32).map(|t| TaskRecord::initial(spec.dag.in_degree(t) > 0, now)).collect();
@@ -69,10 +71,11 @@ pub fn assign(
 /// Marks a job whose tasks have all ended: canceled if that was asked,
 /// succeeded if every task succeeded, failed otherwise. Returns false (and
 /// changes nothing) while a task has not ended.
-pub fn finalize(job: &mut ActiveJob, now: Timestamp, batch: &mut Batch) -> bool {
+pub fn finalize(job: &mut ActiveJob, leader: HandlerId, now: Timestamp, batch: &mut Batch) -> bool {
     if !job.all_ended() {
         return false;
     }
+    job.record.handler = Some(leader);
     job.record.state = if job.record.cancel_requested {
         JobState::Canceled
     } else if job.counts.get(TaskState::Succeeded) as usize == job.len() {
@@ -124,7 +127,8 @@ pub fn cancel(job: &mut ActiveJob, now: Timestamp, batch: &mut Batch) -> CancelR
 /// Retries the failed part of an ended job: failed, upstream_failed and
 /// canceled tasks start over (with a fresh retry budget); succeeded tasks
 /// are kept. Returns the tasks that are ready at once.
-pub fn retry(job: &mut ActiveJob, now: Timestamp, batch: &mut Batch) -> Vec<u32> {
+pub fn retry(job: &mut ActiveJob, leader: HandlerId, now: Timestamp, batch: &mut Batch) -> Vec<u32> {
+    job.record.handler = Some(leader);
     for idx in 0..job.len() as u32 {
         let task = &mut job.tasks[idx as usize];
         if matches!(task.state, TaskState::Failed | TaskState::UpstreamFailed | TaskState::Canceled) {

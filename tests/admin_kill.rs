@@ -3,7 +3,9 @@
 //! acknowledged or dispatched), over and over during a 2,000-task layered
 //! job; workers reconnect by themselves. The job ends as the reference model
 //! says, nothing acknowledged is lost, and nothing that succeeded runs again.
-//! `JOBCENTER_ADMIN_KILLS=N` sets the number of restarts (default 20).
+//! `JOBCENTER_ADMIN_KILLS=N` sets the number of restarts (default 20) and
+//! `JOBCENTER_ADMIN_KILL_TASKS=N` the size of the job (default 2,000): the
+//! soak is 200 kills of a 10,000-task job.
 
 mod common;
 
@@ -133,7 +135,8 @@ fn the_admin_killed_over_and_over_still_finishes_the_job_exactly() {
         server
     };
 
-    let (text, parents, fails) = layered_job(&mut rng, 2000, 100);
+    let n_tasks: usize = std::env::var("JOBCENTER_ADMIN_KILL_TASKS").ok().and_then(|n| n.parse().ok()).unwrap_or(2000);
+    let (text, parents, fails) = layered_job(&mut rng, n_tasks, 100);
     let expected = model(&parents, &fails);
     let log = dir.path().join("exec.log");
     let mut server = start(None);
@@ -187,7 +190,7 @@ fn the_admin_killed_over_and_over_still_finishes_the_job_exactly() {
 
     // Final states as the model says.
     let tasks = done["tasks"].as_array().unwrap();
-    assert_eq!(tasks.len(), 2000);
+    assert_eq!(tasks.len(), n_tasks);
     let mut mismatches = Vec::new();
     for task in tasks {
         let id = task["id"].as_str().unwrap();

@@ -25,7 +25,8 @@ impl Fixture {
         let spec = jobfile::parse(text.as_bytes(), Format::Json, "test", &Limits::default()).expect("valid job");
         let mut batch = Batch::default();
         let now = Timestamp(1_000_000);
-        let (job, ready) = leader::submit(JobId::new(), Arc::new(spec), JobOrigin::User, now, &mut batch);
+        let (job, ready) =
+            leader::submit(JobId::new(), Arc::new(spec), JobOrigin::User, HandlerId::new(), now, &mut batch);
         (Fixture { job, handler: HandlerId::new(), now, batch }, ready)
     }
 
@@ -55,7 +56,7 @@ impl Fixture {
             follower::complete(&mut self.job, idx, attempt, self.handler, outcome, self.now, &mut self.batch)
                 .unwrap_or_else(|r| panic!("completion of {id} refused: {r}"));
         if released.job_done {
-            assert!(leader::finalize(&mut self.job, self.now, &mut self.batch));
+            assert!(leader::finalize(&mut self.job, HandlerId::new(), self.now, &mut self.batch));
         }
         (self.ids(&released.ready), released.job_done)
     }
@@ -294,7 +295,7 @@ fn cancel_ends_waiting_tasks_and_asks_running_ones_to_stop() {
     assert_eq!(asked, vec![f.idx("1"), f.idx("2")]);
     assert_eq!(f.state("3"), TaskState::Canceled);
     assert_eq!(f.state("9"), TaskState::Canceled);
-    assert!(!leader::finalize(&mut f.job, f.now, &mut f.batch), "two tasks still run");
+    assert!(!leader::finalize(&mut f.job, HandlerId::new(), f.now, &mut f.batch), "two tasks still run");
     f.succeed("1");
     let (_, done) = f.end("2", Outcome::Canceled { reason: "stopped".into() });
     assert!(done);
@@ -320,7 +321,7 @@ fn retry_reruns_the_failed_part_and_keeps_what_succeeded() {
     f.assign("8");
     f.succeed("8");
     assert_eq!(f.job.record.state, JobState::Failed);
-    let ready = leader::retry(&mut f.job, f.now, &mut f.batch);
+    let ready = leader::retry(&mut f.job, HandlerId::new(), f.now, &mut f.batch);
     assert_eq!(f.ids(&ready), names(&["4"]));
     assert_eq!(f.job.record.state, JobState::Running);
     assert_eq!(f.state("7"), TaskState::Pending);

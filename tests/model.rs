@@ -133,7 +133,7 @@ impl System {
 
     fn after_step(&mut self, job_done: bool, batch: &mut Batch) {
         if job_done {
-            assert!(leader::finalize(&mut self.job, self.now, batch));
+            assert!(leader::finalize(&mut self.job, HandlerId::new(), self.now, batch));
             self.finalized = true;
         }
     }
@@ -321,7 +321,7 @@ proptest! {
         let store = MemoryStore::new();
         let mut batch = Batch::default();
         let now = Timestamp(1_000);
-        let (job, _) = leader::submit(JobId::new(), Arc::new(spec), JobOrigin::User, now, &mut batch);
+        let (job, _) = leader::submit(JobId::new(), Arc::new(spec), JobOrigin::User, HandlerId::new(), now, &mut batch);
         store.write(&batch).unwrap();
         store.flush().unwrap();
         let model = Model::new(parents, retry_limit);

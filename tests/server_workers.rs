@@ -45,6 +45,7 @@ fn nine_tasks_through_two_workers_end_as_run_ends_them() {
     let jobs = server.cli_json(&["jobs", "--json"]);
     let id = jobs[0]["id"].as_str().unwrap().to_string();
     let job = server.cli_json(&["job", &id, "--json"]);
+    assert!(!job["handler"].as_str().unwrap_or("").is_empty(), "the job records the admin instance that led it");
     let handlers: std::collections::BTreeSet<&str> = job["tasks"]
         .as_array()
         .unwrap()

@@ -49,6 +49,7 @@ pub fn job_json(job: &StoredJob, detailed: bool) -> serde_json::Value {
         if let Some(map) = value.as_object_mut() {
             map.insert("created_at".into(), json!(job.record.created_at.to_rfc3339()));
             map.insert("finished_at".into(), json!(job.record.finished_at.map(|t| t.to_rfc3339())));
+            map.insert("handler".into(), json!(job.record.handler.map(|h| h.to_string())));
         }
     }
     value

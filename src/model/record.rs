@@ -28,6 +28,9 @@ pub struct JobRecord {
     pub updated_at: Timestamp,
     pub finished_at: Option<Timestamp>,
     pub cancel_requested: bool,
+    /// The admin instance that took the job's last leader step (its
+    /// per-process UUID): the job's handler, as a task's is its worker's.
+    pub handler: Option<HandlerId>,
 }
 
 /// The runtime state of one task. A task with no stored record is in its

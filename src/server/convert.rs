@@ -59,6 +59,7 @@ pub fn job(stored: &StoredJob) -> api::Job {
         finished_at_ms: millis(stored.record.finished_at),
         cancel_requested: stored.record.cancel_requested,
         tasks,
+        handler: stored.record.handler.map(|h| h.to_string()).unwrap_or_default(),
     }
 }
 

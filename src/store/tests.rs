@@ -30,6 +30,7 @@ fn record(spec: &JobSpec, state: JobState) -> JobRecord {
         updated_at: Timestamp(1_000),
         finished_at: None,
         cancel_requested: false,
+        handler: None,
     }
 }
 
