@@ -800,12 +800,16 @@ fn batch_events(batch: &Batch) -> Vec<Event> {
     jobs.chain(tasks).collect()
 }
 
+/// Called after each group commit with the time of its write and flush, and of the flush alone.
+pub type CommitObserver = Arc<dyn Fn(std::time::Duration, std::time::Duration) + Send + Sync>;
+
 /// A cheap, cloneable handle to a running engine.
 #[derive(Clone)]
 pub struct EngineHandle {
     commands: mpsc::Sender<Command>,
     store: Arc<dyn Store>,
     events: broadcast::Sender<Event>,
+    commit_observer: Arc<std::sync::OnceLock<CommitObserver>>,
 }
 
 /// The engine itself; `start` loads the store and returns its handle.
@@ -843,12 +847,14 @@ impl Engine {
         let (steps_tx, steps_rx) = mpsc::channel(64);
         let committer_store = store.clone();
         let committer_events = events.clone();
+        let commit_observer: Arc<std::sync::OnceLock<CommitObserver>> = Arc::default();
+        let committer_observer = commit_observer.clone();
         std::thread::Builder::new()
             .name("jobcenter-commit".into())
-            .spawn(move || run_committer(committer_store, steps_rx, committer_events))
+            .spawn(move || run_committer(committer_store, steps_rx, committer_events, committer_observer))
             .map_err(|e| Error::Store(store::Error::Io(e.to_string())))?;
         tokio::spawn(run_loop(core, clock, commands_rx, steps_tx));
-        Ok(EngineHandle { commands: commands_tx, store, events })
+        Ok(EngineHandle { commands: commands_tx, store, events, commit_observer })
     }
 }
 
@@ -901,7 +907,12 @@ async fn run_loop(
 }
 
 /// Writes every step it has as one batch, flushes once, then performs their actions.
-fn run_committer(store: Arc<dyn Store>, mut steps: mpsc::Receiver<Step>, events: broadcast::Sender<Event>) {
+fn run_committer(
+    store: Arc<dyn Store>,
+    mut steps: mpsc::Receiver<Step>,
+    events: broadcast::Sender<Event>,
+    observer: Arc<std::sync::OnceLock<CommitObserver>>,
+) {
     let mut pending: Vec<Step> = Vec::new();
     let mut crash = CrashPoint::from_env();
     while let Some(step) = steps.blocking_recv() {
@@ -914,9 +925,14 @@ fn run_committer(store: Arc<dyn Store>, mut steps: mpsc::Receiver<Step>, events:
             batch.append(std::mem::take(&mut step.batch));
         }
         if !batch.is_empty() {
+            let started = std::time::Instant::now();
             fail_stop(store.write(&batch));
             crash.reached("before-flush");
+            let flush_started = std::time::Instant::now();
             fail_stop(store.flush());
+            if let Some(observe) = observer.get() {
+                observe(started.elapsed(), flush_started.elapsed());
+            }
             crash.reached("after-flush");
         }
         for step in pending.drain(..) {
@@ -1037,6 +1053,11 @@ impl EngineHandle {
     pub async fn retry(&self, job: JobId) -> Result<(), Error> {
         let stored = self.stored(job).await?.ok_or(Error::UnknownJob(job))?;
         self.call(|reply| Command::Retry { job: stored, reply }).await?
+    }
+
+    /// Reports the timing of every group commit from now on; the first observer set stays.
+    pub fn on_commit(&self, observer: CommitObserver) {
+        let _ = self.commit_observer.set(observer);
     }
 
     /// Every durable change from now on.

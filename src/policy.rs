@@ -19,11 +19,31 @@ pub struct Policy {
     /// 0: no limit.
     pub execution_timeout_seconds: u32,
     pub job_type_max_runtime_seconds: u32,
+    /// How often the scheduler asks a detector what needs doing.
+    pub detection_interval_seconds: u32,
+    pub detection_timeout_seconds: u32,
+    pub max_jobs_per_detection: u32,
+    /// 0 turns detection off for the job type.
+    pub detection_enabled: u32,
+}
+
+/// The detection interval of a job type whose descriptor names none.
+pub fn default_detection_interval(job_type: &str) -> u32 {
+    match job_type {
+        "vacuum" => 2 * 3600,
+        "volume_balance" => 30 * 60,
+        "erasure_coding" => 5 * 60,
+        _ => 3600,
+    }
 }
 
 impl Default for Policy {
     fn default() -> Policy {
         Policy {
+            detection_interval_seconds: 3600,
+            detection_timeout_seconds: 45,
+            max_jobs_per_detection: 1000,
+            detection_enabled: 1,
             global_execution_concurrency: 1,
             per_worker_execution_concurrency: 1,
             retry_limit: 0,
@@ -35,7 +55,11 @@ impl Default for Policy {
 }
 
 /// Names of the settings, as `jobcenter policy set` takes them.
-pub const SETTINGS: [&str; 6] = [
+pub const SETTINGS: [&str; 10] = [
+    "detection_interval_seconds",
+    "detection_timeout_seconds",
+    "max_jobs_per_detection",
+    "detection_enabled",
     "global_execution_concurrency",
     "per_worker_execution_concurrency",
     "retry_limit",
@@ -84,6 +108,10 @@ impl Policy {
             "retry_backoff_seconds" => &mut self.retry_backoff_seconds,
             "execution_timeout_seconds" => &mut self.execution_timeout_seconds,
             "job_type_max_runtime_seconds" => &mut self.job_type_max_runtime_seconds,
+            "detection_interval_seconds" => &mut self.detection_interval_seconds,
+            "detection_timeout_seconds" => &mut self.detection_timeout_seconds,
+            "max_jobs_per_detection" => &mut self.max_jobs_per_detection,
+            "detection_enabled" => &mut self.detection_enabled,
             _ => return None,
         })
     }
@@ -94,11 +122,13 @@ impl Policy {
 
     /// The effective policy of a job type and where each value came from.
     pub fn resolve(
+        job_type: &str,
         builtin: Option<Policy>,
         descriptor: Option<&AdminRuntimeDefaults>,
         overrides: &Overrides,
     ) -> (Policy, BTreeMap<String, Source>) {
         let mut policy = builtin.unwrap_or_default();
+        policy.detection_interval_seconds = default_detection_interval(job_type);
         let mut sources: BTreeMap<String, Source> = SETTINGS.iter().map(|s| (s.to_string(), Source::Default)).collect();
         if let Some(d) = descriptor {
             let from_descriptor = [
@@ -108,6 +138,9 @@ impl Policy {
                 ("retry_backoff_seconds", d.retry_backoff_seconds),
                 ("execution_timeout_seconds", d.execution_timeout_seconds),
                 ("job_type_max_runtime_seconds", d.job_type_max_runtime_seconds),
+                ("detection_interval_seconds", d.detection_interval_minutes.saturating_mul(60)),
+                ("detection_timeout_seconds", d.detection_timeout_seconds),
+                ("max_jobs_per_detection", d.max_jobs_per_detection),
             ];
             for (name, value) in from_descriptor {
                 // A descriptor leaves a value it does not set at 0; retries may really be 0.
@@ -168,8 +201,14 @@ pub fn apply_changes(overrides: &Overrides, changes: &BTreeMap<String, String>) 
         }
         let number: u32 =
             value.trim().parse().map_err(|_| Error::NotANumber { name: name.clone(), value: value.clone() })?;
-        let must_be_positive =
-            matches!(name.as_str(), "global_execution_concurrency" | "per_worker_execution_concurrency");
+        let must_be_positive = matches!(
+            name.as_str(),
+            "global_execution_concurrency"
+                | "per_worker_execution_concurrency"
+                | "detection_interval_seconds"
+                | "detection_timeout_seconds"
+                | "max_jobs_per_detection"
+        );
         if must_be_positive && number == 0 {
             return Err(Error::Zero { name: name.clone() });
         }
@@ -201,7 +240,7 @@ mod tests {
             ..AdminRuntimeDefaults::default()
         };
         let overrides = Overrides::from([("retry_limit".to_string(), 5)]);
-        let (policy, sources) = Policy::resolve(None, Some(&descriptor), &overrides);
+        let (policy, sources) = Policy::resolve("vacuum", None, Some(&descriptor), &overrides);
         assert_eq!(policy.global_execution_concurrency, 4);
         assert_eq!(sources["global_execution_concurrency"], Source::Descriptor);
         assert_eq!(policy.retry_limit, 5);

@@ -83,6 +83,10 @@ pub fn policy(job_type: &str, policy: &Policy, sources: &BTreeMap<String, Source
         retry_backoff_seconds: policy.retry_backoff_seconds,
         execution_timeout_seconds: policy.execution_timeout_seconds,
         job_type_max_runtime_seconds: policy.job_type_max_runtime_seconds,
+        detection_interval_seconds: policy.detection_interval_seconds,
+        detection_timeout_seconds: policy.detection_timeout_seconds,
+        max_jobs_per_detection: policy.max_jobs_per_detection,
+        detection_enabled: policy.detection_enabled != 0,
         sources: sources.iter().map(|(k, v)| (k.clone(), v.as_str().to_string())).collect(),
     }
 }

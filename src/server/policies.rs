@@ -71,7 +71,7 @@ impl Policies {
         let book = self.book.lock().expect("policy lock");
         let descriptor = book.descriptors.get(job_type).and_then(|d| d.admin_runtime_defaults.as_ref());
         let overrides = book.overrides.get(job_type).cloned().unwrap_or_default();
-        Policy::resolve(policy::builtin(job_type), descriptor, &overrides)
+        Policy::resolve(job_type, policy::builtin(job_type), descriptor, &overrides)
     }
 
     pub fn save_descriptor(&self, descriptor: JobTypeDescriptor) -> Result<(), store::Error> {

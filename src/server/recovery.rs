@@ -79,6 +79,9 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
     }
     let mut out = Vec::with_capacity(findings.len());
     for (finding, applied) in findings.into_iter().zip(applied) {
+        if !dry_run {
+            shared.metrics.record_recovery_finding(finding.rule.id());
+        }
         tracing::warn!(
             rule = finding.rule.id(),
             job.id = %finding.job,

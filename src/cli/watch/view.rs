@@ -224,8 +224,9 @@ fn level_line(state: &WatchState, level: u32, selected: bool) -> Line<'static> {
     Line::from(spans)
 }
 
-/// A chip's text: icon, id, percent while running, dependencies.
-fn chip_label(state: &WatchState, idx: u32) -> String {
+/// A chip's text: icon, id, percent while running, dependencies; built no
+/// longer than `width` columns needs (a task may have thousands of parents).
+fn chip_label(state: &WatchState, idx: u32, width: usize) -> String {
     let task = state.task(idx);
     let task_state = state.state_of(idx);
     let mut label = format!("{} {}", glyph(task_state), task.id);
@@ -236,6 +237,9 @@ fn chip_label(state: &WatchState, idx: u32) -> String {
     if !parents.is_empty() {
         label.push_str(" ←");
         for &p in parents {
+            if label.chars().count() > width {
+                break;
+            }
             label.push(' ');
             label.push_str(&state.task(p).id);
         }
@@ -255,7 +259,7 @@ fn tasks_line(state: &WatchState, tasks: &[u32], selected: Option<u32>) -> Line<
                 style = style.add_modifier(Modifier::UNDERLINED);
             }
         }
-        spans.push(Span::styled(fit(&chip_label(state, idx), width - 1), style));
+        spans.push(Span::styled(fit(&chip_label(state, idx, width), width - 1), style));
         spans.push(Span::raw(" "));
     }
     Line::from(spans)
@@ -398,7 +402,7 @@ mod tests {
     use ratatui::Terminal;
 
     use super::*;
-    use crate::cli::watch::state::tests::{nine, transition, wide};
+    use crate::cli::watch::state::tests::{job, nine, task, transition, wide};
     use crate::cli::watch::state::Key;
     use crate::proto::api;
 
@@ -746,6 +750,21 @@ mod tests {
         assert!(!screen.contains("· 4"), "{screen}");
         state.link = Link::Lost { error: "connection refused".into(), retry_in_ms: 1_600 };
         assert!(text(&render(&mut state, 80, 10)).contains("reconnecting in 1.6s"));
+    }
+
+    #[test]
+    fn a_task_with_thousands_of_parents_gets_a_cut_label() {
+        let mut tasks: Vec<api::Task> = (0..5_000).map(|i| task(&format!("p{i}"), "succeeded", &[])).collect();
+        let parents: Vec<String> = (0..5_000).map(|i| format!("p{i}")).collect();
+        let parents: Vec<&str> = parents.iter().map(String::as_str).collect();
+        tasks.push(task("join", "ready", &parents));
+        let mut state = WatchState::new();
+        state.apply_snapshot(job("running", tasks));
+        let label = chip_label(&state, 5_000, state.chip_width());
+        assert!(label.starts_with("○ join ← p0 p1 p2"), "{label}");
+        assert!(label.chars().count() <= state.chip_width() + 8, "{label}");
+        let screen = text(&render(&mut state, 80, 12));
+        assert!(screen.contains("▸ level 1  1 task"), "{screen}");
     }
 
     #[test]
