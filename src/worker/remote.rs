@@ -717,7 +717,7 @@ fn heartbeat_message(worker_id: &str, executions: &Executions, max_detect: u32) 
     }
 }
 
-fn schema_response(request_id: String, job_type: &str, served: bool, max_execute: u32) -> ConfigSchemaResponse {
+fn schema_response(request_id: String, job_type: &str, served: bool, _max_execute: u32) -> ConfigSchemaResponse {
     if !served {
         return ConfigSchemaResponse {
             request_id,
@@ -744,7 +744,9 @@ fn schema_response(request_id: String, job_type: &str, served: bool, max_execute
                 detection_timeout_seconds: 45,
                 max_jobs_per_detection: 1000,
                 global_execution_concurrency: 1024,
-                per_worker_execution_concurrency: saturating_i32(max_execute),
+                // A job type's descriptor is shared by every worker that serves
+                // it; each worker's own slots bound it through its capability.
+                per_worker_execution_concurrency: 1024,
                 retry_limit: 0,
                 retry_backoff_seconds: 5,
                 job_type_max_runtime_seconds: 1800,
@@ -953,7 +955,7 @@ mod tests {
         assert_eq!((descriptor.job_type.as_str(), descriptor.descriptor_version), ("shell", 1));
         let defaults = descriptor.admin_runtime_defaults.expect("runtime defaults");
         assert!(defaults.enabled);
-        assert_eq!(defaults.per_worker_execution_concurrency, 4);
+        assert_eq!(defaults.per_worker_execution_concurrency, 1024);
         assert_eq!(defaults.global_execution_concurrency, 1024);
         assert_eq!(defaults.job_type_max_runtime_seconds, 1800);
         assert_eq!(defaults.detection_timeout_seconds, 45);

@@ -1,0 +1,394 @@
+//! Real maintenance through jobcenter: a SeaweedFS cluster on loopback
+//! (`tests/common/seaweedfs.rs`), a `jobcenter server --master` pointing at
+//! it, and a real `weed worker` executing hand-submitted vacuum and erasure
+//! coding tasks. Each test checks the effect on the cluster as the master and
+//! the volume servers report it, not only the job's state.
+
+mod common;
+#[path = "common/seaweedfs.rs"]
+mod seaweedfs;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use common::{wait_until, Process, Server};
+use seaweedfs::{task_params, Cluster, ClusterOptions, StoredFile, WAIT};
+
+/// A cluster, a jobcenter server that hands its master to workers, and the
+/// directory holding the server's data, job files and worker logs.
+struct Setup {
+    cluster: Cluster,
+    server: Server,
+    dir: tempfile::TempDir,
+}
+
+const JOB_TYPES: [&str; 3] = ["vacuum", "erasure_coding", "volume_balance"];
+
+impl Setup {
+    fn start(options: ClusterOptions) -> Setup {
+        let cluster = Cluster::start(options);
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(&dir.path().join("data"), &["--master", &cluster.master_address()]);
+        // Only the tasks these tests submit touch the cluster: no detection
+        // proposes work of its own while they look.
+        for job_type in JOB_TYPES {
+            let output = server.cli(&["policy", "set", job_type, "detection_enabled=0"]);
+            assert!(output.status.success(), "policy set {job_type}: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        Setup { cluster, server, dir }
+    }
+
+    fn worker_log(&self, id: &str) -> PathBuf {
+        self.dir.path().join(format!("{id}.log"))
+    }
+
+    /// Starts `weed worker` with the three maintenance job types and waits
+    /// until jobcenter lists it.
+    fn start_weed_worker(&self, id: &str) -> Process {
+        let working = self.dir.path().join(id);
+        std::fs::create_dir_all(&working).unwrap();
+        let log = std::fs::File::create(self.worker_log(id)).unwrap();
+        let child = Command::new(seaweedfs::weed())
+            .args([
+                "worker",
+                &format!("-admin={}", self.server.http),
+                &format!("-id={id}"),
+                &format!("-jobType={}", JOB_TYPES.join(",")),
+                "-heartbeat=1s",
+                &format!("-workingDir={}", working.display()),
+            ])
+            .current_dir(&working)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start weed worker");
+        let process = Process { child, name: id.to_string() };
+        let registered = wait_until(WAIT, || {
+            let workers = self.server.workers();
+            workers.iter().any(|w| w["worker_id"] == id && capability_types(w).len() == JOB_TYPES.len()).then_some(())
+        });
+        assert!(
+            registered.is_some(),
+            "{id} did not register: {:?}\n{}",
+            self.server.workers(),
+            seaweedfs::log_tail(&self.worker_log(id))
+        );
+        process
+    }
+
+    fn handler_of(&self, worker_id: &str) -> String {
+        let workers = self.server.workers();
+        let worker = workers.iter().find(|w| w["worker_id"] == worker_id).expect("the worker is listed");
+        worker["handler"].as_str().unwrap_or_default().to_string()
+    }
+
+    fn write_job(&self, job: &Value) -> PathBuf {
+        let path = self.dir.path().join(format!("{}.json", job["name"].as_str().unwrap()));
+        std::fs::write(&path, serde_json::to_vec_pretty(job).unwrap()).unwrap();
+        path
+    }
+
+    /// `submit FILE --wait --json`: the final job (id, state, tasks).
+    fn submit_and_wait(&self, job: &Value) -> Value {
+        let path = self.write_job(job);
+        let output = self.server.cli(&["submit", path.to_str().unwrap(), "--wait", "--json"]);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+            panic!("submit printed no JSON ({e}): {stdout}\nstderr: {}", String::from_utf8_lossy(&output.stderr))
+        })
+    }
+
+    /// `submit FILE --json` without waiting: the job id.
+    fn submit(&self, job: &Value) -> String {
+        let path = self.write_job(job);
+        let answer = self.server.cli_json(&["submit", path.to_str().unwrap(), "--json"]);
+        answer["job_id"].as_str().expect("job_id").to_string()
+    }
+
+    /// `job ID --json`: every task with its attempt, handler, times, output.
+    fn job(&self, id: &str) -> Value {
+        self.server.cli_json(&["job", id, "--json"])
+    }
+
+    /// What to print when an assertion about a job fails.
+    fn context(&self, worker_ids: &[&str]) -> String {
+        let mut out = String::new();
+        for id in worker_ids {
+            out.push_str(&format!("== {id}\n{}\n", seaweedfs::log_tail(&self.worker_log(id))));
+        }
+        out.push_str(&format!("== server\n{}\n", seaweedfs::log_tail(&self.server.log)));
+        out
+    }
+}
+
+fn capability_types(worker: &Value) -> Vec<String> {
+    worker["capabilities"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["job_type"].as_str().map(String::from))
+        .collect()
+}
+
+fn task<'a>(job: &'a Value, id: &str) -> &'a Value {
+    job["tasks"]
+        .as_array()
+        .and_then(|tasks| tasks.iter().find(|t| t["id"] == id))
+        .unwrap_or_else(|| panic!("no task {id} in {job}"))
+}
+
+fn bytes_param(bytes: &[u8]) -> Value {
+    json!({ "$bytes": task_params::hex(bytes) })
+}
+
+/// The files of `volume_id` still read back with what was written.
+fn assert_readable(cluster: &Cluster, files: &[StoredFile], volume_id: u32) {
+    let on_volume: Vec<&StoredFile> = files.iter().filter(|f| f.volume_id == volume_id).collect();
+    assert!(!on_volume.is_empty(), "no kept file on volume {volume_id}");
+    for file in on_volume {
+        let data = cluster.read(file).unwrap_or_else(|e| panic!("read {}: {e}", file.fid));
+        assert!(data == file.content(), "{} reads back {} bytes, not the {} written", file.fid, data.len(), file.len);
+    }
+}
+
+#[test]
+fn a_vacuum_submitted_by_hand_reclaims_the_garbage_of_a_volume() {
+    let setup = Setup::start(ClusterOptions::default());
+    let cluster = &setup.cluster;
+    let _worker = setup.start_weed_worker("weed-vacuum");
+
+    // Files spread over the volumes the master grows; 60% deleted.
+    let files = cluster.write_files(120, 64, "");
+    let (deleted, kept) = cluster.delete_percent(&files, 60);
+    // One more volume, with a fifth of its files deleted: below the loose
+    // path's 0.3 threshold.
+    let cool = cluster.write_files_to_one_volume(10, 64, "cool");
+    let (_, cool_kept) = cluster.delete_percent(&cool, 20);
+    let cool_id = cool[0].volume_id;
+
+    let n_deleted_on = |id: u32| deleted.iter().filter(|f| f.volume_id == id).count() as u64;
+    let before = cluster.wait_for("the deletions reach the master", |t| {
+        let settled = t.volumes.iter().all(|v| v.delete_count == n_deleted_on(v.id) || v.collection == "cool")
+            && t.volume(cool_id).is_some_and(|v| v.delete_count == 2);
+        settled.then(|| t.clone())
+    });
+    let volume = before
+        .volumes
+        .iter()
+        .filter(|v| v.collection.is_empty() && v.garbage_ratio() > 0.4)
+        .max_by_key(|v| v.deleted_bytes)
+        .unwrap_or_else(|| panic!("no volume with garbage: {before:#?}"))
+        .clone();
+    let id = volume.id;
+
+    // 1. The loose parameters: volume_id, server, collection.
+    let job = setup.submit_and_wait(&json!({
+        "name": format!("vacuum-{id}"),
+        "tasks": [{"id": format!("vacuum-{id}"), "job_type": "vacuum",
+                   "parameters": {"volume_id": id, "server": volume.server, "collection": ""}}]
+    }));
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-vacuum"]));
+
+    // The volume server compacted it: no deleted bytes, smaller by about as much.
+    let server = cluster.volume_server(&volume.server);
+    let now = server.volumes().into_iter().find(|v| v.id == id).expect("the volume is still on its server");
+    assert_eq!(now.deleted_bytes, 0, "garbage left on the volume server: {now:?}");
+    assert!(now.size + volume.deleted_bytes / 2 <= volume.size, "size {} -> {}", volume.size, now.size);
+    // The master learns it from the next heartbeat.
+    cluster.wait_for(&format!("volume {id} vacuumed at the master"), |t| {
+        t.volume(id).filter(|v| v.deleted_bytes == 0 && v.size < volume.size).map(|_| ())
+    });
+    // The kept files survived the compaction; the deleted ones are gone.
+    assert_readable(cluster, &kept, id);
+    let gone = deleted.iter().find(|f| f.volume_id == id).expect("a deleted file of the volume");
+    assert!(cluster.read(gone).is_err(), "{} was deleted but reads back", gone.fid);
+    // Nothing else was vacuumed.
+    let other = before.volumes.iter().find(|v| v.id != id && v.deleted_bytes > 0).expect("another volume with garbage");
+    let other_now = cluster.volume_server(&other.server).volumes().into_iter().find(|v| v.id == other.id).unwrap();
+    assert_eq!(other_now.deleted_bytes, other.deleted_bytes, "volume {} was vacuumed too", other.id);
+
+    // 2. Below 0.3 the loose path skips the volume, and still succeeds.
+    let cool_volume = before.volume(cool_id).unwrap().clone();
+    assert!(cool_volume.garbage_ratio() > 0.1 && cool_volume.garbage_ratio() < 0.3, "{cool_volume:?}");
+    let job = setup.submit_and_wait(&json!({
+        "name": format!("vacuum-{cool_id}-loose"),
+        "tasks": [{"id": format!("vacuum-{cool_id}"), "job_type": "vacuum",
+                   "parameters": {"volume_id": cool_id, "server": cool_volume.server, "collection": "cool"}}]
+    }));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let cool_server = cluster.volume_server(&cool_volume.server);
+    let cool_now = cool_server.volumes().into_iter().find(|v| v.id == cool_id).unwrap();
+    assert_eq!(cool_now.deleted_bytes, cool_volume.deleted_bytes, "the loose path vacuumed below 0.3");
+
+    // 3. task_params_pb carries a threshold of its own.
+    let params = task_params::vacuum(cool_id, "cool", std::slice::from_ref(&cool_volume.server), 0.05);
+    let job = setup.submit_and_wait(&json!({
+        "name": format!("vacuum-{cool_id}-pb"),
+        "tasks": [{"id": format!("vacuum-{cool_id}"), "job_type": "vacuum",
+                   "parameters": {"volume_id": cool_id, "server": cool_volume.server, "collection": "cool",
+                                  "task_params_pb": bytes_param(&params)}}]
+    }));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let cool_now = cool_server.volumes().into_iter().find(|v| v.id == cool_id).unwrap();
+    assert_eq!(cool_now.deleted_bytes, 0, "task_params_pb with threshold 0.05 left garbage: {cool_now:?}");
+    assert_readable(cluster, &cool_kept, cool_id);
+}
+
+#[test]
+fn a_vacuum_then_an_erasure_coding_of_the_same_volume_run_in_order() {
+    let setup = Setup::start(ClusterOptions { volume_size_limit_mb: 16, ..ClusterOptions::default() });
+    let cluster = &setup.cluster;
+    let _worker = setup.start_weed_worker("weed-ec");
+
+    // A full and quiet volume, as erasure coding detection wants one; then
+    // half of it deleted so that the vacuum has work.
+    let full = cluster.fill_volume("ec", 512, Duration::from_secs(2));
+    let id = full.volume.id;
+    let source = full.volume.server.clone();
+    let (_, kept) = cluster.delete_percent(&full.files, 50);
+    let before = cluster
+        .wait_for("the deletions reach the master", |t| t.volume(id).filter(|v| v.garbage_ratio() > 0.3).cloned());
+    let targets = cluster.volume_server_addresses();
+
+    // By loose parameters, erasure coding wants 14 distinct target servers:
+    // four are refused before anything is touched.
+    let job = setup.submit_and_wait(&json!({
+        "name": format!("ec-{id}-loose"),
+        "tasks": [{"id": format!("ec-{id}"), "job_type": "erasure_coding", "retry_limit": 0,
+                   "parameters": {"volume_id": id, "source_server": source, "collection": "ec",
+                                  "target_servers": targets}}]
+    }));
+    assert_eq!(job["state"], "failed", "{job}");
+    let error = task(&job, &format!("ec-{id}"))["error"].as_str().unwrap_or_default().to_string();
+    assert!(error.contains("insufficient target_servers: got 4, need at least 14"), "{error}");
+    let untouched = cluster.topology();
+    let volume = untouched.volume(id).expect("the volume is still there");
+    assert!(!volume.read_only, "{volume:?}");
+
+    // Vacuum, then erasure coding with task_params_pb: 14 shards dealt over
+    // the four servers.
+    let vacuum_id = format!("vacuum-{id}");
+    let ec_id = format!("ec-{id}");
+    let params = task_params::erasure_coding(id, "ec", &source, &targets);
+    let job = setup.submit_and_wait(&json!({
+        "name": format!("vacuum-then-ec-{id}"),
+        "tasks": [
+            {"id": vacuum_id, "job_type": "vacuum",
+             "parameters": {"volume_id": id, "server": source, "collection": "ec"}},
+            {"id": ec_id, "job_type": "erasure_coding", "depends_on": [vacuum_id],
+             "parameters": {"volume_id": id, "source_server": source, "collection": "ec",
+                            "task_params_pb": bytes_param(&params)}}
+        ]
+    }));
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-ec"]));
+    let job = setup.job(job["id"].as_str().unwrap());
+    let (vacuum, ec) = (task(&job, &vacuum_id), task(&job, &ec_id));
+    let vacuum_finished = vacuum["finished_at_ms"].as_i64().unwrap_or(0);
+    let ec_started = ec["started_at_ms"].as_i64().unwrap_or(0);
+    assert!(
+        vacuum_finished > 0 && ec_started >= vacuum_finished,
+        "ec started {ec_started}, vacuum finished {vacuum_finished}"
+    );
+    assert_eq!(vacuum["attempt"], 1);
+    assert_eq!(ec["attempt"], 1);
+    let output = |t: &Value| t["output"].as_array().map(|o| format!("{o:?}")).unwrap_or_default();
+    assert!(output(vacuum).contains(&format!("vacuum completed for volume {id}")), "{}", output(vacuum));
+    assert!(output(ec).contains(&format!("erasure coding completed for volume {id}")), "{}", output(ec));
+
+    // The master no longer has the volume, only its 14 shards, on every server.
+    let after = cluster.wait_for(&format!("volume {id} as EC shards"), |t| {
+        (t.volume(id).is_none() && t.total_ec_shards() >= 14).then(|| t.clone())
+    });
+    assert!(after.ec_shard_counts.values().all(|&n| n >= 3), "{:?}", after.ec_shard_counts);
+    let ec_volumes = cluster.ec_shards();
+    let ec_volume = ec_volumes.get(&id).unwrap_or_else(|| panic!("no EC shards of volume {id}: {ec_volumes:?}"));
+    let mut all: Vec<u32> = ec_volume.shards.values().flatten().copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..14).collect::<Vec<u32>>(), "{ec_volume:?}");
+    assert_eq!(ec_volume.shards.len(), 4, "{ec_volume:?}");
+    // The vacuum ran first: the ten data shards (1 MiB blocks) hold the
+    // half that was kept, less than the volume held before the vacuum.
+    let data_bytes = ec_volume.bytes * 10 / 14;
+    assert!(data_bytes < before.size, "data shards {data_bytes} bytes, volume before the vacuum {}", before.size);
+    assert_readable(cluster, &kept, id);
+}
+
+#[test]
+fn a_weed_worker_killed_during_a_vacuum_loses_its_attempt_and_a_second_worker_runs_it() {
+    // Compaction at 1 MB/s: the vacuum of a few MB of live data takes seconds.
+    let options = ClusterOptions { volume_args: vec!["-compactionMBps=1".into()], ..ClusterOptions::default() };
+    let setup = Setup::start(options);
+    let cluster = &setup.cluster;
+    let mut first = setup.start_weed_worker("weed-first");
+    let first_handler = setup.handler_of("weed-first");
+
+    let files = cluster.write_files_to_one_volume(40, 256, "slow");
+    let id = files[0].volume_id;
+    let (_, kept) = cluster.delete_percent(&files, 50);
+    let volume =
+        cluster.wait_for("the deletions reach the master", |t| t.volume(id).filter(|v| v.delete_count == 20).cloned());
+    let server = cluster.volume_server(&volume.server);
+
+    let task_id = format!("vacuum-{id}");
+    let job_id = setup.submit(&json!({
+        "name": format!("slow-vacuum-{id}"),
+        "tasks": [{"id": task_id, "job_type": "vacuum",
+                   "parameters": {"volume_id": id, "server": volume.server, "collection": "slow"}}]
+    }));
+    // Running, and past the check: the volume server is compacting.
+    let running = wait_until(WAIT, || {
+        let job = setup.job(&job_id);
+        let t = task(&job, &task_id);
+        (t["state"] == "running" && t["progress_percent"].as_f64().unwrap_or(0.0) >= 50.0).then(|| t.clone())
+    });
+    let running = running.unwrap_or_else(|| panic!("{}\n{}", setup.job(&job_id), setup.context(&["weed-first"])));
+    assert_eq!(running["attempt"], 1);
+    assert_eq!(running["handler"], first_handler.as_str());
+    first.kill();
+
+    // The attempt is lost with its stream: the task waits, nothing runs.
+    let lost = wait_until(WAIT, || {
+        let job = setup.job(&job_id);
+        let t = task(&job, &task_id).clone();
+        (t["state"] != "running" && t["lost"] == 1).then_some((job, t))
+    });
+    let (job, lost) = lost.unwrap_or_else(|| panic!("the attempt was not lost: {}", setup.job(&job_id)));
+    assert_eq!(job["state"], "running", "the job ended without a worker: {job}");
+    assert_ne!(lost["state"], "failed", "{lost}");
+    assert!(setup.server.workers().is_empty(), "{:?}", setup.server.workers());
+
+    // The volume server finishes the compaction the dead worker asked for,
+    // uncommitted; a vacuum sent meanwhile would find it "already compacting"
+    // and do nothing. Wait for it to end before the second worker comes.
+    server.wait_compaction_idle(id, "slow");
+
+    let _second = setup.start_weed_worker("weed-second");
+    let second_handler = setup.handler_of("weed-second");
+    let ended = wait_until(WAIT, || {
+        let job = setup.job(&job_id);
+        matches!(job["state"].as_str(), Some("succeeded" | "failed" | "canceled")).then_some(job)
+    });
+    let job = ended
+        .unwrap_or_else(|| panic!("the job did not end: {}\n{}", setup.job(&job_id), setup.context(&["weed-second"])));
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-first", "weed-second"]));
+    let t = task(&job, &task_id);
+    assert_eq!(t["attempt"], 2, "{t}");
+    assert_eq!(t["lost"], 1, "{t}");
+    assert_eq!(t["failures"], 0, "{t}");
+    assert_eq!(t["handler"], second_handler.as_str(), "{t}");
+    assert!(job["tasks"].as_array().unwrap().iter().all(|t| t["state"] == "succeeded"), "{job}");
+    let listed = setup.server.cli_json(&["jobs", "--json"]);
+    let running: Vec<&Value> = listed.as_array().into_iter().flatten().filter(|j| j["state"] == "running").collect();
+    assert!(running.is_empty(), "{running:?}");
+
+    // The second attempt really vacuumed the volume.
+    let now = server.volumes().into_iter().find(|v| v.id == id).expect("the volume is still on its server");
+    assert_eq!(now.deleted_bytes, 0, "{now:?}");
+    assert!(now.size < volume.size, "{} -> {}", volume.size, now.size);
+    assert!(!now.read_only, "{now:?}");
+    assert_readable(cluster, &kept, id);
+}
