@@ -179,6 +179,9 @@ enum Command {
         running: HashSet<String>,
         before: Timestamp,
     },
+    ActiveDedupeKeys {
+        reply: Reply<HashSet<String>>,
+    },
     HandlerGone {
         handler: HandlerId,
         reason: String,
@@ -235,6 +238,8 @@ struct Core {
     releasing: Option<std::time::Instant>,
     /// When the completion that made each queued task ready reached the server.
     released_at: HashMap<TaskRef, std::time::Instant>,
+    /// Resources (volumes) held by running attempts: key -> (task, attempt).
+    resources: HashMap<String, (TaskRef, u32)>,
 }
 
 impl Core {
@@ -374,6 +379,18 @@ impl Core {
                 step.reply(reply, applied);
             }
             Command::Reconcile { handler, running, before } => self.reconcile(handler, &running, before, now, step),
+            Command::ActiveDedupeKeys { reply } => {
+                let keys =
+                    self.jobs
+                        .values()
+                        .flat_map(|job| {
+                            job.spec.tasks.iter().zip(&job.tasks).filter(|(_, t)| !t.state.is_terminal()).filter_map(
+                                |(spec, _)| spec.labels.get("dedupe_key").filter(|k| !k.is_empty()).cloned(),
+                            )
+                        })
+                        .collect();
+                let _ = reply.send(keys);
+            }
             Command::LoseAllBut { live, reason, reply } => {
                 let mut orphans = Vec::new();
                 for (id, job) in &self.jobs {
@@ -652,13 +669,26 @@ impl Core {
     fn dispatch_ready(&mut self, now: Timestamp, step: &mut Step) {
         self.dispatch.promote_due(now);
         for job_type in self.dispatch.queued_types() {
+            let mut blocked: Vec<(TaskRef, crate::model::Priority)> = Vec::new();
             while let Some(handler) = self.dispatch.pick_handler(&job_type) {
                 let Some(task) = self.dispatch.pop(&job_type) else { break };
-                let Some(job) = self.jobs.get_mut(&task.job) else { continue };
+                let Some(job) = self.jobs.get(&task.job) else { continue };
                 let record = &job.tasks[task.idx.index()];
                 if record.state != TaskState::Ready {
                     continue;
                 }
+                // A task never runs while another task on the same volume runs,
+                // whatever job or job type that one belongs to.
+                let resource = job.spec.tasks[task.idx.index()].labels.get("volume_id").map(|v| format!("volume:{v}"));
+                let priority = job.spec.tasks[task.idx.index()].priority;
+                if let Some(key) = &resource {
+                    if self.resource_busy(key) {
+                        blocked.push((task, priority));
+                        continue;
+                    }
+                }
+                let Some(job) = self.jobs.get_mut(&task.job) else { continue };
+                let record = &job.tasks[task.idx.index()];
                 if record.not_before.is_some_and(|at| at > now) {
                     let (job_type, priority) = {
                         let spec = &job.spec.tasks[task.idx.index()];
@@ -669,6 +699,9 @@ impl Core {
                 }
                 let running = self.dispatch.starts_running(handler);
                 let attempt = leader::assign(job, task.idx.0, handler, running, now, &mut step.batch);
+                if let Some(key) = resource {
+                    self.resources.insert(key, (task, attempt));
+                }
                 let spec = &job.spec.tasks[task.idx.index()];
                 let assignment = Assignment {
                     released_at: self.released_at.remove(&task),
@@ -691,7 +724,24 @@ impl Core {
                     step.actions.push(Action::Send { sink: sink.clone(), order: WorkOrder::Execute(assignment) });
                 }
             }
+            for (task, priority) in blocked {
+                self.dispatch.push_ready(job_type.clone(), priority, task, None, now);
+            }
         }
+    }
+
+    /// Whether a task that holds the resource still runs.
+    fn resource_busy(&mut self, key: &str) -> bool {
+        let Some(&(task, attempt)) = self.resources.get(key) else { return false };
+        let busy = self
+            .jobs
+            .get(&task.job)
+            .and_then(|job| job.tasks.get(task.idx.index()))
+            .is_some_and(|t| t.state.is_held() && t.attempt == attempt);
+        if !busy {
+            self.resources.remove(key);
+        }
+        busy
     }
 
     /// When the next delayed task or execution deadline is due.
@@ -833,6 +883,7 @@ impl Engine {
             events: events.clone(),
             releasing: None,
             released_at: HashMap::new(),
+            resources: HashMap::new(),
         };
         let mut step = Step::default();
         core.restore(loaded, clock.now(), &mut step);
@@ -1117,6 +1168,11 @@ impl EngineHandle {
         before: Timestamp,
     ) -> Result<(), Error> {
         self.send(Command::Reconcile { handler, running, before }).await
+    }
+
+    /// The dedupe keys (label `dedupe_key`) of every task that has not ended.
+    pub async fn active_dedupe_keys(&self) -> Result<HashSet<String>, Error> {
+        self.call(|reply| Command::ActiveDedupeKeys { reply }).await
     }
 
     async fn send(&self, command: Command) -> Result<(), Error> {

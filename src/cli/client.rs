@@ -464,3 +464,117 @@ pub async fn recover(args: RecoverArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+#[derive(clap::Args, Debug)]
+pub struct DetectArgs {
+    pub job_type: String,
+    /// Make the proposals a job and run it now.
+    #[arg(long)]
+    pub run: bool,
+    /// With --run, wait until the job ends; exit 0 if it succeeded.
+    #[arg(long, requires = "run")]
+    pub wait: bool,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+pub async fn detect(args: DetectArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let request = api::DetectRequest { job_type: args.job_type.clone(), run: args.run };
+    let response = match client.detect(request).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            eprintln!("jobcenter: {}", status.message());
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    if args.wait && !response.job_id.is_empty() {
+        let job = wait(&mut client, &response.job_id).await?;
+        print_final(&job, args.json);
+        return Ok(if job.state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(EXIT_JOB_FAILED) });
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&response)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for p in &response.proposals {
+        println!("{:<40} {:<8} {:<24} {}", p.proposal_id, p.priority, p.dedupe_key, p.summary);
+    }
+    for d in &response.dropped {
+        println!("{:<40} dropped: {}", d.proposal_id, d.reason);
+    }
+    match (args.run, response.job_id.as_str()) {
+        (true, "") => println!("{} proposals: no job made", response.proposals.len()),
+        (true, job) => println!("{} proposals became job {job}", response.proposals.len()),
+        (false, _) => println!("{} proposals (nothing created; --run makes them a job)", response.proposals.len()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ActivitiesArgs {
+    /// Only this job type's.
+    #[arg(long)]
+    pub job_type: Option<String>,
+    /// The newest this many.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+pub async fn activities(args: ActivitiesArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let request = api::ListActivitiesRequest { job_type: args.job_type.unwrap_or_default(), limit: args.limit };
+    let entries = client.list_activities(request).await.map_err(status_error)?.into_inner().activities;
+    if args.json {
+        println!("{}", serde_json::to_string(&entries)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for a in entries {
+        println!("{}  {:<16} {}", time(a.at_ms), a.job_type, a.message);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunsArgs {
+    pub job_type: String,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+pub async fn runs(args: RunsArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let history =
+        client.list_runs(api::PolicyRef { job_type: args.job_type }).await.map_err(status_error)?.into_inner();
+    if args.json {
+        println!("{}", serde_json::to_string(&history)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("runs of {}", history.job_type);
+    for (label, runs) in [("succeeded", &history.succeeded), ("failed", &history.failed)] {
+        for r in runs.iter() {
+            let outcome = if r.error.is_empty() {
+                format!("job {}", if r.job_id.is_empty() { "-" } else { &r.job_id })
+            } else {
+                r.error.clone()
+            };
+            println!(
+                "  {label:<9} {}  {:>6} ms  {} proposals, {} kept  {}",
+                time(r.at_ms),
+                r.duration_ms,
+                r.proposals,
+                r.kept,
+                outcome
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -61,6 +61,12 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Run the recovery check now and print each finding.
     Recover(client::RecoverArgs),
+    /// Ask a detector what a job type needs now (`--run` makes it a job).
+    Detect(client::DetectArgs),
+    /// The scheduler's activity log.
+    Activities(client::ActivitiesArgs),
+    /// A job type's last detection runs.
+    Runs(client::RunsArgs),
     /// Execute tasks for an admin server over the worker stream.
     Worker(worker::WorkerArgs),
     /// Follow a job live: its graph by level, full screen (plain lines when not a terminal).
@@ -96,6 +102,9 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Policy(args) => client::policy(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Recover(args) => client::recover(args).await,
+            Command::Detect(args) => client::detect(args).await,
+            Command::Activities(args) => client::activities(args).await,
+            Command::Runs(args) => client::runs(args).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Watch(args) => watch::run(args).await,
         }

@@ -161,7 +161,67 @@ impl Api {
             .map_err(|e| Error::Internal(e.to_string()))?
             .map_err(|e| Error::Invalid(e.to_string()))?;
         self.shared.policies.push_limits(&self.shared.engine, job_type).await;
+        self.shared.scheduler.wake();
         self.policy(job_type)
+    }
+
+    pub async fn detect(&self, job_type: &str, run: bool) -> Result<api::DetectResponse, Error> {
+        if job_type.is_empty() {
+            return Err(Error::Invalid("a job type is required".into()));
+        }
+        let outcome =
+            super::scheduler::detect(&self.shared, job_type, run).await.map_err(|e| Error::Conflict(e.to_string()))?;
+        Ok(api::DetectResponse {
+            proposals: outcome
+                .proposals
+                .iter()
+                .map(|p| api::ProposalSummary {
+                    proposal_id: p.proposal_id.clone(),
+                    dedupe_key: p.dedupe_key.clone(),
+                    summary: p.summary.clone(),
+                    priority: p.priority.as_str().into(),
+                    parameters: serde_json::Value::Object(p.parameters.clone()).to_string(),
+                    labels: p.labels.clone().into_iter().collect(),
+                })
+                .collect(),
+            dropped: outcome
+                .dropped
+                .iter()
+                .map(|d| api::DroppedProposal { proposal_id: d.proposal_id.clone(), reason: d.reason.clone() })
+                .collect(),
+            job_id: outcome.job.map(|j| j.to_string()).unwrap_or_default(),
+        })
+    }
+
+    pub fn activities(&self, job_type: &str, limit: u32) -> Vec<api::ActivityEntry> {
+        let all = self.shared.scheduler.activities();
+        let mut picked: Vec<api::ActivityEntry> = all
+            .into_iter()
+            .filter(|a| job_type.is_empty() || a.job_type == job_type)
+            .map(|a| api::ActivityEntry { at_ms: a.at_ms, job_type: a.job_type, message: a.message })
+            .collect();
+        if limit > 0 && picked.len() > limit as usize {
+            picked.drain(..picked.len() - limit as usize);
+        }
+        picked
+    }
+
+    pub fn runs(&self, job_type: &str) -> api::RunHistory {
+        let runs = super::scheduler::runs(&self.shared, job_type);
+        let entry = |r: &super::scheduler::Run| api::RunEntry {
+            at_ms: r.at_ms,
+            duration_ms: r.duration_ms,
+            detector: r.detector.clone(),
+            proposals: r.proposals as u32,
+            kept: r.kept as u32,
+            job_id: r.job_id.clone().unwrap_or_default(),
+            error: r.error.clone().unwrap_or_default(),
+        };
+        api::RunHistory {
+            job_type: job_type.into(),
+            succeeded: runs.succeeded.iter().map(entry).collect(),
+            failed: runs.failed.iter().map(entry).collect(),
+        }
     }
 
     pub async fn recover(&self, dry_run: bool) -> Result<api::RecoverResponse, Error> {
@@ -322,6 +382,26 @@ impl JobService for JobServiceImpl {
     async fn get_policy(&self, request: Request<api::PolicyRef>) -> Result<Response<api::Policy>, Status> {
         self.check(&request)?;
         Ok(Response::new(self.api.policy(&request.into_inner().job_type)?))
+    }
+
+    async fn detect(&self, request: Request<api::DetectRequest>) -> Result<Response<api::DetectResponse>, Status> {
+        self.check(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(self.api.detect(&r.job_type, r.run).await?))
+    }
+
+    async fn list_activities(
+        &self,
+        request: Request<api::ListActivitiesRequest>,
+    ) -> Result<Response<api::ListActivitiesResponse>, Status> {
+        self.check(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(api::ListActivitiesResponse { activities: self.api.activities(&r.job_type, r.limit) }))
+    }
+
+    async fn list_runs(&self, request: Request<api::PolicyRef>) -> Result<Response<api::RunHistory>, Status> {
+        self.check(&request)?;
+        Ok(Response::new(self.api.runs(&request.into_inner().job_type)))
     }
 
     async fn recover(&self, request: Request<api::RecoverRequest>) -> Result<Response<api::RecoverResponse>, Status> {

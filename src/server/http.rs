@@ -52,6 +52,9 @@ pub fn router(shared: Arc<Shared>, api: Api) -> Router {
         .route("/api/workers", get(workers))
         .route("/api/stats", get(stats))
         .route("/api/recover", post(recover))
+        .route("/api/detect/{job_type}", post(detect))
+        .route("/api/activities", get(activities))
+        .route("/api/runs/{job_type}", get(runs))
         .route("/api/policies/{job_type}", get(get_policy).put(set_policy))
         .route("/api/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
@@ -101,6 +104,29 @@ async fn retry_job(State(s): State<AppState>, headers: HeaderMap, Path(id): Path
     authorized(&s, &headers)?;
     s.api.retry(&id).await?;
     Ok(Json(json!({ "job_id": id, "retried": true })).into_response())
+}
+
+async fn detect(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(job_type): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Reply {
+    authorized(&s, &headers)?;
+    let run = q.get("run").is_some_and(|v| v == "true" || v == "1");
+    Ok(Json(s.api.detect(&job_type, run).await?).into_response())
+}
+
+async fn activities(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Reply {
+    authorized(&s, &headers)?;
+    let job_type = q.get("job_type").map(String::as_str).unwrap_or("");
+    let limit = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
+    Ok(Json(json!({ "activities": s.api.activities(job_type, limit) })).into_response())
+}
+
+async fn runs(State(s): State<AppState>, headers: HeaderMap, Path(job_type): Path<String>) -> Reply {
+    authorized(&s, &headers)?;
+    Ok(Json(s.api.runs(&job_type)).into_response())
 }
 
 async fn recover(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Reply {

@@ -10,6 +10,7 @@ pub mod metrics;
 mod policies;
 pub mod recovery;
 mod registry;
+pub mod scheduler;
 mod worker_stream;
 
 use std::future::Future;
@@ -111,6 +112,7 @@ impl Stats {
 /// What every part of the server shares.
 pub struct Shared {
     pub stats: Stats,
+    pub scheduler: scheduler::SchedulerState,
     pub recovery_gate: recovery::Gate,
     pub metrics: metrics::Metrics,
     pub engine: EngineHandle,
@@ -145,6 +147,7 @@ pub async fn run(
     let http_addr: SocketAddr = http.local_addr()?;
     let shared = Arc::new(Shared {
         stats: Stats::default(),
+        scheduler: scheduler::SchedulerState::default(),
         recovery_gate: recovery::Gate::default(),
         metrics: metrics::Metrics::new(),
         engine: engine.clone(),
@@ -163,6 +166,7 @@ pub async fn run(
         LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;
     }
     recovery::spawn_loop(shared.clone());
+    scheduler::spawn_loop(shared.clone());
 
     let api = api::Api::new(shared.clone());
     let worker_service = PluginControlServiceServer::new(worker_stream::WorkerStreamService::new(shared.clone()))

@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 use crate::clock::Timestamp;
 use crate::model::HandlerId;
 use crate::proto::api;
-use crate::proto::plugin::{JobTypeCapability, WorkerHeartbeat, WorkerHello};
+use crate::proto::plugin::{AdminToWorkerMessage, JobTypeCapability, WorkerHeartbeat, WorkerHello};
 
 #[derive(Clone, Debug)]
 pub struct WorkerEntry {
@@ -32,6 +32,8 @@ pub struct WorkerEntry {
     pub heartbeats: u32,
     session: u64,
     stop: Arc<Notify>,
+    /// The worker's stream, for requests that are not work orders (detection).
+    outbound: Option<tokio::sync::mpsc::Sender<Result<AdminToWorkerMessage, tonic::Status>>>,
 }
 
 impl WorkerEntry {
@@ -82,6 +84,7 @@ impl Registry {
         handler: HandlerId,
         hello: &WorkerHello,
         now: Timestamp,
+        outbound: Option<tokio::sync::mpsc::Sender<Result<AdminToWorkerMessage, tonic::Status>>>,
     ) -> (Registration, Option<Arc<Notify>>) {
         let mut guard = self.inner.lock().expect("registry lock");
         guard.0 += 1;
@@ -105,6 +108,7 @@ impl Registry {
             heartbeats: 0,
             session,
             stop: stop.clone(),
+            outbound,
         };
         let previous = guard.1.insert(handler, entry).map(|old| old.stop);
         (Registration { session, stop }, previous)
@@ -125,6 +129,12 @@ impl Registry {
             entry.last_heartbeat = Some(now);
             entry.heartbeats += 1;
         }
+    }
+
+    /// Sends a request on the worker's stream; false if it is gone or its queue is full.
+    pub fn send(&self, handler: HandlerId, message: AdminToWorkerMessage) -> bool {
+        let outbound = self.inner.lock().expect("registry lock").1.get(&handler).and_then(|e| e.outbound.clone());
+        outbound.is_some_and(|o| o.try_send(Ok(message)).is_ok())
     }
 
     /// Ends the worker's session.

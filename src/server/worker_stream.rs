@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::scheduler;
 use super::Shared;
 use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
 use crate::engine::Progress;
@@ -169,7 +170,7 @@ impl Session {
         let shared = self.shared.clone();
         let handler = self.handler;
         let now = shared.clock.now();
-        let (registration, previous) = shared.registry.register(handler, &self.hello, now);
+        let (registration, previous) = shared.registry.register(handler, &self.hello, now, Some(self.outbound.clone()));
         if let Some(previous) = previous {
             previous.notify_one();
             // Its attempts went with its stream; give the old session a moment to say so.
@@ -216,6 +217,7 @@ impl Session {
             shared.registry.unregister(handler, registration.session);
             return;
         }
+        shared.scheduler.wake();
         for capability in self.hello.capabilities.clone() {
             shared.policies.push_limits(&shared.engine, &capability.job_type).await;
             if !shared.policies.has_descriptor(&capability.job_type) {
@@ -361,7 +363,11 @@ impl Session {
             }
             Some(Body::JobProgressUpdate(update)) => {
                 if update.job_id.is_empty() {
-                    return Ok(()); // detection activity, not an attempt
+                    // Detection activity, not an attempt.
+                    let text = update.activities.first().map(|a| a.message.clone()).unwrap_or(update.message.clone());
+                    let event = scheduler::DetectionEvent::Activity(format!("{}: {text}", update.stage));
+                    self.shared.scheduler.route(&update.request_id, event);
+                    return Ok(());
                 }
                 let Some((task, attempt)) = wire::parse_attempt_id(&update.job_id) else {
                     tracing::warn!(handler = %self.handler, job_id = update.job_id, "progress for an unknown job id");
@@ -400,8 +406,23 @@ impl Session {
             Some(Body::Hello(_)) => {
                 return Err(Status::failed_precondition("protocol: hello was already received on this stream"))
             }
-            Some(Body::DetectionProposals(_) | Body::DetectionComplete(_)) => {
-                tracing::debug!(handler = %self.handler, "detection message with no detection running");
+            Some(Body::DetectionProposals(proposals)) => {
+                let request_id = proposals.request_id.clone();
+                let event = scheduler::DetectionEvent::Proposals(proposals.proposals);
+                if !self.shared.scheduler.route(&request_id, event) {
+                    tracing::debug!(handler = %self.handler, request_id, "proposals for no detection running");
+                }
+            }
+            Some(Body::DetectionComplete(complete)) => {
+                let request_id = complete.request_id.clone();
+                let event = scheduler::DetectionEvent::Complete {
+                    success: complete.success,
+                    error: complete.error_message,
+                    total: complete.total_proposals,
+                };
+                if !self.shared.scheduler.route(&request_id, event) {
+                    tracing::debug!(handler = %self.handler, request_id, "completion of no detection running");
+                }
             }
             Some(Body::Observations(_) | Body::ObjectPreviewResponse(_)) => {}
             None => return Err(Status::invalid_argument("protocol: a message with no body")),

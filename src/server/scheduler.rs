@@ -1,0 +1,376 @@
+//! The scheduler loop: every job type with a connected detector is visited
+//! at its own detection interval; a detector worker is asked what needs
+//! doing, and the proposals of that run become one DAG job. Job types run
+//! independently (a slow detection or job of one never holds up another),
+//! every decision goes to a bounded activity log, and each type keeps its
+//! last successful and failed runs.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, Notify};
+
+use super::Shared;
+use crate::clock::Timestamp;
+use crate::model::{HandlerId, JobId, JobOrigin};
+use crate::proto::plugin::{
+    admin_to_worker_message, AdminToWorkerMessage, ClusterContext, JobProposal, RunDetectionRequest,
+};
+use crate::scheduler::{build_job, filter, Dropped, Due, Proposal};
+use crate::wire;
+
+/// Activity entries kept (and persisted).
+const MAX_ACTIVITIES: usize = 4000;
+/// Runs kept per job type and outcome.
+const MAX_RUNS: usize = 10;
+const ACTIVITIES_KEY: &str = "scheduler/activities";
+const RUNS_PREFIX: &str = "scheduler/runs/";
+
+/// What a detector sends back about one detection request.
+#[derive(Debug)]
+pub enum DetectionEvent {
+    Proposals(Vec<JobProposal>),
+    Activity(String),
+    Complete { success: bool, error: String, total: i32 },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Activity {
+    pub at_ms: i64,
+    pub job_type: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Run {
+    pub at_ms: i64,
+    pub duration_ms: i64,
+    pub detector: String,
+    pub proposals: usize,
+    pub kept: usize,
+    pub job_id: Option<String>,
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Runs {
+    pub succeeded: VecDeque<Run>,
+    pub failed: VecDeque<Run>,
+}
+
+/// What a detection run found, and the job it made (when it ran one).
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub proposals: Vec<Proposal>,
+    pub dropped: Vec<Dropped>,
+    pub job: Option<JobId>,
+}
+
+#[derive(Default)]
+pub struct SchedulerState {
+    routes: Mutex<HashMap<String, mpsc::UnboundedSender<DetectionEvent>>>,
+    due: Mutex<Due>,
+    wake: Notify,
+    in_flight: Mutex<HashSet<String>>,
+    last_detector: Mutex<HashMap<String, HandlerId>>,
+    activities: Mutex<VecDeque<Activity>>,
+    sequence: AtomicU64,
+}
+
+impl SchedulerState {
+    /// Hands a detector's message to the detection waiting for it.
+    pub fn route(&self, request_id: &str, event: DetectionEvent) -> bool {
+        let routes = self.routes.lock().expect("routes lock");
+        routes.get(request_id).is_some_and(|tx| tx.send(event).is_ok())
+    }
+
+    /// Wakes the loop (a policy changed, a worker came, a trigger).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    pub fn activities(&self) -> Vec<Activity> {
+        self.activities.lock().expect("activities lock").iter().cloned().collect()
+    }
+}
+
+fn record(shared: &Shared, job_type: &str, message: String) {
+    tracing::info!(job_type, message, "scheduler");
+    let entry = Activity { at_ms: shared.clock.now().as_millis(), job_type: job_type.to_string(), message };
+    let snapshot: Vec<Activity> = {
+        let mut activities = shared.scheduler.activities.lock().expect("activities lock");
+        activities.push_back(entry);
+        while activities.len() > MAX_ACTIVITIES {
+            activities.pop_front();
+        }
+        activities.iter().cloned().collect()
+    };
+    if let Ok(bytes) = serde_json::to_vec(&snapshot) {
+        if let Err(e) = shared.engine.store().put_setting(ACTIVITIES_KEY, Some(&bytes)) {
+            tracing::error!(error = %e, "cannot store the activity log");
+        }
+    }
+}
+
+/// Loads the activity log a previous run kept.
+pub fn load(shared: &Shared) {
+    if let Ok(settings) = shared.engine.store().settings(ACTIVITIES_KEY) {
+        if let Some((_, bytes)) = settings.first() {
+            if let Ok(saved) = serde_json::from_slice::<VecDeque<Activity>>(bytes) {
+                *shared.scheduler.activities.lock().expect("activities lock") = saved;
+            }
+        }
+    }
+}
+
+pub fn runs(shared: &Shared, job_type: &str) -> Runs {
+    let key = format!("{RUNS_PREFIX}{job_type}");
+    shared
+        .engine
+        .store()
+        .settings(&key)
+        .ok()
+        .and_then(|s| s.into_iter().find(|(k, _)| *k == key))
+        .and_then(|(_, bytes)| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default()
+}
+
+fn save_run(shared: &Shared, job_type: &str, run: Run) {
+    let mut runs = runs(shared, job_type);
+    let list = if run.error.is_some() { &mut runs.failed } else { &mut runs.succeeded };
+    list.push_front(run);
+    list.truncate(MAX_RUNS);
+    let key = format!("{RUNS_PREFIX}{job_type}");
+    if let Err(e) = serde_json::to_vec(&runs)
+        .map_err(|e| e.to_string())
+        .and_then(|b| shared.engine.store().put_setting(&key, Some(&b)).map_err(|e| e.to_string()))
+    {
+        tracing::error!(job_type, error = %e, "cannot store the run history");
+    }
+}
+
+/// Job types some connected worker can detect, with their detectors.
+fn detectors(shared: &Shared) -> BTreeMap<String, Vec<HandlerId>> {
+    let mut out: BTreeMap<String, Vec<HandlerId>> = BTreeMap::new();
+    for worker in shared.registry.workers() {
+        for capability in worker.capabilities.iter().filter(|c| c.can_detect) {
+            out.entry(capability.job_type.clone()).or_default().push(worker.handler);
+        }
+    }
+    out
+}
+
+/// The loop: run what is due, then sleep until the next due time or a wake-up.
+pub fn spawn_loop(shared: Arc<Shared>) {
+    load(&shared);
+    tokio::spawn(async move {
+        loop {
+            let now = shared.clock.now();
+            let types = detectors(&shared);
+            let mut next: Option<Timestamp> = None;
+            for job_type in types.keys() {
+                let (policy, _) = shared.policies.effective(job_type);
+                if policy.detection_enabled == 0 {
+                    continue;
+                }
+                let interval = u64::from(policy.detection_interval_seconds.max(1));
+                if shared.scheduler.in_flight.lock().expect("in-flight lock").contains(job_type) {
+                    continue;
+                }
+                let due = shared.scheduler.due.lock().expect("due lock").mark_detection_due(job_type, interval, now);
+                if due {
+                    let shared = shared.clone();
+                    let job_type = job_type.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = detect(&shared, &job_type, true).await {
+                            tracing::debug!(job_type, error = %e, "detection did not run");
+                        }
+                    });
+                }
+                let at = shared.scheduler.due.lock().expect("due lock").next_due([job_type.as_str()], now);
+                next = match (next, at) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            let wait = next
+                .map(|at| Duration::from_millis(at.millis_since(shared.clock.now())))
+                .unwrap_or(Duration::from_secs(60));
+            let wait = wait.clamp(Duration::from_millis(50), Duration::from_secs(60));
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = shared.scheduler.wake.notified() => {}
+            }
+        }
+    });
+}
+
+/// Asks a detector what needs doing for `job_type`; with `run`, makes the
+/// proposals one job. One detection per job type at a time.
+pub async fn detect(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow::Result<Outcome> {
+    // A detection already running is waited for (within its timeout), not doubled.
+    let (policy, _) = shared.policies.effective(job_type);
+    let patience = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)) + 5);
+    let deadline = tokio::time::Instant::now() + patience;
+    while !shared.scheduler.in_flight.lock().expect("in-flight lock").insert(job_type.to_string()) {
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!("a detection of {job_type} is already running");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let result = detect_inner(shared, job_type, run).await;
+    shared.scheduler.in_flight.lock().expect("in-flight lock").remove(job_type);
+    result
+}
+
+async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow::Result<Outcome> {
+    let started = shared.clock.now();
+    let candidates = detectors(shared).remove(job_type).unwrap_or_default();
+    // Prefer the worker that detected last time; otherwise take turns.
+    let previous = shared.scheduler.last_detector.lock().expect("detector lock").get(job_type).copied();
+    let sequence = shared.scheduler.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+    let detector = match previous.filter(|p| candidates.contains(p)) {
+        Some(p) => p,
+        None => *candidates
+            .get(sequence as usize % candidates.len().max(1))
+            .ok_or_else(|| anyhow::anyhow!("no connected worker can detect {job_type}"))?,
+    };
+    shared.scheduler.last_detector.lock().expect("detector lock").insert(job_type.to_string(), detector);
+    shared.metrics.record_detection(job_type);
+    let (policy, _) = shared.policies.effective(job_type);
+    let request_id = format!("detect-{job_type}-{}-{sequence}", started.as_millis());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    shared.scheduler.routes.lock().expect("routes lock").insert(request_id.clone(), tx);
+    let descriptor = shared.policies.descriptor(job_type);
+    let request = RunDetectionRequest {
+        request_id: request_id.clone(),
+        job_type: job_type.to_string(),
+        detection_sequence: started.as_millis().saturating_mul(1_000_000) + sequence as i64,
+        admin_runtime: Some(policy.to_runtime()),
+        admin_config_values: descriptor
+            .as_ref()
+            .and_then(|d| d.admin_config_form.as_ref())
+            .map(|f| f.default_values.clone())
+            .unwrap_or_default(),
+        worker_config_values: descriptor.as_ref().map(|d| d.worker_default_values.clone()).unwrap_or_default(),
+        cluster_context: Some(ClusterContext {
+            master_grpc_addresses: shared.options.masters.clone(),
+            ..ClusterContext::default()
+        }),
+        last_successful_run: runs(shared, job_type).succeeded.front().map(|r| prost_types::Timestamp {
+            seconds: r.at_ms.div_euclid(1000),
+            nanos: (r.at_ms.rem_euclid(1000) * 1_000_000) as i32,
+        }),
+        max_results: i32::try_from(policy.max_jobs_per_detection).unwrap_or(i32::MAX),
+    };
+    let message = AdminToWorkerMessage {
+        request_id: request_id.clone(),
+        sent_at: None,
+        body: Some(admin_to_worker_message::Body::RunDetectionRequest(request)),
+    };
+    record(shared, job_type, format!("detection {sequence} asked of handler {detector}"));
+    let mut proposals = Vec::new();
+    let result: anyhow::Result<()> = async {
+        anyhow::ensure!(shared.registry.send(detector, message), "the detector's stream is gone");
+        let timeout = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)));
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Err(_) => anyhow::bail!("no detection result within {timeout:?}"),
+                Ok(None) => anyhow::bail!("the detection was abandoned"),
+                Ok(Some(DetectionEvent::Proposals(batch))) => proposals.extend(batch),
+                Ok(Some(DetectionEvent::Activity(text))) => record(shared, job_type, format!("detector: {text}")),
+                Ok(Some(DetectionEvent::Complete { success: true, .. })) => return Ok(()),
+                Ok(Some(DetectionEvent::Complete { success: false, error, .. })) => {
+                    anyhow::bail!("detection failed: {error}")
+                }
+            }
+        }
+    }
+    .await;
+    shared.scheduler.routes.lock().expect("routes lock").remove(&request_id);
+    let mut run_record = Run {
+        at_ms: started.as_millis(),
+        duration_ms: shared.clock.now().as_millis() - started.as_millis(),
+        detector: detector.to_string(),
+        proposals: proposals.len(),
+        ..Run::default()
+    };
+    if let Err(e) = result {
+        record(shared, job_type, format!("detection {sequence} failed: {e}"));
+        run_record.error = Some(e.to_string());
+        save_run(shared, job_type, run_record);
+        return Err(e);
+    }
+    shared.metrics.record_proposals(job_type, proposals.len() as u64);
+    let now = shared.clock.now();
+    let proposals: Vec<Proposal> = proposals.iter().map(|p| to_proposal(job_type, p)).collect();
+    let active = shared.engine.active_dedupe_keys().await?;
+    let (kept, dropped) = filter(proposals, &active, now);
+    for d in &dropped {
+        record(shared, job_type, format!("proposal {} dropped: {}", d.proposal_id, d.reason));
+    }
+    let mut outcome = Outcome { proposals: kept, dropped, job: None };
+    run_record.kept = outcome.proposals.len();
+    if run && !outcome.proposals.is_empty() {
+        let name = format!("{job_type}-{sequence}");
+        let spec = build_job(
+            &name,
+            &outcome.proposals,
+            policy.retry_limit,
+            policy.retry_backoff_seconds,
+            policy.execution_timeout_seconds,
+            &shared.options.limits,
+        )?;
+        let origin = JobOrigin::Scheduler { job_type: job_type.to_string(), sequence };
+        let job = shared.engine.submit(spec, origin).await?;
+        record(
+            shared,
+            job_type,
+            format!("detection {sequence}: {} proposals became job {job}", outcome.proposals.len()),
+        );
+        run_record.job_id = Some(job.to_string());
+        outcome.job = Some(job);
+        spawn_runtime_limit(shared.clone(), job_type.to_string(), job, policy.job_type_max_runtime_seconds);
+    } else {
+        record(shared, job_type, format!("detection {sequence}: {} proposals, no job", outcome.proposals.len()));
+    }
+    save_run(shared, job_type, run_record);
+    Ok(outcome)
+}
+
+/// A detection's job that outlives its type's max runtime has its remaining tasks canceled.
+fn spawn_runtime_limit(shared: Arc<Shared>, job_type: String, job: JobId, seconds: u32) {
+    if seconds == 0 {
+        return;
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(u64::from(seconds))).await;
+        if let Ok(Some(summary)) = shared.engine.summary(job).await {
+            if !summary.record.state.is_terminal() && shared.engine.cancel(job).await.is_ok() {
+                record(&shared, &job_type, format!("job {job} ran past {seconds} s: its remaining tasks are canceled"));
+            }
+        }
+    });
+}
+
+fn millis(t: &Option<prost_types::Timestamp>) -> Option<Timestamp> {
+    t.as_ref().filter(|t| t.seconds > 0).map(|t| Timestamp(t.seconds * 1000 + i64::from(t.nanos) / 1_000_000))
+}
+
+fn to_proposal(job_type: &str, p: &JobProposal) -> Proposal {
+    Proposal {
+        proposal_id: p.proposal_id.clone(),
+        dedupe_key: p.dedupe_key.clone(),
+        job_type: if p.job_type.is_empty() { job_type.to_string() } else { p.job_type.clone() },
+        priority: wire::priority_from_wire(p.priority),
+        summary: p.summary.clone(),
+        parameters: wire::values_to_json(&p.parameters),
+        labels: p.labels.clone().into_iter().collect(),
+        not_before: millis(&p.not_before),
+        expires_at: millis(&p.expires_at),
+    }
+}

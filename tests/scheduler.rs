@@ -1,0 +1,160 @@
+//! The scheduler loop with real processes: a detector (a worker stream
+//! driven by the test, speaking the real protocol) proposes work; each
+//! detection run becomes one DAG job with volume chains, run by a jobcenter
+//! worker; dedupe, manual triggers, interval changes, the activity log and
+//! the run history.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{start_worker, wait_until, Server};
+use jobcenter::proto::plugin::{
+    admin_to_worker_message, plugin_control_service_client::PluginControlServiceClient, worker_to_admin_message::Body,
+    ConfigValue, DetectionComplete, DetectionProposals, JobPriority, JobProposal, JobTypeCapability, WorkerHello,
+    WorkerToAdminMessage,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+fn int(v: i64) -> ConfigValue {
+    ConfigValue { kind: Some(jobcenter::proto::plugin::config_value::Kind::Int64Value(v)) }
+}
+
+/// Proposals for `noop`: two on volume 7 (the critical one first), one on volume 8.
+fn proposals(sleep_ms: i64) -> Vec<JobProposal> {
+    let proposal = |id: &str, volume: i64, priority: JobPriority| JobProposal {
+        proposal_id: id.into(),
+        dedupe_key: format!("noop:{id}"),
+        job_type: "noop".into(),
+        priority: priority as i32,
+        summary: format!("{id} on volume {volume}"),
+        parameters: HashMap::from([("sleep_ms".to_string(), int(sleep_ms))]),
+        labels: HashMap::from([("volume_id".to_string(), volume.to_string())]),
+        ..JobProposal::default()
+    };
+    vec![
+        proposal("low-7", 7, JobPriority::Low),
+        proposal("critical-7", 7, JobPriority::Critical),
+        proposal("normal-8", 8, JobPriority::Normal),
+    ]
+}
+
+/// A detector for `noop`: answers every detection request with `proposals`.
+async fn detector(server: &Server, sleep_ms: i64) -> tokio::task::JoinHandle<u32> {
+    let mut client = PluginControlServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
+    let (tx, rx) = mpsc::channel(64);
+    let hello = WorkerHello {
+        worker_id: "detector".into(),
+        worker_instance_id: uuid::Uuid::new_v4().to_string(),
+        capabilities: vec![JobTypeCapability {
+            job_type: "noop".into(),
+            can_detect: true,
+            can_execute: false,
+            max_detection_concurrency: 1,
+            ..JobTypeCapability::default()
+        }],
+        ..WorkerHello::default()
+    };
+    tx.send(WorkerToAdminMessage { body: Some(Body::Hello(hello)), ..Default::default() }).await.unwrap();
+    let mut inbound = client.worker_stream(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    tokio::spawn(async move {
+        let mut detections = 0;
+        while let Ok(Some(message)) = inbound.message().await {
+            if let Some(admin_to_worker_message::Body::RunDetectionRequest(request)) = message.body {
+                detections += 1;
+                let send = |body| WorkerToAdminMessage { body: Some(body), ..Default::default() };
+                let batch = DetectionProposals {
+                    request_id: message.request_id.clone(),
+                    job_type: request.job_type.clone(),
+                    proposals: proposals(sleep_ms),
+                    has_more: false,
+                };
+                let _ = tx.send(send(Body::DetectionProposals(batch))).await;
+                let done = DetectionComplete {
+                    request_id: message.request_id,
+                    job_type: request.job_type,
+                    success: true,
+                    total_proposals: 3,
+                    ..DetectionComplete::default()
+                };
+                let _ = tx.send(send(Body::DetectionComplete(done))).await;
+            }
+        }
+        detections
+    })
+}
+
+fn scheduler_jobs(server: &Server) -> Vec<serde_json::Value> {
+    let jobs = server.cli_json(&["jobs", "--json"]);
+    jobs.as_array().unwrap().iter().filter(|j| j["name"].as_str().unwrap_or("").starts_with("noop-")).cloned().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detection_runs_become_jobs_on_their_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let _worker = start_worker(&server, "runner", &["--max-execute", "4", "--job-types", "noop"], None);
+    // Detection off at first: only a manual trigger runs it.
+    assert!(server.cli(&["policy", "set", "noop", "detection_enabled=0"]).status.success());
+    let _detector = detector(&server, 1500).await;
+    server.wait_for_workers(2);
+
+    // `detect` shows the proposals and creates nothing.
+    let shown = server.cli_json(&["detect", "noop", "--json"]);
+    assert_eq!(shown["proposals"].as_array().unwrap().len(), 3, "{shown}");
+    assert_eq!(shown["job_id"], "");
+
+    // `detect --run --wait`: one job, volume 7's proposals chained critical first.
+    let output = server.cli(&["detect", "noop", "--run", "--wait", "--json"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let jobs = scheduler_jobs(&server);
+    assert!(!jobs.is_empty(), "the run made a job");
+    let id = jobs[0]["id"].as_str().unwrap().to_string();
+    let job = server.cli_json(&["job", &id, "--json"]);
+    assert_eq!(job["state"], "succeeded");
+    assert!(job["origin"].as_str().unwrap().starts_with("scheduler:noop:"), "{}", job["origin"]);
+    let task = |name: &str| job["tasks"].as_array().unwrap().iter().find(|t| t["id"] == name).unwrap().clone();
+    assert_eq!(task("low-7")["depends_on"], serde_json::json!(["critical-7"]), "same volume: critical first");
+    assert_eq!(task("normal-8")["depends_on"], serde_json::json!([]));
+    assert_eq!(task("critical-7")["labels"]["dedupe_key"], "noop:critical-7");
+    let low_started = task("low-7")["started_at_ms"].as_i64().unwrap();
+    let critical_finished = task("critical-7")["finished_at_ms"].as_i64().unwrap();
+    assert!(low_started >= critical_finished, "never two tasks on one volume at once");
+
+    // On with a long interval: the type, never run by the loop, runs once now.
+    let before = scheduler_jobs(&server).len();
+    let on = server.cli(&["policy", "set", "noop", "detection_enabled=1", "detection_interval_seconds=3600"]);
+    assert!(on.status.success());
+    let first = wait_until(Duration::from_secs(20), || (scheduler_jobs(&server).len() == before + 1).then_some(()));
+    assert!(first.is_some(), "the loop ran the type at once");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(scheduler_jobs(&server).len(), before + 1, "then not again for an hour");
+
+    // An interval change takes effect at once, and runs repeat on it; while a
+    // run's tasks are active, the next run's same proposals are dropped.
+    let before = scheduler_jobs(&server).len();
+    assert!(server.cli(&["policy", "set", "noop", "detection_interval_seconds=1"]).status.success());
+    let more = wait_until(Duration::from_secs(20), || {
+        let jobs = scheduler_jobs(&server);
+        (jobs.len() > before).then_some(jobs)
+    });
+    assert!(more.is_some(), "the new interval took effect without waiting an hour");
+    let deduped = wait_until(Duration::from_secs(20), || {
+        let log = server.cli_json(&["activities", "--job-type", "noop", "--limit", "500", "--json"]);
+        log.as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["message"].as_str().unwrap_or("").contains("is already being done"))
+            .then_some(())
+    });
+    assert!(deduped.is_some(), "proposals of active tasks were dropped");
+
+    // The run history keeps successful runs with their jobs.
+    let runs = server.cli_json(&["runs", "noop", "--json"]);
+    let succeeded = runs["succeeded"].as_array().unwrap();
+    assert!(succeeded.len() >= 2, "{runs}");
+    assert_eq!(succeeded[0]["proposals"], 3);
+    assert!(succeeded.len() <= 10, "at most 10 runs are kept");
+}
