@@ -254,3 +254,27 @@ async fn restart_requeues_orphaned_attempts_as_new_attempts() {
         "the two orphaned tasks ran again as attempt 2: {attempts:?}"
     );
 }
+
+#[tokio::test]
+async fn tasks_on_the_same_volume_never_run_at_once_across_jobs() {
+    let engine = start(Arc::new(MemoryStore::new()), Orphans::Keep).await;
+    let on_volume = |name: &str, volume: u32| {
+        spec(&format!(
+            r#"{{"name":"{name}","tasks":[{{"id":"t","job_type":"noop","labels":{{"volume_id":"{volume}"}}}}]}}"#
+        ))
+    };
+    engine.submit(on_volume("first", 5), JobOrigin::User).await.unwrap();
+    engine.submit(on_volume("second", 5), JobOrigin::User).await.unwrap();
+    engine.submit(on_volume("other", 6), JobOrigin::User).await.unwrap();
+    let mut worker = manual(&engine, 10).await;
+    let WorkOrder::Execute(a) = worker.next().await else { panic!() };
+    let WorkOrder::Execute(b) = worker.next().await else { panic!() };
+    let volumes = [a.labels["volume_id"].clone(), b.labels["volume_id"].clone()];
+    assert!(volumes.contains(&"5".to_string()) && volumes.contains(&"6".to_string()), "{volumes:?}");
+    worker.none_within(200).await;
+    let on_five = if a.labels["volume_id"] == "5" { a } else { b };
+    engine.complete(on_five.task, on_five.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    let WorkOrder::Execute(c) = worker.next().await else { panic!() };
+    assert_eq!(c.labels["volume_id"], "5", "the second task on volume 5 runs once the first ended");
+    assert_ne!(c.task.job, on_five.task.job);
+}
