@@ -1,4 +1,5 @@
-//! Generated protocol code: the worker stream (`plugin`) and the client API (`api`).
+//! Generated protocol code: the worker stream (`plugin`), the client API
+//! (`api`), and the calls jobcenter makes to a SeaweedFS master (`master`).
 #![allow(clippy::all, clippy::pedantic, missing_docs)]
 
 pub mod plugin {
@@ -7,4 +8,8 @@ pub mod plugin {
 
 pub mod api {
     tonic::include_proto!("jobcenter.v1");
+}
+
+pub mod master {
+    tonic::include_proto!("master_pb");
 }

@@ -6,6 +6,7 @@ mod api;
 mod auth;
 mod convert;
 mod http;
+pub mod master;
 pub mod metrics;
 mod policies;
 pub mod recovery;
@@ -167,6 +168,7 @@ pub async fn run(
     }
     recovery::spawn_loop(shared.clone());
     scheduler::spawn_loop(shared.clone());
+    master::spawn_duties(shared.clone());
 
     let api = api::Api::new(shared.clone());
     let worker_service = PluginControlServiceServer::new(worker_stream::WorkerStreamService::new(shared.clone()))

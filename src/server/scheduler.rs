@@ -273,7 +273,7 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
     };
     record(shared, job_type, format!("detection {sequence} asked of handler {detector}"));
     let mut proposals = Vec::new();
-    let result: anyhow::Result<()> = async {
+    let detection = async {
         anyhow::ensure!(shared.registry.send(detector, message), "the detector's stream is gone");
         let timeout = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)));
         let deadline = tokio::time::Instant::now() + timeout;
@@ -289,8 +289,19 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
                 }
             }
         }
-    }
-    .await;
+    };
+    // With SeaweedFS masters, a detection holds the cluster's admin lock.
+    let result: anyhow::Result<()> = if shared.options.masters.is_empty() {
+        detection.await
+    } else {
+        let patience = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)));
+        let masters = shared.options.masters.clone();
+        let message = format!("jobcenter detection of {job_type}");
+        match super::master::with_lock(&masters, super::master::SHELL_LOCK, &message, patience, detection).await {
+            Ok(result) => result,
+            Err(e) => Err(e),
+        }
+    };
     shared.scheduler.routes.lock().expect("routes lock").remove(&request_id);
     let mut run_record = Run {
         at_ms: started.as_millis(),
