@@ -88,8 +88,13 @@ pub fn json_to_value(value: &Value) -> Option<ConfigValue> {
         }
         Value::Array(items) => Kind::ListValue(ValueList { values: items.iter().filter_map(json_to_value).collect() }),
         Value::Object(map) => {
-            if let (1, Some(Value::String(encoded))) = (map.len(), map.get(BYTES_KEY)) {
-                Kind::BytesValue(decode_hex(encoded)?)
+            let bytes = match (map.len(), map.get(BYTES_KEY)) {
+                (1, Some(Value::String(encoded))) => decode_hex(encoded),
+                _ => None,
+            };
+            if let Some(bytes) = bytes {
+                // `{"$bytes": HEX}`; anything else (bad hex included) stays a map, visibly.
+                Kind::BytesValue(bytes)
             } else if let (1, Some(millis)) = (map.len(), map.get(DURATION_KEY).and_then(Value::as_i64)) {
                 Kind::DurationValue(prost_types::Duration {
                     seconds: millis.div_euclid(1000),

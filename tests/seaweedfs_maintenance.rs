@@ -10,7 +10,7 @@ mod seaweedfs;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -157,9 +157,11 @@ fn assert_readable(cluster: &Cluster, files: &[StoredFile], volume_id: u32) {
 
 #[test]
 fn a_vacuum_submitted_by_hand_reclaims_the_garbage_of_a_volume() {
+    let started = Instant::now();
     let setup = Setup::start(ClusterOptions::default());
     let cluster = &setup.cluster;
     let _worker = setup.start_weed_worker("weed-vacuum");
+    eprintln!("cluster, server and worker up in {:?}", started.elapsed());
 
     // Files spread over the volumes the master grows; 60% deleted.
     let files = cluster.write_files(120, 64, "");
@@ -196,6 +198,14 @@ fn a_vacuum_submitted_by_hand_reclaims_the_garbage_of_a_volume() {
     // The volume server compacted it: no deleted bytes, smaller by about as much.
     let server = cluster.volume_server(&volume.server);
     let now = server.volumes().into_iter().find(|v| v.id == id).expect("the volume is still on its server");
+    eprintln!(
+        "vacuum-{id}: size {} garbage {:.2} -> size {} deleted bytes {} ({:?})",
+        volume.size,
+        volume.garbage_ratio(),
+        now.size,
+        now.deleted_bytes,
+        started.elapsed()
+    );
     assert_eq!(now.deleted_bytes, 0, "garbage left on the volume server: {now:?}");
     assert!(now.size + volume.deleted_bytes / 2 <= volume.size, "size {} -> {}", volume.size, now.size);
     // The master learns it from the next heartbeat.
@@ -236,10 +246,12 @@ fn a_vacuum_submitted_by_hand_reclaims_the_garbage_of_a_volume() {
     let cool_now = cool_server.volumes().into_iter().find(|v| v.id == cool_id).unwrap();
     assert_eq!(cool_now.deleted_bytes, 0, "task_params_pb with threshold 0.05 left garbage: {cool_now:?}");
     assert_readable(cluster, &cool_kept, cool_id);
+    eprintln!("vacuum test done in {:?}", started.elapsed());
 }
 
 #[test]
 fn a_vacuum_then_an_erasure_coding_of_the_same_volume_run_in_order() {
+    let started = Instant::now();
     let setup = Setup::start(ClusterOptions { volume_size_limit_mb: 16, ..ClusterOptions::default() });
     let cluster = &setup.cluster;
     let _worker = setup.start_weed_worker("weed-ec");
@@ -253,6 +265,13 @@ fn a_vacuum_then_an_erasure_coding_of_the_same_volume_run_in_order() {
     let before = cluster
         .wait_for("the deletions reach the master", |t| t.volume(id).filter(|v| v.garbage_ratio() > 0.3).cloned());
     let targets = cluster.volume_server_addresses();
+    eprintln!(
+        "volume {id}: {} files, full at {} bytes, garbage {:.2} after deleting half ({:?})",
+        full.files.len(),
+        full.volume.size,
+        before.garbage_ratio(),
+        started.elapsed()
+    );
 
     // By loose parameters, erasure coding wants 14 distinct target servers:
     // four are refused before anything is touched.
@@ -315,40 +334,52 @@ fn a_vacuum_then_an_erasure_coding_of_the_same_volume_run_in_order() {
     let data_bytes = ec_volume.bytes * 10 / 14;
     assert!(data_bytes < before.size, "data shards {data_bytes} bytes, volume before the vacuum {}", before.size);
     assert_readable(cluster, &kept, id);
+    eprintln!(
+        "vacuum-then-ec-{id}: vacuum {} ms, ec {} ms, shards {} bytes; test done in {:?}",
+        vacuum_finished - vacuum["started_at_ms"].as_i64().unwrap_or(0),
+        ec["finished_at_ms"].as_i64().unwrap_or(0) - ec_started,
+        ec_volume.bytes,
+        started.elapsed()
+    );
 }
 
 #[test]
 fn a_weed_worker_killed_during_a_vacuum_loses_its_attempt_and_a_second_worker_runs_it() {
-    // Compaction at 1 MB/s: the vacuum of a few MB of live data takes seconds.
-    let options = ClusterOptions { volume_args: vec!["-compactionMBps=1".into()], ..ClusterOptions::default() };
-    let setup = Setup::start(options);
+    let started = Instant::now();
+    let setup = Setup::start(ClusterOptions::default());
     let cluster = &setup.cluster;
     let mut first = setup.start_weed_worker("weed-first");
     let first_handler = setup.handler_of("weed-first");
 
-    let files = cluster.write_files_to_one_volume(40, 256, "slow");
+    let files = cluster.write_files_to_one_volume(40, 64, "kill");
     let id = files[0].volume_id;
     let (_, kept) = cluster.delete_percent(&files, 50);
     let volume =
         cluster.wait_for("the deletions reach the master", |t| t.volume(id).filter(|v| v.delete_count == 20).cloned());
     let server = cluster.volume_server(&volume.server);
 
+    // The volume server is stopped: the worker's vacuum check waits on it,
+    // so the task stays running for as long as the test needs.
+    let frozen = server.freeze();
     let task_id = format!("vacuum-{id}");
     let job_id = setup.submit(&json!({
-        "name": format!("slow-vacuum-{id}"),
+        "name": format!("interrupted-vacuum-{id}"),
         "tasks": [{"id": task_id, "job_type": "vacuum",
-                   "parameters": {"volume_id": id, "server": volume.server, "collection": "slow"}}]
+                   "parameters": {"volume_id": id, "server": volume.server, "collection": "kill"}}]
     }));
-    // Running, and past the check: the volume server is compacting.
     let running = wait_until(WAIT, || {
         let job = setup.job(&job_id);
         let t = task(&job, &task_id);
-        (t["state"] == "running" && t["progress_percent"].as_f64().unwrap_or(0.0) >= 50.0).then(|| t.clone())
+        (t["state"] == "running" && t["progress_percent"].as_f64().unwrap_or(0.0) >= 10.0).then(|| t.clone())
     });
     let running = running.unwrap_or_else(|| panic!("{}\n{}", setup.job(&job_id), setup.context(&["weed-first"])));
     assert_eq!(running["attempt"], 1);
     assert_eq!(running["handler"], first_handler.as_str());
+    std::thread::sleep(Duration::from_millis(500));
+    let still = setup.job(&job_id);
+    assert_eq!(task(&still, &task_id)["state"], "running", "{still}");
     first.kill();
+    eprintln!("killed weed-first while {task_id} ran (stage {:?}) at {:?}", running["stage"], started.elapsed());
 
     // The attempt is lost with its stream: the task waits, nothing runs.
     let lost = wait_until(WAIT, || {
@@ -359,13 +390,11 @@ fn a_weed_worker_killed_during_a_vacuum_loses_its_attempt_and_a_second_worker_ru
     let (job, lost) = lost.unwrap_or_else(|| panic!("the attempt was not lost: {}", setup.job(&job_id)));
     assert_eq!(job["state"], "running", "the job ended without a worker: {job}");
     assert_ne!(lost["state"], "failed", "{lost}");
+    eprintln!("{task_id} lost its attempt and is {} at {:?}", lost["state"], started.elapsed());
     assert!(setup.server.workers().is_empty(), "{:?}", setup.server.workers());
+    drop(frozen);
 
-    // The volume server finishes the compaction the dead worker asked for,
-    // uncommitted; a vacuum sent meanwhile would find it "already compacting"
-    // and do nothing. Wait for it to end before the second worker comes.
-    server.wait_compaction_idle(id, "slow");
-
+    // A second worker runs it again, as attempt 2, to the end.
     let _second = setup.start_weed_worker("weed-second");
     let second_handler = setup.handler_of("weed-second");
     let ended = wait_until(WAIT, || {
@@ -380,10 +409,10 @@ fn a_weed_worker_killed_during_a_vacuum_loses_its_attempt_and_a_second_worker_ru
     assert_eq!(t["lost"], 1, "{t}");
     assert_eq!(t["failures"], 0, "{t}");
     assert_eq!(t["handler"], second_handler.as_str(), "{t}");
-    assert!(job["tasks"].as_array().unwrap().iter().all(|t| t["state"] == "succeeded"), "{job}");
     let listed = setup.server.cli_json(&["jobs", "--json"]);
-    let running: Vec<&Value> = listed.as_array().into_iter().flatten().filter(|j| j["state"] == "running").collect();
-    assert!(running.is_empty(), "{running:?}");
+    let unfinished: Vec<&Value> =
+        listed.as_array().into_iter().flatten().filter(|j| j["state"] != "succeeded").collect();
+    assert!(unfinished.is_empty(), "{unfinished:?}");
 
     // The second attempt really vacuumed the volume.
     let now = server.volumes().into_iter().find(|v| v.id == id).expect("the volume is still on its server");
@@ -391,4 +420,5 @@ fn a_weed_worker_killed_during_a_vacuum_loses_its_attempt_and_a_second_worker_ru
     assert!(now.size < volume.size, "{} -> {}", volume.size, now.size);
     assert!(!now.read_only, "{now:?}");
     assert_readable(cluster, &kept, id);
+    eprintln!("{task_id} succeeded as attempt 2; test done in {:?}", started.elapsed());
 }

@@ -169,3 +169,16 @@ fn timeouts_cancel_and_retry_through_remote_workers() {
     assert_eq!(job["state"], "running");
     assert!(matches!(job["tasks"][0]["state"].as_str(), Some("ready" | "assigned" | "running")), "{job}");
 }
+
+#[test]
+fn sigterm_stops_the_server_even_with_workers_connected() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(&dir.path().join("data"), &[]);
+    let _worker = start_worker(&server, "w", &[], None);
+    server.wait_for_workers(1);
+    let pid = nix::unistd::Pid::from_raw(server.process.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let exited = wait_until(Duration::from_secs(15), || server.process.child.try_wait().ok().flatten());
+    let status = exited.expect("the server stopped within 15 s of SIGTERM");
+    assert!(status.success(), "{status:?}");
+}

