@@ -422,3 +422,49 @@ fn a_weed_worker_killed_during_a_vacuum_loses_its_attempt_and_a_second_worker_ru
     assert_readable(cluster, &kept, id);
     eprintln!("{task_id} succeeded as attempt 2; test done in {:?}", started.elapsed());
 }
+
+/// The main job: jobcenter's own scheduler asks the weed worker what needs
+/// vacuum, makes the run one job, and the garbage is really reclaimed.
+#[test]
+fn the_scheduler_detects_and_runs_vacuum_on_its_own() {
+    let started = Instant::now();
+    let setup = Setup::start(ClusterOptions::default());
+    let cluster = &setup.cluster;
+    let _worker = setup.start_weed_worker("weed-scheduled");
+    let files = cluster.write_files(120, 64, "");
+    let (deleted, kept) = cluster.delete_percent(&files, 60);
+    let n_deleted_on = |id: u32| deleted.iter().filter(|f| f.volume_id == id).count() as u64;
+    let before = cluster.wait_for("the deletions reach the master", |t| {
+        t.volumes.iter().all(|v| v.delete_count == n_deleted_on(v.id)).then(|| t.clone())
+    });
+    let dirty: Vec<_> = before.volumes.iter().filter(|v| v.garbage_ratio() > 0.4).cloned().collect();
+    assert!(!dirty.is_empty(), "no volume with garbage: {before:#?}");
+
+    // Detection on, every 2 s: the scheduler does the rest.
+    let on = setup.server.cli(&["policy", "set", "vacuum", "detection_enabled=1", "detection_interval_seconds=2"]);
+    assert!(on.status.success(), "{}", String::from_utf8_lossy(&on.stderr));
+    let job = wait_until(Duration::from_secs(90), || {
+        let jobs = setup.server.cli_json(&["jobs", "--json"]);
+        jobs.as_array()?
+            .iter()
+            .find(|j| j["name"].as_str().unwrap_or("").starts_with("vacuum-") && j["state"] == "succeeded")
+            .cloned()
+    })
+    .unwrap_or_else(|| panic!("no scheduled vacuum job succeeded\n{}", setup.context(&["weed-scheduled"])));
+    let job = setup.job(job["id"].as_str().unwrap());
+    assert!(job["origin"].as_str().unwrap().starts_with("scheduler:vacuum:"), "{}", job["origin"]);
+    for volume in &dirty {
+        let server = cluster.volume_server(&volume.server);
+        let reclaimed = wait_until(Duration::from_secs(60), || {
+            let now = server.volumes().into_iter().find(|v| v.id == volume.id)?;
+            (now.deleted_bytes == 0).then_some(now)
+        });
+        assert!(reclaimed.is_some(), "volume {} kept its garbage: {job}", volume.id);
+    }
+    for volume in &dirty {
+        assert_readable(cluster, &kept, volume.id);
+    }
+    let runs = setup.server.cli_json(&["runs", "vacuum", "--json"]);
+    assert!(!runs["succeeded"].as_array().unwrap().is_empty(), "{runs}");
+    eprintln!("scheduled vacuum of {} volumes done in {:?}", dirty.len(), started.elapsed());
+}
