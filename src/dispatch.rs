@@ -123,6 +123,9 @@ pub struct Dispatch {
     running: BTreeMap<Arc<str>, u32>,
     /// Every task in a queue or waiting there for its backoff.
     queued: std::collections::HashSet<TaskRef>,
+    /// Job types that run only while the gate is open (the cluster lock is held).
+    gated: std::collections::HashSet<Arc<str>>,
+    gate_open: bool,
 }
 
 impl Dispatch {
@@ -227,9 +230,28 @@ impl Dispatch {
         self.queues.values().map(BinaryHeap::len).sum::<usize>() + self.delayed.len()
     }
 
+    /// Job types that may be dispatched only while the gate is open.
+    pub fn set_gate(&mut self, gated: Vec<Arc<str>>, open: bool) {
+        self.gated = gated.into_iter().collect();
+        self.gate_open = open;
+    }
+
+    /// Tasks of gated job types queued now.
+    pub fn gated_queued(&self) -> usize {
+        self.queues.iter().filter(|(t, _)| self.gated.contains(*t)).map(|(_, q)| q.len()).sum()
+    }
+
+    /// Attempts of gated job types running now.
+    pub fn gated_running(&self) -> u32 {
+        self.gated.iter().map(|t| self.running(t)).sum()
+    }
+
     /// The handler with the most free slots that accepts this job type,
     /// within the type's global and per-worker limits.
     pub fn pick_handler(&self, job_type: &str) -> Option<HandlerId> {
+        if !self.gate_open && self.gated.contains(job_type) {
+            return None;
+        }
         let limits = self.limits.get(job_type);
         if limits.is_some_and(|l| self.running(job_type) >= l.global) {
             return None;

@@ -182,6 +182,12 @@ enum Command {
     ActiveDedupeKeys {
         reply: Reply<HashSet<String>>,
     },
+    Gate {
+        gated: Vec<Arc<str>>,
+        open: bool,
+        /// (queued, running) attempts of gated job types.
+        reply: Reply<(usize, u32)>,
+    },
     HandlerGone {
         handler: HandlerId,
         reason: String,
@@ -379,6 +385,10 @@ impl Core {
                 step.reply(reply, applied);
             }
             Command::Reconcile { handler, running, before } => self.reconcile(handler, &running, before, now, step),
+            Command::Gate { gated, open, reply } => {
+                self.dispatch.set_gate(gated, open);
+                let _ = reply.send((self.dispatch.gated_queued(), self.dispatch.gated_running()));
+            }
             Command::ActiveDedupeKeys { reply } => {
                 let keys =
                     self.jobs
@@ -1168,6 +1178,12 @@ impl EngineHandle {
         before: Timestamp,
     ) -> Result<(), Error> {
         self.send(Command::Reconcile { handler, running, before }).await
+    }
+
+    /// Sets which job types run only while the gate is open, and whether it
+    /// is; answers how many attempts of those types are queued and running.
+    pub async fn gate(&self, gated: Vec<Arc<str>>, open: bool) -> Result<(usize, u32), Error> {
+        self.call(|reply| Command::Gate { gated, open, reply }).await
     }
 
     /// The dedupe keys (label `dedupe_key`) of every task that has not ended.

@@ -471,7 +471,8 @@ fn the_scheduler_detects_and_runs_vacuum_on_its_own() {
     // workers' own execution time.
     let tasks = job["tasks"].as_array().unwrap();
     let last_end = tasks.iter().filter_map(|t| t["finished_at_ms"].as_i64()).max().unwrap();
-    let executing: i64 = tasks.iter().map(|t| t["finished_at_ms"].as_i64().unwrap() - t["started_at_ms"].as_i64().unwrap()).sum();
+    let executing: i64 =
+        tasks.iter().map(|t| t["finished_at_ms"].as_i64().unwrap() - t["started_at_ms"].as_i64().unwrap()).sum();
     eprintln!(
         "scheduled vacuum: {} tasks; detection due to last vacuum finished {} ms (detection {} ms); \
          execution {} ms summed; {:?} in all",

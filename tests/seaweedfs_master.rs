@@ -33,6 +33,30 @@ fn spawn(args: &[String], dir: &std::path::Path, name: &str) -> Process {
     Process { child, name: name.into() }
 }
 
+/// An operator takes the cluster lock, as `weed shell` does; retried while
+/// the master elects itself or the lock is briefly held by someone else.
+async fn operator_lease(
+    master: &mut SeaweedClient<tonic::transport::Channel>,
+) -> jobcenter::proto::master::LeaseAdminTokenResponse {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let request = LeaseAdminTokenRequest {
+            lock_name: "shell".into(),
+            client_name: "operator".into(),
+            message: "weed shell".into(),
+            ..LeaseAdminTokenRequest::default()
+        };
+        match master.lease_admin_token(request).await {
+            Ok(response) => return response.into_inner(),
+            Err(status) if tokio::time::Instant::now() < deadline => {
+                let _ = status;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(status) => panic!("the operator could not take the lock: {status:?}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn presence_lock_held_and_detection_waits_for_the_shell_lock() {
     let dir = tempfile::tempdir().unwrap();
@@ -69,6 +93,10 @@ async fn presence_lock_held_and_detection_waits_for_the_shell_lock() {
     .expect("jobcenter holds the presence lock");
     assert_eq!(held.client_name, "jobcenter");
 
+    assert!(server
+        .cli(&["policy", "set", "vacuum", "detection_enabled=0", "detection_timeout_seconds=3"])
+        .status
+        .success());
     // A vacuum detector: a real SeaweedFS worker.
     let working = dir.path().join("worker");
     std::fs::create_dir_all(&working).unwrap();
@@ -118,11 +146,121 @@ async fn presence_lock_held_and_detection_waits_for_the_shell_lock() {
     let detected = server.cli(&["detect", "vacuum", "--json"]);
     let stderr = String::from_utf8_lossy(&detected.stderr).to_string();
     assert!(!stderr.contains("lock was not free"), "{stderr}");
-    let status = master.get_admin_lock_status(GetAdminLockStatusRequest { lock_name: "shell".into() }).await.unwrap();
-    assert!(!status.into_inner().is_locked, "jobcenter released the shell lock after its detection");
+    // The lock is let go within a couple of seconds of the detection.
+    let mut freed = false;
+    for _ in 0..40 {
+        let status =
+            master.get_admin_lock_status(GetAdminLockStatusRequest { lock_name: "shell".into() }).await.unwrap();
+        if !status.into_inner().is_locked {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(freed, "jobcenter released the shell lock after its detection");
     let log = server.cli_json(&["activities", "--job-type", "vacuum", "--json"]);
     assert!(
         log.as_array().unwrap().iter().any(|a| a["message"].as_str().unwrap_or("").contains("lock was not free")),
         "{log}"
     );
+}
+
+/// A worker stream driven by the test that executes `vacuum`: it reports
+/// each execute request on `seen` and completes it at once.
+async fn fake_vacuum_executor(server: &Server) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    use jobcenter::proto::plugin::{
+        admin_to_worker_message, plugin_control_service_client::PluginControlServiceClient,
+        worker_to_admin_message::Body, JobCompleted, JobTypeCapability, WorkerHello, WorkerToAdminMessage,
+    };
+    let mut client = PluginControlServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let hello = WorkerHello {
+        worker_id: "fake-vacuum".into(),
+        worker_instance_id: uuid::Uuid::new_v4().to_string(),
+        capabilities: vec![JobTypeCapability {
+            job_type: "vacuum".into(),
+            can_execute: true,
+            max_execution_concurrency: 2,
+            ..JobTypeCapability::default()
+        }],
+        ..WorkerHello::default()
+    };
+    tx.send(WorkerToAdminMessage { body: Some(Body::Hello(hello)), ..Default::default() }).await.unwrap();
+    let mut inbound = client.worker_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let (seen_tx, seen_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(Some(message)) = inbound.message().await {
+            if let Some(admin_to_worker_message::Body::ExecuteJobRequest(request)) = message.body {
+                let job_id = request.job.map(|j| j.job_id).unwrap_or_default();
+                let _ = seen_tx.send(job_id.clone());
+                let done = JobCompleted { request_id: message.request_id, job_id, success: true, ..Default::default() };
+                let _ =
+                    tx.send(WorkerToAdminMessage { body: Some(Body::JobCompleted(done)), ..Default::default() }).await;
+            }
+        }
+    });
+    seen_rx
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_runs_only_under_the_cluster_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mdir = dir.path().join("master");
+    std::fs::create_dir_all(&mdir).unwrap();
+    let _master = spawn(
+        &["master".into(), "-ip=127.0.0.1".into(), format!("-port={port}"), format!("-mdir={}", mdir.display())],
+        dir.path(),
+        "master",
+    );
+    let grpc = format!("http://127.0.0.1:{}", port + 10_000);
+    let mut master = wait_until(Duration::from_secs(60), || {
+        let runtime = tokio::runtime::Handle::current();
+        std::thread::scope(|s| s.spawn(|| runtime.block_on(SeaweedClient::connect(grpc.clone())).ok()).join().unwrap())
+    })
+    .expect("the master starts");
+    let server = Server::start(&dir.path().join("data"), &["--master", &format!("127.0.0.1:{port}")]);
+    assert!(server.cli(&["policy", "set", "vacuum", "detection_enabled=0"]).status.success());
+    let mut seen = fake_vacuum_executor(&server).await;
+    server.wait_for_workers(1);
+
+    // An operator holds the cluster lock: a submitted vacuum waits.
+    let lease = operator_lease(&mut master).await;
+    let file = dir.path().join("vacuum.json");
+    std::fs::write(
+        &file,
+        r#"{"name":"by-hand","tasks":[{"id":"v","job_type":"vacuum","parameters":{"volume_id":1}}]}"#,
+    )
+    .unwrap();
+    let id = String::from_utf8(server.cli(&["submit", file.to_str().unwrap()]).stdout).unwrap().trim().to_string();
+    let early = tokio::time::timeout(Duration::from_secs(3), seen.recv()).await;
+    assert!(early.is_err(), "a vacuum was dispatched while an operator held the cluster lock: {early:?}");
+    assert_eq!(server.cli_json(&["job", &id, "--json"])["tasks"][0]["state"], "ready");
+
+    // Released: jobcenter takes the lock, the vacuum runs, and the lock is let go after.
+    master
+        .release_admin_token(ReleaseAdminTokenRequest {
+            previous_token: lease.token,
+            previous_lock_time: lease.lock_ts_ns,
+            lock_name: "shell".into(),
+        })
+        .await
+        .unwrap();
+    let dispatched = tokio::time::timeout(Duration::from_secs(15), seen.recv()).await;
+    assert!(matches!(dispatched, Ok(Some(_))), "the vacuum ran once the lock was free");
+    let ended = wait_until(Duration::from_secs(20), || {
+        (server.cli_json(&["job", &id, "--json"])["state"] == "succeeded").then_some(())
+    });
+    assert!(ended.is_some());
+    let mut freed = false;
+    for _ in 0..40 {
+        let status =
+            master.get_admin_lock_status(GetAdminLockStatusRequest { lock_name: "shell".into() }).await.unwrap();
+        if !status.into_inner().is_locked {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(freed, "jobcenter let go of the cluster lock once nothing ran");
 }

@@ -2,8 +2,8 @@
 //! the `admin-server` presence lock while it runs, switches the master's own
 //! periodic vacuum off while a vacuum-capable worker is connected (and back
 //! on when none is), and takes the cluster's `shell` admin lock around each
-//! detection, so that an operator's `weed shell` and jobcenter never act on
-//! the cluster at once.
+//! detection and while attempts of cluster job types run, so that an
+//! operator's `weed shell` and jobcenter never act on the cluster at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,34 +114,6 @@ pub async fn release(masters: &[String], lease: &Lease) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Holds a lock while `work` runs, renewing it; releases it after.
-pub async fn with_lock<T>(
-    masters: &[String],
-    name: &str,
-    message: &str,
-    patience: Duration,
-    work: impl std::future::Future<Output = T>,
-) -> anyhow::Result<T> {
-    let mut lease = acquire(masters, name, message, patience).await?;
-    let mut work = std::pin::pin!(work);
-    let mut ticker = tokio::time::interval(RENEW_EVERY);
-    ticker.tick().await;
-    let out = loop {
-        tokio::select! {
-            out = &mut work => break out,
-            _ = ticker.tick() => {
-                if let Err(e) = renew(masters, &mut lease, message).await {
-                    tracing::warn!(lock = name, error = %e, "cannot renew the master lock");
-                }
-            }
-        }
-    };
-    if let Err(e) = release(masters, &lease).await {
-        tracing::warn!(lock = name, error = %e, "cannot release the master lock");
-    }
-    Ok(out)
-}
-
 async fn set_vacuum(masters: &[String], enabled: bool) -> anyhow::Result<()> {
     let mut master = client(masters).await?;
     if enabled {
@@ -152,12 +124,111 @@ async fn set_vacuum(masters: &[String], enabled: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Holds the presence lock, and keeps the master's vacuum off while a
-/// vacuum-capable worker is connected.
+/// Job types that act on the cluster: their attempts run only while
+/// jobcenter holds the cluster's admin lock.
+pub const CLUSTER_JOB_TYPES: [&str; 4] = ["vacuum", "erasure_coding", "volume_balance", "admin_script"];
+
+/// One lease on the cluster's `shell` lock, shared by every detection and by
+/// the running maintenance: taken by the first user, renewed while any
+/// holds it, released 2 s after the last let go (so `weed shell` gets a turn).
+#[derive(Default)]
+pub struct ClusterLock {
+    lease: tokio::sync::Mutex<Option<Lease>>,
+    users: std::sync::atomic::AtomicUsize,
+}
+
+/// A user's hold on the cluster lock; dropping it lets go.
+pub struct Hold<'a>(&'a ClusterLock);
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.0.users.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl ClusterLock {
+    /// Holds the lock, taking it from the master if nobody here holds it yet.
+    pub async fn hold(&self, masters: &[String], message: &str, patience: Duration) -> anyhow::Result<Hold<'_>> {
+        self.users.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let hold = Hold(self);
+        let mut lease = self.lease.lock().await;
+        if lease.is_none() {
+            *lease = Some(acquire(masters, SHELL_LOCK, message, patience).await?);
+        }
+        Ok(hold)
+    }
+
+    pub async fn is_held(&self) -> bool {
+        self.lease.lock().await.is_some()
+    }
+
+    /// Renews while held; releases once nobody has held it for 2 s.
+    async fn keep(&self, masters: Vec<String>) {
+        let mut idle_since: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::time::sleep(RENEW_EVERY / 2).await;
+            let mut lease = self.lease.lock().await;
+            let Some(held) = lease.as_mut() else { continue };
+            if self.users.load(std::sync::atomic::Ordering::Acquire) > 0 {
+                idle_since = None;
+                if let Err(e) = renew(&masters, held, "jobcenter maintenance").await {
+                    tracing::warn!(error = %e, "cannot renew the cluster lock");
+                }
+            } else if idle_since.get_or_insert_with(tokio::time::Instant::now).elapsed() >= Duration::from_secs(2) {
+                if let Err(e) = release(&masters, held).await {
+                    tracing::warn!(error = %e, "cannot release the cluster lock");
+                }
+                *lease = None;
+                idle_since = None;
+            }
+        }
+    }
+}
+
+/// Attempts of cluster job types are dispatched only while the cluster lock
+/// is held: it is held as long as any waits or runs.
+async fn execution_lock(shared: Arc<Shared>) {
+    let masters = shared.options.masters.clone();
+    let gated: Vec<Arc<str>> = CLUSTER_JOB_TYPES.iter().map(|t| Arc::from(*t)).collect();
+    let mut hold: Option<Hold<'_>> = None;
+    let mut idle_since: Option<tokio::time::Instant> = None;
+    loop {
+        let Ok((queued, running)) = shared.engine.gate(gated.clone(), hold.is_some()).await else { return };
+        if hold.is_none() && queued > 0 {
+            match shared.cluster_lock.hold(&masters, "jobcenter maintenance", Duration::from_secs(30)).await {
+                Ok(h) => {
+                    hold = Some(h);
+                    idle_since = None;
+                    continue;
+                }
+                Err(e) => tracing::info!(error = %e, "maintenance waits for the cluster lock"),
+            }
+        } else if hold.is_some() && queued == 0 && running == 0 {
+            if idle_since.get_or_insert_with(tokio::time::Instant::now).elapsed() >= Duration::from_secs(2) {
+                // Close the gate first; let go only if nothing slipped through.
+                let Ok((queued, running)) = shared.engine.gate(gated.clone(), false).await else { return };
+                if queued == 0 && running == 0 {
+                    hold = None;
+                }
+                idle_since = None;
+            }
+        } else {
+            idle_since = None;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Holds the presence lock, keeps the master's vacuum off while a
+/// vacuum-capable worker is connected, and runs cluster job types only under
+/// the cluster lock.
 pub fn spawn_duties(shared: Arc<Shared>) {
     if shared.options.masters.is_empty() {
         return;
     }
+    let keeper = shared.clone();
+    tokio::spawn(async move { keeper.cluster_lock.keep(keeper.options.masters.clone()).await });
+    tokio::spawn(execution_lock(shared.clone()));
     let presence = shared.clone();
     tokio::spawn(async move {
         let masters = presence.options.masters.clone();

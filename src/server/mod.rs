@@ -113,6 +113,7 @@ impl Stats {
 /// What every part of the server shares.
 pub struct Shared {
     pub stats: Stats,
+    pub cluster_lock: master::ClusterLock,
     pub scheduler: scheduler::SchedulerState,
     pub recovery_gate: recovery::Gate,
     pub metrics: metrics::Metrics,
@@ -148,6 +149,7 @@ pub async fn run(
     let http_addr: SocketAddr = http.local_addr()?;
     let shared = Arc::new(Shared {
         stats: Stats::default(),
+        cluster_lock: master::ClusterLock::default(),
         scheduler: scheduler::SchedulerState::default(),
         recovery_gate: recovery::Gate::default(),
         metrics: metrics::Metrics::new(),

@@ -295,11 +295,13 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
         detection.await
     } else {
         let patience = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)));
-        let masters = shared.options.masters.clone();
         let message = format!("jobcenter detection of {job_type}");
-        match super::master::with_lock(&masters, super::master::SHELL_LOCK, &message, patience, detection).await {
-            Ok(result) => result,
-            Err(e) => Err(e),
+        match shared.cluster_lock.hold(&shared.options.masters, &message, patience).await {
+            Ok(_hold) => detection.await,
+            Err(e) => {
+                drop(detection);
+                Err(e)
+            }
         }
     };
     shared.scheduler.routes.lock().expect("routes lock").remove(&request_id);
