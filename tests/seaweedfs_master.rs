@@ -33,6 +33,25 @@ fn spawn(args: &[String], dir: &std::path::Path, name: &str) -> Process {
     Process { child, name: name.into() }
 }
 
+/// A SeaweedFS master on free ports, and a client of its gRPC port.
+fn start_master(dir: &std::path::Path) -> (Process, SeaweedClient<tonic::transport::Channel>, u16) {
+    let port = free_port();
+    let mdir = dir.join("master");
+    std::fs::create_dir_all(&mdir).unwrap();
+    let process = spawn(
+        &["master".into(), "-ip=127.0.0.1".into(), format!("-port={port}"), format!("-mdir={}", mdir.display())],
+        dir,
+        "master",
+    );
+    let grpc = format!("http://127.0.0.1:{}", port + 10_000);
+    let client = wait_until(Duration::from_secs(60), || {
+        let runtime = tokio::runtime::Handle::current();
+        std::thread::scope(|s| s.spawn(|| runtime.block_on(SeaweedClient::connect(grpc.clone())).ok()).join().unwrap())
+    })
+    .expect("the master starts");
+    (process, client, port)
+}
+
 /// An operator takes the cluster lock, as `weed shell` does; retried while
 /// the master elects itself or the lock is briefly held by someone else.
 async fn operator_lease(
@@ -60,20 +79,7 @@ async fn operator_lease(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn presence_lock_held_and_detection_waits_for_the_shell_lock() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mdir = dir.path().join("master");
-    std::fs::create_dir_all(&mdir).unwrap();
-    let _master = spawn(
-        &["master".into(), "-ip=127.0.0.1".into(), format!("-port={port}"), format!("-mdir={}", mdir.display())],
-        dir.path(),
-        "master",
-    );
-    let grpc = format!("http://127.0.0.1:{}", port + 10_000);
-    let mut master = wait_until(Duration::from_secs(60), || {
-        let runtime = tokio::runtime::Handle::current();
-        std::thread::scope(|s| s.spawn(|| runtime.block_on(SeaweedClient::connect(grpc.clone())).ok()).join().unwrap())
-    })
-    .expect("the master starts");
+    let (_master, mut master, port) = start_master(dir.path());
 
     let master_arg = format!("127.0.0.1:{port}");
     let server = Server::start(&dir.path().join("data"), &["--master", &master_arg]);
@@ -205,20 +211,7 @@ async fn fake_vacuum_executor(server: &Server) -> tokio::sync::mpsc::UnboundedRe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintenance_runs_only_under_the_cluster_lock() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mdir = dir.path().join("master");
-    std::fs::create_dir_all(&mdir).unwrap();
-    let _master = spawn(
-        &["master".into(), "-ip=127.0.0.1".into(), format!("-port={port}"), format!("-mdir={}", mdir.display())],
-        dir.path(),
-        "master",
-    );
-    let grpc = format!("http://127.0.0.1:{}", port + 10_000);
-    let mut master = wait_until(Duration::from_secs(60), || {
-        let runtime = tokio::runtime::Handle::current();
-        std::thread::scope(|s| s.spawn(|| runtime.block_on(SeaweedClient::connect(grpc.clone())).ok()).join().unwrap())
-    })
-    .expect("the master starts");
+    let (_master, mut master, port) = start_master(dir.path());
     let server = Server::start(&dir.path().join("data"), &["--master", &format!("127.0.0.1:{port}")]);
     assert!(server.cli(&["policy", "set", "vacuum", "detection_enabled=0"]).status.success());
     let mut seen = fake_vacuum_executor(&server).await;
