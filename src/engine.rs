@@ -360,6 +360,7 @@ impl Core {
                     let record = &mut job.tasks[task.idx.index()];
                     record.progress_percent = progress.percent;
                     record.stage = progress.stage;
+                    record.updated_at = now;
                     if self.events.receiver_count() > 0 {
                         step.actions.push(Action::Event(task_event(task.job, task.idx.0, record)));
                     }

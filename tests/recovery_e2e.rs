@@ -218,6 +218,11 @@ fn recover_reports_findings_and_applies_them() {
     let after = job(&server, &id);
     assert_eq!(after["tasks"][0]["attempt"], 1, "no worker left to take it yet");
     assert_eq!(after["tasks"][0]["state"], "ready");
+    let log = server.cli_json(&["activities", "--job-type", "recovery_check", "--json"]);
+    assert!(
+        log.as_array().unwrap().iter().any(|a| a["message"].as_str().unwrap_or("").starts_with("R3 handler-silent")),
+        "{log}"
+    );
     let again = server.cli_json(&["recover", "--json"]);
     assert!(again.as_array().unwrap().is_empty(), "a finding applied once is not found again: {again}");
     signal(&sleeper, Signal::SIGCONT);

@@ -14,6 +14,7 @@
 //! | `R2` handler-gone | a task held by a handler that is not connected | resubmit |
 //! | `R3` handler-silent | a task whose handler has written nothing for longer than the silence timeout | resubmit |
 //! | `R3` pinned-node-down | the same, for a task pinned to that node | fail the task |
+//! | `R3-progress` no-progress | a running task whose handler writes but that reported no progress for longer than the progress timeout | resubmit |
 //! | `R4` ready-not-dispatched | a ready task that is in no dispatch queue | dispatch |
 //! | `R5` job-not-finalized | every task ended, the job not finalized for longer than the grace | finalize |
 //! | `R6` scheduler-job | any resubmission of a task of a scheduler job | fail the job and its unfinished tasks |
@@ -99,11 +100,18 @@ pub struct Config {
     pub silence_timeout_ms: Millis,
     /// A job whose tasks all ended is finalized if still not after this (default 1 minute).
     pub finalize_grace_ms: Millis,
+    /// A task held this long without a progress report or any other update
+    /// is taken back, however alive its handler is (default 24 hours).
+    pub progress_timeout_ms: Millis,
 }
 
 impl Default for Config {
     fn default() -> Config {
-        Config { silence_timeout_ms: 5 * 60 * 1000, finalize_grace_ms: 60 * 1000 }
+        Config {
+            silence_timeout_ms: 5 * 60 * 1000,
+            finalize_grace_ms: 60 * 1000,
+            progress_timeout_ms: 24 * 3600 * 1000,
+        }
     }
 }
 
@@ -126,6 +134,8 @@ pub enum Rule {
     HandlerSilent,
     #[serde(rename = "R3-pinned")]
     PinnedNodeDown,
+    #[serde(rename = "R3-progress")]
+    NoProgress,
     #[serde(rename = "R4")]
     ReadyNotDispatched,
     #[serde(rename = "R5")]
@@ -141,6 +151,7 @@ impl Rule {
             Rule::HandlerGone => "R2",
             Rule::HandlerSilent => "R3",
             Rule::PinnedNodeDown => "R3-pinned",
+            Rule::NoProgress => "R3-progress",
             Rule::ReadyNotDispatched => "R4",
             Rule::JobNotFinalized => "R5",
             Rule::SchedulerJob => "R6",
@@ -153,6 +164,7 @@ impl Rule {
             Rule::HandlerGone => "handler-gone",
             Rule::HandlerSilent => "handler-silent",
             Rule::PinnedNodeDown => "pinned-node-down",
+            Rule::NoProgress => "no-progress",
             Rule::ReadyNotDispatched => "ready-not-dispatched",
             Rule::JobNotFinalized => "job-not-finalized",
             Rule::SchedulerJob => "scheduler-job",
@@ -296,6 +308,11 @@ fn check_held(snapshot: &Snapshot, job: &JobSnapshot, task: &TaskSnapshot) -> Op
     let last_written = live.last_seen.max(task.updated_at);
     let silence = now - last_written;
     if silence <= snapshot.config.silence_timeout_ms {
+        let stuck = now - task.updated_at;
+        if stuck > snapshot.config.progress_timeout_ms {
+            let detail = format!("no progress for {stuck} ms although its handler {handler} is alive");
+            return Some(finding(Rule::NoProgress, Some(handler.clone()), stuck, resubmit, detail));
+        }
         return None;
     }
     let detail = format!("its handler {handler} ({}) has written nothing for {silence} ms", live.node);

@@ -104,6 +104,21 @@ fn r3_a_silent_handler_loses_its_task_after_the_timeout_only() {
 }
 
 #[test]
+fn r3_a_task_without_progress_for_too_long_is_resubmitted_though_its_handler_lives() {
+    let day = 24 * 3600 * 1000;
+    let stuck = |millis: Millis| {
+        snapshot(
+            vec![job("j", vec![task(0, TaskState::Running, Some("h1"), NOW - millis)])],
+            &[("h1", "node-a", NOW - 1000)],
+        )
+    };
+    assert!(check(&stuck(day)).is_empty());
+    let findings = check(&stuck(day + 1));
+    assert_eq!(rules(&findings), [Rule::NoProgress]);
+    assert!(matches!(findings[0].action, Action::Resubmit { .. }));
+}
+
+#[test]
 fn r3_a_task_pinned_to_a_silent_node_fails_instead() {
     let mut pinned = task(0, TaskState::Running, Some("h1"), NOW - 10 * MINUTE);
     pinned.pinned_node = Some("node-a".into());

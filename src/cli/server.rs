@@ -47,6 +47,9 @@ pub struct ServerArgs {
     /// A job whose tasks all ended is finalized by recovery after this (rule R5).
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     pub finalize_grace: Duration,
+    /// A task held this long without progress is taken back (recovery rule R3-progress).
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    pub progress_timeout: Duration,
     /// Attempts a task may lose with its worker before it fails.
     #[arg(long, default_value_t = 3)]
     pub lost_attempt_limit: u32,
@@ -123,6 +126,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         silence_timeout: args.silence_timeout,
         recovery_interval: args.recovery_interval,
         finalize_grace: args.finalize_grace,
+        progress_timeout: args.progress_timeout,
         ..ServerOptions::default()
     };
     server::run(store, options, http, grpc, shutdown_signal()).await?;

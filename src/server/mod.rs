@@ -60,6 +60,8 @@ pub struct ServerOptions {
     pub recovery_interval: Duration,
     /// A job whose tasks all ended is finalized by recovery after this (R5).
     pub finalize_grace: Duration,
+    /// A held task without progress for longer is taken back (R3-progress).
+    pub progress_timeout: Duration,
 }
 
 impl Default for ServerOptions {
@@ -80,6 +82,7 @@ impl Default for ServerOptions {
             silence_timeout: Duration::from_secs(300),
             recovery_interval: Duration::from_secs(60),
             finalize_grace: Duration::from_secs(60),
+            progress_timeout: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -163,7 +166,7 @@ pub async fn run(
     });
 
     engine.on_commit(Arc::new(shared.metrics.commit_observer()));
-    shared.metrics.declare_recovery_rules(&["R1", "R2", "R3", "R3-pinned", "R4", "R5", "R6"]);
+    shared.metrics.declare_recovery_rules(&["R1", "R2", "R3", "R3-pinned", "R3-progress", "R4", "R5", "R6"]);
     for _ in 0..options.local_workers {
         let handlers = HandlerRegistry::new(builtin_handlers());
         LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;

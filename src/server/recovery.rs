@@ -58,6 +58,7 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
         config: recovery::Config {
             silence_timeout_ms: shared.options.silence_timeout.as_millis() as i64,
             finalize_grace_ms: shared.options.finalize_grace.as_millis() as i64,
+            progress_timeout_ms: shared.options.progress_timeout.as_millis() as i64,
         },
         handlers,
         jobs,
@@ -81,6 +82,16 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
     for (finding, applied) in findings.into_iter().zip(applied) {
         if !dry_run {
             shared.metrics.record_recovery_finding(finding.rule.id());
+            let done = if applied { "applied" } else { "skipped (the task moved on)" };
+            let message = format!(
+                "{} job {} task {}: {} ({})",
+                finding.rule,
+                finding.job,
+                finding.task.as_deref().unwrap_or("-"),
+                done,
+                finding.detail
+            );
+            super::scheduler::record(shared, JOB_TYPE, message);
         }
         tracing::warn!(
             rule = finding.rule.id(),

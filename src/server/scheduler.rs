@@ -97,7 +97,7 @@ impl SchedulerState {
     }
 }
 
-fn record(shared: &Shared, job_type: &str, message: String) {
+pub(crate) fn record(shared: &Shared, job_type: &str, message: String) {
     tracing::info!(job_type, message, "scheduler");
     let entry = Activity { at_ms: shared.clock.now().as_millis(), job_type: job_type.to_string(), message };
     let snapshot: Vec<Activity> = {
