@@ -70,7 +70,7 @@ pub const SETTINGS: [&str; 10] = [
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
-    #[error("unknown policy setting {name:?}; settings are {}", SETTINGS.join(", "))]
+    #[error("unknown policy setting {name:?}; settings are {}, and worker.NAME for a worker configuration value", SETTINGS.join(", "))]
     UnknownSetting { name: String },
     #[error("policy setting {name} must be a whole number, not {value:?}")]
     NotANumber { name: String, value: String },

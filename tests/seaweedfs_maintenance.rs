@@ -431,16 +431,24 @@ fn the_scheduler_detects_and_runs_vacuum_on_its_own() {
     let setup = Setup::start(ClusterOptions::default());
     let cluster = &setup.cluster;
     let _worker = setup.start_weed_worker("weed-scheduled");
+    // A fifth of the files deleted: below the worker's default vacuum
+    // threshold (0.3), above the one set through jobcenter's policy.
     let files = cluster.write_files(120, 64, "");
-    let (deleted, kept) = cluster.delete_percent(&files, 60);
+    let (deleted, kept) = cluster.delete_percent(&files, 20);
     let n_deleted_on = |id: u32| deleted.iter().filter(|f| f.volume_id == id).count() as u64;
     let before = cluster.wait_for("the deletions reach the master", |t| {
         t.volumes.iter().all(|v| v.delete_count == n_deleted_on(v.id)).then(|| t.clone())
     });
-    let dirty: Vec<_> = before.volumes.iter().filter(|v| v.garbage_ratio() > 0.4).cloned().collect();
+    let dirty: Vec<_> = before.volumes.iter().filter(|v| v.garbage_ratio() > 0.1).cloned().collect();
     assert!(!dirty.is_empty(), "no volume with garbage: {before:#?}");
+    let below_default = dirty.iter().filter(|v| v.garbage_ratio() < 0.3).count();
+    assert!(below_default > 0, "every volume is above the default threshold: {dirty:#?}");
 
-    // Detection on, every 2 s: the scheduler does the rest.
+    // Threshold lowered and detection on, every 2 s: the scheduler does the rest.
+    let lowered = setup.server.cli(&["policy", "set", "vacuum", "worker.garbage_threshold=0.1"]);
+    assert!(lowered.status.success(), "{}", String::from_utf8_lossy(&lowered.stderr));
+    let policy = setup.server.cli_json(&["policy", "get", "vacuum", "--json"]);
+    assert_eq!(policy["worker_config"]["garbage_threshold"], "0.1", "{policy}");
     let on = setup.server.cli(&["policy", "set", "vacuum", "detection_enabled=1", "detection_interval_seconds=2"]);
     assert!(on.status.success(), "{}", String::from_utf8_lossy(&on.stderr));
     let job = wait_until(Duration::from_secs(90), || {

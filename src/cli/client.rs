@@ -412,11 +412,19 @@ pub async fn policy(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         ("retry_backoff_seconds", policy.retry_backoff_seconds),
         ("execution_timeout_seconds", policy.execution_timeout_seconds),
         ("job_type_max_runtime_seconds", policy.job_type_max_runtime_seconds),
+        ("detection_interval_seconds", policy.detection_interval_seconds),
+        ("detection_timeout_seconds", policy.detection_timeout_seconds),
+        ("max_jobs_per_detection", policy.max_jobs_per_detection),
+        ("detection_enabled", u32::from(policy.detection_enabled)),
     ]);
     println!("policy of {}", policy.job_type);
     for (name, value) in values {
         let source = policy.sources.get(name).map(String::as_str).unwrap_or("default");
         println!("  {name:<34} {value:>8}  ({source})");
+    }
+    let worker: BTreeMap<&String, &String> = policy.worker_config.iter().collect();
+    for (name, value) in worker {
+        println!("  worker.{name:<27} {value:>8}");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -152,7 +152,15 @@ impl Api {
             return Err(Error::Invalid("a job type is required".into()));
         }
         let (policy, sources) = self.shared.policies.effective(job_type);
-        Ok(convert::policy(job_type, &policy, &sources))
+        let mut out = convert::policy(job_type, &policy, &sources);
+        out.worker_config = self
+            .shared
+            .policies
+            .worker_values(job_type)
+            .into_iter()
+            .map(|(k, v)| (k, crate::wire::value_to_json(&v).to_string()))
+            .collect();
+        Ok(out)
     }
 
     pub async fn set_policy(&self, job_type: &str, changes: &BTreeMap<String, String>) -> Result<api::Policy, Error> {

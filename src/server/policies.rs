@@ -9,16 +9,36 @@ use prost::Message;
 
 use crate::engine::EngineHandle;
 use crate::policy::{self, Overrides, Policy, Source};
-use crate::proto::plugin::JobTypeDescriptor;
+use crate::proto::plugin::{ConfigValue, JobTypeDescriptor};
+
+/// A value as typed on the command line: a number, `true`/`false`, or text.
+fn parse_value(text: &str) -> serde_json::Value {
+    if let Ok(i) = text.parse::<i64>() {
+        return serde_json::Value::from(i);
+    }
+    if let Ok(f) = text.parse::<f64>() {
+        return serde_json::Value::from(f);
+    }
+    match text {
+        "true" => serde_json::Value::Bool(true),
+        "false" => serde_json::Value::Bool(false),
+        _ => serde_json::Value::String(text.to_string()),
+    }
+}
 use crate::store::{self, Store};
 
 const DESCRIPTOR_PREFIX: &str = "descriptor/";
 const POLICY_PREFIX: &str = "policy/";
+const WORKER_CONFIG_PREFIX: &str = "worker-config/";
+/// `policy set TYPE worker.NAME=VALUE` sets a worker configuration value.
+pub const WORKER_KEY_PREFIX: &str = "worker.";
 
 #[derive(Default)]
 struct Book {
     descriptors: BTreeMap<String, JobTypeDescriptor>,
     overrides: BTreeMap<String, Overrides>,
+    /// Worker configuration values an operator set, by job type.
+    worker_values: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Clone)]
@@ -45,6 +65,11 @@ impl Policies {
                     book.overrides.insert(key[POLICY_PREFIX.len()..].to_string(), overrides);
                 }
                 Err(e) => tracing::warn!(key, error = %e, "skipping an unreadable policy"),
+            }
+        }
+        for (key, bytes) in store.settings(WORKER_CONFIG_PREFIX)? {
+            if let Ok(values) = serde_json::from_slice(&bytes) {
+                book.worker_values.insert(key[WORKER_CONFIG_PREFIX.len()..].to_string(), values);
             }
         }
         Ok(Policies { store, book: Arc::new(Mutex::new(book)) })
@@ -87,15 +112,60 @@ impl Policies {
         job_type: &str,
         changes: &BTreeMap<String, String>,
     ) -> Result<Result<(), policy::Error>, store::Error> {
+        let (worker_changes, changes): (BTreeMap<String, String>, BTreeMap<String, String>) =
+            changes.clone().into_iter().partition(|(k, _)| k.starts_with(WORKER_KEY_PREFIX));
         let current = self.book.lock().expect("policy lock").overrides.get(job_type).cloned().unwrap_or_default();
-        let updated = match policy::apply_changes(&current, changes) {
+        let updated = match policy::apply_changes(&current, &changes) {
             Ok(updated) => updated,
             Err(e) => return Ok(Err(e)),
         };
+        if !worker_changes.is_empty() {
+            let mut values =
+                self.book.lock().expect("policy lock").worker_values.get(job_type).cloned().unwrap_or_default();
+            for (key, text) in worker_changes {
+                let name = key[WORKER_KEY_PREFIX.len()..].to_string();
+                if text == "default" {
+                    values.remove(&name);
+                } else {
+                    values.insert(name, parse_value(&text));
+                }
+            }
+            let bytes = serde_json::to_vec(&values).expect("values serialize");
+            self.store.put_setting(&format!("{WORKER_CONFIG_PREFIX}{job_type}"), Some(&bytes))?;
+            self.book.lock().expect("policy lock").worker_values.insert(job_type.to_string(), values);
+        }
         let bytes = serde_json::to_vec(&updated).expect("overrides serialize");
         self.store.put_setting(&format!("{POLICY_PREFIX}{job_type}"), Some(&bytes))?;
         self.book.lock().expect("policy lock").overrides.insert(job_type.to_string(), updated);
         Ok(Ok(()))
+    }
+
+    /// The worker configuration values of a job type: the descriptor's
+    /// defaults, with what an operator set on top.
+    pub fn worker_values(&self, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
+        let book = self.book.lock().expect("policy lock");
+        let mut values = std::collections::HashMap::new();
+        if let Some(d) = book.descriptors.get(job_type) {
+            values = d.worker_default_values.clone();
+            if let Some(form) = &d.worker_config_form {
+                for (k, v) in &form.default_values {
+                    values.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+            }
+        }
+        if let Some(set) = book.worker_values.get(job_type) {
+            for (k, v) in set {
+                if let Some(value) = crate::wire::json_to_value(v) {
+                    values.insert(k.clone(), value);
+                }
+            }
+        }
+        values
+    }
+
+    /// The worker configuration values an operator set, as JSON.
+    pub fn worker_values_set(&self, job_type: &str) -> serde_json::Map<String, serde_json::Value> {
+        self.book.lock().expect("policy lock").worker_values.get(job_type).cloned().unwrap_or_default()
     }
 
     /// Tells the engine the dispatch limits of a job type.

@@ -255,7 +255,7 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
             .and_then(|d| d.admin_config_form.as_ref())
             .map(|f| f.default_values.clone())
             .unwrap_or_default(),
-        worker_config_values: descriptor.as_ref().map(|d| d.worker_default_values.clone()).unwrap_or_default(),
+        worker_config_values: shared.policies.worker_values(job_type),
         cluster_context: Some(ClusterContext {
             master_grpc_addresses: shared.options.masters.clone(),
             ..ClusterContext::default()

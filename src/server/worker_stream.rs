@@ -302,15 +302,7 @@ impl Session {
         let descriptor = self.shared.policies.descriptor(&assignment.job_type);
         let admin_config_values =
             descriptor.as_ref().and_then(|d| d.admin_config_form.as_ref()).map(|f| f.default_values.clone());
-        let worker_config_values = descriptor.as_ref().map(|d| {
-            let mut values = d.worker_default_values.clone();
-            if let Some(form) = &d.worker_config_form {
-                for (k, v) in &form.default_values {
-                    values.entry(k.clone()).or_insert_with(|| v.clone());
-                }
-            }
-            values
-        });
+        let worker_config_values = self.shared.policies.worker_values(&assignment.job_type);
         ExecuteJobRequest {
             request_id: format!("exec-{job_id}"),
             job: Some(JobSpec {
@@ -332,7 +324,7 @@ impl Session {
             }),
             admin_runtime: Some(policy.to_runtime()),
             admin_config_values: admin_config_values.unwrap_or_default(),
-            worker_config_values: worker_config_values.unwrap_or_default(),
+            worker_config_values,
             cluster_context: Some(ClusterContext {
                 master_grpc_addresses: self.shared.options.masters.clone(),
                 ..ClusterContext::default()
