@@ -158,3 +158,43 @@ async fn detection_runs_become_jobs_on_their_interval() {
     assert_eq!(succeeded[0]["proposals"], 3);
     assert!(succeeded.len() <= 10, "at most 10 runs are kept");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detection_that_does_not_answer_times_out_and_is_recorded_as_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    assert!(server
+        .cli(&["policy", "set", "noop", "detection_enabled=0", "detection_timeout_seconds=1"])
+        .status
+        .success());
+    // A detector that takes detection requests and never answers them.
+    let mut client = PluginControlServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
+    let (tx, rx) = mpsc::channel(8);
+    let hello = WorkerHello {
+        worker_id: "mute".into(),
+        worker_instance_id: uuid::Uuid::new_v4().to_string(),
+        capabilities: vec![JobTypeCapability {
+            job_type: "noop".into(),
+            can_detect: true,
+            ..JobTypeCapability::default()
+        }],
+        ..WorkerHello::default()
+    };
+    tx.send(WorkerToAdminMessage { body: Some(Body::Hello(hello)), ..Default::default() }).await.unwrap();
+    let mut inbound = client.worker_stream(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    tokio::spawn(async move { while let Ok(Some(_)) = inbound.message().await {} });
+    server.wait_for_workers(1);
+
+    let started = std::time::Instant::now();
+    let output = server.cli(&["detect", "noop", "--run"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert!(stderr.contains("no detection result within 1s"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10), "the timeout bounded the wait");
+    let runs = server.cli_json(&["runs", "noop", "--json"]);
+    let failed = runs["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{runs}");
+    assert!(failed[0]["error"].as_str().unwrap().contains("no detection result"), "{runs}");
+    assert!(scheduler_jobs(&server).is_empty(), "a failed detection makes no job");
+    drop(tx);
+}
