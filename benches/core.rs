@@ -23,7 +23,7 @@ use jobcenter::store::{SledStore, Store};
 use jobcenter::worker::{builtin_handlers, LocalExecutor, Registry};
 
 const RUNS: usize = 3;
-const SCENARIOS: [&str; 5] = ["flush", "transitions", "submit", "propagate", "restart"];
+const SCENARIOS: [&str; 6] = ["flush", "transitions", "submit", "propagate", "restart", "orphans"];
 
 /// A seeded layered DAG in the job file format, like `gen_dag.py --shape layered`.
 fn layered(n: usize, width: usize, fanin: usize, extra: &str) -> String {
@@ -210,6 +210,60 @@ async fn flush(dir: &Path) -> serde_json::Value {
     serde_json::json!({ "write_and_flush_ms": median(tail) })
 }
 
+/// 1,000 attempts held by a handler of a previous run, with 1,000,000 tasks
+/// stored: the time from the restart to the recovery check having
+/// resubmitted them all (snapshot, rules, actions, flush).
+async fn orphans(dir: &Path) -> serde_json::Value {
+    let n = 1_000_000;
+    {
+        let spec = parse(&layered(n, 1000, 3, ""));
+        let engine = engine_keep(dir).await;
+        engine.submit(spec, JobOrigin::User).await.unwrap();
+        let handler = HandlerId::new();
+        let (sink, mut orders) = tokio::sync::mpsc::unbounded_channel();
+        let spec = HandlerSpec {
+            handler,
+            job_types: None,
+            capacity: 1000,
+            type_capacity: Default::default(),
+            starts_running: true,
+            sink,
+        };
+        engine.add_handler(spec).await.unwrap();
+        for _ in 0..1000 {
+            orders.recv().await.expect("an assignment");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    let engine = engine_keep(dir).await;
+    let serving = started.elapsed();
+    let (jobs, _) = engine.recovery_snapshot().await.unwrap();
+    let snapshot = jobcenter_recovery::Snapshot {
+        now: i64::MAX / 2,
+        config: jobcenter_recovery::Config::default(),
+        handlers: Default::default(),
+        jobs,
+    };
+    let findings = jobcenter_recovery::check(&snapshot);
+    let applied = engine.apply_recovery(findings.iter().map(|f| (f.rule, f.action.clone())).collect()).await.unwrap();
+    let resubmitted = started.elapsed();
+    assert_eq!(applied.iter().filter(|a| **a).count(), 1000);
+    serde_json::json!({
+        "tasks_stored": n,
+        "orphans": 1000,
+        "serving_after_s": serving.as_secs_f64(),
+        "resubmitted_after_s": resubmitted.as_secs_f64(),
+    })
+}
+
+async fn engine_keep(path: &Path) -> EngineHandle {
+    let store: Arc<dyn Store> = Arc::new(SledStore::open(path).expect("open store"));
+    Engine::start(store, Arc::new(SystemClock), Options { orphans: Orphans::Keep, ..Options::default() })
+        .await
+        .expect("engine")
+}
+
 fn run_one(name: &str) {
     let dir = tempfile::tempdir_in(std::env::var("BENCH_DIR").unwrap_or_else(|_| ".".into())).unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
@@ -220,6 +274,7 @@ fn run_one(name: &str) {
             "submit" => submit(dir.path()).await,
             "propagate" => propagate(dir.path()).await,
             "restart" => restart(dir.path()).await,
+            "orphans" => orphans(dir.path()).await,
             other => panic!("unknown scenario {other}; known: {SCENARIOS:?}"),
         }
     });
