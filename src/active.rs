@@ -68,10 +68,6 @@ impl ActiveJob {
         self.counts.terminal() as usize == self.tasks.len()
     }
 
-    pub fn into_stored(self) -> StoredJob {
-        StoredJob { record: self.record, spec: self.spec, tasks: self.tasks }
-    }
-
     pub fn to_stored(&self) -> StoredJob {
         StoredJob { record: self.record.clone(), spec: self.spec.clone(), tasks: self.tasks.clone() }
     }

@@ -10,10 +10,9 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{start_worker, wait_until, Server};
+use common::{exec_events, start_worker, wait_until, Server};
 
 struct Rng(u64);
 
@@ -86,20 +85,6 @@ fn model(parents: &[Vec<usize>], fails: &[bool]) -> Vec<&'static str> {
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn exec_events(log: &Path, job: &str) -> Vec<(String, u32, String)> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| {
-            let parts: Vec<&str> = line.split_whitespace().collect();
-            if parts.len() != 4 || parts[0] != job {
-                return None;
-            }
-            Some((parts[1].to_string(), parts[2].parse().ok()?, parts[3].to_string()))
-        })
-        .collect()
 }
 
 #[test]

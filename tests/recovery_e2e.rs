@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{start_worker, wait_until, Process, Server};
+use common::{exec_events, start_worker, wait_until, Process, Server};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -35,19 +35,6 @@ fn wait_for_end(server: &Server, id: &str, limit: Duration) -> serde_json::Value
         matches!(job["state"].as_str(), Some("succeeded" | "failed" | "canceled")).then_some(job)
     })
     .unwrap_or_else(|| panic!("job {id} did not end: {}", job(server, id)))
-}
-
-/// Exec log lines `JOB TASK ATTEMPT EVENT` of one job.
-fn exec_events(log: &Path, job: &str) -> Vec<(String, u32, String)> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| {
-            let parts: Vec<&str> = line.split_whitespace().collect();
-            (parts.len() == 4 && parts[0] == job)
-                .then(|| (parts[1].to_string(), parts[2].parse().unwrap(), parts[3].to_string()))
-        })
-        .collect()
 }
 
 #[test]

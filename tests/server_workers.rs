@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{nine_tasks, run_with_timeout, start_worker, states, wait_until, Server};
+use common::{exec_events, nine_tasks, run_with_timeout, start_worker, states, wait_until, Server};
 
 fn run_embedded(file: &std::path::Path, dir: &std::path::Path) -> serde_json::Value {
     let mut command = Command::new(common::binary());
@@ -54,19 +54,6 @@ fn nine_tasks_through_two_workers_end_as_run_ends_them() {
         .filter(|h| !h.is_empty())
         .collect();
     assert!(!handlers.is_empty());
-}
-
-/// Exec log lines `JOB TASK ATTEMPT EVENT` of one job.
-fn exec_events(log: &std::path::Path, job: &str) -> Vec<(String, u32, String)> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| {
-            let parts: Vec<&str> = line.split_whitespace().collect();
-            (parts.len() == 4 && parts[0] == job)
-                .then(|| (parts[1].to_string(), parts[2].parse().unwrap(), parts[3].to_string()))
-        })
-        .collect()
 }
 
 #[test]

@@ -39,10 +39,6 @@ impl Due {
     pub fn trigger(&mut self, job_type: &str) {
         self.next.insert(job_type.to_string(), Timestamp(i64::MIN));
     }
-
-    pub fn last_run(&self, job_type: &str) -> Option<Timestamp> {
-        self.last.get(job_type).copied()
-    }
 }
 
 #[cfg(test)]

@@ -158,10 +158,6 @@ impl ClusterLock {
         Ok(hold)
     }
 
-    pub async fn is_held(&self) -> bool {
-        self.lease.lock().await.is_some()
-    }
-
     /// Renews while held; releases once nobody has held it for 2 s.
     async fn keep(&self, masters: Vec<String>) {
         let mut idle_since: Option<tokio::time::Instant> = None;

@@ -88,10 +88,6 @@ impl Policies {
         self.book.lock().expect("policy lock").descriptors.contains_key(job_type)
     }
 
-    pub fn descriptor(&self, job_type: &str) -> Option<JobTypeDescriptor> {
-        self.book.lock().expect("policy lock").descriptors.get(job_type).cloned()
-    }
-
     pub fn effective(&self, job_type: &str) -> (Policy, BTreeMap<String, Source>) {
         let book = self.book.lock().expect("policy lock");
         let descriptor = book.descriptors.get(job_type).and_then(|d| d.admin_runtime_defaults.as_ref());
@@ -140,6 +136,13 @@ impl Policies {
         Ok(Ok(()))
     }
 
+    /// The admin configuration values of a job type: its descriptor's defaults.
+    pub fn admin_values(&self, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
+        let book = self.book.lock().expect("policy lock");
+        let form = book.descriptors.get(job_type).and_then(|d| d.admin_config_form.as_ref());
+        form.map(|f| f.default_values.clone()).unwrap_or_default()
+    }
+
     /// The worker configuration values of a job type: the descriptor's
     /// defaults, with what an operator set on top.
     pub fn worker_values(&self, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
@@ -161,11 +164,6 @@ impl Policies {
             }
         }
         values
-    }
-
-    /// The worker configuration values an operator set, as JSON.
-    pub fn worker_values_set(&self, job_type: &str) -> serde_json::Map<String, serde_json::Value> {
-        self.book.lock().expect("policy lock").worker_values.get(job_type).cloned().unwrap_or_default()
     }
 
     /// Tells the engine the dispatch limits of a job type.

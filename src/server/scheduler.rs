@@ -244,17 +244,12 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
     let request_id = format!("detect-{job_type}-{}-{sequence}", started.as_millis());
     let (tx, mut rx) = mpsc::unbounded_channel();
     shared.scheduler.routes.lock().expect("routes lock").insert(request_id.clone(), tx);
-    let descriptor = shared.policies.descriptor(job_type);
     let request = RunDetectionRequest {
         request_id: request_id.clone(),
         job_type: job_type.to_string(),
         detection_sequence: started.as_millis().saturating_mul(1_000_000) + sequence as i64,
         admin_runtime: Some(policy.to_runtime()),
-        admin_config_values: descriptor
-            .as_ref()
-            .and_then(|d| d.admin_config_form.as_ref())
-            .map(|f| f.default_values.clone())
-            .unwrap_or_default(),
+        admin_config_values: shared.policies.admin_values(job_type),
         worker_config_values: shared.policies.worker_values(job_type),
         cluster_context: Some(ClusterContext {
             master_grpc_addresses: shared.options.masters.clone(),

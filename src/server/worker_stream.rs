@@ -299,9 +299,7 @@ impl Session {
             .map(|map| wire::json_to_values(&map))
             .unwrap_or_default();
         let (policy, _) = self.shared.policies.effective(&assignment.job_type);
-        let descriptor = self.shared.policies.descriptor(&assignment.job_type);
-        let admin_config_values =
-            descriptor.as_ref().and_then(|d| d.admin_config_form.as_ref()).map(|f| f.default_values.clone());
+        let admin_config_values = self.shared.policies.admin_values(&assignment.job_type);
         let worker_config_values = self.shared.policies.worker_values(&assignment.job_type);
         ExecuteJobRequest {
             request_id: format!("exec-{job_id}"),
@@ -323,7 +321,7 @@ impl Session {
                 scheduled_at: None,
             }),
             admin_runtime: Some(policy.to_runtime()),
-            admin_config_values: admin_config_values.unwrap_or_default(),
+            admin_config_values,
             worker_config_values,
             cluster_context: Some(ClusterContext {
                 master_grpc_addresses: self.shared.options.masters.clone(),

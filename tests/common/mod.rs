@@ -192,3 +192,18 @@ pub fn states(job: &serde_json::Value) -> Vec<(String, String)> {
     states.sort();
     states
 }
+
+/// Exec log lines `JOB TASK ATTEMPT EVENT` of one job, in order.
+pub fn exec_events(log: &Path, job: &str) -> Vec<(String, u32, String)> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            if parts.len() != 4 || parts[0] != job {
+                return None;
+            }
+            Some((parts[1].to_string(), parts[2].parse().ok()?, parts[3].to_string()))
+        })
+        .collect()
+}
