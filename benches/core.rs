@@ -149,12 +149,13 @@ async fn propagate(dir: &Path) -> serde_json::Value {
     let handler = HandlerId::new();
     let (sink, mut orders) = tokio::sync::mpsc::unbounded_channel();
     engine
-        .add_handler(HandlerSpec {
+        .connected(HandlerSpec {
             handler,
             job_types: None,
             capacity: 1,
             type_capacity: Default::default(),
             starts_running: true,
+            session: 0,
             sink,
         })
         .await
@@ -227,9 +228,10 @@ async fn orphans(dir: &Path) -> serde_json::Value {
             capacity: 1000,
             type_capacity: Default::default(),
             starts_running: true,
+            session: 0,
             sink,
         };
-        engine.add_handler(spec).await.unwrap();
+        engine.connected(spec).await.unwrap();
         for _ in 0..1000 {
             orders.recv().await.expect("an assignment");
         }
@@ -259,9 +261,13 @@ async fn orphans(dir: &Path) -> serde_json::Value {
 
 async fn engine_keep(path: &Path) -> EngineHandle {
     let store: Arc<dyn Store> = Arc::new(SledStore::open(path).expect("open store"));
-    Engine::start(store, Arc::new(SystemClock), Options { orphans: Orphans::Keep, ..Options::default() })
-        .await
-        .expect("engine")
+    Engine::start(
+        store,
+        Arc::new(SystemClock),
+        Options { orphans: Orphans::Keep { grace: std::time::Duration::from_secs(30) }, ..Options::default() },
+    )
+    .await
+    .expect("engine")
 }
 
 fn run_one(name: &str) {

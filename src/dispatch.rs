@@ -53,6 +53,8 @@ pub struct HandlerSpec {
     pub type_capacity: BTreeMap<Arc<str>, u32>,
     /// It starts an attempt as soon as it gets it (no separate start report).
     pub starts_running: bool,
+    /// Which connection of the handler this is; a later one replaces it.
+    pub session: u64,
     pub sink: Sink,
 }
 
@@ -69,10 +71,16 @@ pub struct TypeLimits {
 
 struct Slot {
     spec: HandlerSpec,
-    in_use: u32,
-    by_type: BTreeMap<Arc<str>, u32>,
     /// The slot total the handler last reported, when it reports one.
     reported_total: Option<u32>,
+}
+
+/// Attempts one handler holds, by job type: kept while the handler is
+/// disconnected, so that it finds its slots taken when it comes back.
+#[derive(Default)]
+struct HeldSlots {
+    total: u32,
+    by_type: BTreeMap<Arc<str>, u32>,
 }
 
 impl Slot {
@@ -80,15 +88,15 @@ impl Slot {
         self.spec.job_types.as_ref().is_none_or(|types| types.iter().any(|t| &**t == job_type))
     }
 
-    fn free(&self) -> u32 {
+    fn free(&self, held: Option<&HeldSlots>) -> u32 {
         let capacity = self.spec.capacity.min(self.reported_total.unwrap_or(u32::MAX));
-        capacity.saturating_sub(self.in_use)
+        capacity.saturating_sub(held.map_or(0, |h| h.total))
     }
 
-    fn free_for(&self, job_type: &str, per_worker: u32) -> u32 {
+    fn free_for(&self, job_type: &str, per_worker: u32, held: Option<&HeldSlots>) -> u32 {
         let cap = self.spec.type_capacity.get(job_type).copied().unwrap_or(u32::MAX).min(per_worker);
-        let used = self.by_type.get(job_type).copied().unwrap_or(0);
-        cap.saturating_sub(used).min(self.free())
+        let used = held.and_then(|h| h.by_type.get(job_type)).copied().unwrap_or(0);
+        cap.saturating_sub(used).min(self.free(held))
     }
 }
 
@@ -120,7 +128,9 @@ pub struct Dispatch {
     delayed_meta: BTreeMap<u64, (Arc<str>, Priority)>,
     next_seq: u64,
     limits: BTreeMap<Arc<str>, TypeLimits>,
+    /// Attempts held now by job type, over every handler, connected or not.
     running: BTreeMap<Arc<str>, u32>,
+    held: BTreeMap<HandlerId, HeldSlots>,
     /// Every task in a queue or waiting there for its backoff.
     queued: std::collections::HashSet<TaskRef>,
     /// Job types that run only while the gate is open (the cluster lock is held).
@@ -129,10 +139,10 @@ pub struct Dispatch {
 }
 
 impl Dispatch {
+    /// Adds a handler, or replaces its session; the attempts it already
+    /// holds (kept across a disconnect or a restart) occupy its slots.
     pub fn add_handler(&mut self, spec: HandlerSpec) {
-        let previous = self.handlers.remove(&spec.handler);
-        let (in_use, by_type) = previous.map(|s| (s.in_use, s.by_type)).unwrap_or_default();
-        self.handlers.insert(spec.handler, Slot { spec, in_use, by_type, reported_total: None });
+        self.handlers.insert(spec.handler, Slot { spec, reported_total: None });
     }
 
     /// The handler's own count of its slots, from its heartbeat.
@@ -155,15 +165,22 @@ impl Dispatch {
         self.running.get(job_type).copied().unwrap_or(0)
     }
 
-    /// Forgets a handler and the slots it held.
-    pub fn remove_handler(&mut self, handler: HandlerId) -> bool {
-        let Some(slot) = self.handlers.remove(&handler) else { return false };
-        for (job_type, used) in slot.by_type {
-            if let Some(running) = self.running.get_mut(&job_type) {
-                *running = running.saturating_sub(used);
+    /// Stops dispatching to a handler: its session ended (`session` names
+    /// which one, so that a newer session of the same handler stays), or it
+    /// is gone (`None`). The attempts it holds keep their slots until they end.
+    pub fn remove_handler(&mut self, handler: HandlerId, session: Option<u64>) -> bool {
+        match self.handlers.get(&handler) {
+            Some(slot) if session.is_none_or(|s| s == slot.spec.session) => {
+                self.handlers.remove(&handler);
+                true
             }
+            _ => false,
         }
-        true
+    }
+
+    /// The session a connected handler is in.
+    pub fn session(&self, handler: HandlerId) -> Option<u64> {
+        self.handlers.get(&handler).map(|s| s.spec.session)
     }
 
     pub fn handler_ids(&self) -> Vec<HandlerId> {
@@ -260,7 +277,7 @@ impl Dispatch {
         self.handlers
             .iter()
             .filter(|(_, slot)| slot.accepts(job_type))
-            .map(|(id, slot)| (id, slot.free_for(job_type, per_worker)))
+            .map(|(id, slot)| (id, slot.free_for(job_type, per_worker, self.held.get(id))))
             .filter(|(_, free)| *free > 0)
             .max_by_key(|(_, free)| *free)
             .map(|(id, _)| *id)
@@ -277,24 +294,31 @@ impl Dispatch {
         self.queued.contains(&task)
     }
 
+    /// An attempt of `job_type` is held by `handler` (connected or not).
     pub fn take_slot(&mut self, handler: HandlerId, job_type: &Arc<str>) {
-        if let Some(slot) = self.handlers.get_mut(&handler) {
-            slot.in_use += 1;
-            *slot.by_type.entry(job_type.clone()).or_default() += 1;
-            *self.running.entry(job_type.clone()).or_default() += 1;
+        let held = self.held.entry(handler).or_default();
+        held.total += 1;
+        *held.by_type.entry(job_type.clone()).or_default() += 1;
+        *self.running.entry(job_type.clone()).or_default() += 1;
+    }
+
+    /// The attempt ended (or was taken back): its slot is free again.
+    pub fn release_slot(&mut self, handler: HandlerId, job_type: &str) {
+        let Some(held) = self.held.get_mut(&handler) else { return };
+        let Some(used) = held.by_type.get_mut(job_type).filter(|u| **u > 0) else { return };
+        *used -= 1;
+        held.total -= 1;
+        if held.total == 0 {
+            self.held.remove(&handler);
+        }
+        if let Some(running) = self.running.get_mut(job_type) {
+            *running = running.saturating_sub(1);
         }
     }
 
-    pub fn release_slot(&mut self, handler: HandlerId, job_type: &str) {
-        if let Some(slot) = self.handlers.get_mut(&handler) {
-            slot.in_use = slot.in_use.saturating_sub(1);
-            if let Some(used) = slot.by_type.get_mut(job_type) {
-                *used = used.saturating_sub(1);
-            }
-            if let Some(running) = self.running.get_mut(job_type) {
-                *running = running.saturating_sub(1);
-            }
-        }
+    /// Attempts a handler holds now, connected or not.
+    pub fn held_by(&self, handler: HandlerId) -> u32 {
+        self.held.get(&handler).map_or(0, |h| h.total)
     }
 
     /// Forgets every queued entry of a job (it was canceled or ended).
@@ -361,6 +385,7 @@ mod tests {
             capacity: 2,
             type_capacity: BTreeMap::new(),
             starts_running: true,
+            session: 0,
             sink: sink.clone(),
         });
         d.add_handler(HandlerSpec {
@@ -369,6 +394,7 @@ mod tests {
             capacity: 3,
             type_capacity: BTreeMap::new(),
             starts_running: true,
+            session: 0,
             sink,
         });
         assert_eq!(d.pick_handler("noop"), Some(a));
@@ -396,6 +422,7 @@ mod tests {
                 capacity: 10,
                 type_capacity: BTreeMap::from([(vacuum.clone(), 2)]),
                 starts_running: false,
+                session: 0,
                 sink: sink.clone(),
             });
         }
@@ -415,7 +442,23 @@ mod tests {
         d.report_slots(handlers[0], 1);
         d.release_slot(handlers[0], "vacuum");
         assert_eq!(d.pick_handler("vacuum"), None, "the worker reports one slot, and it is in use");
-        assert!(d.remove_handler(handlers[1]));
-        assert_eq!(d.running("vacuum"), 1);
+        assert!(!d.remove_handler(handlers[1], Some(7)), "only the session named is removed");
+        assert!(d.remove_handler(handlers[1], Some(0)));
+        assert_eq!(d.running("vacuum"), 3, "a removed handler's attempts hold their slots until they end");
+        assert_eq!(d.held_by(handlers[1]), 2);
+        d.release_slot(handlers[1], "vacuum");
+        d.release_slot(handlers[1], "vacuum");
+        d.release_slot(handlers[1], "vacuum");
+        assert_eq!(d.running("vacuum"), 1, "a release with nothing held changes nothing");
+        d.add_handler(HandlerSpec {
+            handler: handlers[0],
+            job_types: None,
+            capacity: 1,
+            type_capacity: BTreeMap::new(),
+            starts_running: false,
+            session: 1,
+            sink: sink.clone(),
+        });
+        assert_eq!(d.pick_handler("vacuum"), None, "a reconnected handler finds the slot its kept attempt holds");
     }
 }

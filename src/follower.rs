@@ -131,14 +131,37 @@ pub fn complete(
     Ok(released)
 }
 
-/// The held attempt is gone with its handler. Counted against the task's
-/// lost-attempt limit when `count` is set (a worker died), not when the
-/// admin itself restarted. Returns what was released.
+/// Why a held attempt ended without an outcome from its handler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// Lost with its worker: the process died, went silent, or gave the
+    /// attempt up when its lease ran out. Counted against the task's
+    /// lost-attempt limit.
+    WithWorker(String),
+    /// Not the task's fault: the embedded executor died with the admin, the
+    /// worker no longer ran it when it reconnected, or it was at capacity.
+    NotCounted(String),
+}
+
+impl Loss {
+    pub fn counts(&self) -> bool {
+        matches!(self, Loss::WithWorker(_))
+    }
+
+    pub fn reason(&self) -> &str {
+        match self {
+            Loss::WithWorker(reason) | Loss::NotCounted(reason) => reason,
+        }
+    }
+}
+
+/// The held attempt is gone without an outcome: the task is ready again,
+/// unless a counted loss took it past `lost_limit` (then it fails) or its
+/// job is being canceled. Returns what was released.
 pub fn lose(
     job: &mut ActiveJob,
     idx: u32,
-    reason: &str,
-    count: bool,
+    loss: &Loss,
     lost_limit: u32,
     now: Timestamp,
     batch: &mut Batch,
@@ -148,9 +171,10 @@ pub fn lose(
     if !task.state.is_held() {
         return released;
     }
-    if count {
+    if loss.counts() {
         task.lost += 1;
     }
+    let reason = loss.reason();
     task.error = Some(reason.to_string());
     task.handler = None;
     if task.lost > lost_limit {

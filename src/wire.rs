@@ -18,6 +18,60 @@ pub const GRPC_PORT_OFFSET: u16 = 10_000;
 /// What a SeaweedFS worker answers when it has no free execution slot.
 pub const AT_CAPACITY: &str = "executor is at capacity";
 
+/// Hello metadata a jobcenter worker sets to its lease, in milliseconds. Such
+/// a worker keeps running its work when its stream breaks, gives each
+/// attempt up once it has reached no admin for its lease, and keeps each
+/// outcome until an admin acknowledges it. A worker without it (a SeaweedFS
+/// worker) gets none of the messages below.
+pub const LEASE_METADATA: &str = "jobcenter.lease_ms";
+/// The `request_id` of the admin's answer to each heartbeat of a worker with
+/// a lease: an `AdminToWorkerMessage` without a body that renews the lease.
+pub const LEASE_RENEWAL: &str = "jobcenter.lease";
+/// The `request_id` prefix of the admin's acknowledgement of an outcome, an
+/// `AdminToWorkerMessage` without a body: `jobcenter.outcome/ATTEMPT_ID/applied`
+/// once the step behind it is durable, or `.../refused/REASON`. Either way
+/// the worker forgets the outcome.
+pub const OUTCOME_ACK: &str = "jobcenter.outcome";
+/// The error of an execution that a worker gave up when its lease ran out.
+pub const LEASE_EXPIRED: &str = "abandoned: the worker reached no admin within its lease";
+
+/// How long the admin keeps the attempts of a worker with `lease` after its
+/// stream ended: the lease, plus a margin for the worker to stop them.
+pub fn take_back_after(lease: Duration) -> Duration {
+    lease + (lease / 4).max(Duration::from_millis(500))
+}
+
+/// A worker's lease from its hello metadata, if it declares one.
+pub fn lease_of(metadata: &HashMap<String, String>) -> Result<Option<Duration>, String> {
+    match metadata.get(LEASE_METADATA) {
+        None => Ok(None),
+        Some(text) => match text.trim().parse::<u64>() {
+            Ok(millis) if millis > 0 => Ok(Some(Duration::from_millis(millis))),
+            _ => Err(format!(
+                "hello: metadata {LEASE_METADATA} is {text:?}; it must be a whole number of milliseconds above 0"
+            )),
+        },
+    }
+}
+
+/// An outcome's acknowledgement, as `request_id`.
+pub fn outcome_ack(attempt: &str, refused: Option<&str>) -> String {
+    match refused {
+        None => format!("{OUTCOME_ACK}/{attempt}/applied"),
+        Some(reason) => format!("{OUTCOME_ACK}/{attempt}/refused/{reason}"),
+    }
+}
+
+/// Reads back an `outcome_ack`: the attempt id, and the refusal if it was refused.
+pub fn parse_outcome_ack(request_id: &str) -> Option<(&str, Option<&str>)> {
+    let rest = request_id.strip_prefix(OUTCOME_ACK)?.strip_prefix('/')?;
+    let (attempt, verdict) = rest.split_once('/')?;
+    match verdict {
+        "applied" => Some((attempt, None)),
+        _ => Some((attempt, Some(verdict.strip_prefix("refused/")?))),
+    }
+}
+
 /// The stream's name for one attempt of one task: `JOB_UUID.TASK_INDEX.ATTEMPT`.
 pub fn attempt_id(task: TaskRef, attempt: u32) -> String {
     format!("{}.{}.{}", task.job, task.idx.0, attempt)
@@ -148,10 +202,17 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
+/// An admin address given as its gRPC address, with no lookup: `grpc://host:port`.
+pub const GRPC_SCHEME: &str = "grpc://";
+
 /// Resolves the gRPC address behind an admin's HTTP `host:port`: asks
 /// `PLUGIN_STATUS_PATH` for `worker_grpc_port`, and falls back to the HTTP
-/// port plus `GRPC_PORT_OFFSET`.
+/// port plus `GRPC_PORT_OFFSET`. `grpc://host:port` is taken as it is.
 pub async fn resolve_grpc_address(admin: &str) -> anyhow::Result<String> {
+    if let Some(address) = admin.strip_prefix(GRPC_SCHEME) {
+        split_host_port(address)?;
+        return Ok(address.to_string());
+    }
     let (host, port) = split_host_port(admin)?;
     let port = match fetch_grpc_port(&host, port).await {
         Ok(port) => port,
@@ -223,6 +284,28 @@ mod tests {
             matches!(values["wait"].kind, Some(Kind::DurationValue(ref d)) if d.seconds == 1 && d.nanos == 500_000_000)
         );
         assert_eq!(Value::Object(values_to_json(&values)), json);
+    }
+
+    #[test]
+    fn outcome_acknowledgements_round_trip() {
+        let task = TaskRef { job: JobId::new(), idx: TaskIdx(4) };
+        let id = attempt_id(task, 2);
+        assert_eq!(parse_outcome_ack(&outcome_ack(&id, None)), Some((id.as_str(), None)));
+        let refused = outcome_ack(&id, Some("stale attempt: the task is on attempt 3"));
+        assert_eq!(parse_outcome_ack(&refused), Some((id.as_str(), Some("stale attempt: the task is on attempt 3"))));
+        assert_eq!(parse_outcome_ack("jobcenter.outcome/x/maybe"), None);
+        assert_eq!(parse_outcome_ack(LEASE_RENEWAL), None);
+    }
+
+    #[test]
+    fn leases_come_from_the_hello_and_leave_a_margin() {
+        let with = |v: &str| HashMap::from([(LEASE_METADATA.to_string(), v.to_string())]);
+        assert_eq!(lease_of(&HashMap::new()), Ok(None));
+        assert_eq!(lease_of(&with("20000")), Ok(Some(Duration::from_secs(20))));
+        assert!(lease_of(&with("0")).is_err());
+        assert!(lease_of(&with("soon")).is_err());
+        assert_eq!(take_back_after(Duration::from_secs(20)), Duration::from_secs(25));
+        assert_eq!(take_back_after(Duration::from_secs(1)), Duration::from_millis(1500));
     }
 
     #[test]

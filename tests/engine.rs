@@ -1,12 +1,13 @@
 //! The engine as a whole: commands in, durable steps, work orders out,
 //! with the in-memory store (whose `crash` forgets unflushed writes) and sled.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobcenter::clock::SystemClock;
+use jobcenter::clock::{SystemClock, Timestamp};
 use jobcenter::dispatch::{HandlerSpec, WorkOrder};
-use jobcenter::engine::{Engine, EngineHandle, Error, Options, Orphans};
+use jobcenter::engine::{Engine, EngineHandle, Error, Options, Orphans, Reconciled};
 use jobcenter::follower::{Outcome, Rejection};
 use jobcenter::jobfile::{self, Format, Limits};
 use jobcenter::model::{HandlerId, JobOrigin, JobSpec, JobState, TaskState};
@@ -33,6 +34,8 @@ fn nine_tasks(fail: Option<u32>) -> JobSpec {
     spec(&format!(r#"{{"name":"nine","tasks":[{}]}}"#, tasks.join(",")))
 }
 
+const KEEP: Orphans = Orphans::Keep { grace: Duration::from_secs(30) };
+
 async fn start(store: Arc<dyn Store>, orphans: Orphans) -> EngineHandle {
     Engine::start(store, Arc::new(SystemClock), Options { orphans, ..Options::default() }).await.expect("engine starts")
 }
@@ -44,15 +47,20 @@ struct Manual {
 }
 
 async fn manual(engine: &EngineHandle, capacity: u32) -> Manual {
-    let handler = HandlerId::new();
+    manual_as(engine, HandlerId::new(), capacity, 0).await
+}
+
+/// The handler `handler` (re)connecting in session `session`.
+async fn manual_as(engine: &EngineHandle, handler: HandlerId, capacity: u32, session: u64) -> Manual {
     let (sink, orders) = mpsc::unbounded_channel();
     engine
-        .add_handler(HandlerSpec {
+        .connected(HandlerSpec {
             handler,
             job_types: None,
             capacity,
             type_capacity: Default::default(),
             starts_running: false,
+            session,
             sink,
         })
         .await
@@ -77,7 +85,7 @@ fn ok() -> Outcome {
 
 #[tokio::test]
 async fn nine_tasks_through_the_engine_dispatch_in_dependency_order() {
-    let engine = start(Arc::new(MemoryStore::new()), Orphans::Keep).await;
+    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
     let job = engine.submit(nine_tasks(None), JobOrigin::User).await.unwrap();
     let mut worker = manual(&engine, 100).await;
     let mut dispatched = Vec::new();
@@ -118,7 +126,7 @@ async fn nine_tasks_through_the_engine_dispatch_in_dependency_order() {
 #[tokio::test]
 async fn acknowledged_submits_and_completions_survive_a_crash() {
     let store = MemoryStore::new();
-    let engine = start(Arc::new(store.clone()), Orphans::Keep).await;
+    let engine = start(Arc::new(store.clone()), KEEP).await;
     let job = engine.submit(nine_tasks(None), JobOrigin::User).await.unwrap();
     store.crash();
     assert!(store.get_job(job).unwrap().is_some(), "an acknowledged submit is durable");
@@ -139,7 +147,7 @@ async fn acknowledged_submits_and_completions_survive_a_crash() {
 
 #[tokio::test]
 async fn refused_completions_are_typed_and_idempotent() {
-    let engine = start(Arc::new(MemoryStore::new()), Orphans::Keep).await;
+    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
     engine.submit(spec(r#"{"name":"one","tasks":[{"id":"a","job_type":"noop"}]}"#), JobOrigin::User).await.unwrap();
     let mut worker = manual(&engine, 1).await;
     let WorkOrder::Execute(a) = worker.next().await else { panic!() };
@@ -164,7 +172,7 @@ async fn refused_completions_are_typed_and_idempotent() {
 
 #[tokio::test]
 async fn cancel_stops_running_work_and_ends_the_job_canceled() {
-    let engine = start(Arc::new(MemoryStore::new()), Orphans::Keep).await;
+    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
     let job = engine.submit(nine_tasks(None), JobOrigin::User).await.unwrap();
     let mut worker = manual(&engine, 2).await;
     let mut running = Vec::new();
@@ -190,7 +198,7 @@ async fn cancel_stops_running_work_and_ends_the_job_canceled() {
 
 #[tokio::test]
 async fn executor_runs_many_jobs_and_retry_reruns_the_failed_part() {
-    let engine = start(Arc::new(MemoryStore::new()), Orphans::Keep).await;
+    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
     LocalExecutor::start(engine.clone(), Registry::new(builtin_handlers()), 16, None).await.unwrap();
     let mut jobs = Vec::new();
     for n in 0..20 {
@@ -257,7 +265,7 @@ async fn restart_requeues_orphaned_attempts_as_new_attempts() {
 
 #[tokio::test]
 async fn tasks_on_the_same_volume_never_run_at_once_across_jobs() {
-    let engine = start(Arc::new(MemoryStore::new()), Orphans::Keep).await;
+    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
     let on_volume = |name: &str, volume: u32| {
         spec(&format!(
             r#"{{"name":"{name}","tasks":[{{"id":"t","job_type":"noop","labels":{{"volume_id":"{volume}"}}}}]}}"#
@@ -277,4 +285,128 @@ async fn tasks_on_the_same_volume_never_run_at_once_across_jobs() {
     let WorkOrder::Execute(c) = worker.next().await else { panic!() };
     assert_eq!(c.labels["volume_id"], "5", "the second task on volume 5 runs once the first ended");
     assert_ne!(c.task.job, on_five.task.job);
+}
+
+fn now() -> Timestamp {
+    jobcenter::clock::Clock::now(&SystemClock)
+}
+
+#[tokio::test]
+async fn a_restart_keeps_held_attempts_with_their_volume_and_their_deadline() {
+    let store = MemoryStore::new();
+    let engine = start(Arc::new(store.clone()), KEEP).await;
+    let job = engine
+        .submit(
+            spec(
+                r#"{"name":"volume","tasks":[
+                {"id":"a","job_type":"noop","labels":{"volume_id":"7"},"execution_timeout_seconds":2},
+                {"id":"b","job_type":"noop","labels":{"volume_id":"7"}}]}"#,
+            ),
+            JobOrigin::User,
+        )
+        .await
+        .unwrap();
+    let mut worker = manual(&engine, 2).await;
+    let WorkOrder::Execute(a) = worker.next().await else { panic!("expected an execution") };
+    assert_eq!(&*a.task_id, "a");
+    worker.none_within(200).await;
+    drop(engine);
+
+    let engine = start(Arc::new(store.clone()), KEEP).await;
+    let mut back = manual_as(&engine, worker.handler, 2, 1).await;
+    let running = HashSet::from([(a.task, a.attempt)]);
+    let reconciled = engine.reconcile(worker.handler, running, Some(now())).await.unwrap().await.unwrap();
+    assert_eq!(reconciled, Reconciled { adopted: 1, dropped: 0, not_held: vec![] });
+    back.none_within(300).await;
+    // The deadline, two seconds after the assignment, still holds: the worker is told to stop.
+    let WorkOrder::Cancel { task, attempt } = back.next().await else { panic!("expected a cancel") };
+    assert_eq!((task, attempt), (a.task, a.attempt));
+    // Only then does the second task on volume 7 start.
+    let WorkOrder::Execute(b) = back.next().await else { panic!("expected an execution") };
+    assert_eq!(&*b.task_id, "b");
+    engine.complete(b.task, b.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    let stored = engine.job(job).await.unwrap().unwrap();
+    assert_eq!(stored.tasks[0].state, TaskState::Failed);
+    assert_eq!(stored.tasks[0].error.as_deref(), Some("execution timed out after 2 s"));
+    assert_eq!(stored.tasks[0].attempt, 1, "the kept attempt was not run again");
+}
+
+#[tokio::test]
+async fn a_worker_back_within_its_wait_keeps_its_attempts() {
+    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
+    let job = engine
+        .submit(
+            spec(r#"{"name":"two","tasks":[{"id":"a","job_type":"noop"},{"id":"b","job_type":"noop"}]}"#),
+            JobOrigin::User,
+        )
+        .await
+        .unwrap();
+    let mut worker = manual(&engine, 2).await;
+    let (WorkOrder::Execute(a), WorkOrder::Execute(b)) = (worker.next().await, worker.next().await) else {
+        panic!("expected two executions")
+    };
+    engine.disconnected(worker.handler, 0, Some(Duration::from_millis(600)), "the stream broke").await.unwrap();
+    let mut other = manual(&engine, 2).await;
+    other.none_within(200).await;
+    let _back = manual_as(&engine, worker.handler, 2, 1).await;
+    let running = HashSet::from([(a.task, a.attempt), (b.task, b.attempt)]);
+    let reconciled = engine.reconcile(worker.handler, running, Some(now())).await.unwrap().await.unwrap();
+    assert_eq!(reconciled.adopted, 2);
+    other.none_within(800).await;
+    for held in [&a, &b] {
+        engine.complete(held.task, held.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    }
+    let stored = engine.job(job).await.unwrap().unwrap();
+    assert_eq!(stored.record.state, JobState::Succeeded);
+    assert!(stored.tasks.iter().all(|t| t.attempt == 1 && t.lost == 0), "{:?}", stored.tasks);
+}
+
+#[tokio::test]
+async fn attempts_of_a_worker_that_does_not_come_back_are_lost_and_counted() {
+    let store = MemoryStore::new();
+    let engine = start(Arc::new(store.clone()), KEEP).await;
+    let job =
+        engine.submit(spec(r#"{"name":"one","tasks":[{"id":"a","job_type":"noop"}]}"#), JobOrigin::User).await.unwrap();
+    let mut gone = manual(&engine, 1).await;
+    let WorkOrder::Execute(a) = gone.next().await else { panic!("expected an execution") };
+    drop(engine);
+    // After a restart, the attempt waits the orphan grace for its worker.
+    let grace = Orphans::Keep { grace: Duration::from_millis(500) };
+    let engine = start(Arc::new(store.clone()), grace).await;
+    let mut other = manual(&engine, 1).await;
+    other.none_within(300).await;
+    let WorkOrder::Execute(again) = other.next().await else { panic!("expected the task again") };
+    assert_eq!((again.task, again.attempt), (a.task, 2));
+    // Its first worker comes back after all: it must stop what it runs.
+    let _late = manual_as(&engine, gone.handler, 1, 1).await;
+    let running = HashSet::from([(a.task, a.attempt)]);
+    let reconciled = engine.reconcile(gone.handler, running, Some(now())).await.unwrap().await.unwrap();
+    assert_eq!(reconciled.not_held, vec![(a.task, a.attempt)]);
+    assert!(matches!(
+        engine.complete(a.task, a.attempt, gone.handler, ok()).await.unwrap(),
+        Err(Rejection::StaleAttempt { .. })
+    ));
+    engine.complete(again.task, again.attempt, other.handler, ok()).await.unwrap().unwrap();
+    let stored = engine.job(job).await.unwrap().unwrap();
+    assert_eq!((stored.record.state, stored.tasks[0].lost), (JobState::Succeeded, 1));
+}
+
+#[tokio::test]
+async fn a_worker_that_no_longer_runs_an_attempt_gives_it_back_uncounted() {
+    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
+    let job =
+        engine.submit(spec(r#"{"name":"one","tasks":[{"id":"a","job_type":"noop"}]}"#), JobOrigin::User).await.unwrap();
+    let mut worker = manual(&engine, 1).await;
+    let WorkOrder::Execute(a) = worker.next().await else { panic!("expected an execution") };
+    engine.disconnected(worker.handler, 0, Some(Duration::from_secs(30)), "the stream broke").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut back = manual_as(&engine, worker.handler, 1, 1).await;
+    let reconciled = engine.reconcile(worker.handler, HashSet::new(), Some(now())).await.unwrap().await.unwrap();
+    assert_eq!(reconciled.dropped, 1);
+    let WorkOrder::Execute(again) = back.next().await else { panic!("expected the task again") };
+    assert_eq!(again.attempt, 2);
+    engine.complete(again.task, again.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    let stored = engine.job(job).await.unwrap().unwrap();
+    assert_eq!((stored.tasks[0].attempt, stored.tasks[0].lost), (2, 0));
+    let _ = a;
 }

@@ -343,7 +343,8 @@ fn a_lost_attempt_runs_again_until_its_limit() {
     let a = f.idx("a");
     for attempt in 1..=3 {
         assert_eq!(f.assign("a"), attempt);
-        let released = follower::lose(&mut f.job, a, "worker gone", true, 2, f.now, &mut f.batch);
+        let released =
+            follower::lose(&mut f.job, a, &follower::Loss::WithWorker("worker gone".into()), 2, f.now, &mut f.batch);
         if attempt <= 2 {
             assert_eq!(released.ready, vec![a]);
             assert_eq!(f.state("a"), TaskState::Ready);
@@ -360,7 +361,14 @@ fn a_lost_attempt_runs_again_until_its_limit() {
         let a = g.idx("a");
         for _ in 0..5 {
             g.assign("a");
-            follower::lose(&mut g.job, a, "admin restarted", false, 2, g.now, &mut g.batch);
+            follower::lose(
+                &mut g.job,
+                a,
+                &follower::Loss::NotCounted("admin restarted".into()),
+                2,
+                g.now,
+                &mut g.batch,
+            );
         }
         g.state("a")
     };

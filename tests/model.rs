@@ -248,7 +248,14 @@ impl System {
                 "task {t} is pending with every parent succeeded: a step was stored in part"
             );
             if task.state.is_held() {
-                let released = follower::lose(&mut self.job, t, "restart", false, 3, self.now, &mut batch);
+                let released = follower::lose(
+                    &mut self.job,
+                    t,
+                    &follower::Loss::NotCounted("restart".into()),
+                    3,
+                    self.now,
+                    &mut batch,
+                );
                 assert_eq!(released.ready, vec![t]);
                 self.model.state[t as usize] = M::Ready;
             }

@@ -42,10 +42,10 @@ fn a_stalled_worker_s_task_is_resubmitted_once_and_its_late_completion_refused()
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(
         &dir.path().join("data"),
-        &["--silence-timeout", "3s", "--heartbeat", "1s", "--recovery-interval", "500ms", "--orphan-grace", "500ms"],
+        &["--silence-timeout", "3s", "--heartbeat", "1s", "--recovery-interval", "500ms", "--orphan-grace", "3s"],
     );
     let log = dir.path().join("exec.log");
-    let stalled = start_worker(&server, "stalled", &["--max-execute", "1"], Some(&log));
+    let stalled = start_worker(&server, "stalled", &["--max-execute", "1", "--lease", "1s"], Some(&log));
     server.wait_for_workers(1);
     let id = submit(
         &server,
@@ -57,7 +57,7 @@ fn a_stalled_worker_s_task_is_resubmitted_once_and_its_late_completion_refused()
         .expect("the task runs on the first worker");
     // The worker stops answering: stream stalled, process alive.
     signal(&stalled, Signal::SIGSTOP);
-    let healthy = start_worker(&server, "healthy", &["--max-execute", "1"], Some(&log));
+    let healthy = start_worker(&server, "healthy", &["--max-execute", "1", "--lease", "1s"], Some(&log));
     let resubmitted = wait_until(Duration::from_secs(20), || {
         let job = job(&server, &id);
         (job["tasks"][0]["attempt"] == 2).then_some(job)
@@ -87,7 +87,9 @@ fn a_stalled_worker_s_task_is_resubmitted_once_and_its_late_completion_refused()
 fn a_task_that_kills_its_worker_every_time_ends_failed() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"), &["--lost-attempt-limit", "2"]);
-    let mut workers: Vec<Process> = (0..2).map(|n| start_worker(&server, &format!("w{n}"), &[], None)).collect();
+    // A short lease: a killed worker's attempt is taken back 1.5 s after its stream ends.
+    let lease = ["--lease", "1s"];
+    let mut workers: Vec<Process> = (0..2).map(|n| start_worker(&server, &format!("w{n}"), &lease, None)).collect();
     server.wait_for_workers(2);
     let id = submit(
         &server,
@@ -109,7 +111,7 @@ fn a_task_that_kills_its_worker_every_time_ends_failed() {
         }
         for (n, worker) in workers.iter_mut().enumerate() {
             if !worker.is_running() {
-                *worker = start_worker(&server, &format!("w{n}-{restarts}"), &[], None);
+                *worker = start_worker(&server, &format!("w{n}-{restarts}"), &lease, None);
                 restarts += 1;
             }
         }
@@ -143,7 +145,8 @@ fn a_killed_worker_s_task_runs_again_within_the_bound() {
     let log = dir.path().join("exec.log");
     // The victim alone takes the first task; the other worker, started
     // after, takes the second and keeps a free slot.
-    let mut victim = start_worker(&server, "victim", &["--max-execute", "1"], Some(&log));
+    // With a lease of 1.5 s, the admin waits 2 s for a worker whose stream ended.
+    let mut victim = start_worker(&server, "victim", &["--max-execute", "1", "--lease", "1500ms"], Some(&log));
     server.wait_for_workers(1);
     let id = submit(
         &server,
@@ -155,7 +158,7 @@ fn a_killed_worker_s_task_runs_again_within_the_bound() {
         (exec_events(&log, &id).iter().filter(|e| e.2 == "start").count() == 1).then_some(())
     })
     .expect("the victim runs a task");
-    let _other = start_worker(&server, "other", &["--max-execute", "2"], Some(&log));
+    let _other = start_worker(&server, "other", &["--max-execute", "2", "--lease", "1500ms"], Some(&log));
     server.wait_for_workers(2);
     wait_until(Duration::from_secs(20), || {
         (exec_events(&log, &id).iter().filter(|e| e.2 == "start").count() == 2).then_some(())
@@ -181,7 +184,7 @@ fn recover_reports_findings_and_applies_them() {
         &dir.path().join("data"),
         &["--silence-timeout", "3s", "--heartbeat", "1s", "--recovery-interval", "1h", "--orphan-grace", "1h"],
     );
-    let sleeper = start_worker(&server, "sleeper", &["--max-execute", "1"], None);
+    let sleeper = start_worker(&server, "sleeper", &["--max-execute", "1", "--lease", "1s"], None);
     server.wait_for_workers(1);
     let id = submit(
         &server,

@@ -61,7 +61,7 @@ fn a_killed_worker_s_attempts_run_again_on_the_other_worker() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"), &[]);
     let log = dir.path().join("exec.log");
-    let mut victim = start_worker(&server, "victim", &["--max-execute", "4"], Some(&log));
+    let mut victim = start_worker(&server, "victim", &["--max-execute", "4", "--lease", "2s"], Some(&log));
     server.wait_for_workers(1);
     // Twelve independent tasks of 1.5 s: the victim takes four at once.
     let tasks: Vec<String> =

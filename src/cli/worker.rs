@@ -17,9 +17,11 @@ pub const TOKEN_ENV: &str = "JOBCENTER_TOKEN";
 
 #[derive(clap::Args, Debug)]
 pub struct WorkerArgs {
-    /// The admin server's HTTP address; the worker stream's port is asked from it.
-    #[arg(long, default_value = "127.0.0.1:23646")]
-    pub admin: String,
+    /// The admin server's HTTP address; the worker stream's port is asked
+    /// from it. Several, comma-separated, are tried in turn (a failover);
+    /// `grpc://HOST:PORT` gives the worker stream's address directly.
+    #[arg(long, default_value = "127.0.0.1:23646", value_delimiter = ',')]
+    pub admin: Vec<String>,
     /// Job types to serve, comma-separated [default: every built-in job type].
     #[arg(long, value_delimiter = ',')]
     pub job_types: Vec<String>,
@@ -35,6 +37,12 @@ pub struct WorkerArgs {
     /// Heartbeat interval, e.g. 15s, 500ms or 2m, unless the admin names one.
     #[arg(long, default_value = "15s", value_parser = parse_interval)]
     pub heartbeat: Duration,
+    /// How long executions go on while no admin can be reached; then they
+    /// are stopped. An admin keeps a disconnected worker's attempts for the
+    /// lease plus a quarter (at least 0.5 s), which must be shorter than its
+    /// --orphan-grace and --silence-timeout.
+    #[arg(long, default_value = "20s", value_parser = parse_interval)]
+    pub lease: Duration,
     /// Append a line per execution event (start and outcome) to this file.
     #[arg(long, env = "JOBCENTER_EXEC_LOG")]
     pub exec_log: Option<PathBuf>,
@@ -51,7 +59,8 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         None => std::env::var(TOKEN_ENV).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()),
     };
     let mut handlers = builtin_handlers();
-    handlers.push(crate::worker::RecoveryCheckHandler::shared(args.admin.clone(), token.clone(), args.tls.clone()));
+    let first_admin = args.admin.first().cloned().unwrap_or_default();
+    handlers.push(crate::worker::RecoveryCheckHandler::shared(first_admin, token.clone(), args.tls.clone()));
     let registry = match select_handlers(handlers, &args.job_types) {
         Ok(registry) => registry,
         Err(message) => {
@@ -69,11 +78,12 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         None => remote::default_worker_id(),
     };
     let options = RemoteWorkerOptions {
-        admin: args.admin,
+        admins: args.admin.iter().map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect(),
         worker_id,
         max_execute: args.max_execute,
         max_detect: args.max_detect,
         heartbeat: args.heartbeat,
+        lease: args.lease,
         token,
         exec_log,
         tls: args.tls.clone(),
@@ -197,7 +207,7 @@ mod tests {
         ])
         .unwrap();
         let crate::cli::Command::Worker(args) = cli.command else { panic!("not the worker command") };
-        assert_eq!(args.admin, "10.0.0.1:23646");
+        assert_eq!(args.admin, ["10.0.0.1:23646"]);
         assert_eq!(args.job_types, ["noop", "shell"]);
         assert_eq!((args.max_execute, args.max_detect), (2, 1));
         assert_eq!(args.heartbeat, Duration::from_millis(500));

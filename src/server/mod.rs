@@ -138,8 +138,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let engine_options =
-        Options { orphans: Orphans::Keep, lost_attempt_limit: options.lost_attempt_limit, ..Options::default() };
+    let engine_options = Options {
+        orphans: Orphans::Keep { grace: options.orphan_grace },
+        lost_attempt_limit: options.lost_attempt_limit,
+        ..Options::default()
+    };
     let engine = Engine::start(store.clone(), clock.clone(), engine_options).await?;
     let policies = {
         let store = store.clone();

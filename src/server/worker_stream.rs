@@ -16,14 +16,15 @@ use tonic::{Request, Response, Status, Streaming};
 use super::scheduler;
 use super::Shared;
 use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
+use crate::engine::Answer;
 use crate::engine::Progress;
-use crate::follower::Outcome;
+use crate::follower::{Loss, Outcome, Rejection};
 use crate::jobfile;
 use crate::model::HandlerId;
 use crate::proto::plugin::{
     admin_to_worker_message, plugin_control_service_server::PluginControlService, worker_to_admin_message, AdminHello,
     AdminToWorkerMessage, CancelRequest, ClusterContext, ExecuteJobRequest, JobCompleted, JobSpec, RequestConfigSchema,
-    WorkKind, WorkerHello, WorkerToAdminMessage,
+    WorkKind, WorkerHeartbeat, WorkerHello, WorkerToAdminMessage,
 };
 use crate::wire;
 use crate::worker::remote;
@@ -59,8 +60,8 @@ pub fn handler_of(hello: &WorkerHello) -> HandlerId {
     }
 }
 
-fn message(request_id: String, body: admin_to_worker_message::Body) -> AdminToWorkerMessage {
-    AdminToWorkerMessage { request_id, sent_at: Some(now_timestamp()), body: Some(body) }
+fn message(request_id: String, body: impl Into<Option<admin_to_worker_message::Body>>) -> AdminToWorkerMessage {
+    AdminToWorkerMessage { request_id, sent_at: Some(now_timestamp()), body: body.into() }
 }
 
 fn now_timestamp() -> prost_types::Timestamp {
@@ -121,6 +122,7 @@ impl PluginControlService for WorkerStreamService {
                 )));
             }
         }
+        let lease = wire::lease_of(&hello.metadata).map_err(Status::invalid_argument)?;
         if self.shared.registry.len() >= self.shared.options.max_workers {
             return Err(Status::resource_exhausted(format!(
                 "{} workers are connected, the most this admin takes; try again later",
@@ -128,19 +130,54 @@ impl PluginControlService for WorkerStreamService {
             )));
         }
         let (outbound, receiver) = mpsc::channel(OUTBOUND_QUEUE);
+        if let Some(refusal) = lease.and_then(|lease| lease_refusal(&self.shared.options, lease)) {
+            tracing::warn!(worker.id = %hello.worker_id, %refusal, "worker refused");
+            let body = admin_to_worker_message::Body::Hello(AdminHello {
+                accepted: false,
+                message: refusal,
+                heartbeat_interval_seconds: 0,
+                reconnect_delay_seconds: 30,
+            });
+            let _ = outbound.try_send(Ok(message(String::new(), body)));
+            return Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))));
+        }
         let session = Session {
             shared: self.shared.clone(),
             requests: self.requests.clone(),
             handler: handler_of(&hello),
             hello,
+            lease,
             outbound,
             pending_schema: HashMap::new(),
             reported_slots: None,
-            unreconciled: Some(self.shared.clock.now()),
+            connected_at: self.shared.clock.now(),
+            reconciled_at: None,
         };
         tokio::spawn(session.run(inbound));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
     }
+}
+
+/// Why a worker's lease does not fit this admin's timeouts, if it does not:
+/// the admin must wait for a disconnected worker longer than the worker
+/// keeps running without an admin, or one attempt could run twice at once.
+fn lease_refusal(options: &super::ServerOptions, lease: Duration) -> Option<String> {
+    let wait = wire::take_back_after(lease);
+    let (limit, option) = if options.orphan_grace <= options.silence_timeout {
+        (options.orphan_grace, "--orphan-grace")
+    } else {
+        (options.silence_timeout, "--silence-timeout")
+    };
+    (wait >= limit).then(|| {
+        format!(
+            "the worker's lease of {:.1} s does not fit this admin: it keeps a disconnected worker's attempts for \
+             {:.1} s, which must be shorter than {option} ({:.1} s); give the worker a shorter --lease, or the \
+             admin a longer {option}",
+            lease.as_secs_f64(),
+            wait.as_secs_f64(),
+            limit.as_secs_f64()
+        )
+    })
 }
 
 struct Session {
@@ -148,13 +185,17 @@ struct Session {
     requests: Arc<AtomicU64>,
     handler: HandlerId,
     hello: WorkerHello,
+    /// The worker keeps running its work without an admin for this long
+    /// (a jobcenter worker); `None` for a worker that declares none.
+    lease: Option<Duration>,
     outbound: Outbound,
     /// Schema requests in flight: request id -> job type.
     pending_schema: HashMap<String, String>,
     /// The slot total the worker last reported.
     reported_slots: Option<u32>,
-    /// When the session started, until its first heartbeat is reconciled.
-    unreconciled: Option<crate::clock::Timestamp>,
+    connected_at: crate::clock::Timestamp,
+    /// When the worker's running work was last compared with what it holds.
+    reconciled_at: Option<tokio::time::Instant>,
 }
 
 impl Session {
@@ -172,9 +213,9 @@ impl Session {
         let now = shared.clock.now();
         let (registration, previous) = shared.registry.register(handler, &self.hello, now, Some(self.outbound.clone()));
         if let Some(previous) = previous {
+            // The same process reconnected before its old stream was noticed
+            // gone: that session ends, and this one takes over its attempts.
             previous.notify_one();
-            // Its attempts went with its stream; give the old session a moment to say so.
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let execute_types: Vec<Arc<str>> = self
             .hello
@@ -202,6 +243,7 @@ impl Session {
             capacity,
             type_capacity,
             starts_running: false,
+            session: registration.session,
             sink,
         };
         let hello_reply = message(
@@ -213,7 +255,12 @@ impl Session {
                 reconnect_delay_seconds: 5,
             }),
         );
-        if !self.send(hello_reply).await || shared.engine.add_handler(spec).await.is_err() {
+        // A worker with a lease learns at once that this admin renews it.
+        let renewal = self.lease.is_some().then(|| message(wire::LEASE_RENEWAL.into(), None));
+        if !self.send(hello_reply).await
+            || (renewal.is_some_and(|renewal| self.outbound.try_send(Ok(renewal)).is_err()))
+            || shared.engine.connected(spec).await.is_err()
+        {
             shared.registry.unregister(handler, registration.session);
             return;
         }
@@ -263,7 +310,11 @@ impl Session {
         };
         tracing::info!(worker.id = %self.hello.worker_id, %handler, reason, "worker disconnected");
         shared.registry.unregister(handler, registration.session);
-        if let Err(e) = shared.engine.handler_gone(handler, &format!("lost with its worker: {reason}"), true).await {
+        // A worker with a lease keeps running its attempts and reports them
+        // when it is back; they wait for it until its lease has surely run
+        // out. A worker without one dropped them with its stream.
+        let keep_for = self.lease.map(wire::take_back_after);
+        if let Err(e) = shared.engine.disconnected(handler, registration.session, keep_for, &reason).await {
             tracing::debug!(error = %e, "engine stopped before the worker's attempts were released");
         }
     }
@@ -332,23 +383,21 @@ impl Session {
     }
 
     /// Handles one message; an error ends the stream with that status.
-    async fn handle(&mut self, message: WorkerToAdminMessage) -> Result<(), Status> {
+    async fn handle(&mut self, incoming: WorkerToAdminMessage) -> Result<(), Status> {
         use worker_to_admin_message::Body;
         let engine = &self.shared.engine;
         self.shared.registry.seen(self.handler, self.shared.clock.now());
-        match message.body {
+        match incoming.body {
             Some(Body::Heartbeat(heartbeat)) => {
                 self.shared.registry.heartbeat(self.handler, &heartbeat, self.shared.clock.now());
-                if let Some(connected_at) = self.unreconciled.take() {
-                    // The first heartbeat of a (re)connected worker says what it
-                    // still runs; what it was given before and no longer runs is lost.
-                    let running = heartbeat.running_work.iter().map(|w| w.work_id.clone()).collect();
-                    let _ = engine.reconcile(self.handler, running, connected_at).await;
+                if self.lease.is_some() {
+                    self.send(message(wire::LEASE_RENEWAL.into(), None)).await;
                 }
+                self.reconcile(&heartbeat).await;
                 let total = u32::try_from(heartbeat.execution_slots_total).unwrap_or(0);
                 if total > 0 && self.reported_slots != Some(total) {
                     self.reported_slots = Some(total);
-                    let _ = engine.handler_slots(self.handler, total).await;
+                    let _ = self.shared.engine.handler_slots(self.handler, total).await;
                 }
             }
             Some(Body::JobProgressUpdate(update)) => {
@@ -420,6 +469,58 @@ impl Session {
         Ok(())
     }
 
+    /// Compares what the worker runs with what it holds: on its first
+    /// heartbeat, attempts it was given before and no longer runs are lost
+    /// (uncounted); at most once per heartbeat interval after that, attempts
+    /// it runs that it does not hold (taken back while it was away) are
+    /// canceled on the worker.
+    async fn reconcile(&mut self, heartbeat: &WorkerHeartbeat) {
+        let first = self.reconciled_at.is_none();
+        if !first && self.reconciled_at.is_some_and(|at| at.elapsed() < self.shared.options.heartbeat_interval) {
+            return;
+        }
+        self.reconciled_at = Some(tokio::time::Instant::now());
+        let running = heartbeat.running_work.iter().filter_map(|w| wire::parse_attempt_id(&w.work_id)).collect();
+        let dropped_before = first.then_some(self.connected_at);
+        let Ok(answer) = self.shared.engine.reconcile(self.handler, running, dropped_before).await else { return };
+        let outbound = self.outbound.clone();
+        let (handler, worker_id) = (self.handler, self.hello.worker_id.clone());
+        tokio::spawn(async move {
+            let Ok(reconciled) = answer.await else { return };
+            if first && (reconciled.adopted > 0 || reconciled.dropped > 0) {
+                tracing::info!(
+                    worker.id = %worker_id, %handler, adopted = reconciled.adopted, dropped = reconciled.dropped,
+                    "worker's running work reconciled"
+                );
+            }
+            for (task, attempt) in reconciled.not_held {
+                tracing::warn!(worker.id = %worker_id, %handler, job.id = %task.job, task.idx = task.idx.0, attempt, "the worker runs an attempt it does not hold: canceling it");
+                let cancel = CancelRequest {
+                    target_id: wire::attempt_id(task, attempt),
+                    target_kind: WorkKind::Execution as i32,
+                    reason: "the attempt was taken back while the worker was away".into(),
+                    force: true,
+                };
+                let body = admin_to_worker_message::Body::CancelRequest(cancel);
+                let _ = outbound.send(Ok(message(format!("cancel-{}", wire::attempt_id(task, attempt)), body))).await;
+            }
+        });
+    }
+
+    /// The acknowledgement sent to a worker with a lease once its report is
+    /// durable (or refused), so that it can forget the outcome.
+    fn acknowledgement(&self, attempt_id: &str) -> Option<Answer> {
+        self.lease?;
+        let outbound = self.outbound.clone();
+        let attempt_id = attempt_id.to_string();
+        Some(Box::new(move |result: Result<(), Rejection>| {
+            let refusal = result.err().map(|rejection| rejection.to_string());
+            let request_id = wire::outcome_ack(&attempt_id, refusal.as_deref());
+            // A full queue loses the acknowledgement; the worker reports again and is refused as a repeat.
+            let _ = outbound.try_send(Ok(message(request_id, None)));
+        }))
+    }
+
     async fn completed(&self, completed: JobCompleted) {
         let received = std::time::Instant::now();
         let engine = &self.shared.engine;
@@ -427,8 +528,15 @@ impl Session {
             tracing::warn!(handler = %self.handler, job_id = completed.job_id, "completion for an unknown job id: ignored");
             return;
         };
+        let answer = self.acknowledgement(&completed.job_id);
         if !completed.success && completed.error_message == wire::AT_CAPACITY {
-            let _ = engine.requeue(task, attempt, self.handler, "the worker was at capacity").await;
+            let loss = Loss::NotCounted("the worker was at capacity".into());
+            let _ = engine.give_up(task, attempt, self.handler, loss, answer).await;
+            return;
+        }
+        if !completed.success && completed.error_message == wire::LEASE_EXPIRED {
+            let loss = Loss::WithWorker(format!("lost with its worker: {}", wire::LEASE_EXPIRED));
+            let _ = engine.give_up(task, attempt, self.handler, loss, answer).await;
             return;
         }
         let mut output: Vec<String> = completed
@@ -461,9 +569,9 @@ impl Session {
             };
             Outcome::Failed { error, output }
         };
-        // The engine logs a refusal; the worker expects no answer, so the
-        // stream goes on with the next message while the step is written.
-        if let Err(e) = engine.report(task, attempt, self.handler, outcome, received).await {
+        // The engine logs a refusal; the stream goes on with the next message
+        // while the step is written, and the acknowledgement follows it.
+        if let Err(e) = engine.report(task, attempt, self.handler, outcome, received, answer).await {
             tracing::debug!(error = %e, "engine stopped before a completion");
         }
     }

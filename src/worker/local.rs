@@ -58,12 +58,13 @@ impl LocalExecutor {
         let handler = HandlerId::new();
         let (sink, orders) = mpsc::unbounded_channel();
         engine
-            .add_handler(HandlerSpec {
+            .connected(HandlerSpec {
                 handler,
                 job_types: Some(registry.job_types()),
                 capacity: concurrency.max(1),
                 type_capacity: Default::default(),
                 starts_running: true,
+                session: 0,
                 sink,
             })
             .await?;

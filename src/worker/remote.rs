@@ -4,17 +4,28 @@
 //! `ExecuteJobRequest`s with the registered handlers.
 //!
 //! One connection is one session:
-//! 1. resolve the stream's address from the admin's HTTP address, connect,
-//!    open `WorkerStream` and send `WorkerHello`;
-//! 2. wait for `AdminHello`; a refusal ends the session;
-//! 3. serve requests, with a heartbeat every interval and after every start
-//!    and end of an execution;
-//! 4. when the stream breaks, drop every running execution at once (the admin
-//!    counts those attempts lost) and connect again, backing off from 1 s to 30 s.
+//! 1. resolve the stream's address from the admin's HTTP address (or take it
+//!    as given with `grpc://`), connect, open `WorkerStream` and send
+//!    `WorkerHello`, which declares the worker's lease;
+//! 2. wait for `AdminHello`; a refusal ends the session. A jobcenter admin
+//!    then renews the lease at once and after every heartbeat;
+//! 3. report every outcome still waiting for an acknowledgement, then a
+//!    heartbeat listing every execution still running, then serve requests,
+//!    with a heartbeat every interval and after every start and end;
+//! 4. when the stream breaks, connect again (the next admin address first,
+//!    if several are given), backing off from 1 s to 30 s.
 //!
-//! Executions belong to their session: the session's loop owns the table of
-//! running executions and is the only writer of the stream's completions, so
-//! a cancel and a completion never both report one execution.
+//! Executions outlive sessions when the admin renews the lease: they go on
+//! while the worker is away, their outcomes wait until an admin has
+//! acknowledged them, and every execution is given up (its processes
+//! killed) once the worker has reached no admin for its lease, which the
+//! admin waits out before it runs the attempt elsewhere: so no attempt runs
+//! twice at once. With an admin that does not renew (a SeaweedFS admin), a
+//! broken stream drops every execution, as such an admin expects.
+//!
+//! One loop owns the table of executions and is the only writer of the
+//! stream's completions, so a cancel and a completion never both report one
+//! execution.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -22,8 +33,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinError, JoinSet};
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -52,6 +64,10 @@ pub const TASK_ID_LABEL: &str = "jobcenter.task_id";
 /// A label the admin may set on a `JobSpec` to give the job's name
 /// (`TaskContext::job_name`); without it the spec's summary stands in.
 pub const JOB_NAME_LABEL: &str = "jobcenter.job_name";
+/// The default lease: how long the worker keeps running its work without
+/// reaching an admin. An admin keeps a disconnected worker's attempts for
+/// the lease and a margin (25 s), within its orphan grace (30 s).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(20);
 
 /// Messages queued for the admin before sending waits.
 const OUTBOUND_QUEUE: usize = 1024;
@@ -70,12 +86,15 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
 /// The reason of a `CancelRequest` that gives none.
 const DEFAULT_CANCEL_REASON: &str = "requested by the admin";
+/// The error of an execution given back because the worker is stopping.
+pub const STOPPING: &str = "given back: the worker is stopping";
 
-/// How a `jobcenter worker` process meets its admin.
+/// How a `jobcenter worker` process meets its admins.
 #[derive(Clone)]
 pub struct RemoteWorkerOptions {
-    /// The admin's HTTP `host:port`; the stream's address is resolved from it at every connect.
-    pub admin: String,
+    /// Admin addresses, tried in turn: an HTTP `host:port` (the stream's
+    /// port is looked up there at every connect) or `grpc://host:port`.
+    pub admins: Vec<String>,
     /// The worker's stable id, the same across restarts (see `default_worker_id`).
     pub worker_id: String,
     /// Executions at once; further requests are refused with `wire::AT_CAPACITY`.
@@ -84,6 +103,8 @@ pub struct RemoteWorkerOptions {
     pub max_detect: u32,
     /// Heartbeat interval unless the admin's hello names one.
     pub heartbeat: Duration,
+    /// How long executions go on without reaching any admin.
+    pub lease: Duration,
     /// Sent as `authorization: Bearer TOKEN` when opening the stream.
     pub token: Option<String>,
     /// Records the start and end of every execution.
@@ -117,40 +138,88 @@ pub async fn run(
     if registry.job_types().is_empty() {
         anyhow::bail!("the worker has no job types to serve");
     }
-    wire::split_host_port(&options.admin).context("invalid admin address")?;
+    if options.admins.is_empty() {
+        anyhow::bail!("no admin address given");
+    }
+    for admin in &options.admins {
+        wire::split_host_port(admin.strip_prefix(wire::GRPC_SCHEME).unwrap_or(admin))
+            .with_context(|| format!("invalid admin address {admin:?}"))?;
+    }
+    if options.lease < Duration::from_millis(400) {
+        anyhow::bail!("the lease must be at least 400 ms");
+    }
     let worker = Worker { options, registry, instance: HandlerId::new(), authorization, clock: Arc::new(SystemClock) };
     let job_types: Vec<String> = worker.registry.job_types().iter().map(|t| t.to_string()).collect();
     tracing::info!(
         worker.id = %worker.options.worker_id,
         worker.instance = %worker.instance,
-        admin = %worker.options.admin,
+        admins = %worker.options.admins.join(","),
+        lease_ms = worker.options.lease.as_millis() as u64,
         job_types = %job_types.join(","),
         "worker starting"
     );
+    let (stop_tx, stop) = watch::channel(false);
+    let worker = &worker;
+    let serve = async move {
+        let mut work = Work::new(worker.options.lease);
+        // Several tries within one lease, so that a short outage costs no work.
+        let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF.min(worker.options.lease / 4).max(MIN_BACKOFF));
+        let mut admin = 0usize;
+        loop {
+            let end = worker.session(&worker.options.admins[admin], &mut work, &mut backoff, stop.clone()).await;
+            let mut delay = backoff.next_delay();
+            match end {
+                SessionEnd::Stopped => break,
+                SessionEnd::Refused { message, reconnect_delay } => {
+                    delay = delay.max(reconnect_delay);
+                    tracing::warn!(%message, retry_in_ms = delay.as_millis() as u64, "admin refused the worker");
+                }
+                SessionEnd::Broken(error) => {
+                    tracing::warn!(error = %format!("{error:#}"), retry_in_ms = delay.as_millis() as u64, "worker stream ended");
+                }
+            }
+            // The next address, if several are given: a failover.
+            admin = (admin + 1) % worker.options.admins.len();
+            if work.meanwhile(worker, stop_signal(stop.clone(), delay)).await {
+                break;
+            }
+        }
+        work
+    };
+    tokio::pin!(serve);
     tokio::pin!(shutdown);
-    let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
-    loop {
-        let end = tokio::select! {
-            () = &mut shutdown => break,
-            end = worker.session(&mut backoff) => end,
-        };
-        let mut delay = backoff.next_delay();
-        match end {
-            SessionEnd::Refused { message, reconnect_delay } => {
-                delay = delay.max(reconnect_delay);
-                tracing::warn!(%message, retry_in_ms = delay.as_millis() as u64, "admin refused the worker");
-            }
-            SessionEnd::Broken(error) => {
-                tracing::warn!(error = %format!("{error:#}"), retry_in_ms = delay.as_millis() as u64, "worker stream ended");
-            }
+    let work = tokio::select! {
+        work = &mut serve => Some(work),
+        () = &mut shutdown => {
+            let _ = stop_tx.send(true);
+            // The session gives its executions back; bounded, in case the admin does not read.
+            tokio::time::timeout(Duration::from_secs(5), &mut serve).await.ok()
         }
-        tokio::select! {
-            () = &mut shutdown => break,
-            () = tokio::time::sleep(delay) => {}
+    };
+    if let Some(mut work) = work {
+        let n_dropped = work.executions.len();
+        if n_dropped > 0 {
+            tracing::warn!(n_dropped, "stopping with executions running: they are stopped");
         }
+        work.tasks.shutdown().await;
     }
     tracing::info!(worker.id = %worker.options.worker_id, "worker stopped");
     Ok(())
+}
+
+/// Completes when the worker is told to stop (never, if the sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Completes with `true` when the worker is told to stop, or with `false` after `delay`.
+async fn stop_signal(mut stop: watch::Receiver<bool>, delay: Duration) -> bool {
+    tokio::select! {
+        changed = stop.wait_for(|stop| *stop) => changed.is_ok(),
+        () = tokio::time::sleep(delay) => false,
+    }
 }
 
 fn bearer(token: &str) -> anyhow::Result<MetadataValue<Ascii>> {
@@ -173,6 +242,8 @@ enum SessionEnd {
     Refused { message: String, reconnect_delay: Duration },
     /// Connecting failed, or the stream broke or closed.
     Broken(anyhow::Error),
+    /// The worker is stopping.
+    Stopped,
 }
 
 impl From<anyhow::Error> for SessionEnd {
@@ -181,22 +252,182 @@ impl From<anyhow::Error> for SessionEnd {
     }
 }
 
+/// An outcome kept until an admin acknowledges it.
+struct Ended {
+    completed: JobCompleted,
+    /// When it was last sent, in this session.
+    sent: Option<Instant>,
+}
+
+/// What outlives a session: the running executions, the outcomes that no
+/// admin has acknowledged yet, and when an admin was last heard from.
+struct Work {
+    lease: Duration,
+    executions: Executions,
+    /// The executions' futures; dropping the set drops them all.
+    tasks: JoinSet<Outcome>,
+    /// By job id, oldest first in `order`.
+    unacknowledged: BTreeMap<String, Ended>,
+    /// When a message from an admin last arrived.
+    last_contact: Instant,
+    /// The last admin renewed the lease: executions outlive its stream, and
+    /// are given up when the lease runs out.
+    keeps_work: bool,
+    /// Set when the table of executions changed, for the next heartbeat.
+    changed: bool,
+}
+
+impl Work {
+    fn new(lease: Duration) -> Work {
+        Work {
+            lease,
+            executions: Executions::new(0),
+            tasks: JoinSet::new(),
+            unacknowledged: BTreeMap::new(),
+            last_contact: Instant::now(),
+            keeps_work: false,
+            changed: false,
+        }
+    }
+
+    fn heard_from_admin(&mut self) {
+        self.last_contact = Instant::now();
+    }
+
+    /// When the lease runs out, if it binds now.
+    fn lease_deadline(&self) -> Option<Instant> {
+        (self.keeps_work && self.executions.len() > 0).then_some(self.last_contact + self.lease)
+    }
+
+    /// Runs `future` while executions go on: an execution that ends keeps
+    /// its outcome for the next session, and every execution is given up
+    /// when the lease runs out.
+    async fn meanwhile<F: Future>(&mut self, worker: &Worker, future: F) -> F::Output {
+        tokio::pin!(future);
+        loop {
+            let lease = self.lease_deadline();
+            tokio::select! {
+                output = &mut future => return output,
+                Some(joined) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
+                    if let Some(completed) = self.finished(worker, joined) {
+                        self.keep(completed, None);
+                    }
+                }
+                () = sleep_until(lease), if lease.is_some() => self.give_up_all(worker),
+            }
+        }
+    }
+
+    /// An execution's future ended: its outcome, unless a cancel already reported it.
+    fn finished(
+        &mut self,
+        worker: &Worker,
+        joined: Result<(tokio::task::Id, Outcome), JoinError>,
+    ) -> Option<JobCompleted> {
+        let (task, result) = match joined {
+            Ok((task, outcome)) => (task, Ok(outcome)),
+            Err(e) => (e.id(), Err(e)),
+        };
+        let execution = self.executions.remove_task(task)?;
+        self.changed = true;
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(e) if e.is_panic() => Outcome::Failed { error: "the handler panicked".into(), output: Vec::new() },
+            Err(_) => Outcome::Canceled { reason: "the execution was aborted".into() },
+        };
+        Some(ended(worker, execution, outcome))
+    }
+
+    /// Keeps an outcome until an admin acknowledges it (when the admin does).
+    fn keep(&mut self, completed: JobCompleted, sent: Option<Instant>) {
+        if self.keeps_work {
+            self.unacknowledged.insert(completed.job_id.clone(), Ended { completed, sent });
+        }
+    }
+
+    /// The lease ran out: every execution stops, and its attempt is given up.
+    fn give_up_all(&mut self, worker: &Worker) {
+        let running = self.executions.take_all();
+        tracing::warn!(
+            n_executions = running.len(),
+            lease_ms = self.lease.as_millis() as u64,
+            "no admin reached within the lease: giving up every execution"
+        );
+        for execution in running {
+            execution.abort.abort();
+            let completed = given_up(worker, execution, wire::LEASE_EXPIRED, "abandoned");
+            self.keep(completed, None);
+        }
+        self.changed = true;
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The outcome of an execution that ran, logged and made a `JobCompleted`.
+fn ended(worker: &Worker, execution: Execution, outcome: Outcome) -> JobCompleted {
+    let event = match &outcome {
+        Outcome::Succeeded { .. } => "succeeded",
+        Outcome::Failed { .. } => "failed",
+        Outcome::Canceled { .. } => "canceled",
+    };
+    if let Some(log) = &worker.options.exec_log {
+        log.record_event(execution.record.job, &execution.record.task_id, execution.record.attempt, event);
+    }
+    tracing::info!(work.id = %execution.job_id, job_type = %execution.job_type, outcome = event, "execution ended");
+    job_completed(execution.request_id, execution.job_id, execution.job_type, outcome, worker.clock.now())
+}
+
+/// An execution stopped without an outcome of its own: `error` tells the
+/// admin why (its lease ran out, or the worker is stopping).
+fn given_up(worker: &Worker, execution: Execution, error: &str, event: &str) -> JobCompleted {
+    if let Some(log) = &worker.options.exec_log {
+        log.record_event(execution.record.job, &execution.record.task_id, execution.record.attempt, event);
+    }
+    tracing::warn!(work.id = %execution.job_id, job_type = %execution.job_type, error, "execution given up");
+    refusal(execution.request_id, execution.job_id, execution.job_type, error.to_string(), worker.clock.now())
+}
+
 impl Worker {
     /// One connection, from the hello to the stream's end. Resets `backoff`
     /// once the admin accepts the hello.
-    async fn session(&self, backoff: &mut Backoff) -> SessionEnd {
+    async fn session(
+        &self,
+        admin: &str,
+        work: &mut Work,
+        backoff: &mut Backoff,
+        mut stop: watch::Receiver<bool>,
+    ) -> SessionEnd {
+        work.executions.capacity = self.options.max_execute;
         let (outbound, outbound_rx) = mpsc::channel(OUTBOUND_QUEUE);
-        let hello =
-            hello_message(&self.options.worker_id, self.instance, &self.registry.job_types(), self.options.max_execute);
+        let hello = hello_message(
+            &self.options.worker_id,
+            self.instance,
+            &self.registry.job_types(),
+            self.options.max_execute,
+            self.options.lease,
+        );
         let hello = envelope(&self.options.worker_id, self.clock.now(), Body::Hello(hello));
         if outbound.send(hello).await.is_err() {
             return SessionEnd::Broken(anyhow::anyhow!("the outbound queue closed before the hello"));
         }
-        let mut inbound = match self.open(outbound_rx).await {
-            Ok(inbound) => inbound,
-            Err(e) => return SessionEnd::Broken(e),
+        let opening = async {
+            tokio::select! {
+                opened = self.open(admin, outbound_rx) => Some(opened),
+                _ = stopped(&mut stop) => None,
+            }
         };
-        let first = match tokio::time::timeout(HELLO_TIMEOUT, inbound.next()).await {
+        let mut inbound = match work.meanwhile(self, opening).await {
+            None => return SessionEnd::Stopped,
+            Some(Ok(inbound)) => inbound,
+            Some(Err(e)) => return SessionEnd::Broken(e),
+        };
+        let first = match work.meanwhile(self, tokio::time::timeout(HELLO_TIMEOUT, inbound.next())).await {
             Err(_) => return SessionEnd::Broken(anyhow::anyhow!("no admin hello within {HELLO_TIMEOUT:?}")),
             Ok(None) => return SessionEnd::Broken(anyhow::anyhow!("the admin closed the stream before its hello")),
             Ok(Some(Err(status))) => return SessionEnd::Broken(anyhow::anyhow!("the stream failed: {status}")),
@@ -221,26 +452,37 @@ impl Worker {
                 Some(first)
             }
         };
+        work.heard_from_admin();
         backoff.reset();
         tracing::info!(
             worker.id = %self.options.worker_id,
+            admin,
             heartbeat_ms = heartbeat.as_millis() as u64,
+            running = work.executions.len(),
+            unacknowledged = work.unacknowledged.len(),
             "connected to the admin"
         );
         let mut session = Session {
             worker: self,
             outbound,
-            executions: Executions::new(self.options.max_execute),
-            tasks: JoinSet::new(),
+            work,
             draining: false,
-            last_heartbeat: tokio::time::Instant::now() - HEARTBEAT_COALESCE,
+            last_heartbeat: Instant::now() - HEARTBEAT_COALESCE,
             heartbeat_pending: false,
+            admin_renews: None,
+            connected_at: Instant::now(),
+            heartbeat,
         };
-        let end = session.serve(inbound, pending, heartbeat.max(MIN_HEARTBEAT)).await;
-        let n_dropped = session.executions.len();
-        session.tasks.shutdown().await;
-        if n_dropped > 0 {
-            tracing::warn!(n_dropped, "dropped the running executions with the stream");
+        let end = session.serve(inbound, pending, stop).await;
+        let work = session.work;
+        if !work.keeps_work {
+            let running = work.executions.take_all();
+            if !running.is_empty() {
+                tracing::warn!(n_dropped = running.len(), "dropped the running executions with the stream");
+            }
+            for execution in running {
+                execution.abort.abort();
+            }
         }
         end
     }
@@ -248,9 +490,10 @@ impl Worker {
     /// Connects and opens the stream; `outbound` already holds the hello.
     async fn open(
         &self,
+        admin: &str,
         outbound: mpsc::Receiver<WorkerToAdminMessage>,
     ) -> anyhow::Result<Streaming<AdminToWorkerMessage>> {
-        let address = wire::resolve_grpc_address(&self.options.admin).await?;
+        let address = wire::resolve_grpc_address(admin).await?;
         let uri = grpc_uri(&address)?;
         let channel = self
             .options
@@ -283,18 +526,22 @@ fn grpc_uri(address: &str) -> anyhow::Result<String> {
     Ok(if host.contains(':') { format!("http://[{host}]:{port}") } else { format!("http://{host}:{port}") })
 }
 
-/// A session's state after the hello: its stream, its executions.
+/// A session's state after the hello: its stream, and the work it serves.
 struct Session<'a> {
     worker: &'a Worker,
     outbound: mpsc::Sender<WorkerToAdminMessage>,
-    executions: Executions,
-    /// The executions' futures; dropping the set drops them all.
-    tasks: JoinSet<Outcome>,
+    work: &'a mut Work,
     /// Set by `AdminShutdown`: execution requests are refused from then on.
     draining: bool,
     /// When the last heartbeat went out, and whether a change waits for the next one.
-    last_heartbeat: tokio::time::Instant,
+    last_heartbeat: Instant,
     heartbeat_pending: bool,
+    /// Whether this admin renews the lease: unknown until its first renewal
+    /// (sent right after its hello), or until half a lease passes without one.
+    admin_renews: Option<bool>,
+    connected_at: Instant,
+    /// The interval the admin asked for.
+    heartbeat: Duration,
 }
 
 /// Heartbeats that report a start or an end go out at most this often, so
@@ -304,32 +551,90 @@ const HEARTBEAT_COALESCE: Duration = Duration::from_millis(200);
 type Step = Result<(), SessionEnd>;
 
 impl Session<'_> {
+    /// The heartbeat interval: the admin's, or a quarter of the lease if
+    /// that is shorter, so that a renewing admin's answer comes well within it.
+    fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat.min(self.work.lease / 4).max(MIN_HEARTBEAT)
+    }
+
     async fn serve(
         &mut self,
         mut inbound: Streaming<AdminToWorkerMessage>,
         pending: Option<AdminToWorkerMessage>,
-        heartbeat: Duration,
+        mut stop: watch::Receiver<bool>,
     ) -> SessionEnd {
         if let Some(message) = pending {
             if let Err(end) = self.handle(message).await {
                 return end;
             }
         }
-        let mut ticker = tokio::time::interval(heartbeat);
+        // What ended while the worker was away goes first, then what still
+        // runs: the admin applies the one before it compares the other.
+        if let Err(end) = self.report_unacknowledged(true).await {
+            return end;
+        }
+        if let Err(end) = self.send_heartbeat().await {
+            return end;
+        }
+        let mut ticker =
+            tokio::time::interval_at(Instant::now() + self.heartbeat_interval(), self.heartbeat_interval());
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let lease = self.work.lease_deadline();
+            // A renewing admin that falls silent for half a lease is given up
+            // for another connection (another admin, if there are several).
+            let silent_at = (self.admin_renews == Some(true)).then(|| self.work.last_contact + self.work.lease / 2);
+            // An admin that has not renewed within half a lease never will.
+            let undecided_at = (self.admin_renews.is_none()).then(|| self.connected_at + self.work.lease / 2);
             let step = tokio::select! {
                 message = inbound.next() => match message {
-                    Some(Ok(message)) => self.handle(message).await,
+                    Some(Ok(message)) => {
+                        self.work.heard_from_admin();
+                        self.handle(message).await
+                    }
                     Some(Err(status)) => Err(SessionEnd::Broken(anyhow::anyhow!("the stream failed: {status}"))),
                     None => Err(SessionEnd::Broken(anyhow::anyhow!("the admin closed the stream"))),
                 },
-                _ = ticker.tick() => self.send_heartbeat().await,
+                _ = ticker.tick() => {
+                    match self.send_heartbeat().await {
+                        Ok(()) => self.report_unacknowledged(false).await,
+                        Err(end) => Err(end),
+                    }
+                }
                 () = tokio::time::sleep_until(self.last_heartbeat + HEARTBEAT_COALESCE), if self.heartbeat_pending => {
                     self.send_heartbeat().await
                 }
-                Some(joined) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => self.finished(joined).await,
+                Some(joined) = self.work.tasks.join_next_with_id(), if !self.work.tasks.is_empty() => {
+                    match self.work.finished(self.worker, joined) {
+                        Some(completed) => self.report(completed).await,
+                        None => Ok(()),
+                    }
+                }
+                () = sleep_until(lease), if lease.is_some() => {
+                    self.work.give_up_all(self.worker);
+                    Err(SessionEnd::Broken(anyhow::anyhow!("no word from the admin within the lease")))
+                }
+                () = sleep_until(silent_at), if silent_at.is_some() => {
+                    Err(SessionEnd::Broken(anyhow::anyhow!("no word from the admin for half the lease")))
+                }
+                () = sleep_until(undecided_at), if undecided_at.is_some() => {
+                    self.admin_renews = Some(false);
+                    self.work.keeps_work = false;
+                    // Such an admin acknowledges nothing: what was reported is done with.
+                    self.work.unacknowledged.clear();
+                    Ok(())
+                }
+                _ = stopped(&mut stop) => {
+                    self.give_back_all().await;
+                    Err(SessionEnd::Stopped)
+                }
             };
+            if self.work.changed {
+                self.work.changed = false;
+                if let Err(end) = self.heartbeat_soon().await {
+                    return end;
+                }
+            }
             if let Err(end) = step {
                 return end;
             }
@@ -350,10 +655,10 @@ impl Session<'_> {
     }
 
     async fn send_heartbeat(&mut self) -> Step {
-        self.last_heartbeat = tokio::time::Instant::now();
+        self.last_heartbeat = Instant::now();
         self.heartbeat_pending = false;
         let heartbeat =
-            heartbeat_message(&self.worker.options.worker_id, &self.executions, self.worker.options.max_detect);
+            heartbeat_message(&self.worker.options.worker_id, &self.work.executions, self.worker.options.max_detect);
         self.send(Body::Heartbeat(heartbeat)).await
     }
 
@@ -364,6 +669,46 @@ impl Session<'_> {
         } else {
             self.heartbeat_pending = true;
             Ok(())
+        }
+    }
+
+    /// Keeps an outcome until the admin acknowledges it, and reports it now
+    /// (kept first: a stream that breaks while it is sent loses nothing).
+    async fn report(&mut self, completed: JobCompleted) -> Step {
+        self.work.keep(completed.clone(), Some(Instant::now()));
+        self.send(Body::JobCompleted(completed)).await
+    }
+
+    /// Sends the outcomes no admin has acknowledged: all of them (`all`, at
+    /// the start of a session), or those whose acknowledgement is overdue.
+    async fn report_unacknowledged(&mut self, all: bool) -> Step {
+        let overdue = self.heartbeat_interval() * 2;
+        let due: Vec<JobCompleted> = self
+            .work
+            .unacknowledged
+            .values_mut()
+            .filter(|ended| all || ended.sent.is_none_or(|at| at.elapsed() >= overdue))
+            .map(|ended| {
+                ended.sent = Some(Instant::now());
+                ended.completed.clone()
+            })
+            .collect();
+        if !due.is_empty() {
+            tracing::info!(n_outcomes = due.len(), "reporting outcomes the admin has not acknowledged");
+        }
+        for completed in due {
+            self.send(Body::JobCompleted(completed)).await?;
+        }
+        Ok(())
+    }
+
+    /// The worker is stopping: every execution stops, and its attempt goes
+    /// back to the admin at once, uncounted.
+    async fn give_back_all(&mut self) {
+        for execution in self.work.executions.take_all() {
+            execution.abort.abort();
+            let completed = given_up(self.worker, execution, STOPPING, "given-back");
+            let _ = self.send(Body::JobCompleted(completed)).await;
         }
     }
 
@@ -399,9 +744,31 @@ impl Session<'_> {
                 self.draining = true;
                 self.acknowledge(request_id, true, "shutdown acknowledged").await
             }
+            None if request_id == wire::LEASE_RENEWAL => {
+                self.renewed();
+                Ok(())
+            }
+            None if wire::parse_outcome_ack(&request_id).is_some() => {
+                self.renewed();
+                if let Some((attempt, refused)) = wire::parse_outcome_ack(&request_id) {
+                    if let Some(reason) = refused {
+                        tracing::info!(work.id = attempt, %reason, "the admin refused an outcome; forgetting it");
+                    }
+                    self.work.unacknowledged.remove(attempt);
+                }
+                Ok(())
+            }
             Some(AdminBody::RequestObjectPreview(_)) | None => {
                 self.acknowledge(request_id, false, "unsupported request").await
             }
+        }
+    }
+
+    /// This admin renews the lease: executions outlive its stream from now on.
+    fn renewed(&mut self) {
+        if self.admin_renews != Some(true) {
+            self.admin_renews = Some(true);
+            self.work.keeps_work = true;
         }
     }
 
@@ -426,7 +793,7 @@ impl Session<'_> {
         if self.draining {
             return self.refuse(request_id, Some(job), wire::AT_CAPACITY.into()).await;
         }
-        match self.executions.admit(&job.job_id) {
+        match self.work.executions.admit(&job.job_id) {
             Admission::Admit => {}
             Admission::AtCapacity => return self.refuse(request_id, Some(job), wire::AT_CAPACITY.into()).await,
             Admission::AlreadyRunning => {
@@ -445,9 +812,9 @@ impl Session<'_> {
             log.record_event(record.job, &record.task_id, record.attempt, "start");
         }
         tracing::info!(work.id = %job.job_id, job_type = %job.job_type, task.id = %ctx.task_id, attempt = ctx.attempt, "execution started");
-        let abort = self.tasks.spawn(execute_with_timeout(handler, ctx, timeout_seconds));
+        let abort = self.work.tasks.spawn(execute_with_timeout(handler, ctx, timeout_seconds));
         let (job_id, job_type) = (job.job_id.clone(), job.job_type.clone());
-        self.executions.insert(Execution {
+        self.work.executions.insert(Execution {
             job_id: job_id.clone(),
             request_id: request_id.clone(),
             job_type: job_type.clone(),
@@ -469,43 +836,12 @@ impl Session<'_> {
         self.heartbeat_soon().await
     }
 
-    /// An execution's future ended: report its outcome unless a cancel already did.
-    async fn finished(&mut self, joined: Result<(tokio::task::Id, Outcome), JoinError>) -> Step {
-        let (task, result) = match joined {
-            Ok((task, outcome)) => (task, Ok(outcome)),
-            Err(e) => (e.id(), Err(e)),
-        };
-        let Some(execution) = self.executions.remove_task(task) else { return Ok(()) };
-        let outcome = match result {
-            Ok(outcome) => outcome,
-            Err(e) if e.is_panic() => Outcome::Failed { error: "the handler panicked".into(), output: Vec::new() },
-            Err(_) => Outcome::Canceled { reason: "the execution was aborted".into() },
-        };
-        self.report(execution, outcome).await?;
-        self.heartbeat_soon().await
-    }
-
-    async fn report(&self, execution: Execution, outcome: Outcome) -> Step {
-        let event = match &outcome {
-            Outcome::Succeeded { .. } => "succeeded",
-            Outcome::Failed { .. } => "failed",
-            Outcome::Canceled { .. } => "canceled",
-        };
-        if let Some(log) = &self.worker.options.exec_log {
-            log.record_event(execution.record.job, &execution.record.task_id, execution.record.attempt, event);
-        }
-        tracing::info!(work.id = %execution.job_id, job_type = %execution.job_type, outcome = event, "execution ended");
-        let completed =
-            job_completed(execution.request_id, execution.job_id, execution.job_type, outcome, self.worker.clock.now());
-        self.send(Body::JobCompleted(completed)).await
-    }
-
     async fn cancel(&mut self, request_id: String, request: CancelRequest) -> Step {
         let target = request.target_id.trim();
         if target.is_empty() {
             return self.acknowledge(request_id, false, "cancel target is required").await;
         }
-        let Some(execution) = self.executions.find(target) else {
+        let Some(execution) = self.work.executions.find(target) else {
             return self.acknowledge(request_id, false, "cancel target not found").await;
         };
         if execution.abort.is_finished() {
@@ -513,14 +849,15 @@ impl Session<'_> {
             return self.acknowledge(request_id, false, "cancel target has already finished").await;
         }
         let job_id = execution.job_id.clone();
-        let Some(execution) = self.executions.remove(&job_id) else { return Ok(()) };
+        let Some(execution) = self.work.executions.remove(&job_id) else { return Ok(()) };
         execution.abort.abort();
         let reason = match request.reason.trim() {
             "" => DEFAULT_CANCEL_REASON.to_string(),
             reason => reason.to_string(),
         };
         self.acknowledge(request_id, true, "cancel request accepted").await?;
-        self.report(execution, Outcome::Canceled { reason }).await?;
+        let completed = ended(self.worker, execution, Outcome::Canceled { reason });
+        self.report(completed).await?;
         self.heartbeat_soon().await
     }
 }
@@ -601,6 +938,11 @@ impl Executions {
         self.running.remove(job_id)
     }
 
+    /// Every execution, taken out of the table (to stop or give up).
+    fn take_all(&mut self) -> Vec<Execution> {
+        std::mem::take(&mut self.running).into_values().collect()
+    }
+
     fn remove_task(&mut self, task: tokio::task::Id) -> Option<Execution> {
         let job_id = self.running.values().find(|e| e.abort.id() == task)?.job_id.clone();
         self.running.remove(&job_id)
@@ -676,7 +1018,13 @@ fn describe(job_type: &str) -> (String, String) {
     (name.to_string(), description.to_string())
 }
 
-fn hello_message(worker_id: &str, instance: HandlerId, job_types: &[Arc<str>], max_execute: u32) -> WorkerHello {
+fn hello_message(
+    worker_id: &str,
+    instance: HandlerId,
+    job_types: &[Arc<str>],
+    max_execute: u32,
+    lease: Duration,
+) -> WorkerHello {
     let capabilities = job_types
         .iter()
         .map(|job_type| {
@@ -700,7 +1048,10 @@ fn hello_message(worker_id: &str, instance: HandlerId, job_types: &[Arc<str>], m
         worker_version: env!("CARGO_PKG_VERSION").to_string(),
         protocol_version: PROTOCOL_VERSION.to_string(),
         capabilities,
-        metadata: HashMap::from([("runtime".to_string(), "jobcenter".to_string())]),
+        metadata: HashMap::from([
+            ("runtime".to_string(), "jobcenter".to_string()),
+            (wire::LEASE_METADATA.to_string(), lease.as_millis().to_string()),
+        ]),
     }
 }
 
@@ -920,7 +1271,7 @@ mod tests {
     #[test]
     fn hello_announces_every_job_type() {
         let instance = HandlerId::new();
-        let hello = hello_message("w1", instance, &[Arc::from("noop"), Arc::from("shell")], 3);
+        let hello = hello_message("w1", instance, &[Arc::from("noop"), Arc::from("shell")], 3, DEFAULT_LEASE);
         assert_eq!(hello.worker_id, "w1");
         assert_eq!(hello.worker_instance_id, instance.to_string());
         assert_eq!(hello.protocol_version, "1");
@@ -1107,6 +1458,21 @@ mod tests {
             }
         }
 
+        /// Renews the worker's lease every `period`, as a jobcenter admin does, until aborted.
+        fn renew_every(&self, period: Duration) -> tokio::task::JoinHandle<()> {
+            let to_worker = self.to_worker.clone();
+            tokio::spawn(async move {
+                loop {
+                    let renewal =
+                        AdminToWorkerMessage { request_id: wire::LEASE_RENEWAL.into(), sent_at: None, body: None };
+                    if to_worker.send(Ok(renewal)).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(period).await;
+                }
+            })
+        }
+
         async fn send(&self, request_id: &str, body: Option<AdminBody>) {
             let message = AdminToWorkerMessage { request_id: request_id.into(), sent_at: None, body };
             self.to_worker.send(Ok(message)).await.expect("the worker listens");
@@ -1265,11 +1631,12 @@ mod tests {
         let (admin, mut sessions) = start_fake_admin().await;
         let log_path = dir.path().join("exec.log");
         let options = RemoteWorkerOptions {
-            admin,
+            admins: vec![admin],
             worker_id: "w-test".into(),
             max_execute: 1,
             max_detect: 1,
             heartbeat: Duration::from_secs(3600),
+            lease: DEFAULT_LEASE,
             token: Some("s3cret".into()),
             exec_log: Some(ExecLog::open(&log_path).unwrap()),
             tls: Default::default(),
@@ -1401,5 +1768,84 @@ mod tests {
              {job} 3 2 start\n{job} 3 2 failed\n{job} 4 1 start\n"
         );
         assert_eq!(log, expected);
+    }
+
+    #[tokio::test]
+    async fn with_a_renewing_admin_executions_outlive_the_stream_until_the_lease_runs_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let (admin, mut sessions) = start_fake_admin().await;
+        let log_path = dir.path().join("exec.log");
+        let options = RemoteWorkerOptions {
+            admins: vec![admin],
+            worker_id: "w-test".into(),
+            max_execute: 2,
+            max_detect: 1,
+            heartbeat: Duration::from_secs(3600),
+            lease: Duration::from_secs(2),
+            token: None,
+            exec_log: Some(ExecLog::open(&log_path).unwrap()),
+            tls: Default::default(),
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let worker = tokio::spawn(run(options, Registry::new(builtin_handlers()), async move {
+            let _ = stopped.await;
+        }));
+
+        let mut session = next_session(&mut sessions).await;
+        let hello = session.hello().await;
+        assert_eq!(hello.metadata.get(wire::LEASE_METADATA).map(String::as_str), Some("2000"));
+        session.send("", accepted_hello()).await;
+        let renewing = session.renew_every(Duration::from_millis(200));
+        let job = JobId::new();
+        let short = wire::attempt_id(TaskRef { job, idx: TaskIdx(0) }, 1);
+        session.execute("r1", spec(&short, "noop", serde_json::json!({"sleep_ms": 700})), 0).await;
+        session.started("r1", &short).await;
+        // The stream breaks: the execution goes on, and ends while the worker is away.
+        renewing.abort();
+        drop(session);
+        let mut session = next_session(&mut sessions).await;
+        session.hello().await;
+        session.send("", accepted_hello()).await;
+        let renewing = session.renew_every(Duration::from_millis(200));
+        // What ended while away comes first, then the heartbeat of what still runs.
+        let reported = session.completed().await;
+        assert_eq!((reported.job_id.as_str(), reported.success), (short.as_str(), true), "{reported:?}");
+        let heartbeat = session.heartbeat().await;
+        assert!(heartbeat.running_work.is_empty(), "{heartbeat:?}");
+        // Unacknowledged, it is reported again; acknowledged, never again.
+        let again = session.completed().await;
+        assert_eq!(again.job_id, short);
+        let ack = AdminToWorkerMessage { request_id: wire::outcome_ack(&short, None), sent_at: None, body: None };
+        session.to_worker.send(Ok(ack)).await.unwrap();
+
+        // A long command; then no admin answers at all: after the lease it is given up.
+        let pid_file = dir.path().join("pid");
+        let command = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+        let long = wire::attempt_id(TaskRef { job, idx: TaskIdx(1) }, 1);
+        session.execute("r2", spec(&long, "shell", serde_json::json!({"command": command})), 0).await;
+        session.started("r2", &long).await;
+        let pid = wait_for_file(&pid_file).await.trim().to_string();
+        renewing.abort();
+        let given_up_by = Instant::now() + Duration::from_secs(5);
+        let mut silent = Vec::new();
+        while Instant::now() < given_up_by && !process_ends(&pid).await {
+            // Connections come, and get no hello: no admin is reached.
+            if let Ok(Some(session)) = tokio::time::timeout(Duration::from_millis(100), sessions.recv()).await {
+                silent.push(session);
+            }
+        }
+        assert!(process_ends(&pid).await, "the command {pid} outlived the lease");
+        drop(silent);
+        let mut session = next_session(&mut sessions).await;
+        session.hello().await;
+        session.send("", accepted_hello()).await;
+        let _renewing = session.renew_every(Duration::from_millis(200));
+        let reported = session.completed().await;
+        assert_eq!((reported.job_id.as_str(), reported.error_message.as_str()), (long.as_str(), wire::LEASE_EXPIRED));
+
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), worker).await.expect("the worker stops").unwrap().unwrap();
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        assert_eq!(log, format!("{job} 0 1 start\n{job} 0 1 succeeded\n{job} 1 1 start\n{job} 1 1 abandoned\n"));
     }
 }

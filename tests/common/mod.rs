@@ -119,14 +119,14 @@ impl Server {
     }
 }
 
-/// Starts `jobcenter worker` against a server.
+/// Starts `jobcenter worker` against a server (or the `--admin` that `extra` gives).
 pub fn start_worker(server: &Server, id: &str, extra: &[&str], exec_log: Option<&Path>) -> Process {
     let mut command = Command::new(binary());
-    command
-        .args(["worker", "--admin", &server.http, "--id", id, "--heartbeat", "1s"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    command.args(["worker", "--id", id, "--heartbeat", "1s"]);
+    if !extra.contains(&"--admin") {
+        command.args(["--admin", &server.http]);
+    }
+    command.args(extra).stdout(Stdio::null()).stderr(Stdio::null());
     if let Some(log) = exec_log {
         command.env("JOBCENTER_EXEC_LOG", log);
     }

@@ -1,0 +1,109 @@
+//! The committer thread: writes every step it has as one batch, flushes
+//! once (group commit), and only then performs the steps' actions: replies,
+//! work orders, events. A store that cannot write is fail-stop.
+
+use std::sync::Arc;
+
+use tokio::sync::{broadcast, mpsc};
+
+use super::core::{Action, Step};
+use super::Event;
+use crate::store::{self, Batch, Store};
+
+/// Called after each group commit with the time of its write and flush, and of the flush alone.
+pub type CommitObserver = Arc<dyn Fn(std::time::Duration, std::time::Duration) + Send + Sync>;
+
+pub(super) fn spawn(
+    store: Arc<dyn Store>,
+    steps: mpsc::Receiver<Step>,
+    events: broadcast::Sender<Event>,
+    observer: Arc<std::sync::OnceLock<CommitObserver>>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("jobcenter-commit".into())
+        .spawn(move || run(store, steps, events, observer))
+        .map(|_| ())
+}
+
+fn run(
+    store: Arc<dyn Store>,
+    mut steps: mpsc::Receiver<Step>,
+    events: broadcast::Sender<Event>,
+    observer: Arc<std::sync::OnceLock<CommitObserver>>,
+) {
+    let mut pending: Vec<Step> = Vec::new();
+    let mut crash = CrashPoint::from_env();
+    while let Some(step) = steps.blocking_recv() {
+        pending.push(step);
+        while let Ok(step) = steps.try_recv() {
+            pending.push(step);
+        }
+        let mut batch = Batch::default();
+        for step in &mut pending {
+            batch.append(std::mem::take(&mut step.batch));
+        }
+        if !batch.is_empty() {
+            let started = std::time::Instant::now();
+            fail_stop(store.write(&batch));
+            crash.reached("before-flush");
+            let flush_started = std::time::Instant::now();
+            fail_stop(store.flush());
+            if let Some(observe) = observer.get() {
+                observe(started.elapsed(), flush_started.elapsed());
+            }
+            crash.reached("after-flush");
+        }
+        for step in pending.drain(..) {
+            for action in step.actions {
+                match action {
+                    Action::Send { sink, order } => {
+                        let _ = sink.send(order);
+                    }
+                    Action::Reply(reply) => reply(),
+                    Action::Event(event) => {
+                        let _ = events.send(event);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A named moment at which the process dies on purpose, for crash tests:
+/// `JOBCENTER_CRASH_AT=POINT:N` aborts the N-th time the committer reaches
+/// `POINT` (`before-flush`: written, not flushed; `after-flush`: flushed,
+/// nothing acknowledged or dispatched yet).
+struct CrashPoint {
+    point: Option<(String, u64)>,
+    seen: u64,
+}
+
+impl CrashPoint {
+    fn from_env() -> CrashPoint {
+        let point = std::env::var("JOBCENTER_CRASH_AT").ok().and_then(|spec| {
+            let (name, count) = spec.split_once(':')?;
+            Some((name.to_string(), count.parse().ok()?))
+        });
+        CrashPoint { point, seen: 0 }
+    }
+
+    fn reached(&mut self, name: &str) {
+        let Some((point, count)) = &self.point else { return };
+        if point == name {
+            self.seen += 1;
+            if self.seen >= *count {
+                eprintln!("jobcenter: crashing on purpose at {name} ({count})");
+                std::process::abort();
+            }
+        }
+    }
+}
+
+/// A store that cannot write is fail-stop: nothing after it may be acknowledged.
+fn fail_stop(result: Result<(), store::Error>) {
+    if let Err(e) = result {
+        tracing::error!(error = %e, "store write failed; stopping");
+        eprintln!("jobcenter: {e}; stopping so that nothing unwritten is acknowledged");
+        std::process::exit(74);
+    }
+}

@@ -1,0 +1,912 @@
+//! The engine loop's state and every step it applies. Pure bookkeeping over
+//! memory: each command appends its writes to the iteration's `Step` and
+//! defers its effects (replies, work orders, events) until the committer
+//! has made that step durable.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jobcenter_recovery as recovery;
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use super::held::{Absent, Held, HeldTable};
+use super::{Answer, Error, Event, Options, Orphans, Progress, Summary, Waiters};
+use crate::active::ActiveJob;
+use crate::clock::{Clock, Timestamp};
+use crate::dispatch::{Assignment, Dispatch, HandlerSpec, Sink, TypeLimits, WorkOrder};
+use crate::follower::{self, Loss, Outcome, Rejection, Released};
+use crate::leader;
+use crate::model::{
+    HandlerId, JobId, JobOrigin, JobRecord, JobSpec, JobState, TaskIdx, TaskRecord, TaskRef, TaskState,
+};
+use crate::store::{Batch, StoredJob};
+
+pub(super) type Reply<T> = oneshot::Sender<T>;
+
+pub(super) enum Command {
+    Submit {
+        id: JobId,
+        spec: Arc<JobSpec>,
+        origin: JobOrigin,
+        reply: Reply<Result<JobId, Error>>,
+    },
+    Started {
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        reply: Option<Reply<Result<(), Rejection>>>,
+    },
+    Complete {
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        outcome: Outcome,
+        /// When the report reached the server, to measure dispatch latency.
+        received: Option<std::time::Instant>,
+        /// Told once the step is durable (or the report refused).
+        answer: Option<Answer>,
+    },
+    Cancel {
+        job: JobId,
+        reply: Reply<Result<(), Error>>,
+    },
+    Retry {
+        job: StoredJob,
+        reply: Reply<Result<(), Error>>,
+    },
+    Progress {
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        progress: Progress,
+    },
+    /// The handler gave the attempt up without an outcome.
+    GiveUp {
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        loss: Loss,
+        answer: Option<Answer>,
+    },
+    Connected {
+        spec: HandlerSpec,
+    },
+    Disconnected {
+        handler: HandlerId,
+        session: u64,
+        /// `None`: its attempts are lost now; else they wait this long for it.
+        keep_for: Option<Duration>,
+        reason: String,
+    },
+    HandlerGone {
+        handler: HandlerId,
+        loss: Loss,
+    },
+    HandlerSlots {
+        handler: HandlerId,
+        total: u32,
+    },
+    SetLimits {
+        job_type: Arc<str>,
+        limits: TypeLimits,
+    },
+    RecoverySnapshot {
+        reply: Reply<(Vec<recovery::JobSnapshot>, Vec<HandlerId>)>,
+    },
+    ApplyRecovery {
+        actions: Vec<(recovery::Rule, recovery::Action)>,
+        reply: Reply<Vec<bool>>,
+    },
+    Reconcile {
+        handler: HandlerId,
+        running: HashSet<(TaskRef, u32)>,
+        dropped_before: Option<Timestamp>,
+        reply: Reply<super::Reconciled>,
+    },
+    ActiveDedupeKeys {
+        reply: Reply<HashSet<String>>,
+    },
+    Gate {
+        gated: Vec<Arc<str>>,
+        open: bool,
+        /// (queued, running) attempts of gated job types.
+        reply: Reply<(usize, u32)>,
+    },
+    Get {
+        job: JobId,
+        reply: Reply<Option<StoredJob>>,
+    },
+    Summary {
+        job: JobId,
+        reply: Reply<Option<Summary>>,
+    },
+    Wait {
+        job: JobId,
+        reply: Reply<Option<JobRecord>>,
+    },
+    ActiveJobs {
+        reply: Reply<Vec<JobRecord>>,
+    },
+}
+
+/// Work that may only happen after the iteration's batch is durable.
+pub(super) enum Action {
+    Send { sink: Sink, order: WorkOrder },
+    Reply(Box<dyn FnOnce() + Send>),
+    Event(Event),
+}
+
+#[derive(Default)]
+pub(super) struct Step {
+    pub batch: Batch,
+    pub actions: Vec<Action>,
+}
+
+impl Step {
+    fn reply<T: Send + 'static>(&mut self, reply: Reply<T>, value: T) {
+        self.actions.push(Action::Reply(Box::new(move || {
+            let _ = reply.send(value);
+        })));
+    }
+
+    fn answer(&mut self, answer: Option<Answer>, result: Result<(), Rejection>) {
+        if let Some(answer) = answer {
+            self.actions.push(Action::Reply(Box::new(move || answer(result))));
+        }
+    }
+
+    fn send(&mut self, sink: Option<&Sink>, order: WorkOrder) {
+        if let Some(sink) = sink {
+            self.actions.push(Action::Send { sink: sink.clone(), order });
+        }
+    }
+}
+
+/// The engine's state: every active job, the dispatch table, the held
+/// attempts and the waiters.
+pub(super) struct Core {
+    options: Options,
+    jobs: HashMap<JobId, ActiveJob>,
+    dispatch: Dispatch,
+    held: HeldTable,
+    /// Handlers holding attempts while disconnected, until they are taken back.
+    absent: Absent,
+    waiters: Waiters,
+    events: broadcast::Sender<Event>,
+    /// When the completion that made each queued task ready reached the server.
+    released_at: HashMap<TaskRef, std::time::Instant>,
+}
+
+impl Core {
+    pub fn new(options: Options, events: broadcast::Sender<Event>) -> Core {
+        Core {
+            options,
+            jobs: HashMap::new(),
+            dispatch: Dispatch::default(),
+            held: HeldTable::default(),
+            absent: Absent::default(),
+            waiters: HashMap::new(),
+            events,
+            released_at: HashMap::new(),
+        }
+    }
+
+    fn queue_ready(&mut self, job: JobId, ready: &[u32], now: Timestamp) {
+        let Some(active) = self.jobs.get(&job) else { return };
+        for &idx in ready {
+            let spec = &active.spec.tasks[idx as usize];
+            let not_before = active.tasks[idx as usize].not_before;
+            self.dispatch.push_ready(
+                spec.job_type.clone(),
+                spec.priority,
+                TaskRef { job, idx: TaskIdx(idx) },
+                not_before,
+                now,
+            );
+        }
+    }
+
+    /// Queues what a step released and finalizes the job if it ended;
+    /// `received` is when the report behind the step reached the server.
+    fn after_release(
+        &mut self,
+        job: JobId,
+        released: Released,
+        received: Option<std::time::Instant>,
+        now: Timestamp,
+        step: &mut Step,
+    ) {
+        if let Some(received) = received {
+            for &idx in &released.ready {
+                self.released_at.insert(TaskRef { job, idx: TaskIdx(idx) }, received);
+            }
+        }
+        self.queue_ready(job, &released.ready, now);
+        if released.job_done {
+            self.finalize(job, now, step);
+        }
+    }
+
+    /// The leader's last step: mark the job and let its waiters go.
+    fn finalize(&mut self, job: JobId, now: Timestamp, step: &mut Step) {
+        let Some(active) = self.jobs.get_mut(&job) else { return };
+        if !leader::finalize(active, self.options.instance, now, &mut step.batch) {
+            return;
+        }
+        let record = active.record.clone();
+        tracing::info!(job.id = %job, job.state = %record.state, "job ended");
+        self.jobs.remove(&job);
+        self.dispatch.forget_job(job);
+        self.released_at.retain(|task, _| task.job != job);
+        for waiter in self.waiters.remove(&job).unwrap_or_default() {
+            step.reply(waiter, Some(record.clone()));
+        }
+    }
+
+    /// The one place an attempt stops being held, however it ended: its
+    /// slot, its volume lock and its deadline are released together.
+    fn end_attempt(&mut self, task: TaskRef) {
+        if let Some(held) = self.held.remove(task) {
+            self.dispatch.release_slot(held.handler, &held.job_type);
+        }
+    }
+
+    /// The one place an attempt becomes held: its slot, lock and deadline.
+    fn hold(&mut self, task: TaskRef, attempt: u32, handler: HandlerId, assigned_at: Timestamp) {
+        let Some(job) = self.jobs.get(&task.job) else { return };
+        let spec = &job.spec.tasks[task.idx.index()];
+        let type_timeout = self.dispatch.limits(&spec.job_type).and_then(|l| l.execution_timeout_seconds);
+        let held = Held {
+            attempt,
+            handler,
+            job_type: spec.job_type.clone(),
+            resource: resource_of(&spec.labels),
+            deadline: spec.execution_timeout_seconds.or(type_timeout).map(|s| assigned_at.plus_seconds(s)),
+            own_timeout: spec.execution_timeout_seconds.is_some(),
+        };
+        self.dispatch.take_slot(handler, &held.job_type);
+        self.held.insert(task, held);
+    }
+
+    pub fn apply(&mut self, command: Command, now: Timestamp, step: &mut Step) {
+        match command {
+            Command::Submit { id, spec, origin, reply } => {
+                let (job, ready) = leader::submit(id, spec, origin, self.options.instance, now, &mut step.batch);
+                tracing::info!(job.id = %id, job.name = %job.record.name, tasks = job.len(), "job submitted");
+                self.jobs.insert(id, job);
+                self.queue_ready(id, &ready, now);
+                step.reply(reply, Ok(id));
+            }
+            Command::Started { task, attempt, handler, reply } => {
+                let result = match self.jobs.get_mut(&task.job) {
+                    Some(job) => follower::start(job, task.idx.0, attempt, handler, now),
+                    None => Err(Rejection::JobEnded { job: task.job }),
+                };
+                if let Some(reply) = reply {
+                    step.reply(reply, result);
+                }
+            }
+            Command::Complete { task, attempt, handler, outcome, received, answer } => {
+                let result = self.complete(task, attempt, handler, outcome, received, now, step);
+                if let Err(rejection) = &result {
+                    tracing::warn!(job.id = %task.job, task.idx = task.idx.0, attempt, %handler, %rejection, "completion rejected");
+                }
+                step.answer(answer, result);
+            }
+            Command::Cancel { job, reply } => {
+                let result = match self.jobs.get_mut(&job) {
+                    Some(active) => {
+                        let running = leader::cancel(active, now, &mut step.batch);
+                        for (idx, attempt, handler) in running.running {
+                            let order = WorkOrder::Cancel { task: TaskRef { job, idx: TaskIdx(idx) }, attempt };
+                            step.send(self.dispatch.sink(handler), order);
+                        }
+                        self.dispatch.forget_job(job);
+                        self.finalize(job, now, step);
+                        Ok(())
+                    }
+                    None => Err(Error::JobEnded(job)),
+                };
+                step.reply(reply, result);
+            }
+            Command::Retry { job, reply } => {
+                let id = job.record.id;
+                let result = if self.jobs.contains_key(&id) || !job.record.state.is_terminal() {
+                    Err(Error::JobNotEnded(id))
+                } else if job.record.state == JobState::Succeeded {
+                    Err(Error::NothingToRetry { job: id, state: job.record.state })
+                } else {
+                    let mut active = ActiveJob::from_stored(job);
+                    let ready = leader::retry(&mut active, self.options.instance, now, &mut step.batch);
+                    self.jobs.insert(id, active);
+                    self.queue_ready(id, &ready, now);
+                    Ok(())
+                };
+                step.reply(reply, result);
+            }
+            Command::Progress { task, attempt, handler, progress } => {
+                let Some(job) = self.jobs.get_mut(&task.job) else { return };
+                if follower::start(job, task.idx.0, attempt, handler, now).is_ok() {
+                    let record = &mut job.tasks[task.idx.index()];
+                    record.progress_percent = progress.percent;
+                    record.stage = progress.stage;
+                    record.updated_at = now;
+                    if self.events.receiver_count() > 0 {
+                        step.actions.push(Action::Event(task_event(task.job, task.idx.0, record)));
+                    }
+                }
+            }
+            Command::GiveUp { task, attempt, handler, loss, answer } => {
+                let result = match self.jobs.get(&task.job) {
+                    Some(job) => follower::check_holder(job, task.idx.0, attempt, handler),
+                    None => Err(Rejection::JobEnded { job: task.job }),
+                };
+                match &result {
+                    Ok(()) => self.lose(task, &loss, now, step),
+                    Err(rejection) => {
+                        tracing::warn!(job.id = %task.job, task.idx = task.idx.0, attempt, %handler, %rejection, reason = loss.reason(), "report refused");
+                    }
+                }
+                step.answer(answer, result);
+            }
+            Command::Connected { spec } => {
+                let handler = spec.handler;
+                tracing::debug!(%handler, capacity = spec.capacity, held = self.dispatch.held_by(handler), "handler joined");
+                self.absent.remove(handler);
+                self.dispatch.add_handler(spec);
+            }
+            Command::Disconnected { handler, session, keep_for, reason } => {
+                if !self.dispatch.remove_handler(handler, Some(session)) {
+                    return;
+                }
+                match keep_for {
+                    Some(wait) if self.dispatch.held_by(handler) > 0 => {
+                        let seconds = wait.as_secs_f64();
+                        let reason =
+                            format!("lost with its worker: {reason}, and it did not come back within {seconds:.1} s");
+                        self.absent.insert(handler, now.plus_millis(wait.as_millis() as i64), reason);
+                    }
+                    Some(_) => {}
+                    None => self.lose_handler(
+                        handler,
+                        &Loss::WithWorker(format!("lost with its worker: {reason}")),
+                        now,
+                        step,
+                    ),
+                }
+            }
+            Command::HandlerGone { handler, loss } => {
+                self.dispatch.remove_handler(handler, None);
+                self.absent.remove(handler);
+                self.lose_handler(handler, &loss, now, step);
+            }
+            Command::HandlerSlots { handler, total } => self.dispatch.report_slots(handler, total),
+            Command::SetLimits { job_type, limits } => {
+                self.dispatch.set_limits(job_type.clone(), limits);
+                self.retime_held(&job_type, limits.execution_timeout_seconds);
+            }
+            Command::RecoverySnapshot { reply } => {
+                let _ = reply.send(self.recovery_snapshot());
+            }
+            Command::ApplyRecovery { actions, reply } => {
+                let applied =
+                    actions.iter().map(|(rule, action)| self.apply_recovery(*rule, action, now, step)).collect();
+                step.reply(reply, applied);
+            }
+            Command::Reconcile { handler, running, dropped_before, reply } => {
+                let reconciled = self.reconcile(handler, &running, dropped_before, now, step);
+                step.reply(reply, reconciled);
+            }
+            Command::Gate { gated, open, reply } => {
+                self.dispatch.set_gate(gated, open);
+                let _ = reply.send((self.dispatch.gated_queued(), self.dispatch.gated_running()));
+            }
+            Command::ActiveDedupeKeys { reply } => {
+                let keys =
+                    self.jobs
+                        .values()
+                        .flat_map(|job| {
+                            job.spec.tasks.iter().zip(&job.tasks).filter(|(_, t)| !t.state.is_terminal()).filter_map(
+                                |(spec, _)| spec.labels.get("dedupe_key").filter(|k| !k.is_empty()).cloned(),
+                            )
+                        })
+                        .collect();
+                let _ = reply.send(keys);
+            }
+            // A job that is not active is read from the store by the caller;
+            // "not here" is answered after the committer has written every
+            // earlier step, so that the store already shows how the job ended.
+            Command::Get { job, reply } => match self.jobs.get(&job) {
+                Some(active) => {
+                    let _ = reply.send(Some(active.to_stored()));
+                }
+                None => step.reply(reply, None),
+            },
+            Command::Summary { job, reply } => match self.jobs.get(&job) {
+                Some(a) => {
+                    let _ = reply.send(Some(Summary { record: a.record.clone(), counts: a.counts }));
+                }
+                None => step.reply(reply, None),
+            },
+            Command::Wait { job, reply } => {
+                if self.jobs.contains_key(&job) {
+                    self.waiters.entry(job).or_default().push(reply);
+                } else {
+                    step.reply(reply, None);
+                }
+            }
+            Command::ActiveJobs { reply } => {
+                let _ = reply.send(self.jobs.values().map(|a| a.record.clone()).collect());
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn complete(
+        &mut self,
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        outcome: Outcome,
+        received: Option<std::time::Instant>,
+        now: Timestamp,
+        step: &mut Step,
+    ) -> Result<(), Rejection> {
+        let Some(job) = self.jobs.get_mut(&task.job) else {
+            return Err(Rejection::JobEnded { job: task.job });
+        };
+        let released = follower::complete(job, task.idx.0, attempt, handler, outcome, now, &mut step.batch)?;
+        self.end_attempt(task);
+        self.after_release(task.job, released, received, now, step);
+        Ok(())
+    }
+
+    /// Every attempt held by `handler` is lost at once.
+    fn lose_handler(&mut self, handler: HandlerId, loss: &Loss, now: Timestamp, step: &mut Step) {
+        for task in self.held.of_handler(handler) {
+            self.lose_attempt(task, loss, now, step);
+        }
+    }
+
+    /// The held attempt is gone with its handler. A scheduler job is not
+    /// resubmitted: it fails whole, and the next detection proposes the work again.
+    fn lose_attempt(&mut self, task: TaskRef, loss: &Loss, now: Timestamp, step: &mut Step) {
+        let from_scheduler =
+            self.jobs.get(&task.job).is_some_and(|job| matches!(job.record.origin, JobOrigin::Scheduler { .. }));
+        if from_scheduler {
+            let reason = format!("the scheduler job was failed, not resubmitted: {}", loss.reason());
+            self.fail_job(task.job, &reason, now, step);
+        } else {
+            self.lose(task, loss, now, step);
+        }
+    }
+
+    /// Fails a whole job: unfinished tasks fail, running ones are told to stop.
+    fn fail_job(&mut self, job_id: JobId, reason: &str, now: Timestamp, step: &mut Step) {
+        let Some(job) = self.jobs.get_mut(&job_id) else { return };
+        let running = leader::fail_job(job, reason, now, &mut step.batch);
+        for (idx, attempt, handler) in running.running {
+            let task = TaskRef { job: job_id, idx: TaskIdx(idx) };
+            self.end_attempt(task);
+            step.send(self.dispatch.sink(handler), WorkOrder::Cancel { task, attempt });
+        }
+        self.dispatch.forget_job(job_id);
+        self.finalize(job_id, now, step);
+    }
+
+    fn lose(&mut self, task: TaskRef, loss: &Loss, now: Timestamp, step: &mut Step) {
+        let limit = self.options.lost_attempt_limit;
+        let Some(job) = self.jobs.get_mut(&task.job) else { return };
+        if !job.tasks[task.idx.index()].state.is_held() {
+            return;
+        }
+        let released = follower::lose(job, task.idx.0, loss, limit, now, &mut step.batch);
+        self.end_attempt(task);
+        self.after_release(task.job, released, None, now, step);
+    }
+
+    /// A plain snapshot of the active jobs for the recovery rules: each job
+    /// with its held and ready tasks, and the handlers that are connected or
+    /// still within the time their attempts wait for them.
+    fn recovery_snapshot(&self) -> (Vec<recovery::JobSnapshot>, Vec<HandlerId>) {
+        let jobs = self
+            .jobs
+            .values()
+            .map(|job| {
+                let tasks = job
+                    .tasks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| t.state.is_held() || t.state == TaskState::Ready)
+                    .map(|(idx, t)| {
+                        let spec = &job.spec.tasks[idx];
+                        recovery::TaskSnapshot {
+                            idx: idx as u32,
+                            id: spec.id.to_string(),
+                            state: recovery_state(t.state),
+                            attempt: t.attempt,
+                            handler: t.handler.map(|h| h.to_string()),
+                            assigned_at: t.assigned_at.map(Timestamp::as_millis),
+                            started_at: t.started_at.map(Timestamp::as_millis),
+                            updated_at: t.updated_at.as_millis(),
+                            finished_at: t.finished_at.map(Timestamp::as_millis),
+                            pinned_node: spec.labels.get("node").cloned(),
+                            queued: self.dispatch.is_queued(TaskRef { job: job.id(), idx: TaskIdx(idx as u32) }),
+                        }
+                    })
+                    .collect();
+                recovery::JobSnapshot {
+                    id: job.id().to_string(),
+                    active: !job.record.state.is_terminal(),
+                    from_scheduler: matches!(job.record.origin, JobOrigin::Scheduler { .. }),
+                    updated_at: job.record.updated_at.as_millis(),
+                    unfinished: job.len() - job.counts.terminal() as usize,
+                    tasks,
+                }
+            })
+            .collect();
+        let mut handlers = self.dispatch.handler_ids();
+        handlers.extend(self.absent.handlers());
+        (jobs, handlers)
+    }
+
+    /// Applies one recovery action; false when its task has moved on (or the
+    /// job has ended), so that a stale or repeated finding changes nothing.
+    fn apply_recovery(
+        &mut self,
+        rule: recovery::Rule,
+        action: &recovery::Action,
+        now: Timestamp,
+        step: &mut Step,
+    ) -> bool {
+        use recovery::Action as A;
+        let job_of = |id: &str| id.parse::<JobId>().ok();
+        let reason = format!("recovery {}", rule);
+        match action {
+            A::Resubmit { job, task, attempt } | A::FailTask { job, task, attempt } => {
+                let Some(job_id) = job_of(job) else { return false };
+                let task_ref = TaskRef { job: job_id, idx: TaskIdx(*task) };
+                let Some(active) = self.jobs.get(&job_id) else { return false };
+                let Some(record) = active.tasks.get(*task as usize) else { return false };
+                if !record.state.is_held() || record.attempt != *attempt {
+                    return false;
+                }
+                let holder = record.handler;
+                if let Some(handler) = holder {
+                    step.send(self.dispatch.sink(handler), WorkOrder::Cancel { task: task_ref, attempt: *attempt });
+                }
+                if rule == recovery::Rule::HandlerSilent {
+                    // A silent handler gets no more work, this task included.
+                    if let Some(handler) = holder {
+                        self.dispatch.remove_handler(handler, None);
+                    }
+                }
+                if matches!(action, A::FailTask { .. }) {
+                    let limit_reason = format!("{reason}: its node is unresponsive");
+                    let Some(job) = self.jobs.get_mut(&job_id) else { return false };
+                    let released = follower::abandon(job, *task, &limit_reason, now, &mut step.batch);
+                    self.end_attempt(task_ref);
+                    self.after_release(job_id, released, None, now, step);
+                } else {
+                    let loss = if rule == recovery::Rule::HandlerSilent {
+                        Loss::WithWorker(reason)
+                    } else {
+                        Loss::NotCounted(reason)
+                    };
+                    self.lose_attempt(task_ref, &loss, now, step);
+                }
+                true
+            }
+            A::Dispatch { job, task } => {
+                let Some(job_id) = job_of(job) else { return false };
+                let task_ref = TaskRef { job: job_id, idx: TaskIdx(*task) };
+                let ready = self
+                    .jobs
+                    .get(&job_id)
+                    .and_then(|j| j.tasks.get(*task as usize))
+                    .is_some_and(|t| t.state == TaskState::Ready);
+                if !ready || self.dispatch.is_queued(task_ref) {
+                    return false;
+                }
+                self.queue_ready(job_id, &[*task], now);
+                true
+            }
+            A::Finalize { job } => {
+                let Some(job_id) = job_of(job) else { return false };
+                if !self.jobs.get(&job_id).is_some_and(ActiveJob::all_ended) {
+                    return false;
+                }
+                self.finalize(job_id, now, step);
+                true
+            }
+            A::FailJob { job } => {
+                let Some(job_id) = job_of(job) else { return false };
+                if !self.jobs.contains_key(&job_id) {
+                    return false;
+                }
+                let reason = format!("{reason}: the scheduler job was failed, not resubmitted");
+                self.fail_job(job_id, &reason, now, step);
+                true
+            }
+        }
+    }
+
+    /// A (re)connected handler says what it runs. On its first report
+    /// (`dropped_before` set), attempts it was given before then and no
+    /// longer runs are lost, uncounted (a worker that drops its work with its
+    /// stream). Attempts it runs that it does not hold are returned, so that
+    /// it is told to stop them: they were taken back while it was away.
+    fn reconcile(
+        &mut self,
+        handler: HandlerId,
+        running: &HashSet<(TaskRef, u32)>,
+        dropped_before: Option<Timestamp>,
+        now: Timestamp,
+        step: &mut Step,
+    ) -> super::Reconciled {
+        let mut reconciled = super::Reconciled::default();
+        for &(task, attempt) in running {
+            match self.held.get(task) {
+                Some(held) if held.handler == handler && held.attempt == attempt => reconciled.adopted += 1,
+                _ => reconciled.not_held.push((task, attempt)),
+            }
+        }
+        if let Some(before) = dropped_before {
+            for task in self.held.of_handler(handler) {
+                let Some(held) = self.held.get(task) else { continue };
+                let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at);
+                if !running.contains(&(task, held.attempt)) && assigned_at.is_some_and(|at| at < before) {
+                    reconciled.dropped += 1;
+                    self.lose_attempt(task, &Loss::NotCounted("its worker no longer runs it".into()), now, step);
+                }
+            }
+        }
+        reconciled
+    }
+
+    /// A job type's execution timeout changed: held attempts of that type
+    /// without a timeout of their own take the new one.
+    fn retime_held(&mut self, job_type: &str, seconds: Option<u64>) {
+        for task in self.held.of_type_without_own_timeout(job_type) {
+            let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at);
+            let deadline = seconds.zip(assigned_at).map(|(s, at)| at.plus_seconds(s));
+            self.held.set_deadline(task, deadline);
+        }
+    }
+
+    /// Hands queued tasks to handlers with free slots, type by type.
+    pub fn dispatch_ready(&mut self, now: Timestamp, step: &mut Step) {
+        self.dispatch.promote_due(now);
+        for job_type in self.dispatch.queued_types() {
+            let mut blocked: Vec<(TaskRef, crate::model::Priority)> = Vec::new();
+            while let Some(handler) = self.dispatch.pick_handler(&job_type) {
+                let Some(task) = self.dispatch.pop(&job_type) else { break };
+                let Some(job) = self.jobs.get(&task.job) else { continue };
+                let record = &job.tasks[task.idx.index()];
+                if record.state != TaskState::Ready {
+                    continue;
+                }
+                let spec = &job.spec.tasks[task.idx.index()];
+                // A task never runs while another task on the same volume runs,
+                // whatever job or job type that one belongs to.
+                if resource_of(&spec.labels).is_some_and(|key| self.held.locks(&key)) {
+                    blocked.push((task, spec.priority));
+                    continue;
+                }
+                if record.not_before.is_some_and(|at| at > now) {
+                    let (job_type, priority, not_before) = (spec.job_type.clone(), spec.priority, record.not_before);
+                    self.dispatch.push_ready(job_type, priority, task, not_before, now);
+                    continue;
+                }
+                let running = self.dispatch.starts_running(handler);
+                let Some(job) = self.jobs.get_mut(&task.job) else { continue };
+                let attempt = leader::assign(job, task.idx.0, handler, running, now, &mut step.batch);
+                let spec = &job.spec.tasks[task.idx.index()];
+                let assignment = Assignment {
+                    released_at: self.released_at.remove(&task),
+                    task,
+                    attempt,
+                    job_name: job.record.name.clone(),
+                    task_id: spec.id.clone(),
+                    job_type: spec.job_type.clone(),
+                    parameters: spec.parameters.clone(),
+                    labels: spec.labels.clone(),
+                    priority: spec.priority,
+                    execution_timeout_seconds: spec.execution_timeout_seconds,
+                };
+                self.hold(task, attempt, handler, now);
+                step.send(self.dispatch.sink(handler), WorkOrder::Execute(assignment));
+            }
+            for (task, priority) in blocked {
+                self.dispatch.push_ready(job_type.clone(), priority, task, None, now);
+            }
+        }
+    }
+
+    /// When the next delayed task, execution deadline or take-back is due.
+    fn next_wake(&self) -> Option<Timestamp> {
+        [self.dispatch.next_wake(), self.held.next_deadline(), self.absent.next_wake()].into_iter().flatten().min()
+    }
+
+    /// Ends attempts that ran past their execution timeout (the handler is
+    /// told to stop, and the attempt fails, and is retried if it may be),
+    /// and takes back the attempts of handlers that did not come back in time.
+    pub fn expire(&mut self, now: Timestamp, step: &mut Step) {
+        while let Some((at, task, attempt)) = self.held.due(now) {
+            let Some(held) = self.held.get(task).cloned() else { break };
+            let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at);
+            let seconds = at.millis_since(assigned_at.unwrap_or(at)) / 1000;
+            step.send(self.dispatch.sink(held.handler), WorkOrder::Cancel { task, attempt });
+            let error = format!("execution timed out after {seconds} s");
+            let outcome = Outcome::Failed { error, output: Vec::new() };
+            if let Err(rejection) = self.complete(task, attempt, held.handler, outcome, None, now, step) {
+                tracing::warn!(job.id = %task.job, task.idx = task.idx.0, %rejection, "timeout not applied");
+                // Never leave a deadline that cannot be applied in the table.
+                self.held.set_deadline(task, None);
+            }
+        }
+        while let Some((handler, reason)) = self.absent.pop_due(now) {
+            tracing::warn!(%handler, held = self.dispatch.held_by(handler), "taking back the attempts of a handler that did not come back");
+            self.lose_handler(handler, &Loss::WithWorker(reason), now, step);
+        }
+    }
+
+    /// Brings stored active jobs back: repairs derived state, rebuilds what
+    /// every held attempt implies (its slot, volume lock and deadline), deals
+    /// with the attempts of the previous run's handlers, finalizes jobs whose
+    /// tasks all ended, and queues the rest.
+    pub fn restore(&mut self, stored: Vec<StoredJob>, now: Timestamp, step: &mut Step) {
+        let mut orphans: Vec<TaskRef> = Vec::new();
+        for stored_job in stored {
+            let id = stored_job.record.id;
+            let mut job = ActiveJob::from_stored(stored_job);
+            let mut ready = Vec::new();
+            let mut held: Vec<(u32, u32, HandlerId, Timestamp)> = Vec::new();
+            for idx in 0..job.len() as u32 {
+                let state = job.tasks[idx as usize].state;
+                if state == TaskState::Pending && job.unmet[idx as usize] == 0 {
+                    job.set_state(idx, TaskState::Ready, now);
+                    job.record_task(idx, &mut step.batch);
+                }
+                let record: &TaskRecord = &job.tasks[idx as usize];
+                match record.state {
+                    TaskState::Ready => ready.push(idx),
+                    // Held with no handler: recovery rule R1 takes it back.
+                    TaskState::Assigned | TaskState::Running => {
+                        if let Some(handler) = record.handler {
+                            held.push((idx, record.attempt, handler, record.assigned_at.unwrap_or(now)));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            self.jobs.insert(id, job);
+            self.queue_ready(id, &ready, now);
+            for (idx, attempt, handler, assigned_at) in held {
+                let task = TaskRef { job: id, idx: TaskIdx(idx) };
+                self.hold(task, attempt, handler, assigned_at);
+                orphans.push(task);
+            }
+            if self.jobs.get(&id).is_some_and(ActiveJob::all_ended) {
+                self.finalize(id, now, step);
+            }
+        }
+        match self.options.orphans {
+            Orphans::Requeue => {
+                let loss = Loss::NotCounted("the admin restarted".into());
+                for task in orphans {
+                    self.lose(task, &loss, now, step);
+                }
+            }
+            Orphans::Keep { grace } => {
+                for handler in self.held.handlers() {
+                    let reason = format!(
+                        "lost with its worker: the admin restarted and the worker did not come back within {:.1} s",
+                        grace.as_secs_f64()
+                    );
+                    self.absent.insert(handler, now.plus_millis(grace.as_millis() as i64), reason);
+                }
+                if !self.held.is_empty() {
+                    tracing::info!(
+                        held = self.held.len(),
+                        handlers = self.held.handlers().len(),
+                        grace_ms = grace.as_millis() as u64,
+                        "keeping the attempts of the previous run for their workers"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The resource a task locks while it runs: its volume.
+fn resource_of(labels: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    labels.get("volume_id").map(|v| format!("volume:{v}"))
+}
+
+fn recovery_state(state: TaskState) -> recovery::TaskState {
+    match state {
+        TaskState::Pending => recovery::TaskState::Pending,
+        TaskState::Ready => recovery::TaskState::Ready,
+        TaskState::Assigned => recovery::TaskState::Assigned,
+        TaskState::Running => recovery::TaskState::Running,
+        TaskState::Succeeded => recovery::TaskState::Succeeded,
+        TaskState::Failed => recovery::TaskState::Failed,
+        TaskState::UpstreamFailed => recovery::TaskState::UpstreamFailed,
+        TaskState::Canceled => recovery::TaskState::Canceled,
+    }
+}
+
+fn task_event(job: JobId, idx: u32, record: &TaskRecord) -> Event {
+    Event::Task {
+        job,
+        idx,
+        state: record.state,
+        attempt: record.attempt,
+        error: record.error.clone(),
+        handler: record.handler,
+        at: record.updated_at,
+        progress_percent: record.progress_percent,
+        stage: record.stage.clone(),
+    }
+}
+
+/// The events of a step's batch, for watchers.
+fn batch_events(batch: &Batch) -> Vec<Event> {
+    let tasks = batch.tasks.iter().map(|(job, idx, record)| task_event(*job, idx.0, record));
+    let jobs = batch.new_jobs.iter().map(|(record, _)| record).chain(batch.jobs.iter()).map(|record| Event::Job {
+        job: record.id,
+        state: record.state,
+        at: record.updated_at,
+    });
+    jobs.chain(tasks).collect()
+}
+
+pub(super) async fn run_loop(
+    mut core: Core,
+    clock: Arc<dyn Clock>,
+    mut commands: mpsc::Receiver<Command>,
+    steps: mpsc::Sender<Step>,
+) {
+    let max = core.options.max_commands_per_iteration;
+    let mut received: Vec<Command> = Vec::with_capacity(max);
+    loop {
+        let first = match core.next_wake() {
+            Some(at) => {
+                let wait = std::time::Duration::from_millis(at.millis_since(clock.now()));
+                tokio::select! {
+                    command = commands.recv() => match command {
+                        Some(command) => Some(command),
+                        None => break,
+                    },
+                    () = tokio::time::sleep(wait) => None,
+                }
+            }
+            None => match commands.recv().await {
+                Some(command) => Some(command),
+                None => break,
+            },
+        };
+        received.extend(first);
+        while received.len() < max {
+            match commands.try_recv() {
+                Ok(command) => received.push(command),
+                Err(_) => break,
+            }
+        }
+        let now = clock.now();
+        let mut step = Step::default();
+        for command in received.drain(..) {
+            core.apply(command, now, &mut step);
+        }
+        core.expire(now, &mut step);
+        core.dispatch_ready(now, &mut step);
+        if core.events.receiver_count() > 0 {
+            step.actions.extend(batch_events(&step.batch).into_iter().map(Action::Event));
+        }
+        if (!step.batch.is_empty() || !step.actions.is_empty()) && steps.send(step).await.is_err() {
+            break;
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! `EngineHandle`: the cheap, cloneable way in. Commands go to the loop over
+//! one channel, in order; answers come back once the step behind them is
+//! durable. Reads of jobs that have ended go to the store.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jobcenter_recovery as recovery;
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use super::core::{Command, Reply};
+use super::{CommitObserver, Error, Event, Progress, Summary};
+use crate::clock::Timestamp;
+use crate::dispatch::{HandlerSpec, TypeLimits};
+use crate::follower::{Loss, Outcome, Rejection};
+use crate::model::{HandlerId, JobId, JobOrigin, JobRecord, JobSpec, StateCounts, TaskRef};
+use crate::store::{JobFilter, Store, StoredJob};
+
+/// Told how a report ended: applied (durably) or refused with its reason.
+pub type Answer = Box<dyn FnOnce(Result<(), Rejection>) + Send>;
+
+/// What a handler's report of its running attempts changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Attempts it runs that it holds: kept as they are.
+    pub adopted: usize,
+    /// Attempts it held and no longer runs: lost, uncounted.
+    pub dropped: usize,
+    /// Attempts it runs that it does not hold (taken back while it was away,
+    /// or never given): it must stop them.
+    pub not_held: Vec<(TaskRef, u32)>,
+}
+
+/// A cheap, cloneable handle to a running engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    commands: mpsc::Sender<Command>,
+    store: Arc<dyn Store>,
+    events: broadcast::Sender<Event>,
+    commit_observer: Arc<std::sync::OnceLock<CommitObserver>>,
+}
+
+impl EngineHandle {
+    pub(super) fn new(
+        commands: mpsc::Sender<Command>,
+        store: Arc<dyn Store>,
+        events: broadcast::Sender<Event>,
+        commit_observer: Arc<std::sync::OnceLock<CommitObserver>>,
+    ) -> EngineHandle {
+        EngineHandle { commands, store, events, commit_observer }
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, Error> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.send(make(tx)).await.map_err(|_| Error::Stopped)?;
+        rx.await.map_err(|_| Error::Stopped)
+    }
+
+    async fn send(&self, command: Command) -> Result<(), Error> {
+        self.commands.send(command).await.map_err(|_| Error::Stopped)
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Persists a validated job; returns its id once it is durable.
+    pub async fn submit(&self, spec: JobSpec, origin: JobOrigin) -> Result<JobId, Error> {
+        let spec = Arc::new(spec);
+        self.call(|reply| Command::Submit { id: JobId::new(), spec, origin, reply }).await?
+    }
+
+    /// Reports that an attempt began executing.
+    pub async fn started(
+        &self,
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+    ) -> Result<Result<(), Rejection>, Error> {
+        self.call(|reply| Command::Started { task, attempt, handler, reply: Some(reply) }).await
+    }
+
+    /// Reports an attempt's outcome; the answer comes once the step is durable.
+    pub async fn complete(
+        &self,
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        outcome: Outcome,
+    ) -> Result<Result<(), Rejection>, Error> {
+        let (tx, rx) = oneshot::channel();
+        let answer: Answer = Box::new(move |result| {
+            let _ = tx.send(result);
+        });
+        self.send(Command::Complete { task, attempt, handler, outcome, received: None, answer: Some(answer) }).await?;
+        rx.await.map_err(|_| Error::Stopped)
+    }
+
+    /// Reports an attempt's outcome without waiting for the step: `answer`,
+    /// if given, is told once the step is durable or the report refused (a
+    /// refusal is logged either way). `received` is when the report reached
+    /// the server.
+    pub async fn report(
+        &self,
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        outcome: Outcome,
+        received: std::time::Instant,
+        answer: Option<Answer>,
+    ) -> Result<(), Error> {
+        self.send(Command::Complete { task, attempt, handler, outcome, received: Some(received), answer }).await
+    }
+
+    /// The handler gave an attempt up without an outcome: at capacity
+    /// (uncounted), or its lease ran out (lost with its worker). The task is
+    /// ready again unless that takes it past its lost-attempt limit.
+    pub async fn give_up(
+        &self,
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        loss: Loss,
+        answer: Option<Answer>,
+    ) -> Result<(), Error> {
+        self.send(Command::GiveUp { task, attempt, handler, loss, answer }).await
+    }
+
+    pub async fn cancel(&self, job: JobId) -> Result<(), Error> {
+        match self.call(|reply| Command::Cancel { job, reply }).await? {
+            Err(Error::JobEnded(_)) if self.stored(job).await?.is_none() => Err(Error::UnknownJob(job)),
+            other => other,
+        }
+    }
+
+    /// Retries the failed part of an ended job.
+    pub async fn retry(&self, job: JobId) -> Result<(), Error> {
+        let stored = self.stored(job).await?.ok_or(Error::UnknownJob(job))?;
+        self.call(|reply| Command::Retry { job: stored, reply }).await?
+    }
+
+    /// Reports the timing of every group commit from now on; the first observer set stays.
+    pub fn on_commit(&self, observer: CommitObserver) {
+        let _ = self.commit_observer.set(observer);
+    }
+
+    /// Every durable change from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// Progress of an attempt; the first report also marks it running.
+    pub async fn progress(
+        &self,
+        task: TaskRef,
+        attempt: u32,
+        handler: HandlerId,
+        progress: Progress,
+    ) -> Result<(), Error> {
+        self.send(Command::Progress { task, attempt, handler, progress }).await
+    }
+
+    /// The slot total a handler reports about itself.
+    pub async fn handler_slots(&self, handler: HandlerId, total: u32) -> Result<(), Error> {
+        self.send(Command::HandlerSlots { handler, total }).await
+    }
+
+    pub async fn set_limits(&self, job_type: Arc<str>, limits: TypeLimits) -> Result<(), Error> {
+        self.send(Command::SetLimits { job_type, limits }).await
+    }
+
+    /// The active jobs and the handlers that are connected (or whose
+    /// attempts still wait for them), for the recovery rules.
+    pub async fn recovery_snapshot(&self) -> Result<(Vec<recovery::JobSnapshot>, Vec<HandlerId>), Error> {
+        self.call(|reply| Command::RecoverySnapshot { reply }).await
+    }
+
+    /// Applies recovery actions; for each, whether it changed anything. Answers once the changes are durable.
+    pub async fn apply_recovery(&self, actions: Vec<(recovery::Rule, recovery::Action)>) -> Result<Vec<bool>, Error> {
+        self.call(|reply| Command::ApplyRecovery { actions, reply }).await
+    }
+
+    /// The attempts a handler runs now. With `dropped_before` (its first
+    /// report after connecting), those it was given before then and no
+    /// longer runs are lost, uncounted. The command takes its place among the
+    /// handler's other reports at once; the answer comes once it is durable.
+    pub async fn reconcile(
+        &self,
+        handler: HandlerId,
+        running: HashSet<(TaskRef, u32)>,
+        dropped_before: Option<Timestamp>,
+    ) -> Result<oneshot::Receiver<Reconciled>, Error> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Reconcile { handler, running, dropped_before, reply }).await?;
+        Ok(answer)
+    }
+
+    /// Sets which job types run only while the gate is open, and whether it
+    /// is; answers how many attempts of those types are queued and running.
+    pub async fn gate(&self, gated: Vec<Arc<str>>, open: bool) -> Result<(usize, u32), Error> {
+        self.call(|reply| Command::Gate { gated, open, reply }).await
+    }
+
+    /// The dedupe keys (label `dedupe_key`) of every task that has not ended.
+    pub async fn active_dedupe_keys(&self) -> Result<HashSet<String>, Error> {
+        self.call(|reply| Command::ActiveDedupeKeys { reply }).await
+    }
+
+    /// A handler (re)connected; the attempts it already holds keep their slots.
+    pub async fn connected(&self, spec: HandlerSpec) -> Result<(), Error> {
+        self.send(Command::Connected { spec }).await
+    }
+
+    /// A handler's session ended. With `keep_for`, its attempts wait that
+    /// long for it to come back (it keeps running them), then are lost with
+    /// their worker; without, they are lost now.
+    pub async fn disconnected(
+        &self,
+        handler: HandlerId,
+        session: u64,
+        keep_for: Option<Duration>,
+        reason: &str,
+    ) -> Result<(), Error> {
+        self.send(Command::Disconnected { handler, session, keep_for, reason: reason.to_string() }).await
+    }
+
+    /// Every attempt the handler holds is lost now, and it gets no more work.
+    pub async fn handler_gone(&self, handler: HandlerId, loss: Loss) -> Result<(), Error> {
+        self.send(Command::HandlerGone { handler, loss }).await
+    }
+
+    /// A job with all its tasks, active or ended.
+    pub async fn job(&self, job: JobId) -> Result<Option<StoredJob>, Error> {
+        match self.call(|reply| Command::Get { job, reply }).await? {
+            Some(active) => Ok(Some(active)),
+            None => self.stored(job).await,
+        }
+    }
+
+    pub async fn summary(&self, job: JobId) -> Result<Option<Summary>, Error> {
+        match self.call(|reply| Command::Summary { job, reply }).await? {
+            Some(summary) => Ok(Some(summary)),
+            None => Ok(self.stored(job).await?.map(|stored| {
+                let mut counts = StateCounts::default();
+                for task in &stored.tasks {
+                    counts.add(task.state);
+                }
+                Summary { record: stored.record, counts }
+            })),
+        }
+    }
+
+    /// Waits until the job has ended and returns its final record.
+    pub async fn wait(&self, job: JobId) -> Result<JobRecord, Error> {
+        match self.call(|reply| Command::Wait { job, reply }).await? {
+            Some(record) => Ok(record),
+            None => match self.stored(job).await? {
+                Some(stored) if stored.record.state.is_terminal() => Ok(stored.record),
+                Some(_) => Err(Error::Stopped),
+                None => Err(Error::UnknownJob(job)),
+            },
+        }
+    }
+
+    pub async fn active_jobs(&self) -> Result<Vec<JobRecord>, Error> {
+        self.call(|reply| Command::ActiveJobs { reply }).await
+    }
+
+    pub async fn list(&self, filter: JobFilter) -> Result<Vec<JobRecord>, Error> {
+        let store = self.store.clone();
+        Ok(tokio::task::spawn_blocking(move || store.list_jobs(&filter)).await.map_err(|_| Error::Stopped)??)
+    }
+
+    async fn stored(&self, job: JobId) -> Result<Option<StoredJob>, Error> {
+        let store = self.store.clone();
+        Ok(tokio::task::spawn_blocking(move || store.get_job(job)).await.map_err(|_| Error::Stopped)??)
+    }
+}

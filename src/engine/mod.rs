@@ -1,0 +1,156 @@
+//! The engine: one loop that owns every active job, applies leader and
+//! follower steps in order, and hands each iteration's changes to a
+//! committer thread that writes them as one atomic batch, flushes (group
+//! commit), and only then sends replies and dispatches work.
+//!
+//! Because the loop is the only writer of jobs and hands over whole
+//! iterations, no reader (of the engine or of the store) ever sees half of a
+//! step.
+//!
+//! - `core.rs`: the loop's state and every step it applies;
+//! - `held.rs`: the attempts handlers hold, with their locks and deadlines,
+//!   and the handlers that hold attempts while disconnected;
+//! - `committer.rs`: the group-commit thread and the crash points;
+//! - `handle.rs`: `EngineHandle`, the cheap cloneable API.
+
+mod committer;
+mod core;
+mod handle;
+mod held;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc};
+
+pub use self::committer::CommitObserver;
+pub use self::handle::{Answer, EngineHandle, Reconciled};
+use crate::clock::{Clock, Timestamp};
+use crate::model::{HandlerId, JobId, JobRecord, JobState, StateCounts, TaskState};
+use crate::store::{self, Store};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown job {0}")]
+    UnknownJob(JobId),
+    #[error("job {0} has already ended")]
+    JobEnded(JobId),
+    #[error("job {0} has not ended: only an ended job can be retried")]
+    JobNotEnded(JobId),
+    #[error("job {job} has nothing to retry: it {state}")]
+    NothingToRetry { job: JobId, state: JobState },
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// What to do at start-up with attempts held by handlers of a previous run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Orphans {
+    /// Run them again at once: their handlers died with the process (embedded use).
+    Requeue,
+    /// Keep them: their workers keep running them and report when they are
+    /// back. Attempts of a handler that has not come back within `grace`
+    /// are taken back, counted as lost with their worker.
+    Keep { grace: Duration },
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// This admin instance's own handler id, fresh at every start; recorded
+    /// on the jobs whose leader steps it takes.
+    pub instance: HandlerId,
+    pub orphans: Orphans,
+    /// Attempts a task may lose with its handler before it fails.
+    pub lost_attempt_limit: u32,
+    /// Commands one iteration takes at most.
+    pub max_commands_per_iteration: usize,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            instance: HandlerId::new(),
+            orphans: Orphans::Keep { grace: Duration::from_secs(30) },
+            lost_attempt_limit: 3,
+            max_commands_per_iteration: 8192,
+        }
+    }
+}
+
+/// A summary of a job for progress displays.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub record: JobRecord,
+    pub counts: StateCounts,
+}
+
+/// A change that watchers see, after it is durable.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Task {
+        job: JobId,
+        idx: u32,
+        state: TaskState,
+        attempt: u32,
+        error: Option<String>,
+        handler: Option<HandlerId>,
+        at: Timestamp,
+        progress_percent: f32,
+        stage: String,
+    },
+    Job {
+        job: JobId,
+        state: JobState,
+        at: Timestamp,
+    },
+}
+
+/// Progress a handler reports for an attempt it holds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Progress {
+    pub percent: f32,
+    pub stage: String,
+    pub message: String,
+}
+
+/// The engine itself; `start` loads the store and returns its handle.
+pub struct Engine;
+
+impl Engine {
+    /// Loads every active job, makes start-up repairs durable, then runs the
+    /// loop and the committer until every handle is dropped.
+    pub async fn start(store: Arc<dyn Store>, clock: Arc<dyn Clock>, options: Options) -> Result<EngineHandle, Error> {
+        let loaded = {
+            let store = store.clone();
+            tokio::task::spawn_blocking(move || store.load_active()).await.map_err(|_| Error::Stopped)??
+        };
+        let (events, _) = broadcast::channel(65_536);
+        let mut core = core::Core::new(options, events.clone());
+        let mut step = core::Step::default();
+        core.restore(loaded, clock.now(), &mut step);
+        if !step.batch.is_empty() {
+            let store = store.clone();
+            let batch = std::mem::take(&mut step.batch);
+            tokio::task::spawn_blocking(move || store.write(&batch).and_then(|()| store.flush()))
+                .await
+                .map_err(|_| Error::Stopped)??;
+        }
+        let (commands_tx, commands_rx) = mpsc::channel(65_536);
+        let (steps_tx, steps_rx) = mpsc::channel(64);
+        let commit_observer: Arc<std::sync::OnceLock<CommitObserver>> = Arc::default();
+        committer::spawn(store.clone(), steps_rx, events.clone(), commit_observer.clone())
+            .map_err(|e| Error::Store(store::Error::Io(e.to_string())))?;
+        // Steps made while restoring (orphans requeued, jobs finalized) go first.
+        if !step.actions.is_empty() {
+            let _ = steps_tx.send(step).await;
+        }
+        tokio::spawn(core::run_loop(core, clock, commands_rx, steps_tx));
+        Ok(EngineHandle::new(commands_tx, store, events, commit_observer))
+    }
+}
+
+/// The waiters of each job, answered when it ends.
+type Waiters = HashMap<JobId, Vec<tokio::sync::oneshot::Sender<Option<JobRecord>>>>;
