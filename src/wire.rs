@@ -32,6 +32,8 @@ pub const LEASE_RENEWAL: &str = "jobcenter.lease";
 /// once the step behind it is durable, or `.../refused/REASON`. Either way
 /// the worker forgets the outcome.
 pub const OUTCOME_ACK: &str = "jobcenter.outcome";
+/// The error of an execution that a worker gave back because it is stopping.
+pub const STOPPING: &str = "given back: the worker is stopping";
 /// The error of an execution that a worker gave up when its lease ran out.
 pub const LEASE_EXPIRED: &str = "abandoned: the worker reached no admin within its lease";
 

@@ -6,9 +6,11 @@
 //! lost, nothing that succeeded runs again, and the kills cost no execution:
 //! every task runs as often as its own outcomes ask (once, twice for a task
 //! that fails once and is retried), never more.
-//! `JOBCENTER_ADMIN_KILLS=N` sets the number of restarts (default 20) and
-//! `JOBCENTER_ADMIN_KILL_TASKS=N` the size of the job (default 2,000): the
-//! soak is 200 kills of a 10,000-task job.
+//! `JOBCENTER_ADMIN_KILLS=N` sets the number of restarts (default 20),
+//! `JOBCENTER_ADMIN_KILL_TASKS=N` the size of the job (default 2,000), and
+//! `JOBCENTER_ADMIN_KILL_SHELL_MS=N` makes every task a shell command of N ms
+//! instead of an in-process sleep of 20 to 80 ms: the soak is 200 kills of a
+//! 10,000-task job of 150 ms shell tasks.
 
 mod common;
 
@@ -33,7 +35,12 @@ impl Rng {
 }
 
 /// The job, and each task's parents, whether it always fails, and whether it fails once.
-fn layered_job(rng: &mut Rng, n: usize, width: usize) -> (String, Vec<Vec<usize>>, Vec<bool>, Vec<bool>) {
+fn layered_job(
+    rng: &mut Rng,
+    n: usize,
+    width: usize,
+    shell_ms: Option<u64>,
+) -> (String, Vec<Vec<usize>>, Vec<bool>, Vec<bool>) {
     let mut parents = Vec::new();
     let mut fails = Vec::new();
     let mut flakies = Vec::new();
@@ -59,10 +66,24 @@ fn layered_job(rng: &mut Rng, n: usize, width: usize) -> (String, Vec<Vec<usize>
         } else {
             format!(r#"{{"sleep_ms":{sleep}}}"#)
         };
+        let (job_type, params) = match shell_ms {
+            None => ("noop", params),
+            Some(ms) => {
+                let seconds = ms as f64 / 1000.0;
+                let command = if fail {
+                    format!("sleep {seconds}; exit 1")
+                } else if flaky {
+                    format!("sleep {seconds}; [ \"$JOBCENTER_ATTEMPT\" -gt 1 ]")
+                } else {
+                    format!("sleep {seconds}")
+                };
+                ("shell", serde_json::json!({ "command": command }).to_string())
+            }
+        };
         let deps_json: Vec<String> = deps.iter().map(|d| format!("\"t{d}\"")).collect();
         let retry = if flaky { r#","retry_limit":1,"retry_backoff_seconds":0"# } else { "" };
         tasks.push(format!(
-            r#"{{"id":"t{i}","job_type":"noop","parameters":{params},"depends_on":[{}]{retry}}}"#,
+            r#"{{"id":"t{i}","job_type":"{job_type}","parameters":{params},"depends_on":[{}]{retry}}}"#,
             deps_json.join(",")
         ));
         parents.push(deps);
@@ -129,7 +150,8 @@ fn the_admin_killed_over_and_over_still_finishes_the_job_exactly() {
     };
 
     let n_tasks: usize = std::env::var("JOBCENTER_ADMIN_KILL_TASKS").ok().and_then(|n| n.parse().ok()).unwrap_or(2000);
-    let (text, parents, fails, flaky) = layered_job(&mut rng, n_tasks, 100);
+    let shell_ms: Option<u64> = std::env::var("JOBCENTER_ADMIN_KILL_SHELL_MS").ok().and_then(|n| n.parse().ok());
+    let (text, parents, fails, flaky) = layered_job(&mut rng, n_tasks, 100, shell_ms);
     let expected = model(&parents, &fails);
     let log = dir.path().join("exec.log");
     let mut server = start(None);
@@ -174,7 +196,9 @@ fn the_admin_killed_over_and_over_still_finishes_the_job_exactly() {
     eprintln!("{landed} admin kills ({crashes} at named crash points)");
     assert!(landed >= kills * 2 / 3, "only {landed} kills landed");
 
-    let done = wait_until(Duration::from_secs(180), || {
+    // The work left after the last restart, on 8 slots, with room to spare.
+    let work_left = Duration::from_millis(n_tasks as u64 * shell_ms.unwrap_or(50) / 4);
+    let done = wait_until(Duration::from_secs(180) + work_left, || {
         let job = server.cli_json(&["job", &job_id, "--json"]);
         matches!(job["state"].as_str(), Some("succeeded" | "failed")).then_some(job)
     })

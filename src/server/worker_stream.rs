@@ -529,13 +529,14 @@ impl Session {
             return;
         };
         let answer = self.acknowledgement(&completed.job_id);
-        if !completed.success && completed.error_message == wire::AT_CAPACITY {
-            let loss = Loss::NotCounted("the worker was at capacity".into());
-            let _ = engine.give_up(task, attempt, self.handler, loss, answer).await;
-            return;
-        }
-        if !completed.success && completed.error_message == wire::LEASE_EXPIRED {
-            let loss = Loss::WithWorker(format!("lost with its worker: {}", wire::LEASE_EXPIRED));
+        let given_up = match completed.error_message.as_str() {
+            _ if completed.success => None,
+            wire::AT_CAPACITY => Some(Loss::NotCounted("the worker was at capacity".into())),
+            wire::STOPPING => Some(Loss::NotCounted(wire::STOPPING.into())),
+            wire::LEASE_EXPIRED => Some(Loss::WithWorker(format!("lost with its worker: {}", wire::LEASE_EXPIRED))),
+            _ => None,
+        };
+        if let Some(loss) = given_up {
             let _ = engine.give_up(task, attempt, self.handler, loss, answer).await;
             return;
         }

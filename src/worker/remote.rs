@@ -86,8 +86,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
 /// The reason of a `CancelRequest` that gives none.
 const DEFAULT_CANCEL_REASON: &str = "requested by the admin";
-/// The error of an execution given back because the worker is stopping.
-pub const STOPPING: &str = "given back: the worker is stopping";
 
 /// How a `jobcenter worker` process meets its admins.
 #[derive(Clone)]
@@ -707,7 +705,7 @@ impl Session<'_> {
     async fn give_back_all(&mut self) {
         for execution in self.work.executions.take_all() {
             execution.abort.abort();
-            let completed = given_up(self.worker, execution, STOPPING, "given-back");
+            let completed = given_up(self.worker, execution, wire::STOPPING, "given-back");
             let _ = self.send(Body::JobCompleted(completed)).await;
         }
     }
