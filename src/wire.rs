@@ -11,6 +11,8 @@ use serde_json::{Map, Number, Value};
 use crate::model::{JobId, Priority, TaskIdx, TaskRef};
 use crate::proto::plugin::{config_value::Kind, ConfigValue, JobPriority};
 
+/// The job type of the periodic recovery check, run as a cluster task.
+pub const RECOVERY_CHECK_JOB_TYPE: &str = "recovery_check";
 /// The HTTP path that tells a worker which port the worker stream listens on.
 pub const PLUGIN_STATUS_PATH: &str = "/api/plugin/status";
 /// Without an answer from `PLUGIN_STATUS_PATH`, the gRPC port is the HTTP port plus this.

@@ -33,3 +33,47 @@ fn every_rust_file_opens_with_a_module_doc() {
         .collect();
     assert!(missing.is_empty(), "files without a leading //! line: {missing:?}");
 }
+
+/// Files under `src/` that mention `needle` outside comments.
+fn src_files_naming(needle: &str) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    files
+        .iter()
+        .filter(|f| {
+            std::fs::read_to_string(f)
+                .unwrap_or_default()
+                .lines()
+                .filter(|line| !line.trim_start().starts_with("//"))
+                .any(|line| line.contains(needle) && !line.contains(&format!("self::{needle}")))
+        })
+        .map(|f| f.strip_prefix(root).unwrap_or(f).display().to_string())
+        .collect()
+}
+
+#[test]
+fn each_storage_engine_is_named_in_its_own_module_only() {
+    assert_eq!(src_files_naming("sled::"), ["src/store/sled.rs"], "sled is named outside src/store/sled.rs");
+    let database: Vec<String> = ["tokio_postgres", "deadpool_postgres", "refinery"]
+        .iter()
+        .flat_map(|needle| src_files_naming(needle))
+        .filter(|f| !f.starts_with("src/store/postgres/"))
+        .collect();
+    assert!(database.is_empty(), "the database driver is named outside src/store/postgres/: {database:?}");
+}
+
+#[test]
+fn dependencies_point_inward() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (dir, forbidden) in [("src/worker", "crate::server"), ("src/model", "crate::engine"), ("src/model", "tokio")] {
+        let mut files = Vec::new();
+        rust_files(&root.join(dir), &mut files);
+        let offending: Vec<String> = files
+            .iter()
+            .filter(|f| std::fs::read_to_string(f).unwrap_or_default().contains(forbidden))
+            .map(|f| f.strip_prefix(root).unwrap_or(f).display().to_string())
+            .collect();
+        assert!(offending.is_empty(), "{dir} must not use {forbidden}: {offending:?}");
+    }
+}

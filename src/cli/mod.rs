@@ -6,6 +6,8 @@ mod inspect;
 mod output;
 mod run;
 mod server;
+mod store_args;
+mod transfer;
 mod watch;
 mod worker;
 
@@ -71,6 +73,10 @@ pub enum Command {
     Worker(worker::WorkerArgs),
     /// Follow a job live: its graph by level, full screen (plain lines when not a terminal).
     Watch(watch::WatchArgs),
+    /// Write every job and setting of a data directory or a database as JSON lines.
+    Export(transfer::ExportArgs),
+    /// Read what `export` wrote into a data directory or a database.
+    Import(transfer::ImportArgs),
 }
 
 /// Runs a parsed command line; returns the process exit code.
@@ -107,6 +113,8 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Runs(args) => client::runs(args).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Watch(args) => watch::run(args).await,
+            Command::Export(args) => transfer::export(args).await,
+            Command::Import(args) => transfer::import(args).await,
         }
     });
     match result {

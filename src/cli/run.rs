@@ -22,9 +22,8 @@ use crate::worker::{builtin_handlers, ExecLog, LocalExecutor, Registry};
 pub struct RunArgs {
     /// The job file (JSON, or TOML/YAML by extension).
     pub file: PathBuf,
-    /// Where the embedded store keeps its data.
-    #[arg(long, default_value = "jobcenter-data")]
-    pub data_dir: PathBuf,
+    #[command(flatten)]
+    pub store: super::store_args::StoreArgs,
     /// Tasks executed at once.
     #[arg(long, default_value_t = 8)]
     pub concurrency: u32,
@@ -44,10 +43,9 @@ pub async fn read_job_file(path: &Path) -> Result<JobSpec, jobfile::Error> {
         .expect("job file reader panicked")
 }
 
-/// Opens the embedded store; any problem is one line naming the path.
+/// Opens the embedded store in a data directory; any problem is one line naming the path.
 pub async fn open_store(data_dir: &Path) -> anyhow::Result<Arc<dyn Store>> {
-    let path = data_dir.to_path_buf();
-    Ok(tokio::task::spawn_blocking(move || store::open_data_dir(&path)).await.context("opening the store")??)
+    super::store_args::open(store::Location::DataDir(data_dir.to_path_buf())).await
 }
 
 pub async fn validate(file: &Path) -> anyhow::Result<ExitCode> {
@@ -93,7 +91,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(EXIT_USAGE));
     }
-    let store = match open_store(&args.data_dir).await {
+    let store = match args.store.open().await {
         Ok(store) => store,
         Err(e) => {
             eprintln!("jobcenter: {e:#}");

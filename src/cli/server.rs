@@ -8,15 +8,14 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::client::token;
-use super::run::open_store;
 use super::EXIT_USAGE;
 use crate::server::{self, ServerOptions};
 use crate::wire::GRPC_PORT_OFFSET;
 
 #[derive(clap::Args, Debug)]
 pub struct ServerArgs {
-    #[arg(long, default_value = "jobcenter-data")]
-    pub data_dir: PathBuf,
+    #[command(flatten)]
+    pub store: super::store_args::StoreArgs,
     /// HTTP address (JSON API, health, worker port lookup).
     #[arg(long, default_value = "127.0.0.1:23646")]
     pub http: SocketAddr,
@@ -105,7 +104,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         None => args.http.port().checked_add(GRPC_PORT_OFFSET).context("the HTTP port leaves no room for +10000")?,
     };
     let grpc_addr = SocketAddr::new(args.http.ip(), grpc_port);
-    let store = match open_store(&args.data_dir).await {
+    let store = match args.store.open().await {
         Ok(store) => store,
         Err(e) => {
             eprintln!("jobcenter: {e:#}");

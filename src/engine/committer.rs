@@ -1,8 +1,13 @@
 //! The committer thread: writes every step it has as one batch, flushes
 //! once (group commit), and only then performs the steps' actions: replies,
-//! work orders, events. A store that cannot write is fail-stop.
+//! work orders, events. A store that is away for a while (a database
+//! restarting) is waited for: the same batch is flushed again with backoff,
+//! nothing is acknowledged meanwhile, and the engine reports itself not
+//! ready. Any other store error is fail-stop.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc};
 
@@ -18,10 +23,11 @@ pub(super) fn spawn(
     steps: mpsc::Receiver<Step>,
     events: broadcast::Sender<Event>,
     observer: Arc<std::sync::OnceLock<CommitObserver>>,
+    ready: Arc<AtomicBool>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("jobcenter-commit".into())
-        .spawn(move || run(store, steps, events, observer))
+        .spawn(move || run(store, steps, events, observer, ready))
         .map(|_| ())
 }
 
@@ -30,6 +36,7 @@ fn run(
     mut steps: mpsc::Receiver<Step>,
     events: broadcast::Sender<Event>,
     observer: Arc<std::sync::OnceLock<CommitObserver>>,
+    ready: Arc<AtomicBool>,
 ) {
     let mut pending: Vec<Step> = Vec::new();
     let mut crash = CrashPoint::from_env();
@@ -44,10 +51,10 @@ fn run(
         }
         if !batch.is_empty() {
             let started = std::time::Instant::now();
-            fail_stop(store.write(&batch));
+            until_available(&ready, || store.write(&batch));
             crash.reached("before-flush");
             let flush_started = std::time::Instant::now();
-            fail_stop(store.flush());
+            until_available(&ready, || store.flush());
             if let Some(observe) = observer.get() {
                 observe(started.elapsed(), flush_started.elapsed());
             }
@@ -99,11 +106,32 @@ impl CrashPoint {
     }
 }
 
-/// A store that cannot write is fail-stop: nothing after it may be acknowledged.
-fn fail_stop(result: Result<(), store::Error>) {
-    if let Err(e) = result {
-        tracing::error!(error = %e, "store write failed; stopping");
-        eprintln!("jobcenter: {e}; stopping so that nothing unwritten is acknowledged");
-        std::process::exit(74);
+/// Runs a store call until it succeeds while the store is only away
+/// (backing off from 50 ms to 5 s, reporting the engine not ready
+/// meanwhile). Any other failure is fail-stop: nothing after it may be
+/// acknowledged.
+fn until_available(ready: &AtomicBool, mut call: impl FnMut() -> Result<(), store::Error>) {
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match call() {
+            Ok(()) => {
+                if !ready.swap(true, Ordering::AcqRel) {
+                    tracing::warn!("the store is back: acknowledging again");
+                }
+                return;
+            }
+            Err(e) if e.is_transient() => {
+                if ready.swap(false, Ordering::AcqRel) {
+                    tracing::error!(error = %e, "the store is away: nothing is acknowledged until it is back");
+                }
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store write failed; stopping");
+                eprintln!("jobcenter: {e}; stopping so that nothing unwritten is acknowledged");
+                std::process::exit(74);
+            }
+        }
     }
 }

@@ -128,6 +128,10 @@ pub(super) enum Command {
     ActiveJobs {
         reply: Reply<Vec<JobRecord>>,
     },
+    PutSettings {
+        settings: Vec<(String, Option<Vec<u8>>)>,
+        reply: Reply<()>,
+    },
 }
 
 /// Work that may only happen after the iteration's batch is durable.
@@ -438,6 +442,10 @@ impl Core {
             }
             Command::ActiveJobs { reply } => {
                 let _ = reply.send(self.jobs.values().map(|a| a.record.clone()).collect());
+            }
+            Command::PutSettings { settings, reply } => {
+                step.batch.settings.extend(settings);
+                step.reply(reply, ());
             }
         }
     }

@@ -3,6 +3,7 @@
 //! durable. Reads of jobs that have ended go to the store.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +40,7 @@ pub struct EngineHandle {
     store: Arc<dyn Store>,
     events: broadcast::Sender<Event>,
     commit_observer: Arc<std::sync::OnceLock<CommitObserver>>,
+    ready: Arc<AtomicBool>,
 }
 
 impl EngineHandle {
@@ -47,8 +49,20 @@ impl EngineHandle {
         store: Arc<dyn Store>,
         events: broadcast::Sender<Event>,
         commit_observer: Arc<std::sync::OnceLock<CommitObserver>>,
+        ready: Arc<AtomicBool>,
     ) -> EngineHandle {
-        EngineHandle { commands, store, events, commit_observer }
+        EngineHandle { commands, store, events, commit_observer, ready }
+    }
+
+    /// False while the store is away and nothing can be acknowledged.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Sets (or with `None` removes) settings, written with the engine's
+    /// other steps; answers once they are durable.
+    pub async fn put_settings(&self, settings: Vec<(String, Option<Vec<u8>>)>) -> Result<(), Error> {
+        self.call(|reply| Command::PutSettings { settings, reply }).await
     }
 
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, Error> {

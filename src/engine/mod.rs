@@ -141,14 +141,15 @@ impl Engine {
         let (commands_tx, commands_rx) = mpsc::channel(65_536);
         let (steps_tx, steps_rx) = mpsc::channel(64);
         let commit_observer: Arc<std::sync::OnceLock<CommitObserver>> = Arc::default();
-        committer::spawn(store.clone(), steps_rx, events.clone(), commit_observer.clone())
+        let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        committer::spawn(store.clone(), steps_rx, events.clone(), commit_observer.clone(), ready.clone())
             .map_err(|e| Error::Store(store::Error::Io(e.to_string())))?;
         // Steps made while restoring (orphans requeued, jobs finalized) go first.
         if !step.actions.is_empty() {
             let _ = steps_tx.send(step).await;
         }
         tokio::spawn(core::run_loop(core, clock, commands_rx, steps_tx));
-        Ok(EngineHandle::new(commands_tx, store, events, commit_observer))
+        Ok(EngineHandle::new(commands_tx, store, events, commit_observer, ready))
     }
 }
 

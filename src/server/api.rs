@@ -65,6 +65,7 @@ impl From<engine::Error> for Error {
             engine::Error::JobEnded(_) | engine::Error::JobNotEnded(_) | engine::Error::NothingToRetry { .. } => {
                 Error::Conflict(e.to_string())
             }
+            engine::Error::Store(ref store) if store.is_transient() => Error::Unavailable(e.to_string()),
             engine::Error::Store(_) => Error::Internal(e.to_string()),
             engine::Error::Stopped => Error::Unavailable(e.to_string()),
         }
@@ -170,7 +171,8 @@ impl Api {
         self.shared
             .policies
             .set(job_type, changes)
-            .map_err(|e| Error::Internal(e.to_string()))?
+            .await
+            .map_err(Error::from)?
             .map_err(|e| Error::Invalid(e.to_string()))?;
         self.shared.policies.push_limits(&self.shared.engine, job_type).await;
         self.shared.scheduler.wake();

@@ -38,13 +38,23 @@ fn authorized(state: &AppState, headers: &HeaderMap) -> Result<(), Error> {
     }
 }
 
+/// Ready while the store takes writes: a server whose database is away
+/// acknowledges nothing and says so here.
+async fn readyz(State(state): State<AppState>) -> (axum::http::StatusCode, &'static str) {
+    if state.shared.engine.is_ready() {
+        (axum::http::StatusCode::OK, "ready\n")
+    } else {
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not ready: the store is unavailable\n")
+    }
+}
+
 pub fn router(shared: Arc<Shared>, api: Api) -> Router {
     let body_limit = shared.options.max_request_bytes;
     let state = AppState { shared, api };
     Router::new()
         .route(PLUGIN_STATUS_PATH, get(plugin_status))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(|| async { "ready\n" }))
+        .route("/readyz", get(readyz))
         .route("/api/jobs", get(list_jobs).post(submit_job))
         .route("/api/jobs/{id}", get(get_job))
         .route("/api/jobs/{id}/cancel", post(cancel_job))

@@ -146,7 +146,8 @@ pub async fn run(
     let engine = Engine::start(store.clone(), clock.clone(), engine_options).await?;
     let policies = {
         let store = store.clone();
-        tokio::task::spawn_blocking(move || policies::Policies::load(store)).await??
+        let engine = engine.clone();
+        tokio::task::spawn_blocking(move || policies::Policies::load(store, engine)).await??
     };
     for job_type in policies.job_types().iter().map(String::as_str).chain(["noop", "shell"]) {
         policies.push_limits(&engine, job_type).await;

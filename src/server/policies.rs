@@ -1,13 +1,13 @@
 //! The policy book: each job type's descriptor (as its worker sent it) and
-//! operator overrides, persisted as settings, and the effective policy the
-//! dispatcher applies.
+//! operator overrides, persisted as settings (written through the engine, with
+//! its other steps), and the effective policy the dispatcher applies.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use prost::Message;
 
-use crate::engine::EngineHandle;
+use crate::engine::{self, EngineHandle};
 use crate::policy::{self, Overrides, Policy, Source};
 use crate::proto::plugin::{ConfigValue, JobTypeDescriptor};
 
@@ -43,13 +43,13 @@ struct Book {
 
 #[derive(Clone)]
 pub struct Policies {
-    store: Arc<dyn Store>,
+    engine: EngineHandle,
     book: Arc<Mutex<Book>>,
 }
 
 impl Policies {
-    /// Loads what the store holds.
-    pub fn load(store: Arc<dyn Store>) -> Result<Policies, store::Error> {
+    /// Loads what the store holds (blocking: call it off the runtime).
+    pub fn load(store: Arc<dyn Store>, engine: EngineHandle) -> Result<Policies, store::Error> {
         let mut book = Book::default();
         for (key, bytes) in store.settings(DESCRIPTOR_PREFIX)? {
             match JobTypeDescriptor::decode(bytes.as_slice()) {
@@ -72,7 +72,7 @@ impl Policies {
                 book.worker_values.insert(key[WORKER_CONFIG_PREFIX.len()..].to_string(), values);
             }
         }
-        Ok(Policies { store, book: Arc::new(Mutex::new(book)) })
+        Ok(Policies { engine, book: Arc::new(Mutex::new(book)) })
     }
 
     /// Job types with a descriptor or a policy set.
@@ -95,19 +95,19 @@ impl Policies {
         Policy::resolve(job_type, policy::builtin(job_type), descriptor, &overrides)
     }
 
-    pub fn save_descriptor(&self, descriptor: JobTypeDescriptor) -> Result<(), store::Error> {
+    pub async fn save_descriptor(&self, descriptor: JobTypeDescriptor) -> Result<(), engine::Error> {
         let key = format!("{DESCRIPTOR_PREFIX}{}", descriptor.job_type);
-        self.store.put_setting(&key, Some(&descriptor.encode_to_vec()))?;
+        self.engine.put_settings(vec![(key, Some(descriptor.encode_to_vec()))]).await?;
         self.book.lock().expect("policy lock").descriptors.insert(descriptor.job_type.clone(), descriptor);
         Ok(())
     }
 
     /// Applies `name=value` changes; nothing changes when one is invalid.
-    pub fn set(
+    pub async fn set(
         &self,
         job_type: &str,
         changes: &BTreeMap<String, String>,
-    ) -> Result<Result<(), policy::Error>, store::Error> {
+    ) -> Result<Result<(), policy::Error>, engine::Error> {
         let (worker_changes, changes): (BTreeMap<String, String>, BTreeMap<String, String>) =
             changes.clone().into_iter().partition(|(k, _)| k.starts_with(WORKER_KEY_PREFIX));
         let current = self.book.lock().expect("policy lock").overrides.get(job_type).cloned().unwrap_or_default();
@@ -115,6 +115,8 @@ impl Policies {
             Ok(updated) => updated,
             Err(e) => return Ok(Err(e)),
         };
+        let mut settings = Vec::new();
+        let mut worker_values = None;
         if !worker_changes.is_empty() {
             let mut values =
                 self.book.lock().expect("policy lock").worker_values.get(job_type).cloned().unwrap_or_default();
@@ -127,12 +129,17 @@ impl Policies {
                 }
             }
             let bytes = serde_json::to_vec(&values).expect("values serialize");
-            self.store.put_setting(&format!("{WORKER_CONFIG_PREFIX}{job_type}"), Some(&bytes))?;
-            self.book.lock().expect("policy lock").worker_values.insert(job_type.to_string(), values);
+            settings.push((format!("{WORKER_CONFIG_PREFIX}{job_type}"), Some(bytes)));
+            worker_values = Some(values);
         }
         let bytes = serde_json::to_vec(&updated).expect("overrides serialize");
-        self.store.put_setting(&format!("{POLICY_PREFIX}{job_type}"), Some(&bytes))?;
-        self.book.lock().expect("policy lock").overrides.insert(job_type.to_string(), updated);
+        settings.push((format!("{POLICY_PREFIX}{job_type}"), Some(bytes)));
+        self.engine.put_settings(settings).await?;
+        let mut book = self.book.lock().expect("policy lock");
+        if let Some(values) = worker_values {
+            book.worker_values.insert(job_type.to_string(), values);
+        }
+        book.overrides.insert(job_type.to_string(), updated);
         Ok(Ok(()))
     }
 

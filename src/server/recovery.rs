@@ -14,7 +14,7 @@ use crate::model::JobOrigin;
 use crate::proto::api;
 
 /// The job type of the periodic check, as a cluster task.
-pub const JOB_TYPE: &str = "recovery_check";
+pub const JOB_TYPE: &str = crate::wire::RECOVERY_CHECK_JOB_TYPE;
 
 /// Keeps the check single-flight: a check that is still running when the
 /// next is due makes that one a no-op (a queue of one).

@@ -26,7 +26,11 @@ use crate::wire;
 const MAX_ACTIVITIES: usize = 4000;
 /// Runs kept per job type and outcome.
 const MAX_RUNS: usize = 10;
-const ACTIVITIES_KEY: &str = "scheduler/activities";
+/// Each activity entry is a setting of its own under this prefix, its key in
+/// time order, so that a new entry writes one key (and removes the oldest).
+const ACTIVITY_PREFIX: &str = "scheduler/activity/";
+/// Where an earlier build kept the whole log as one value; read once and converted.
+const LEGACY_ACTIVITIES_KEY: &str = "scheduler/activities";
 const RUNS_PREFIX: &str = "scheduler/runs/";
 
 /// What a detector sends back about one detection request.
@@ -76,8 +80,11 @@ pub struct SchedulerState {
     wake: Notify,
     in_flight: Mutex<HashSet<String>>,
     last_detector: Mutex<HashMap<String, HandlerId>>,
-    activities: Mutex<VecDeque<Activity>>,
+    /// Each entry with the key it is stored under.
+    activities: Mutex<VecDeque<(String, Activity)>>,
+    runs: Mutex<HashMap<String, Runs>>,
     sequence: AtomicU64,
+    activity_sequence: AtomicU64,
 }
 
 impl SchedulerState {
@@ -93,62 +100,105 @@ impl SchedulerState {
     }
 
     pub fn activities(&self) -> Vec<Activity> {
-        self.activities.lock().expect("activities lock").iter().cloned().collect()
+        self.activities.lock().expect("activities lock").iter().map(|(_, a)| a.clone()).collect()
     }
 }
 
+/// Adds an entry to the bounded activity log; it is written with the
+/// engine's next step (the oldest entry past the bound goes with it).
 pub(crate) fn record(shared: &Shared, job_type: &str, message: String) {
     tracing::info!(job_type, message, "scheduler");
-    let entry = Activity { at_ms: shared.clock.now().as_millis(), job_type: job_type.to_string(), message };
-    let snapshot: Vec<Activity> = {
+    let at_ms = shared.clock.now().as_millis();
+    let n = shared.scheduler.activity_sequence.fetch_add(1, Ordering::Relaxed) % 1_000_000;
+    let key = format!("{ACTIVITY_PREFIX}{at_ms:013}-{n:06}");
+    let entry = Activity { at_ms, job_type: job_type.to_string(), message };
+    let Ok(bytes) = serde_json::to_vec(&entry) else { return };
+    let mut settings = vec![(key.clone(), Some(bytes))];
+    {
         let mut activities = shared.scheduler.activities.lock().expect("activities lock");
-        activities.push_back(entry);
+        activities.push_back((key, entry));
         while activities.len() > MAX_ACTIVITIES {
-            activities.pop_front();
-        }
-        activities.iter().cloned().collect()
-    };
-    if let Ok(bytes) = serde_json::to_vec(&snapshot) {
-        if let Err(e) = shared.engine.store().put_setting(ACTIVITIES_KEY, Some(&bytes)) {
-            tracing::error!(error = %e, "cannot store the activity log");
-        }
-    }
-}
-
-/// Loads the activity log a previous run kept.
-pub fn load(shared: &Shared) {
-    if let Ok(settings) = shared.engine.store().settings(ACTIVITIES_KEY) {
-        if let Some((_, bytes)) = settings.first() {
-            if let Ok(saved) = serde_json::from_slice::<VecDeque<Activity>>(bytes) {
-                *shared.scheduler.activities.lock().expect("activities lock") = saved;
+            if let Some((old, _)) = activities.pop_front() {
+                settings.push((old, None));
             }
         }
+    }
+    let engine = shared.engine.clone();
+    tokio::spawn(async move {
+        if let Err(e) = engine.put_settings(settings).await {
+            tracing::error!(error = %e, "cannot store the activity log");
+        }
+    });
+}
+
+/// Loads the activity log and the run history a previous run kept.
+pub async fn load(shared: &Shared) {
+    let store = shared.engine.store().clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        let activities = store.settings(ACTIVITY_PREFIX)?;
+        let legacy = store.settings(LEGACY_ACTIVITIES_KEY)?;
+        let runs = store.settings(RUNS_PREFIX)?;
+        Ok::<_, crate::store::Error>((activities, legacy, runs))
+    })
+    .await;
+    let Ok(Ok((stored, legacy, runs))) = loaded else {
+        tracing::error!("cannot read the activity log and run history");
+        return;
+    };
+    let mut activities: VecDeque<(String, Activity)> = VecDeque::new();
+    let mut converted = Vec::new();
+    if let Some((key, bytes)) = legacy.into_iter().find(|(k, _)| k == LEGACY_ACTIVITIES_KEY) {
+        let saved: VecDeque<Activity> = serde_json::from_slice(&bytes).unwrap_or_default();
+        for (n, entry) in saved.into_iter().enumerate() {
+            let key = format!("{ACTIVITY_PREFIX}{:013}-legacy{n:06}", entry.at_ms);
+            converted.push((key.clone(), serde_json::to_vec(&entry).ok()));
+            activities.push_back((key, entry));
+        }
+        converted.push((key, None));
+    }
+    for (key, bytes) in stored {
+        if let Ok(entry) = serde_json::from_slice::<Activity>(&bytes) {
+            activities.push_back((key, entry));
+        }
+    }
+    activities.make_contiguous().sort_by(|a, b| a.0.cmp(&b.0));
+    while activities.len() > MAX_ACTIVITIES {
+        if let Some((old, _)) = activities.pop_front() {
+            converted.push((old, None));
+        }
+    }
+    *shared.scheduler.activities.lock().expect("activities lock") = activities;
+    let runs: HashMap<String, Runs> = runs
+        .into_iter()
+        .filter_map(|(key, bytes)| Some((key[RUNS_PREFIX.len()..].to_string(), serde_json::from_slice(&bytes).ok()?)))
+        .collect();
+    *shared.scheduler.runs.lock().expect("runs lock") = runs;
+    if !converted.is_empty() && shared.engine.put_settings(converted).await.is_err() {
+        tracing::error!("cannot convert the activity log");
     }
 }
 
 pub fn runs(shared: &Shared, job_type: &str) -> Runs {
-    let key = format!("{RUNS_PREFIX}{job_type}");
-    shared
-        .engine
-        .store()
-        .settings(&key)
-        .ok()
-        .and_then(|s| s.into_iter().find(|(k, _)| *k == key))
-        .and_then(|(_, bytes)| serde_json::from_slice(&bytes).ok())
-        .unwrap_or_default()
+    shared.scheduler.runs.lock().expect("runs lock").get(job_type).cloned().unwrap_or_default()
 }
 
-fn save_run(shared: &Shared, job_type: &str, run: Run) {
-    let mut runs = runs(shared, job_type);
-    let list = if run.error.is_some() { &mut runs.failed } else { &mut runs.succeeded };
-    list.push_front(run);
-    list.truncate(MAX_RUNS);
+async fn save_run(shared: &Shared, job_type: &str, run: Run) {
+    let bytes = {
+        let mut all = shared.scheduler.runs.lock().expect("runs lock");
+        let runs = all.entry(job_type.to_string()).or_default();
+        let list = if run.error.is_some() { &mut runs.failed } else { &mut runs.succeeded };
+        list.push_front(run);
+        list.truncate(MAX_RUNS);
+        serde_json::to_vec(&*runs)
+    };
     let key = format!("{RUNS_PREFIX}{job_type}");
-    if let Err(e) = serde_json::to_vec(&runs)
-        .map_err(|e| e.to_string())
-        .and_then(|b| shared.engine.store().put_setting(&key, Some(&b)).map_err(|e| e.to_string()))
-    {
-        tracing::error!(job_type, error = %e, "cannot store the run history");
+    match bytes {
+        Ok(bytes) => {
+            if let Err(e) = shared.engine.put_settings(vec![(key, Some(bytes))]).await {
+                tracing::error!(job_type, error = %e, "cannot store the run history");
+            }
+        }
+        Err(e) => tracing::error!(job_type, error = %e, "cannot encode the run history"),
     }
 }
 
@@ -165,8 +215,8 @@ fn detectors(shared: &Shared) -> BTreeMap<String, Vec<HandlerId>> {
 
 /// The loop: run what is due, then sleep until the next due time or a wake-up.
 pub fn spawn_loop(shared: Arc<Shared>) {
-    load(&shared);
     tokio::spawn(async move {
+        load(&shared).await;
         loop {
             let now = shared.clock.now();
             let types = detectors(&shared);
@@ -310,7 +360,7 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
     if let Err(e) = result {
         record(shared, job_type, format!("detection {sequence} failed: {e}"));
         run_record.error = Some(e.to_string());
-        save_run(shared, job_type, run_record);
+        save_run(shared, job_type, run_record).await;
         return Err(e);
     }
     shared.metrics.record_proposals(job_type, proposals.len() as u64);
@@ -346,7 +396,7 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
     } else {
         record(shared, job_type, format!("detection {sequence}: {} proposals, no job", outcome.proposals.len()));
     }
-    save_run(shared, job_type, run_record);
+    save_run(shared, job_type, run_record).await;
     Ok(outcome)
 }
 

@@ -425,7 +425,7 @@ impl Session {
                 match response.job_type_descriptor {
                     Some(descriptor) if response.success => {
                         let job_type = descriptor.job_type.clone();
-                        if let Err(e) = self.shared.policies.save_descriptor(descriptor) {
+                        if let Err(e) = self.shared.policies.save_descriptor(descriptor).await {
                             tracing::error!(job_type, error = %e, "cannot store a job type descriptor");
                         }
                         self.shared.policies.push_limits(engine, &job_type).await;

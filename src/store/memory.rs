@@ -27,6 +27,12 @@ impl Tables {
         for (job, idx, task) in &batch.tasks {
             self.tasks.entry(*job).or_default().insert(idx.0, task.clone());
         }
+        for (key, value) in &batch.settings {
+            match value {
+                Some(value) => self.settings.insert(key.clone(), value.clone()),
+                None => self.settings.remove(key),
+            };
+        }
     }
 
     fn stored_job(&self, id: JobId) -> Option<StoredJob> {

@@ -2,11 +2,16 @@
 //!
 //! A `Batch` is written atomically (no reader sees part of it) and becomes
 //! durable at the next `flush`; the engine acknowledges nothing and
-//! dispatches nothing before that flush returns. Only `sled.rs` names sled.
+//! dispatches nothing before that flush returns. Two backends: sled in a data
+//! directory (the embedded default) and PostgreSQL. Only `sled.rs` names
+//! sled, and only `postgres/` names the database driver.
 
 mod codec;
+pub mod conformance;
 mod memory;
+mod postgres;
 mod sled;
+pub mod transfer;
 
 #[cfg(test)]
 mod tests;
@@ -16,11 +21,31 @@ use std::sync::Arc;
 use crate::model::{JobId, JobRecord, JobSpec, JobState, TaskIdx, TaskRecord};
 
 pub use self::memory::MemoryStore;
+pub use self::postgres::{PasswordSources, PgStore, TlsMode};
 pub use self::sled::SledStore;
 
 /// Opens the embedded default store in a data directory.
 pub fn open_data_dir(path: &std::path::Path) -> Result<Arc<dyn Store>, Error> {
     Ok(Arc::new(SledStore::open(path)?))
+}
+
+/// Where a store lives.
+#[derive(Clone, Debug)]
+pub enum Location {
+    /// A sled data directory (the embedded default).
+    DataDir(std::path::PathBuf),
+    /// A PostgreSQL database.
+    Database { url: String, passwords: PasswordSources },
+}
+
+impl Location {
+    /// Opens the store; the error is one line naming the place and what to do.
+    pub fn open(&self) -> Result<Arc<dyn Store>, Error> {
+        match self {
+            Location::DataDir(path) => open_data_dir(path),
+            Location::Database { url, passwords } => Ok(Arc::new(PgStore::open(url, passwords)?)),
+        }
+    }
 }
 
 /// The schema version this build reads and writes.
@@ -38,6 +63,33 @@ pub enum Error {
     Unusable { path: String, detail: String },
     #[error("storage failure: {0}")]
     Io(String),
+    #[error("invalid database URL: {0}")]
+    BadUrl(String),
+    #[error("cannot reach the database at {database} ({detail}): check that PostgreSQL runs there and that the URL is right")]
+    Unreachable { database: String, detail: String },
+    #[error("the database at {database} refused user {user} ({detail}): check the password (in the URL, --database-password-file, PGPASSWORD or PGPASSFILE)")]
+    Refused { database: String, user: String, detail: String },
+    #[error("the database at {database} does not exist: create it (createdb {name}), or fix the URL")]
+    NoDatabase { database: String, name: String },
+    #[error("user {user} may not set up jobcenter's schema in the database at {database} ({detail}): grant it CREATE on the database, or run jobcenter once as the database's owner")]
+    NoPrivilege { database: String, user: String, detail: String },
+    #[error("the database at {database} has a schema \"jobcenter\" that jobcenter did not make ({detail}): use another database")]
+    Foreign { database: String, detail: String },
+    #[error("the database at {database} has schema version {found}, this build knows versions up to {expected}: use a jobcenter build of that version or newer")]
+    Newer { database: String, found: u32, expected: u32 },
+    #[error("the database at {database} is unavailable ({detail})")]
+    Unavailable { database: String, detail: String },
+    #[error("the database at {database} refused a request ({detail})")]
+    Database { database: String, detail: String },
+}
+
+impl Error {
+    /// The store is away for a while (a database restarting, a broken
+    /// connection): the same write may be tried again later. Anything else
+    /// is fail-stop.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Unavailable { .. })
+    }
 }
 
 /// Every change of one group commit, written atomically.
@@ -49,17 +101,20 @@ pub struct Batch {
     pub jobs: Vec<JobRecord>,
     /// Task records that changed; a later entry for the same task wins.
     pub tasks: Vec<(JobId, TaskIdx, TaskRecord)>,
+    /// Settings set (or, with `None`, removed); a later entry for a key wins.
+    pub settings: Vec<(String, Option<Vec<u8>>)>,
 }
 
 impl Batch {
     pub fn is_empty(&self) -> bool {
-        self.new_jobs.is_empty() && self.jobs.is_empty() && self.tasks.is_empty()
+        self.new_jobs.is_empty() && self.jobs.is_empty() && self.tasks.is_empty() && self.settings.is_empty()
     }
 
     pub fn append(&mut self, other: Batch) {
         self.new_jobs.extend(other.new_jobs);
         self.jobs.extend(other.jobs);
         self.tasks.extend(other.tasks);
+        self.settings.extend(other.settings);
     }
 }
 

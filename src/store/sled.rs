@@ -271,7 +271,19 @@ impl Store for SledStore {
             let merged: Group = merged.into_iter().collect();
             writes.insert(&group_key[..], encode(&merged));
         }
-        self.data.apply_batch(writes).map_err(|e| self.io(e))
+        self.data.apply_batch(writes).map_err(|e| self.io(e))?;
+        if !batch.settings.is_empty() {
+            let mut settings = sled::Batch::default();
+            for (key, value) in &batch.settings {
+                let key = format!("{SETTING_PREFIX}{key}");
+                match value {
+                    Some(value) => settings.insert(key.as_bytes(), value.as_slice()),
+                    None => settings.remove(key.as_bytes()),
+                }
+            }
+            self.meta.apply_batch(settings).map_err(|e| self.io(e))?;
+        }
+        Ok(())
     }
 
     fn flush(&self) -> Result<(), Error> {

@@ -47,7 +47,7 @@ async fn run_check(admin: &str, token: Option<&str>, tls: &ClientTls) -> anyhow:
 
 impl Handler for RecoveryCheckHandler {
     fn job_type(&self) -> &'static str {
-        crate::server::recovery::JOB_TYPE
+        wire::RECOVERY_CHECK_JOB_TYPE
     }
 
     fn execute(&self, _ctx: TaskContext) -> BoxFuture {

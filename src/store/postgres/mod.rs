@@ -1,0 +1,645 @@
+//! The PostgreSQL store: the same promises as the embedded one, on a
+//! database that several admin instances can share.
+//!
+//! A flush is one transaction holding every batch written since the last
+//! one (group commit); nothing is acknowledged before its `COMMIT` returns,
+//! with `synchronous_commit` on. Every write is an upsert of whole records,
+//! so a flush that failed because the connection broke is simply run again
+//! once the database is back: whether its commit had landed or not, the
+//! result is the same. Readers use `REPEATABLE READ` transactions, so a read
+//! never sees half of a flush.
+//!
+//! The schema lives in the `jobcenter` schema and is created and upgraded by
+//! versioned migrations (`migrations/`) at start, in one transaction, under
+//! an advisory lock (several admins may start at once). Only this module
+//! names the database driver.
+
+mod connect;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use deadpool_postgres::{HookError, ManagerConfig, RecyclingMethod};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::IsolationLevel;
+use uuid::Uuid;
+
+pub use self::connect::{PasswordSources, Target, TlsMode};
+use super::codec::{self, decode_job, decode_spec, encode, encode_spec};
+use super::{Batch, Error, JobFilter, Store, StoredJob};
+use crate::model::{JobId, JobRecord, TaskRecord};
+
+refinery::embed_migrations!("src/store/postgres/migrations");
+
+/// The table refinery keeps its history in.
+const HISTORY_TABLE: &str = "jobcenter.schema_history";
+/// Serializes migrations between admins that start at once.
+const MIGRATION_LOCK: i64 = 0x6a6f_6263_656e_7472;
+/// Rows per statement when a flush writes many (a million-task failure).
+const ROWS_PER_STATEMENT: usize = 20_000;
+/// Reader connections.
+const POOL_SIZE: usize = 8;
+
+pub struct PgStore {
+    target: Target,
+    /// The store's own runtime: its connections live here, whatever runtime
+    /// (or none) the callers of the blocking `Store` methods run on.
+    runtime: Option<tokio::runtime::Runtime>,
+    pool: deadpool_postgres::Pool,
+    /// The committer's connection, opened again after it broke.
+    writer: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
+    /// Batches written and not yet flushed, kept until their commit lands.
+    pending: Mutex<Vec<Batch>>,
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl PgStore {
+    /// Connects, creates or upgrades the schema, and checks that it is
+    /// jobcenter's and not newer than this build. Every refusal is one line
+    /// naming the database (never its password) and what to do.
+    pub fn open(url: &str, passwords: &PasswordSources) -> Result<PgStore, Error> {
+        let target = Target::parse(url, passwords).map_err(Error::BadUrl)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("jobcenter-db")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Io(format!("cannot start the database runtime: {e}")))?;
+        let (pool, writer) = runtime.block_on(async {
+            let mut client = target.connect().await.map_err(|e| connect_error(&target, &e))?;
+            migrate(&target, &mut client).await?;
+            let manager = deadpool_postgres::Manager::from_config(
+                target.config.clone(),
+                target.tls.clone(),
+                ManagerConfig { recycling_method: RecyclingMethod::Fast },
+            );
+            let pool = deadpool_postgres::Pool::builder(manager)
+                .max_size(POOL_SIZE)
+                .post_create(deadpool_postgres::Hook::async_fn(|client, _| {
+                    Box::pin(
+                        async move { client.batch_execute(connect::SESSION_SETUP).await.map_err(HookError::Backend) },
+                    )
+                }))
+                .build()
+                .map_err(|e| Error::Io(format!("cannot set up the connection pool: {e}")))?;
+            Ok::<_, Error>((pool, client))
+        })?;
+        tracing::info!(database = %target.display, tls = ?target.mode, "database store open");
+        Ok(PgStore {
+            target,
+            runtime: Some(runtime),
+            pool,
+            writer: tokio::sync::Mutex::new(Some(writer)),
+            pending: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The database, as messages name it: no password.
+    pub fn display(&self) -> &str {
+        &self.target.display
+    }
+
+    /// Runs `future` on the store's runtime and waits for it. Callers are
+    /// blocking code (the committer thread, `spawn_blocking`); one called from
+    /// inside a runtime is served from a thread of its own.
+    fn block_on<T: Send>(&self, future: impl std::future::Future<Output = T> + Send) -> T {
+        let runtime = self.runtime.as_ref().expect("the runtime lives as long as the store");
+        if tokio::runtime::Handle::try_current().is_ok() {
+            std::thread::scope(|scope| scope.spawn(|| runtime.block_on(future)).join().expect("database call"))
+        } else {
+            runtime.block_on(future)
+        }
+    }
+
+    fn error(&self, e: &tokio_postgres::Error) -> Error {
+        classify(&self.target, e)
+    }
+
+    async fn reader(&self) -> Result<deadpool_postgres::Object, Error> {
+        self.pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Backend(e) => self.error(&e),
+            other => Error::Unavailable { database: self.target.display.clone(), detail: other.to_string() },
+        })
+    }
+
+    async fn read_jobs(
+        &self,
+        client: &deadpool_postgres::Transaction<'_>,
+        records: Vec<JobRecord>,
+    ) -> Result<Vec<StoredJob>, Error> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Uuid> = records.iter().map(|r| r.id.0).collect();
+        let mut chunks: HashMap<Uuid, Vec<Vec<u8>>> = HashMap::new();
+        let rows = client
+            .query(
+                "SELECT job_id, data FROM jobcenter.job_specs WHERE job_id = ANY($1) ORDER BY job_id, chunk",
+                &[&ids],
+            )
+            .await
+            .map_err(|e| self.error(&e))?;
+        for row in rows {
+            chunks.entry(row.get(0)).or_default().push(row.get(1));
+        }
+        let mut tasks: HashMap<Uuid, Vec<(u32, TaskRecord)>> = HashMap::new();
+        let rows = client
+            .query("SELECT job_id, idx, record FROM jobcenter.tasks WHERE job_id = ANY($1)", &[&ids])
+            .await
+            .map_err(|e| self.error(&e))?;
+        for row in rows {
+            let idx: i32 = row.get(1);
+            let bytes: &[u8] = row.get(2);
+            let record: TaskRecord = codec::decode(bytes, "task record").map_err(|d| self.corrupt(d))?;
+            tasks.entry(row.get(0)).or_default().push((idx as u32, record));
+        }
+        let mut out = Vec::with_capacity(records.len());
+        for record in records {
+            let spec_chunks = chunks.remove(&record.id.0).unwrap_or_default();
+            let spec = decode_spec(&spec_chunks).map_err(|d| self.corrupt(format!("job {}: {d}", record.id)))?;
+            let stored = tasks.remove(&record.id.0).unwrap_or_default();
+            out.push(StoredJob::assemble(record, Arc::new(spec), stored));
+        }
+        Ok(out)
+    }
+
+    fn corrupt(&self, detail: impl Into<String>) -> Error {
+        Error::Database { database: self.target.display.clone(), detail: detail.into() }
+    }
+
+    async fn commit(&self, batch: &Merged) -> Result<(), Error> {
+        let mut writer = self.writer.lock().await;
+        if writer.is_none() {
+            *writer = Some(self.target.connect().await.map_err(|e| self.error(&e))?);
+        }
+        let client = writer.as_mut().expect("connected");
+        let result = write_transaction(client, batch).await;
+        if let Err(e) = &result {
+            if client.is_closed() || is_transient(e) {
+                *writer = None;
+            }
+        }
+        result.map_err(|e| self.error(&e))
+    }
+}
+
+/// A flush's batches as rows, each record once (the last written wins).
+#[derive(Default)]
+struct Merged {
+    spec_jobs: Vec<Uuid>,
+    spec_chunks: Vec<i64>,
+    spec_data: Vec<Vec<u8>>,
+    jobs: Vec<JobRecord>,
+    tasks: Vec<(Uuid, i32, &'static str, i32, Option<Uuid>, Vec<u8>)>,
+    settings: Vec<(String, Option<Vec<u8>>)>,
+}
+
+fn merge(batches: &[Batch]) -> Merged {
+    let mut merged = Merged::default();
+    let mut jobs: HashMap<JobId, usize> = HashMap::new();
+    let mut tasks: HashMap<(JobId, u32), usize> = HashMap::new();
+    let mut settings: HashMap<&str, usize> = HashMap::new();
+    let mut put_job = |merged: &mut Merged, record: &JobRecord| match jobs.get(&record.id) {
+        Some(&at) => merged.jobs[at] = record.clone(),
+        None => {
+            jobs.insert(record.id, merged.jobs.len());
+            merged.jobs.push(record.clone());
+        }
+    };
+    for batch in batches {
+        for (record, spec) in &batch.new_jobs {
+            for (number, bytes) in encode_spec(spec) {
+                merged.spec_jobs.push(record.id.0);
+                merged.spec_chunks.push(i64::from(number));
+                merged.spec_data.push(bytes);
+            }
+            put_job(&mut merged, record);
+        }
+        for record in &batch.jobs {
+            put_job(&mut merged, record);
+        }
+        for (job, idx, task) in &batch.tasks {
+            let row = (
+                job.0,
+                idx.0 as i32,
+                task.state.as_str(),
+                task.attempt as i32,
+                task.handler.map(|h| h.0),
+                encode(task),
+            );
+            match tasks.get(&(*job, idx.0)) {
+                Some(&at) => merged.tasks[at] = row,
+                None => {
+                    tasks.insert((*job, idx.0), merged.tasks.len());
+                    merged.tasks.push(row);
+                }
+            }
+        }
+        for (key, value) in &batch.settings {
+            match settings.get(key.as_str()) {
+                Some(&at) => merged.settings[at] = (key.clone(), value.clone()),
+                None => {
+                    settings.insert(key, merged.settings.len());
+                    merged.settings.push((key.clone(), value.clone()));
+                }
+            }
+        }
+    }
+    merged
+}
+
+const INSERT_SPECS: &str = "INSERT INTO jobcenter.job_specs (job_id, chunk, data) \
+     SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::bytea[]) ON CONFLICT (job_id, chunk) DO NOTHING";
+const UPSERT_JOBS: &str = "INSERT INTO jobcenter.jobs (id, name, state, active, fingerprint, created_at, updated_at, record) \
+     SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::bool[], $5::bytea[], $6::int8[], $7::int8[], $8::bytea[]) \
+     ON CONFLICT (id) DO UPDATE SET name = excluded.name, state = excluded.state, active = excluded.active, \
+     updated_at = excluded.updated_at, record = excluded.record";
+const UPSERT_TASKS: &str = "INSERT INTO jobcenter.tasks (job_id, idx, state, attempt, handler, record) \
+     SELECT * FROM UNNEST($1::uuid[], $2::int4[], $3::text[], $4::int4[], $5::uuid[], $6::bytea[]) \
+     ON CONFLICT (job_id, idx) DO UPDATE SET state = excluded.state, attempt = excluded.attempt, \
+     handler = excluded.handler, record = excluded.record";
+const UPSERT_SETTINGS: &str =
+    "INSERT INTO jobcenter.settings (key, value) SELECT * FROM UNNEST($1::text[], $2::bytea[]) \
+     ON CONFLICT (key) DO UPDATE SET value = excluded.value";
+const DELETE_SETTINGS: &str = "DELETE FROM jobcenter.settings WHERE key = ANY($1)";
+
+/// One flush: every row of the merged batches in one transaction.
+async fn write_transaction(client: &mut tokio_postgres::Client, batch: &Merged) -> Result<(), tokio_postgres::Error> {
+    let transaction = client.transaction().await?;
+    for range in chunks(batch.spec_jobs.len()) {
+        transaction
+            .execute(
+                INSERT_SPECS,
+                &[&&batch.spec_jobs[range.clone()], &&batch.spec_chunks[range.clone()], &&batch.spec_data[range]],
+            )
+            .await?;
+    }
+    for range in chunks(batch.jobs.len()) {
+        let jobs = &batch.jobs[range];
+        let ids: Vec<Uuid> = jobs.iter().map(|j| j.id.0).collect();
+        let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+        let states: Vec<&str> = jobs.iter().map(|j| j.state.as_str()).collect();
+        let active: Vec<bool> = jobs.iter().map(|j| !j.state.is_terminal()).collect();
+        let fingerprints: Vec<&[u8]> = jobs.iter().map(|j| &j.fingerprint[..]).collect();
+        let created: Vec<i64> = jobs.iter().map(|j| j.created_at.as_millis()).collect();
+        let updated: Vec<i64> = jobs.iter().map(|j| j.updated_at.as_millis()).collect();
+        let records: Vec<Vec<u8>> = jobs.iter().map(encode).collect();
+        let params: [&(dyn ToSql + Sync); 8] =
+            [&ids, &names, &states, &active, &fingerprints, &created, &updated, &records];
+        transaction.execute(UPSERT_JOBS, &params).await?;
+    }
+    for range in chunks(batch.tasks.len()) {
+        let tasks = &batch.tasks[range];
+        let jobs: Vec<Uuid> = tasks.iter().map(|t| t.0).collect();
+        let indexes: Vec<i32> = tasks.iter().map(|t| t.1).collect();
+        let states: Vec<&str> = tasks.iter().map(|t| t.2).collect();
+        let attempts: Vec<i32> = tasks.iter().map(|t| t.3).collect();
+        let handlers: Vec<Option<Uuid>> = tasks.iter().map(|t| t.4).collect();
+        let records: Vec<&[u8]> = tasks.iter().map(|t| t.5.as_slice()).collect();
+        let params: [&(dyn ToSql + Sync); 6] = [&jobs, &indexes, &states, &attempts, &handlers, &records];
+        transaction.execute(UPSERT_TASKS, &params).await?;
+    }
+    let (puts, deletes): (Vec<_>, Vec<_>) = batch.settings.iter().partition(|(_, value)| value.is_some());
+    if !puts.is_empty() {
+        let keys: Vec<&str> = puts.iter().map(|(k, _)| k.as_str()).collect();
+        let values: Vec<&[u8]> = puts.iter().map(|(_, v)| v.as_deref().unwrap_or_default()).collect();
+        transaction.execute(UPSERT_SETTINGS, &[&keys, &values]).await?;
+    }
+    if !deletes.is_empty() {
+        let keys: Vec<&str> = deletes.iter().map(|(k, _)| k.as_str()).collect();
+        transaction.execute(DELETE_SETTINGS, &[&keys]).await?;
+    }
+    transaction.commit().await
+}
+
+fn chunks(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..n).step_by(ROWS_PER_STATEMENT).map(move |start| start..(start + ROWS_PER_STATEMENT).min(n))
+}
+
+impl Store for PgStore {
+    fn write(&self, batch: &Batch) -> Result<(), Error> {
+        if !batch.is_empty() {
+            self.pending.lock().expect("pending lock").push(batch.clone());
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), Error> {
+        let batches: Vec<Batch> = self.pending.lock().expect("pending lock").clone();
+        if batches.is_empty() {
+            return Ok(());
+        }
+        let merged = merge(&batches);
+        self.block_on(self.commit(&merged))?;
+        self.pending.lock().expect("pending lock").drain(..batches.len());
+        Ok(())
+    }
+
+    fn load_active(&self) -> Result<Vec<StoredJob>, Error> {
+        self.block_on(async {
+            let mut client = self.reader().await?;
+            let transaction = read_transaction(&mut client).await.map_err(|e| self.error(&e))?;
+            let rows = transaction
+                .query("SELECT record FROM jobcenter.jobs WHERE active ORDER BY id", &[])
+                .await
+                .map_err(|e| self.error(&e))?;
+            let records = rows.iter().map(|row| decode_job(row.get(0))).collect::<Result<Vec<JobRecord>, Error>>()?;
+            self.read_jobs(&transaction, records).await
+        })
+    }
+
+    fn get_job(&self, id: JobId) -> Result<Option<StoredJob>, Error> {
+        self.block_on(async {
+            let mut client = self.reader().await?;
+            let transaction = read_transaction(&mut client).await.map_err(|e| self.error(&e))?;
+            let row = transaction
+                .query_opt("SELECT record FROM jobcenter.jobs WHERE id = $1", &[&id.0])
+                .await
+                .map_err(|e| self.error(&e))?;
+            let Some(row) = row else { return Ok(None) };
+            let record = decode_job(row.get(0))?;
+            Ok(self.read_jobs(&transaction, vec![record]).await?.pop())
+        })
+    }
+
+    fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, Error> {
+        self.block_on(async {
+            let client = self.reader().await?;
+            let state = filter.state.map(|s| s.as_str());
+            let fingerprint = filter.fingerprint.map(|f| f.to_vec());
+            let limit = filter.limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
+            let rows = client
+                .query(
+                    "SELECT record FROM jobcenter.jobs WHERE ($1::text IS NULL OR state = $1) \
+                     AND ($2::text IS NULL OR name = $2) AND ($3::bytea IS NULL OR fingerprint = $3) \
+                     ORDER BY id DESC LIMIT $4",
+                    &[&state, &filter.name, &fingerprint, &limit],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            rows.iter().map(|row| decode_job(row.get(0))).collect()
+        })
+    }
+
+    fn put_setting(&self, key: &str, value: Option<&[u8]>) -> Result<(), Error> {
+        self.block_on(async {
+            let client = self.reader().await?;
+            match value {
+                Some(value) => {
+                    client
+                        .execute(
+                            "INSERT INTO jobcenter.settings (key, value) VALUES ($1, $2) \
+                         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                            &[&key, &value],
+                        )
+                        .await
+                }
+                None => client.execute("DELETE FROM jobcenter.settings WHERE key = $1", &[&key]).await,
+            }
+            .map(|_| ())
+            .map_err(|e| self.error(&e))
+        })
+    }
+
+    fn settings(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, Error> {
+        self.block_on(async {
+            let client = self.reader().await?;
+            let rows = client
+                .query("SELECT key, value FROM jobcenter.settings WHERE starts_with(key, $1) ORDER BY key", &[&prefix])
+                .await
+                .map_err(|e| self.error(&e))?;
+            Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+        })
+    }
+}
+
+async fn read_transaction(
+    client: &mut deadpool_postgres::Object,
+) -> Result<deadpool_postgres::Transaction<'_>, tokio_postgres::Error> {
+    client.build_transaction().isolation_level(IsolationLevel::RepeatableRead).read_only(true).start().await
+}
+
+/// Creates the schema or brings it up to date, refusing a schema that is not
+/// jobcenter's or is newer than this build. In one transaction, under an
+/// advisory lock; a schema this start created is removed again if it fails.
+async fn migrate(target: &Target, client: &mut tokio_postgres::Client) -> Result<(), Error> {
+    let database = || target.display.clone();
+    let fail = |e: &tokio_postgres::Error| setup_error(target, e);
+    client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK]).await.map_err(|e| fail(&e))?;
+    let result = async {
+        let runner = migrations::runner();
+        let latest = runner.get_migrations().iter().map(|m| m.version()).max().unwrap_or(0);
+        let row = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'jobcenter'), \
+                 to_regclass($1) IS NOT NULL, \
+                 (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                  WHERE n.nspname = 'jobcenter' AND c.relkind = 'r')",
+                &[&HISTORY_TABLE],
+            )
+            .await
+            .map_err(|e| fail(&e))?;
+        let (schema_exists, history_exists, n_tables): (bool, bool, i64) = (row.get(0), row.get(1), row.get(2));
+        if schema_exists && !history_exists && n_tables > 0 {
+            return Err(Error::Foreign {
+                database: database(),
+                detail: format!("it holds {n_tables} tables and no {HISTORY_TABLE}"),
+            });
+        }
+        if history_exists {
+            let found: Option<i32> = client
+                .query_one(&format!("SELECT max(version) FROM {HISTORY_TABLE}"), &[])
+                .await
+                .map_err(|e| fail(&e))?
+                .get(0);
+            if let Some(found) = found.filter(|found| *found > latest) {
+                return Err(Error::Newer { database: database(), found: found as u32, expected: latest as u32 });
+            }
+        }
+        let mut created = false;
+        if !schema_exists {
+            let may_create: bool = client
+                .query_one("SELECT has_database_privilege(current_database(), 'CREATE')", &[])
+                .await
+                .map_err(|e| fail(&e))?
+                .get(0);
+            if !may_create {
+                return Err(Error::NoPrivilege {
+                    database: database(),
+                    user: target.user.clone(),
+                    detail: "it may not create schemas in this database".into(),
+                });
+            }
+            client.batch_execute("CREATE SCHEMA jobcenter").await.map_err(|e| fail(&e))?;
+            created = true;
+        }
+        let mut runner = runner;
+        runner.set_migration_table_name(HISTORY_TABLE);
+        let report = runner.set_grouped(true).set_abort_divergent(true).set_abort_missing(true).run_async(client).await;
+        match report {
+            Ok(report) => {
+                for migration in report.applied_migrations() {
+                    tracing::info!(database = %target.display, version = migration.version(), name = migration.name(), "schema migration applied");
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if created {
+                    let _ = client.batch_execute("DROP SCHEMA IF EXISTS jobcenter CASCADE").await;
+                }
+                Err(migration_error(target, &e))
+            }
+        }
+    }
+    .await;
+    let _ = client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]).await;
+    result
+}
+
+fn migration_error(target: &Target, e: &refinery::Error) -> Error {
+    let source = std::error::Error::source(e).and_then(|s| s.downcast_ref::<tokio_postgres::Error>());
+    match source {
+        Some(e) => setup_error(target, e),
+        None => match e.kind() {
+            refinery::error::Kind::MissingVersion(migration) => Error::Newer {
+                database: target.display.clone(),
+                found: migration.version() as u32,
+                expected: migrations::runner().get_migrations().iter().map(|m| m.version()).max().unwrap_or(0) as u32,
+            },
+            _ => Error::Foreign { database: target.display.clone(), detail: e.to_string() },
+        },
+    }
+}
+
+/// A failure while connecting: unreachable, refused, or no such database.
+fn connect_error(target: &Target, e: &tokio_postgres::Error) -> Error {
+    let detail = connect::strip_password(&database_message(e));
+    match e.code() {
+        Some(code) if *code == SqlState::INVALID_PASSWORD || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION => {
+            Error::Refused { database: target.display.clone(), user: target.user.clone(), detail }
+        }
+        Some(code) if *code == SqlState::INVALID_CATALOG_NAME => {
+            Error::NoDatabase { database: target.display.clone(), name: target.database.clone() }
+        }
+        Some(code) if *code == SqlState::INSUFFICIENT_PRIVILEGE => {
+            Error::NoPrivilege { database: target.display.clone(), user: target.user.clone(), detail }
+        }
+        Some(_) => Error::Database { database: target.display.clone(), detail },
+        None => Error::Unreachable { database: target.display.clone(), detail },
+    }
+}
+
+/// A failure while setting the schema up.
+fn setup_error(target: &Target, e: &tokio_postgres::Error) -> Error {
+    match e.code() {
+        Some(code) if *code == SqlState::INSUFFICIENT_PRIVILEGE => Error::NoPrivilege {
+            database: target.display.clone(),
+            user: target.user.clone(),
+            detail: database_message(e),
+        },
+        _ => connect_error(target, e),
+    }
+}
+
+/// An error met while serving: the database is away (retried), or it refused.
+fn classify(target: &Target, e: &tokio_postgres::Error) -> Error {
+    let detail = connect::strip_password(&database_message(e));
+    if is_transient(e) {
+        Error::Unavailable { database: target.display.clone(), detail }
+    } else {
+        Error::Database { database: target.display.clone(), detail }
+    }
+}
+
+/// The connection broke, the server is shutting down or starting, or the
+/// transaction lost a race: weather, not a refusal.
+fn is_transient(e: &tokio_postgres::Error) -> bool {
+    match e.code() {
+        None => true,
+        Some(code) => {
+            code.code().starts_with("08")
+                || [
+                    SqlState::ADMIN_SHUTDOWN,
+                    SqlState::CRASH_SHUTDOWN,
+                    SqlState::CANNOT_CONNECT_NOW,
+                    SqlState::T_R_SERIALIZATION_FAILURE,
+                    SqlState::T_R_DEADLOCK_DETECTED,
+                    SqlState::TOO_MANY_CONNECTIONS,
+                ]
+                .contains(code)
+        }
+    }
+}
+
+/// The server's own message when it sent one, else the driver's with its cause.
+fn database_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => db.message().to_string(),
+        None => {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                text = format!("{text}: {cause}");
+                source = cause.source();
+            }
+            text
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Timestamp;
+    use crate::model::{JobOrigin, JobState, TaskIdx, TaskState};
+
+    fn job(state: JobState) -> JobRecord {
+        JobRecord {
+            id: JobId::new(),
+            name: "j".into(),
+            state,
+            origin: JobOrigin::User,
+            n_tasks: 2,
+            fingerprint: [0; 32],
+            created_at: Timestamp(1),
+            updated_at: Timestamp(1),
+            finished_at: None,
+            cancel_requested: false,
+            handler: None,
+        }
+    }
+
+    #[test]
+    fn merging_keeps_the_last_record_of_each_key() {
+        let mut record = job(JobState::Pending);
+        let mut task = TaskRecord::initial(false, Timestamp(1));
+        let first = Batch {
+            jobs: vec![record.clone()],
+            tasks: vec![(record.id, TaskIdx(0), task.clone())],
+            settings: vec![("a".into(), Some(vec![1])), ("b".into(), Some(vec![2]))],
+            ..Batch::default()
+        };
+        record.state = JobState::Running;
+        task.state = TaskState::Running;
+        let second = Batch {
+            jobs: vec![record.clone()],
+            tasks: vec![(record.id, TaskIdx(0), task.clone()), (record.id, TaskIdx(1), task.clone())],
+            settings: vec![("a".into(), None)],
+            ..Batch::default()
+        };
+        let merged = merge(&[first, second]);
+        assert_eq!(merged.jobs, vec![record]);
+        assert_eq!(merged.tasks.len(), 2);
+        assert_eq!(merged.tasks[0].2, "running");
+        assert_eq!(merged.settings, vec![("a".to_string(), None), ("b".to_string(), Some(vec![2]))]);
+        assert_eq!(chunks(45_000).collect::<Vec<_>>(), vec![0..20_000, 20_000..40_000, 40_000..45_000]);
+    }
+}
