@@ -4,7 +4,7 @@
 
 mod common;
 #[path = "common/postgres.rs"]
-mod postgres;
+mod pg;
 
 use std::sync::Arc;
 
@@ -32,7 +32,7 @@ fn sled() -> Subject {
 }
 
 fn postgres() -> Subject {
-    let cluster = postgres::shared();
+    let cluster = pg::shared();
     let database = format!("conformance_{}", uuid::Uuid::new_v4().simple());
     cluster.create_database(&database);
     let location = Location::Database { url: cluster.url(&database), passwords: PasswordSources::default() };
