@@ -13,6 +13,7 @@ use tonic::transport::Channel;
 
 use crate::jobfile::Format;
 use crate::proto::api::{self, job_event, job_service_client::JobServiceClient};
+use crate::store::{PasswordSources, ScratchDatabase};
 use crate::wire;
 
 #[derive(clap::Args, Debug)]
@@ -26,8 +27,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 256)]
     pub max_execute: u32,
     /// Where the server keeps its data (default: a fresh directory, removed after).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "database_url")]
     pub data_dir: Option<PathBuf>,
+    /// Run the server on PostgreSQL instead: a fresh database is created on
+    /// the server this URL names (the user needs CREATEDB), and dropped after.
+    #[arg(long)]
+    pub database_url: Option<String>,
 }
 
 struct Children(Vec<Child>);
@@ -51,9 +56,11 @@ fn peak_rss_mib(pid: u32) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn start_server(exe: &Path, data_dir: &Path) -> anyhow::Result<(Child, String, String)> {
+fn start_server(exe: &Path, store: &[String]) -> anyhow::Result<(Child, String, String)> {
     let mut child = Command::new(exe)
-        .args(["server", "--data-dir", &data_dir.display().to_string(), "--http", "127.0.0.1:0", "--grpc", "0"])
+        .arg("server")
+        .args(store)
+        .args(["--http", "127.0.0.1:0", "--grpc", "0"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -88,7 +95,21 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Some(dir) => (dir.clone(), false),
         None => (std::env::temp_dir().join(format!("jobcenter-bench-{}", uuid::Uuid::new_v4())), true),
     };
-    let (server, http, grpc) = start_server(&exe, &data_dir)?;
+    let scratch = match &args.database_url {
+        Some(url) => {
+            let url = url.clone();
+            Some(
+                tokio::task::spawn_blocking(move || ScratchDatabase::create(&url, &PasswordSources::default()))
+                    .await??,
+            )
+        }
+        None => None,
+    };
+    let store_args: Vec<String> = match &scratch {
+        Some(scratch) => vec!["--database-url".into(), scratch.url().to_string()],
+        None => vec!["--data-dir".into(), data_dir.display().to_string()],
+    };
+    let (server, http, grpc) = start_server(&exe, &store_args)?;
     let server_pid = server.id();
     let mut children = Children(vec![server]);
     for n in 0..args.workers {
@@ -146,10 +167,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         "dispatch_p99_us": stats["dispatch"]["p99_us"],
         "dispatches_measured": stats["dispatch"]["count"],
         "server_peak_rss_mb": peak_rss_mib(server_pid),
+        "store": if scratch.is_some() { "postgres" } else { "sled" },
     });
-    println!("{result}");
     drop(children);
-    if temporary {
+    let mut result = result;
+    if let Some(scratch) = scratch {
+        let size = tokio::task::spawn_blocking(move || scratch.size()).await??;
+        result["database_mb"] = serde_json::json!(size as f64 / (1024.0 * 1024.0));
+    }
+    println!("{result}");
+    if temporary && args.database_url.is_none() {
         let _ = std::fs::remove_dir_all(&data_dir);
     }
     Ok(if state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(super::EXIT_JOB_FAILED) })

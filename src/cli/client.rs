@@ -209,8 +209,11 @@ pub struct JobsArgs {
     /// Read a data directory directly instead of asking a server.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Read a database directly instead of asking a server.
+    #[arg(long, conflicts_with = "data_dir")]
+    pub database_url: Option<String>,
     /// Show the list live, read again every second.
-    #[arg(long, conflicts_with_all = ["json", "data_dir"])]
+    #[arg(long, conflicts_with_all = ["json", "data_dir", "database_url"])]
     pub watch: bool,
     /// With --watch, stop after this many refreshes (default: until Ctrl-C or q).
     #[arg(long, requires = "watch")]
@@ -246,6 +249,9 @@ pub struct JobArgs {
     /// Read a data directory directly instead of asking a server.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Read a database directly instead of asking a server.
+    #[arg(long, conflicts_with = "data_dir")]
+    pub database_url: Option<String>,
     #[command(flatten)]
     pub connection: Connection,
 }

@@ -1,17 +1,32 @@
-//! `jobcenter jobs --data-dir` and `jobcenter job --data-dir`: read jobs
-//! straight from a data directory that no process holds.
+//! `jobcenter jobs --data-dir|--database-url` and `jobcenter job ...`: read
+//! jobs straight from a data directory that no process holds, or a database.
 #![allow(clippy::print_stdout)]
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::output::{job_header, job_json, job_row, task_table};
-use super::run::open_store;
 use super::EXIT_USAGE;
 use crate::model::{JobId, JobState};
-use crate::store::JobFilter;
+use crate::store::{JobFilter, Location, PasswordSources};
 
-pub async fn jobs(data_dir: &Path, state: Option<&str>, limit: usize, json: bool) -> anyhow::Result<ExitCode> {
+/// The store to read directly, when one is named.
+pub fn location(data_dir: &Option<PathBuf>, database_url: &Option<String>) -> Option<Location> {
+    match (data_dir, database_url) {
+        (_, Some(url)) => Some(Location::Database { url: url.clone(), passwords: PasswordSources::default() }),
+        (Some(dir), None) => Some(Location::DataDir(dir.clone())),
+        (None, None) => None,
+    }
+}
+
+fn describe(place: &Location) -> String {
+    match place {
+        Location::DataDir(dir) => dir.display().to_string(),
+        Location::Database { .. } => "the database".into(),
+    }
+}
+
+pub async fn jobs(place: Location, state: Option<&str>, limit: usize, json: bool) -> anyhow::Result<ExitCode> {
     let state = match state.map(str::parse::<JobState>).transpose() {
         Ok(state) => state,
         Err(e) => {
@@ -19,7 +34,7 @@ pub async fn jobs(data_dir: &Path, state: Option<&str>, limit: usize, json: bool
             return Ok(ExitCode::from(EXIT_USAGE));
         }
     };
-    let store = open_store(data_dir).await?;
+    let store = super::store_args::open(place).await?;
     let filter = JobFilter { state, limit: Some(limit), ..JobFilter::default() };
     let jobs = tokio::task::spawn_blocking(move || store.list_jobs(&filter)).await??;
     if json {
@@ -43,14 +58,15 @@ pub async fn jobs(data_dir: &Path, state: Option<&str>, limit: usize, json: bool
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn job(data_dir: &Path, id: &str, json: bool) -> anyhow::Result<ExitCode> {
+pub async fn job(place: Location, id: &str, json: bool) -> anyhow::Result<ExitCode> {
     let Ok(id) = id.parse::<JobId>() else {
         eprintln!("jobcenter: {id:?} is not a job id (a UUID)");
         return Ok(ExitCode::from(EXIT_USAGE));
     };
-    let store = open_store(data_dir).await?;
+    let described = describe(&place);
+    let store = super::store_args::open(place).await?;
     let Some(job) = tokio::task::spawn_blocking(move || store.get_job(id)).await?? else {
-        eprintln!("jobcenter: no job {id} in {}", data_dir.display());
+        eprintln!("jobcenter: no job {id} in {described}");
         return Ok(ExitCode::from(EXIT_USAGE));
     };
     if json {

@@ -94,12 +94,12 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Validate { file } => run::validate(&file).await,
             Command::Server(args) => server::run(args).await,
             Command::Submit(args) => client::submit(args).await,
-            Command::Jobs(args) => match &args.data_dir {
-                Some(dir) => inspect::jobs(dir, args.state.as_deref(), args.limit as usize, args.json).await,
+            Command::Jobs(args) => match inspect::location(&args.data_dir, &args.database_url) {
+                Some(place) => inspect::jobs(place, args.state.as_deref(), args.limit as usize, args.json).await,
                 None => client::jobs(args).await,
             },
-            Command::Job(args) => match &args.data_dir {
-                Some(dir) => inspect::job(dir, &args.id, args.json).await,
+            Command::Job(args) => match inspect::location(&args.data_dir, &args.database_url) {
+                Some(place) => inspect::job(place, &args.id, args.json).await,
                 None => client::job(args).await,
             },
             Command::Cancel(args) => client::cancel(args).await,

@@ -15,7 +15,7 @@ use crate::clock::SystemClock;
 use crate::engine::{Engine, EngineHandle, Options, Orphans};
 use crate::jobfile::{self, Limits};
 use crate::model::{JobId, JobOrigin, JobSpec, JobState, TaskState};
-use crate::store::{self, JobFilter, Store};
+use crate::store::JobFilter;
 use crate::worker::{builtin_handlers, ExecLog, LocalExecutor, Registry};
 
 #[derive(clap::Args, Debug)]
@@ -41,11 +41,6 @@ pub async fn read_job_file(path: &Path) -> Result<JobSpec, jobfile::Error> {
     tokio::task::spawn_blocking(move || jobfile::read_file(&path, &Limits::default()))
         .await
         .expect("job file reader panicked")
-}
-
-/// Opens the embedded store in a data directory; any problem is one line naming the path.
-pub async fn open_store(data_dir: &Path) -> anyhow::Result<Arc<dyn Store>> {
-    super::store_args::open(store::Location::DataDir(data_dir.to_path_buf())).await
 }
 
 pub async fn validate(file: &Path) -> anyhow::Result<ExitCode> {

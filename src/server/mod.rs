@@ -209,7 +209,12 @@ pub async fn run(
         .max_concurrent_streams(Some(u32::try_from(options.max_workers).unwrap_or(u32::MAX).saturating_add(256)))
         .add_service(worker_service)
         .add_service(job_service)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc), stopped(stop_rx.clone()));
+        // Small messages (an acknowledgement, then a work order) must not wait
+        // for each other's TCP acknowledgement: no Nagle on the worker streams.
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true)),
+            stopped(stop_rx.clone()),
+        );
     let http_server =
         axum::serve(http, http::router(shared.clone(), api)).with_graceful_shutdown(stopped(stop_rx.clone()));
     eprintln!("jobcenter server listening: http {http_addr} grpc {grpc_addr}");

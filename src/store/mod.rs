@@ -21,7 +21,7 @@ use std::sync::Arc;
 use crate::model::{JobId, JobRecord, JobSpec, JobState, TaskIdx, TaskRecord};
 
 pub use self::memory::MemoryStore;
-pub use self::postgres::{PasswordSources, PgStore, TlsMode};
+pub use self::postgres::{PasswordSources, PgStore, ScratchDatabase, TlsMode};
 pub use self::sled::SledStore;
 
 /// Opens the embedded default store in a data directory.

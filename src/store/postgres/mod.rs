@@ -48,7 +48,7 @@ pub struct PgStore {
     runtime: Option<tokio::runtime::Runtime>,
     pool: deadpool_postgres::Pool,
     /// The committer's connection, opened again after it broke.
-    writer: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
+    writer: tokio::sync::Mutex<Option<Writer>>,
     /// Batches written and not yet flushed, kept until their commit lands.
     pending: Mutex<Vec<Batch>>,
 }
@@ -90,7 +90,9 @@ impl PgStore {
                 }))
                 .build()
                 .map_err(|e| Error::Io(format!("cannot set up the connection pool: {e}")))?;
-            Ok::<_, Error>((pool, client))
+            drop(client);
+            let writer = Writer::connect(&target).await.map_err(|e| connect_error(&target, &e))?;
+            Ok::<_, Error>((pool, writer))
         })?;
         tracing::info!(database = %target.display, tls = ?target.mode, "database store open");
         Ok(PgStore {
@@ -178,16 +180,73 @@ impl PgStore {
     async fn commit(&self, batch: &Merged) -> Result<(), Error> {
         let mut writer = self.writer.lock().await;
         if writer.is_none() {
-            *writer = Some(self.target.connect().await.map_err(|e| self.error(&e))?);
+            *writer = Some(Writer::connect(&self.target).await.map_err(|e| self.error(&e))?);
         }
-        let client = writer.as_mut().expect("connected");
-        let result = write_transaction(client, batch).await;
-        if let Err(e) = &result {
-            if client.is_closed() || is_transient(e) {
-                *writer = None;
-            }
+        let connection = writer.as_mut().expect("connected");
+        let result = write_transaction(connection, batch).await;
+        if result.is_err() {
+            // Whatever state the pipeline left the session in, start afresh.
+            *writer = None;
         }
         result.map_err(|e| self.error(&e))
+    }
+}
+
+/// A fresh database beside the one `url` names, dropped again by `drop`:
+/// for benchmarks, which must not write into a database that holds data.
+pub struct ScratchDatabase {
+    admin: Target,
+    runtime: tokio::runtime::Runtime,
+    name: String,
+    url: String,
+}
+
+impl ScratchDatabase {
+    pub fn create(url: &str, passwords: &PasswordSources) -> Result<ScratchDatabase, Error> {
+        let admin = Target::parse(url, passwords).map_err(Error::BadUrl)?;
+        let runtime =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::Io(e.to_string()))?;
+        let name = format!("jobcenter_bench_{}", Uuid::new_v4().simple());
+        runtime.block_on(async {
+            let client = admin.connect().await.map_err(|e| connect_error(&admin, &e))?;
+            client.batch_execute(&format!("CREATE DATABASE {name}")).await.map_err(|e| setup_error(&admin, &e))
+        })?;
+        let (base, query) = url.split_once('?').map(|(b, q)| (b, Some(q))).unwrap_or((url, None));
+        let base = match base.rfind('/').filter(|&i| i > base.find("://").map_or(0, |s| s + 2)) {
+            Some(slash) => &base[..slash],
+            None => base,
+        };
+        let url = match query {
+            Some(query) => format!("{base}/{name}?{query}"),
+            None => format!("{base}/{name}"),
+        };
+        Ok(ScratchDatabase { admin, runtime, name, url })
+    }
+
+    /// The scratch database's URL (with the password the original URL had).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Its size on disk, in bytes.
+    pub fn size(&self) -> Result<i64, Error> {
+        self.runtime.block_on(async {
+            let client = self.admin.connect().await.map_err(|e| connect_error(&self.admin, &e))?;
+            let row = client
+                .query_one("SELECT pg_database_size($1)", &[&self.name])
+                .await
+                .map_err(|e| classify(&self.admin, &e))?;
+            Ok(row.get(0))
+        })
+    }
+}
+
+impl Drop for ScratchDatabase {
+    fn drop(&mut self) {
+        let _ = self.runtime.block_on(async {
+            let client = self.admin.connect().await?;
+            client.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)).await
+        });
     }
 }
 
@@ -270,54 +329,228 @@ const UPSERT_SETTINGS: &str =
     "INSERT INTO jobcenter.settings (key, value) SELECT * FROM UNNEST($1::text[], $2::bytea[]) \
      ON CONFLICT (key) DO UPDATE SET value = excluded.value";
 const DELETE_SETTINGS: &str = "DELETE FROM jobcenter.settings WHERE key = ANY($1)";
+/// A whole flush in one statement (so one implicit transaction and one round
+/// trip), for flushes whose rows fit one statement each: the common case.
+const WRITE_ALL: &str = "WITH specs AS (INSERT INTO jobcenter.job_specs (job_id, chunk, data) \
+     SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::bytea[]) ON CONFLICT (job_id, chunk) DO NOTHING), \
+     jobs AS (INSERT INTO jobcenter.jobs (id, name, state, active, fingerprint, created_at, updated_at, record) \
+     SELECT * FROM UNNEST($4::uuid[], $5::text[], $6::text[], $7::bool[], $8::bytea[], $9::int8[], $10::int8[], $11::bytea[]) \
+     ON CONFLICT (id) DO UPDATE SET name = excluded.name, state = excluded.state, active = excluded.active, \
+     updated_at = excluded.updated_at, record = excluded.record), \
+     tasks AS (INSERT INTO jobcenter.tasks (job_id, idx, state, attempt, handler, record) \
+     SELECT * FROM UNNEST($12::uuid[], $13::int4[], $14::text[], $15::int4[], $16::uuid[], $17::bytea[]) \
+     ON CONFLICT (job_id, idx) DO UPDATE SET state = excluded.state, attempt = excluded.attempt, \
+     handler = excluded.handler, record = excluded.record), \
+     puts AS (INSERT INTO jobcenter.settings (key, value) SELECT * FROM UNNEST($18::text[], $19::bytea[]) \
+     ON CONFLICT (key) DO UPDATE SET value = excluded.value), \
+     deletes AS (DELETE FROM jobcenter.settings WHERE key = ANY($20)) \
+     SELECT 1";
 
-/// One flush: every row of the merged batches in one transaction.
-async fn write_transaction(client: &mut tokio_postgres::Client, batch: &Merged) -> Result<(), tokio_postgres::Error> {
-    let transaction = client.transaction().await?;
+/// The committer's connection with its statements prepared once.
+struct Writer {
+    client: tokio_postgres::Client,
+    begin: tokio_postgres::Statement,
+    commit: tokio_postgres::Statement,
+    specs: tokio_postgres::Statement,
+    jobs: tokio_postgres::Statement,
+    tasks: tokio_postgres::Statement,
+    put_settings: tokio_postgres::Statement,
+    delete_settings: tokio_postgres::Statement,
+    write_all: tokio_postgres::Statement,
+}
+
+impl Writer {
+    async fn connect(target: &Target) -> Result<Writer, tokio_postgres::Error> {
+        let client = target.connect().await?;
+        let (begin, commit, specs, jobs, tasks, put_settings, delete_settings, write_all) = tokio::try_join!(
+            client.prepare("BEGIN"),
+            client.prepare("COMMIT"),
+            client.prepare(INSERT_SPECS),
+            client.prepare(UPSERT_JOBS),
+            client.prepare(UPSERT_TASKS),
+            client.prepare(UPSERT_SETTINGS),
+            client.prepare(DELETE_SETTINGS),
+            client.prepare(WRITE_ALL),
+        )?;
+        Ok(Writer { client, begin, commit, specs, jobs, tasks, put_settings, delete_settings, write_all })
+    }
+}
+
+/// The rows of one statement, owned so that every statement of a flush can be in flight at once.
+enum Rows {
+    Specs(Vec<Uuid>, Vec<i64>, Vec<Vec<u8>>),
+    Jobs(Vec<Uuid>, Vec<String>, Vec<&'static str>, Vec<bool>, Vec<Vec<u8>>, Vec<i64>, Vec<i64>, Vec<Vec<u8>>),
+    Tasks(Vec<Uuid>, Vec<i32>, Vec<&'static str>, Vec<i32>, Vec<Option<Uuid>>, Vec<Vec<u8>>),
+    PutSettings(Vec<String>, Vec<Vec<u8>>),
+    DeleteSettings(Vec<String>),
+}
+
+impl Rows {
+    fn is_specs(&self) -> bool {
+        matches!(self, Rows::Specs(..))
+    }
+
+    fn is_jobs(&self) -> bool {
+        matches!(self, Rows::Jobs(..))
+    }
+
+    fn is_tasks(&self) -> bool {
+        matches!(self, Rows::Tasks(..))
+    }
+}
+
+/// A flush as the one statement `WRITE_ALL`: its own transaction, one round trip.
+async fn write_at_once(writer: &Writer, rows: Vec<Rows>) -> Result<(), tokio_postgres::Error> {
+    let (mut spec_jobs, mut spec_chunks, mut spec_data) = (Vec::new(), Vec::new(), Vec::new());
+    let mut jobs = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut tasks = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut put_keys, mut put_values, mut deletes): (Vec<String>, Vec<Vec<u8>>, Vec<String>) =
+        (Vec::new(), Vec::new(), Vec::new());
+    for row in rows {
+        match row {
+            Rows::Specs(a, b, c) => (spec_jobs, spec_chunks, spec_data) = (a, b, c),
+            Rows::Jobs(a, b, c, d, e, f, g, h) => jobs = (a, b, c, d, e, f, g, h),
+            Rows::Tasks(a, b, c, d, e, f) => tasks = (a, b, c, d, e, f),
+            Rows::PutSettings(a, b) => (put_keys, put_values) = (a, b),
+            Rows::DeleteSettings(a) => deletes = a,
+        }
+    }
+    let params: [&(dyn ToSql + Sync); 20] = [
+        &spec_jobs,
+        &spec_chunks,
+        &spec_data,
+        &jobs.0,
+        &jobs.1,
+        &jobs.2,
+        &jobs.3,
+        &jobs.4,
+        &jobs.5,
+        &jobs.6,
+        &jobs.7,
+        &tasks.0,
+        &tasks.1,
+        &tasks.2,
+        &tasks.3,
+        &tasks.4,
+        &tasks.5,
+        &put_keys,
+        &put_values,
+        &deletes,
+    ];
+    writer.client.execute(&writer.write_all, &params).await.map(|_| ())
+}
+
+fn rows(batch: &Merged) -> Vec<Rows> {
+    let mut out = Vec::new();
     for range in chunks(batch.spec_jobs.len()) {
-        transaction
-            .execute(
-                INSERT_SPECS,
-                &[&&batch.spec_jobs[range.clone()], &&batch.spec_chunks[range.clone()], &&batch.spec_data[range]],
-            )
-            .await?;
+        out.push(Rows::Specs(
+            batch.spec_jobs[range.clone()].to_vec(),
+            batch.spec_chunks[range.clone()].to_vec(),
+            batch.spec_data[range].to_vec(),
+        ));
     }
     for range in chunks(batch.jobs.len()) {
         let jobs = &batch.jobs[range];
-        let ids: Vec<Uuid> = jobs.iter().map(|j| j.id.0).collect();
-        let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
-        let states: Vec<&str> = jobs.iter().map(|j| j.state.as_str()).collect();
-        let active: Vec<bool> = jobs.iter().map(|j| !j.state.is_terminal()).collect();
-        let fingerprints: Vec<&[u8]> = jobs.iter().map(|j| &j.fingerprint[..]).collect();
-        let created: Vec<i64> = jobs.iter().map(|j| j.created_at.as_millis()).collect();
-        let updated: Vec<i64> = jobs.iter().map(|j| j.updated_at.as_millis()).collect();
-        let records: Vec<Vec<u8>> = jobs.iter().map(encode).collect();
-        let params: [&(dyn ToSql + Sync); 8] =
-            [&ids, &names, &states, &active, &fingerprints, &created, &updated, &records];
-        transaction.execute(UPSERT_JOBS, &params).await?;
+        out.push(Rows::Jobs(
+            jobs.iter().map(|j| j.id.0).collect(),
+            jobs.iter().map(|j| j.name.clone()).collect(),
+            jobs.iter().map(|j| j.state.as_str()).collect(),
+            jobs.iter().map(|j| !j.state.is_terminal()).collect(),
+            jobs.iter().map(|j| j.fingerprint.to_vec()).collect(),
+            jobs.iter().map(|j| j.created_at.as_millis()).collect(),
+            jobs.iter().map(|j| j.updated_at.as_millis()).collect(),
+            jobs.iter().map(encode).collect(),
+        ));
     }
     for range in chunks(batch.tasks.len()) {
         let tasks = &batch.tasks[range];
-        let jobs: Vec<Uuid> = tasks.iter().map(|t| t.0).collect();
-        let indexes: Vec<i32> = tasks.iter().map(|t| t.1).collect();
-        let states: Vec<&str> = tasks.iter().map(|t| t.2).collect();
-        let attempts: Vec<i32> = tasks.iter().map(|t| t.3).collect();
-        let handlers: Vec<Option<Uuid>> = tasks.iter().map(|t| t.4).collect();
-        let records: Vec<&[u8]> = tasks.iter().map(|t| t.5.as_slice()).collect();
-        let params: [&(dyn ToSql + Sync); 6] = [&jobs, &indexes, &states, &attempts, &handlers, &records];
-        transaction.execute(UPSERT_TASKS, &params).await?;
+        out.push(Rows::Tasks(
+            tasks.iter().map(|t| t.0).collect(),
+            tasks.iter().map(|t| t.1).collect(),
+            tasks.iter().map(|t| t.2).collect(),
+            tasks.iter().map(|t| t.3).collect(),
+            tasks.iter().map(|t| t.4).collect(),
+            tasks.iter().map(|t| t.5.clone()).collect(),
+        ));
     }
     let (puts, deletes): (Vec<_>, Vec<_>) = batch.settings.iter().partition(|(_, value)| value.is_some());
     if !puts.is_empty() {
-        let keys: Vec<&str> = puts.iter().map(|(k, _)| k.as_str()).collect();
-        let values: Vec<&[u8]> = puts.iter().map(|(_, v)| v.as_deref().unwrap_or_default()).collect();
-        transaction.execute(UPSERT_SETTINGS, &[&keys, &values]).await?;
+        out.push(Rows::PutSettings(
+            puts.iter().map(|(k, _)| k.clone()).collect(),
+            puts.iter().map(|(_, v)| v.clone().unwrap_or_default()).collect(),
+        ));
     }
     if !deletes.is_empty() {
-        let keys: Vec<&str> = deletes.iter().map(|(k, _)| k.as_str()).collect();
-        transaction.execute(DELETE_SETTINGS, &[&keys]).await?;
+        out.push(Rows::DeleteSettings(deletes.iter().map(|(k, _)| k.clone()).collect()));
     }
-    transaction.commit().await
+    out
+}
+
+/// One flush: every row of the merged batches in one transaction, sent as
+/// one pipeline (`BEGIN`, the upserts, `COMMIT`), so that it costs one round
+/// trip and the commit's own durable write.
+async fn write_transaction(writer: &mut Writer, batch: &Merged) -> Result<(), tokio_postgres::Error> {
+    let rows = rows(batch);
+    let fits_one_statement = [Rows::is_specs, Rows::is_jobs, Rows::is_tasks]
+        .iter()
+        .all(|kind| rows.iter().filter(|row| kind(row)).count() <= 1);
+    if fits_one_statement {
+        return write_at_once(writer, rows).await;
+    }
+    let client = &writer.client;
+    let mut statements: Vec<
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<u64, tokio_postgres::Error>> + Send + '_>>,
+    > = Vec::with_capacity(rows.len() + 2);
+    let none: [&(dyn ToSql + Sync); 0] = [];
+    statements.push(Box::pin(client.execute_raw(&writer.begin, none)));
+    for row in &rows {
+        type Param<'p> = &'p (dyn ToSql + Sync);
+        let (statement, params): (&tokio_postgres::Statement, Vec<Param>) = match row {
+            Rows::Specs(a, b, c) => (&writer.specs, vec![a, b, c]),
+            Rows::Jobs(a, b, c, d, e, f, g, h) => (&writer.jobs, vec![a, b, c, d, e, f, g, h]),
+            Rows::Tasks(a, b, c, d, e, f) => (&writer.tasks, vec![a, b, c, d, e, f]),
+            Rows::PutSettings(a, b) => (&writer.put_settings, vec![a, b]),
+            Rows::DeleteSettings(a) => (&writer.delete_settings, vec![a]),
+        };
+        statements.push(Box::pin(client.execute_raw(statement, params)));
+    }
+    // A statement that fails aborts the transaction: the COMMIT then rolls it
+    // back, and the failure is the statement's own error.
+    statements.push(Box::pin(client.execute_raw(&writer.commit, none)));
+    let outcomes = join_in_order(statements).await;
+    for outcome in outcomes {
+        outcome?;
+    }
+    Ok(())
+}
+
+/// Polls every future together (so that their requests go out as one
+/// pipeline, in order) and returns their results in order.
+async fn join_in_order<T>(futures: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + '_>>>) -> Vec<T> {
+    let mut slots: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    let mut futures: Vec<Option<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + '_>>>> =
+        futures.into_iter().map(Some).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (slot, future) in slots.iter_mut().zip(futures.iter_mut()) {
+            if let Some(running) = future {
+                match running.as_mut().poll(cx) {
+                    std::task::Poll::Ready(value) => {
+                        *slot = Some(value);
+                        *future = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    slots.into_iter().map(|slot| slot.expect("every future completed")).collect()
 }
 
 fn chunks(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
