@@ -1,5 +1,6 @@
-//! The engine as a whole: commands in, durable steps, work orders out,
-//! with the in-memory store (whose `crash` forgets unflushed writes) and sled.
+//! The engine as a whole: commands in, durable steps, work orders out. Every
+//! test runs on each backend: the in-memory store (whose `crash` forgets
+//! unflushed writes), sled in a data directory, and a real PostgreSQL.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use jobcenter::engine::{Engine, EngineHandle, Error, Options, Orphans, Reconcile
 use jobcenter::follower::{Outcome, Rejection};
 use jobcenter::jobfile::{self, Format, Limits};
 use jobcenter::model::{HandlerId, JobOrigin, JobSpec, JobState, TaskState};
-use jobcenter::store::{MemoryStore, SledStore, Store};
+use jobcenter::store::{Location, MemoryStore, PasswordSources, SledStore, Store};
 use jobcenter::worker::{builtin_handlers, LocalExecutor, Registry};
 use tokio::sync::mpsc;
 
@@ -32,6 +33,77 @@ fn nine_tasks(fail: Option<u32>) -> JobSpec {
         })
         .collect();
     spec(&format!(r#"{{"name":"nine","tasks":[{}]}}"#, tasks.join(",")))
+}
+
+#[path = "common/postgres.rs"]
+mod pg;
+
+/// A store to run the engine on, opened again (as after a restart) as often as needed.
+enum Subject {
+    Memory(MemoryStore),
+    Sled(tempfile::TempDir),
+    Postgres(Location),
+}
+
+impl Subject {
+    fn memory() -> Subject {
+        Subject::Memory(MemoryStore::new())
+    }
+
+    fn sled() -> Subject {
+        Subject::Sled(tempfile::tempdir().unwrap())
+    }
+
+    fn postgres() -> Subject {
+        let cluster = pg::shared();
+        let database = cluster.new_database();
+        Subject::Postgres(Location::Database { url: cluster.url(&database), passwords: PasswordSources::default() })
+    }
+
+    /// The store, opened (again); a data directory is waited for until the
+    /// previous engine's threads have let it go.
+    async fn open(&self) -> Arc<dyn Store> {
+        match self {
+            Subject::Memory(store) => Arc::new(store.clone()),
+            Subject::Sled(dir) => {
+                let path = dir.path().join("data");
+                for _ in 0..200 {
+                    match SledStore::open(&path) {
+                        Ok(store) => return Arc::new(store),
+                        Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    }
+                }
+                panic!("the data directory was not released")
+            }
+            Subject::Postgres(location) => {
+                let location = location.clone();
+                tokio::task::spawn_blocking(move || location.open().unwrap()).await.unwrap()
+            }
+        }
+    }
+
+    /// A crash: writes not flushed are forgotten (the databases keep only
+    /// what they flushed anyway; sled's crash is tested by SIGKILL elsewhere).
+    fn crash(&self) {
+        if let Subject::Memory(store) = self {
+            store.crash();
+        }
+    }
+}
+
+/// Runs a test on every backend.
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(#[tokio::test] async fn $name() { super::$name(super::Subject::memory()).await })*
+        }
+        mod sled {
+            $(#[tokio::test] async fn $name() { super::$name(super::Subject::sled()).await })*
+        }
+        mod postgres {
+            $(#[tokio::test] async fn $name() { super::$name(super::Subject::postgres()).await })*
+        }
+    };
 }
 
 const KEEP: Orphans = Orphans::Keep { grace: Duration::from_secs(30) };
@@ -83,9 +155,8 @@ fn ok() -> Outcome {
     Outcome::Succeeded { output: vec![] }
 }
 
-#[tokio::test]
-async fn nine_tasks_through_the_engine_dispatch_in_dependency_order() {
-    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
+async fn nine_tasks_through_the_engine_dispatch_in_dependency_order(subject: Subject) {
+    let engine = start(subject.open().await, KEEP).await;
     let job = engine.submit(nine_tasks(None), JobOrigin::User).await.unwrap();
     let mut worker = manual(&engine, 100).await;
     let mut dispatched = Vec::new();
@@ -123,16 +194,15 @@ async fn nine_tasks_through_the_engine_dispatch_in_dependency_order() {
     assert_eq!(record.state, JobState::Succeeded);
 }
 
-#[tokio::test]
-async fn acknowledged_submits_and_completions_survive_a_crash() {
-    let store = MemoryStore::new();
-    let engine = start(Arc::new(store.clone()), KEEP).await;
+async fn acknowledged_submits_and_completions_survive_a_crash(subject: Subject) {
+    let store = subject.open().await;
+    let engine = start(store.clone(), KEEP).await;
     let job = engine.submit(nine_tasks(None), JobOrigin::User).await.unwrap();
-    store.crash();
+    subject.crash();
     assert!(store.get_job(job).unwrap().is_some(), "an acknowledged submit is durable");
     let mut worker = manual(&engine, 1).await;
     let WorkOrder::Execute(a) = worker.next().await else { panic!() };
-    store.crash();
+    subject.crash();
     let stored = store.get_job(job).unwrap().unwrap();
     assert_eq!(
         stored.tasks[a.task.idx.index()].state,
@@ -140,14 +210,13 @@ async fn acknowledged_submits_and_completions_survive_a_crash() {
         "dispatched only after the assignment is durable"
     );
     engine.complete(a.task, a.attempt, worker.handler, ok()).await.unwrap().unwrap();
-    store.crash();
+    subject.crash();
     let stored = store.get_job(job).unwrap().unwrap();
     assert_eq!(stored.tasks[a.task.idx.index()].state, TaskState::Succeeded, "an acknowledged completion is durable");
 }
 
-#[tokio::test]
-async fn refused_completions_are_typed_and_idempotent() {
-    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
+async fn refused_completions_are_typed_and_idempotent(subject: Subject) {
+    let engine = start(subject.open().await, KEEP).await;
     engine.submit(spec(r#"{"name":"one","tasks":[{"id":"a","job_type":"noop"}]}"#), JobOrigin::User).await.unwrap();
     let mut worker = manual(&engine, 1).await;
     let WorkOrder::Execute(a) = worker.next().await else { panic!() };
@@ -170,9 +239,8 @@ async fn refused_completions_are_typed_and_idempotent() {
     assert_eq!(job.tasks[0].attempt, 1);
 }
 
-#[tokio::test]
-async fn cancel_stops_running_work_and_ends_the_job_canceled() {
-    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
+async fn cancel_stops_running_work_and_ends_the_job_canceled(subject: Subject) {
+    let engine = start(subject.open().await, KEEP).await;
     let job = engine.submit(nine_tasks(None), JobOrigin::User).await.unwrap();
     let mut worker = manual(&engine, 2).await;
     let mut running = Vec::new();
@@ -196,9 +264,8 @@ async fn cancel_stops_running_work_and_ends_the_job_canceled() {
     assert!(matches!(engine.cancel(job).await, Err(Error::JobEnded(_))));
 }
 
-#[tokio::test]
-async fn executor_runs_many_jobs_and_retry_reruns_the_failed_part() {
-    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
+async fn executor_runs_many_jobs_and_retry_reruns_the_failed_part(subject: Subject) {
+    let engine = start(subject.open().await, KEEP).await;
     LocalExecutor::start(engine.clone(), Registry::new(builtin_handlers()), 16, None).await.unwrap();
     let mut jobs = Vec::new();
     for n in 0..20 {
@@ -222,12 +289,9 @@ async fn executor_runs_many_jobs_and_retry_reruns_the_failed_part() {
     assert!(matches!(engine.retry(jobs[1]).await, Err(Error::NothingToRetry { .. })));
 }
 
-#[tokio::test]
-async fn restart_requeues_orphaned_attempts_as_new_attempts() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("data");
+async fn restart_requeues_orphaned_attempts_as_new_attempts(subject: Subject) {
     let job = {
-        let engine = start(Arc::new(SledStore::open(&path).unwrap()), Orphans::Requeue).await;
+        let engine = start(subject.open().await, Orphans::Requeue).await;
         let job = engine.submit(nine_tasks(None), JobOrigin::User).await.unwrap();
         let mut worker = manual(&engine, 3).await;
         let WorkOrder::Execute(a) = worker.next().await else { panic!() };
@@ -237,18 +301,7 @@ async fn restart_requeues_orphaned_attempts_as_new_attempts() {
         }
         job
     };
-    // The first engine's threads still hold the directory for a moment after its handles drop.
-    let mut reopened = None;
-    for _ in 0..100 {
-        match SledStore::open(&path) {
-            Ok(store) => {
-                reopened = Some(store);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-    let engine = start(Arc::new(reopened.expect("the data directory is released")), Orphans::Requeue).await;
+    let engine = start(subject.open().await, Orphans::Requeue).await;
     let stored = engine.job(job).await.unwrap().unwrap();
     let held = stored.tasks.iter().filter(|t| t.state.is_held()).count();
     assert_eq!(held, 0, "nothing is left held by a handler that is gone");
@@ -263,9 +316,8 @@ async fn restart_requeues_orphaned_attempts_as_new_attempts() {
     );
 }
 
-#[tokio::test]
-async fn tasks_on_the_same_volume_never_run_at_once_across_jobs() {
-    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
+async fn tasks_on_the_same_volume_never_run_at_once_across_jobs(subject: Subject) {
+    let engine = start(subject.open().await, KEEP).await;
     let on_volume = |name: &str, volume: u32| {
         spec(&format!(
             r#"{{"name":"{name}","tasks":[{{"id":"t","job_type":"noop","labels":{{"volume_id":"{volume}"}}}}]}}"#
@@ -291,10 +343,8 @@ fn now() -> Timestamp {
     jobcenter::clock::Clock::now(&SystemClock)
 }
 
-#[tokio::test]
-async fn a_restart_keeps_held_attempts_with_their_volume_and_their_deadline() {
-    let store = MemoryStore::new();
-    let engine = start(Arc::new(store.clone()), KEEP).await;
+async fn a_restart_keeps_held_attempts_with_their_volume_and_their_deadline(subject: Subject) {
+    let engine = start(subject.open().await, KEEP).await;
     let job = engine
         .submit(
             spec(
@@ -312,7 +362,7 @@ async fn a_restart_keeps_held_attempts_with_their_volume_and_their_deadline() {
     worker.none_within(200).await;
     drop(engine);
 
-    let engine = start(Arc::new(store.clone()), KEEP).await;
+    let engine = start(subject.open().await, KEEP).await;
     let mut back = manual_as(&engine, worker.handler, 2, 1).await;
     let running = HashSet::from([(a.task, a.attempt)]);
     let reconciled = engine.reconcile(worker.handler, running, Some(now())).await.unwrap().await.unwrap();
@@ -331,9 +381,8 @@ async fn a_restart_keeps_held_attempts_with_their_volume_and_their_deadline() {
     assert_eq!(stored.tasks[0].attempt, 1, "the kept attempt was not run again");
 }
 
-#[tokio::test]
-async fn a_worker_back_within_its_wait_keeps_its_attempts() {
-    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
+async fn a_worker_back_within_its_wait_keeps_its_attempts(subject: Subject) {
+    let engine = start(subject.open().await, KEEP).await;
     let job = engine
         .submit(
             spec(r#"{"name":"two","tasks":[{"id":"a","job_type":"noop"},{"id":"b","job_type":"noop"}]}"#),
@@ -361,10 +410,8 @@ async fn a_worker_back_within_its_wait_keeps_its_attempts() {
     assert!(stored.tasks.iter().all(|t| t.attempt == 1 && t.lost == 0), "{:?}", stored.tasks);
 }
 
-#[tokio::test]
-async fn attempts_of_a_worker_that_does_not_come_back_are_lost_and_counted() {
-    let store = MemoryStore::new();
-    let engine = start(Arc::new(store.clone()), KEEP).await;
+async fn attempts_of_a_worker_that_does_not_come_back_are_lost_and_counted(subject: Subject) {
+    let engine = start(subject.open().await, KEEP).await;
     let job =
         engine.submit(spec(r#"{"name":"one","tasks":[{"id":"a","job_type":"noop"}]}"#), JobOrigin::User).await.unwrap();
     let mut gone = manual(&engine, 1).await;
@@ -372,7 +419,7 @@ async fn attempts_of_a_worker_that_does_not_come_back_are_lost_and_counted() {
     drop(engine);
     // After a restart, the attempt waits the orphan grace for its worker.
     let grace = Orphans::Keep { grace: Duration::from_millis(500) };
-    let engine = start(Arc::new(store.clone()), grace).await;
+    let engine = start(subject.open().await, grace).await;
     let mut other = manual(&engine, 1).await;
     other.none_within(300).await;
     let WorkOrder::Execute(again) = other.next().await else { panic!("expected the task again") };
@@ -391,9 +438,8 @@ async fn attempts_of_a_worker_that_does_not_come_back_are_lost_and_counted() {
     assert_eq!((stored.record.state, stored.tasks[0].lost), (JobState::Succeeded, 1));
 }
 
-#[tokio::test]
-async fn a_worker_that_no_longer_runs_an_attempt_gives_it_back_uncounted() {
-    let engine = start(Arc::new(MemoryStore::new()), KEEP).await;
+async fn a_worker_that_no_longer_runs_an_attempt_gives_it_back_uncounted(subject: Subject) {
+    let engine = start(subject.open().await, KEEP).await;
     let job =
         engine.submit(spec(r#"{"name":"one","tasks":[{"id":"a","job_type":"noop"}]}"#), JobOrigin::User).await.unwrap();
     let mut worker = manual(&engine, 1).await;
@@ -410,3 +456,17 @@ async fn a_worker_that_no_longer_runs_an_attempt_gives_it_back_uncounted() {
     assert_eq!((stored.tasks[0].attempt, stored.tasks[0].lost), (2, 0));
     let _ = a;
 }
+
+on_every_store!(
+    nine_tasks_through_the_engine_dispatch_in_dependency_order,
+    acknowledged_submits_and_completions_survive_a_crash,
+    refused_completions_are_typed_and_idempotent,
+    cancel_stops_running_work_and_ends_the_job_canceled,
+    executor_runs_many_jobs_and_retry_reruns_the_failed_part,
+    restart_requeues_orphaned_attempts_as_new_attempts,
+    tasks_on_the_same_volume_never_run_at_once_across_jobs,
+    a_restart_keeps_held_attempts_with_their_volume_and_their_deadline,
+    a_worker_back_within_its_wait_keeps_its_attempts,
+    attempts_of_a_worker_that_does_not_come_back_are_lost_and_counted,
+    a_worker_that_no_longer_runs_an_attempt_gives_it_back_uncounted,
+);

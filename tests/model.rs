@@ -1,7 +1,8 @@
 //! Model-based property test of the follower and leader steps: random DAGs,
 //! random outcomes and completion orders, replayed and stale completions,
 //! and crashes that lose what was not flushed, checked against a small
-//! reference model after every step.
+//! reference model after every step; on the in-memory store, and on a real
+//! PostgreSQL (where a crash drops the store with its unflushed batches).
 
 use std::sync::Arc;
 
@@ -11,8 +12,14 @@ use jobcenter::follower::{self, Outcome, Rejection};
 use jobcenter::jobfile::{self, Format, Limits};
 use jobcenter::leader;
 use jobcenter::model::{HandlerId, JobId, JobOrigin, JobState, TaskState};
-use jobcenter::store::{Batch, MemoryStore, Store};
+use jobcenter::store::{Batch, Location, MemoryStore, PasswordSources, Store};
 use proptest::prelude::*;
+
+#[path = "common/postgres.rs"]
+mod pg;
+
+/// Gives the store back after a crash: what was not flushed is gone.
+type Crash = Arc<dyn Fn(Arc<dyn Store>) -> Arc<dyn Store>>;
 
 /// The reference: each task's state, recomputed from scratch by plain rules.
 #[derive(Clone, Debug, PartialEq)]
@@ -110,7 +117,8 @@ fn dag() -> impl Strategy<Value = (Vec<Vec<usize>>, Vec<u32>)> {
 /// The system under test: the job state, the store, and the model's copy at the last flush.
 struct System {
     job: ActiveJob,
-    store: MemoryStore,
+    store: Arc<dyn Store>,
+    crash: Crash,
     handler: HandlerId,
     now: Timestamp,
     model: Model,
@@ -224,7 +232,7 @@ impl System {
                 self.durable_model = self.model.clone();
             }
             Op::Crash => {
-                self.store.crash();
+                self.store = (self.crash)(self.store.clone());
                 self.restart();
                 return;
             }
@@ -318,36 +326,92 @@ fn job_text(parents: &[Vec<usize>], retry_limit: &[u32]) -> String {
     format!(r#"{{"name":"model","tasks":[{}]}}"#, tasks.join(","))
 }
 
+/// Runs one case: the job, the operations, then drives the job to its end.
+fn run_case(
+    parents: Vec<Vec<usize>>,
+    retry_limit: Vec<u32>,
+    ops: &[Op],
+    store: Arc<dyn Store>,
+    crash: Crash,
+) -> Result<(), TestCaseError> {
+    let text = job_text(&parents, &retry_limit);
+    let spec = jobfile::parse(text.as_bytes(), Format::Json, "model", &Limits::default()).unwrap();
+    let mut batch = Batch::default();
+    let now = Timestamp(1_000);
+    let (job, _) = leader::submit(JobId::new(), Arc::new(spec), JobOrigin::User, HandlerId::new(), now, &mut batch);
+    store.write(&batch).unwrap();
+    store.flush().unwrap();
+    let model = Model::new(parents, retry_limit);
+    let mut system = System {
+        job,
+        store,
+        crash,
+        handler: HandlerId::new(),
+        now,
+        durable_model: model.clone(),
+        model,
+        finalized: false,
+    };
+    system.check();
+    for op in ops {
+        system.apply(op);
+        system.check();
+    }
+    // Drive to the end: every job finishes, whatever happened before.
+    let mut rounds = 0;
+    while !system.finalized {
+        rounds += 1;
+        prop_assert!(rounds < 1000, "the job never finished");
+        system.apply(&Op::Dispatch(0));
+        system.apply(&Op::Complete(0, true));
+        system.check();
+    }
+    Ok(())
+}
+
+fn memory() -> (Arc<dyn Store>, Crash) {
+    let store = MemoryStore::new();
+    let again = store.clone();
+    let crash: Crash = Arc::new(move |_| {
+        again.crash();
+        Arc::new(again.clone())
+    });
+    (Arc::new(store), crash)
+}
+
+/// One database for every case: each case is its own job.
+fn postgres() -> (Arc<dyn Store>, Crash) {
+    static DATABASE: std::sync::OnceLock<Location> = std::sync::OnceLock::new();
+    let location = DATABASE
+        .get_or_init(|| {
+            let cluster = pg::shared();
+            Location::Database { url: cluster.url(&cluster.new_database()), passwords: PasswordSources::default() }
+        })
+        .clone();
+    let store = location.open().unwrap();
+    let crash: Crash = Arc::new(move |old| {
+        drop(old);
+        location.open().unwrap()
+    });
+    (store, crash)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
 
     #[test]
     fn steps_match_the_reference_model((parents, retry_limit) in dag(), ops in proptest::collection::vec(op(), 0..160)) {
-        let text = job_text(&parents, &retry_limit);
-        let spec = jobfile::parse(text.as_bytes(), Format::Json, "model", &Limits::default()).unwrap();
-        let store = MemoryStore::new();
-        let mut batch = Batch::default();
-        let now = Timestamp(1_000);
-        let (job, _) = leader::submit(JobId::new(), Arc::new(spec), JobOrigin::User, HandlerId::new(), now, &mut batch);
-        store.write(&batch).unwrap();
-        store.flush().unwrap();
-        let model = Model::new(parents, retry_limit);
-        let mut system = System {
-            job, store, handler: HandlerId::new(), now, durable_model: model.clone(), model, finalized: false,
-        };
-        system.check();
-        for op in &ops {
-            system.apply(op);
-            system.check();
-        }
-        // Drive to the end: every job finishes, whatever happened before.
-        let mut rounds = 0;
-        while !system.finalized {
-            rounds += 1;
-            prop_assert!(rounds < 1000, "the job never finished");
-            system.apply(&Op::Dispatch(0));
-            system.apply(&Op::Complete(0, true));
-            system.check();
-        }
+        let (store, crash) = memory();
+        run_case(parents, retry_limit, &ops, store, crash)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn steps_match_the_reference_model_on_postgres((parents, retry_limit) in dag(), ops in proptest::collection::vec(op(), 0..160)) {
+        let (store, crash) = postgres();
+        run_case(parents, retry_limit, &ops, store, crash)?;
     }
 }

@@ -68,7 +68,10 @@ fn a_database_that_cannot_be_used_is_refused_in_one_line() {
     let newer = cluster.new_database();
     let server = Server::start(&dir.path().join("unused"), &["--database-url", &cluster.url(&newer)]);
     drop(server);
-    cluster.psql(&newer, "INSERT INTO jobcenter.schema_history (version, name, applied_on, checksum) VALUES (99, 'later', '', '0')");
+    cluster.psql(
+        &newer,
+        "INSERT INTO jobcenter.schema_history (version, name, applied_on, checksum) VALUES (99, 'later', '', '0')",
+    );
     let line = refused(&cluster.url(&newer), &password);
     assert!(line.contains("has schema version 99") && line.contains("knows versions up to 1"), "{line}");
 }
@@ -83,12 +86,12 @@ fn the_admin_reaches_its_database_over_tls() {
     let dir = tempfile::tempdir().unwrap();
     let job = dir.path().join("nine.json");
     std::fs::write(&job, common::nine_tasks(None, 0)).unwrap();
-    for (n, query) in ["sslmode=require".to_string(), format!("sslmode=verify-full&sslrootcert={}", ca.display())]
-        .iter()
-        .enumerate()
+    for (n, query) in
+        ["sslmode=require".to_string(), format!("sslmode=verify-full&sslrootcert={}", ca.display())].iter().enumerate()
     {
         let url = format!("{base}?{query}");
-        let server = Server::start(&dir.path().join(format!("unused{n}")), &["--database-url", &url, "--local-workers", "1"]);
+        let server =
+            Server::start(&dir.path().join(format!("unused{n}")), &["--database-url", &url, "--local-workers", "1"]);
         let output = server.cli(&["submit", job.to_str().unwrap(), "--wait"]);
         assert!(output.status.success(), "{query}: {}", String::from_utf8_lossy(&output.stderr));
     }
@@ -224,7 +227,12 @@ fn postgres_restarted_under_load_loses_nothing_acknowledged_and_runs_nothing_twi
         .filter(|(i, s)| states[i] != **s)
         .map(|(i, s)| format!("t{i}: {} (expected {s})", states[&i]))
         .collect();
-    assert!(mismatches.is_empty(), "{} tasks differ from the model: {:?}", mismatches.len(), &mismatches[..mismatches.len().min(10)]);
+    assert!(
+        mismatches.is_empty(),
+        "{} tasks differ from the model: {:?}",
+        mismatches.len(),
+        &mismatches[..mismatches.len().min(10)]
+    );
     // Every task that ran, ran once.
     let mut starts: BTreeMap<String, usize> = BTreeMap::new();
     for (task, _, event) in exec_events(&log, &job) {
@@ -270,7 +278,11 @@ fn export_and_import_move_everything_between_a_data_directory_and_a_database() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let again = cli(&["import", first.to_str().unwrap(), "--database-url", &url]);
     assert!(again.status.success());
-    assert!(String::from_utf8_lossy(&again.stderr).contains("imported 0 jobs"), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("imported 0 jobs"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
     let count = cluster.psql(&database, "SELECT count(*) FROM jobcenter.jobs");
     assert_eq!(count.trim(), "1", "never a duplicate");
 

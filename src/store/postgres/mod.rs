@@ -73,7 +73,7 @@ impl PgStore {
             .enable_all()
             .build()
             .map_err(|e| Error::Io(format!("cannot start the database runtime: {e}")))?;
-        let (pool, writer) = runtime.block_on(async {
+        let (pool, writer) = block_on(&runtime, async {
             let mut client = target.connect().await.map_err(|e| connect_error(&target, &e))?;
             migrate(&target, &mut client).await?;
             let manager = deadpool_postgres::Manager::from_config(
@@ -109,16 +109,8 @@ impl PgStore {
         &self.target.display
     }
 
-    /// Runs `future` on the store's runtime and waits for it. Callers are
-    /// blocking code (the committer thread, `spawn_blocking`); one called from
-    /// inside a runtime is served from a thread of its own.
     fn block_on<T: Send>(&self, future: impl std::future::Future<Output = T> + Send) -> T {
-        let runtime = self.runtime.as_ref().expect("the runtime lives as long as the store");
-        if tokio::runtime::Handle::try_current().is_ok() {
-            std::thread::scope(|scope| scope.spawn(|| runtime.block_on(future)).join().expect("database call"))
-        } else {
-            runtime.block_on(future)
-        }
+        block_on(self.runtime.as_ref().expect("the runtime lives as long as the store"), future)
     }
 
     fn error(&self, e: &tokio_postgres::Error) -> Error {
@@ -189,6 +181,17 @@ impl PgStore {
             *writer = None;
         }
         result.map_err(|e| self.error(&e))
+    }
+}
+
+/// Runs `future` on the store's runtime and waits for it. Callers are
+/// blocking code (the committer thread, `spawn_blocking`); one called from
+/// inside a runtime is served from a thread of its own.
+fn block_on<T: Send>(runtime: &tokio::runtime::Runtime, future: impl std::future::Future<Output = T> + Send) -> T {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        std::thread::scope(|scope| scope.spawn(|| runtime.block_on(future)).join().expect("database call"))
+    } else {
+        runtime.block_on(future)
     }
 }
 
