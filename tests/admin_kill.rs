@@ -13,6 +13,8 @@
 //! 10,000-task job of 150 ms shell tasks.
 
 mod common;
+#[path = "common/postgres.rs"]
+mod pg;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -115,6 +117,19 @@ fn free_port() -> u16 {
 
 #[test]
 fn the_admin_killed_over_and_over_still_finishes_the_job_exactly() {
+    admin_killed(&[]);
+}
+
+#[test]
+fn the_admin_killed_over_and_over_on_postgres_still_finishes_the_job_exactly() {
+    let cluster = pg::shared();
+    let database = cluster.new_database();
+    admin_killed(&["--database-url".into(), cluster.url(&database)]);
+}
+
+/// The admin killed over and over during a layered job, keeping its data
+/// where `store` says (a data directory by default).
+fn admin_killed(store: &[String]) {
     let kills: usize = std::env::var("JOBCENTER_ADMIN_KILLS").ok().and_then(|k| k.parse().ok()).unwrap_or(20);
     let seed: u64 = std::env::var("JOBCENTER_KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_cafe);
     let mut rng = Rng(seed);
@@ -126,7 +141,7 @@ fn the_admin_killed_over_and_over_still_finishes_the_job_exactly() {
     // Workers keep running through the kills for their lease (10 s); the
     // admin waits a little longer for them (12.5 s) within its orphan grace
     // and silence timeout (15 s).
-    let server_args = [
+    let mut server_args = vec![
         "--grpc",
         grpc.as_str(),
         "--silence-timeout",
@@ -138,6 +153,7 @@ fn the_admin_killed_over_and_over_still_finishes_the_job_exactly() {
         "--orphan-grace",
         "15s",
     ];
+    server_args.extend(store.iter().map(String::as_str));
     let start = |crash: Option<String>| {
         if let Some(crash) = &crash {
             std::env::set_var("JOBCENTER_CRASH_AT", crash);

@@ -1,12 +1,15 @@
 //! Kill test for `jobcenter run`: SIGKILLs the real binary again and again
 //! while it runs a 2,000-task layered job, reruns it on the same data
-//! directory, and checks that the same job resumes, ends as a reference model
-//! says, and, from the execution log, that no attempt ran twice and nothing
-//! that had succeeded ran again.
+//! directory (or the same PostgreSQL database), and checks that the same job
+//! resumes, ends as a reference model says, and, from the execution log, that
+//! no attempt ran twice and nothing that had succeeded ran again.
 //!
 //! Job and kill times follow one seed, printed first; `JOBCENTER_KILL_SEED=N
 //! cargo test --test kill_run -- --nocapture` replays a seed (timing still varies).
 #![cfg(unix)]
+
+#[path = "common/postgres.rs"]
+mod pg;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::process::ExitStatusExt;
@@ -486,6 +489,20 @@ fn check_exec_log(
 
 #[test]
 fn killed_run_resumes_and_never_reruns_what_succeeded() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data_dir = dir.path().join("data");
+    killed_run(&["--data-dir".into(), data_dir.display().to_string()]);
+}
+
+#[test]
+fn killed_run_on_postgres_resumes_and_never_reruns_what_succeeded() {
+    let cluster = pg::shared();
+    let database = cluster.new_database();
+    killed_run(&["--database-url".into(), cluster.url(&database)]);
+}
+
+/// `jobcenter run` killed over and over on the store `store` names.
+fn killed_run(store: &[String]) {
     let started_at = Instant::now();
     let seed = std::env::var("JOBCENTER_KILL_SEED")
         .ok()
@@ -510,12 +527,11 @@ fn killed_run_resumes_and_never_reruns_what_succeeded() {
 
     let dir = tempfile::tempdir().expect("temp dir");
     let job_path = dir.path().join("job.json");
-    let data_dir = dir.path().join("data");
     let exec_log = dir.path().join("exec.log");
     std::fs::write(&job_path, serde_json::to_vec(&job_file(&tasks)).expect("job JSON")).expect("write job file");
     let run_command = |json: bool| {
         let mut command = jobcenter();
-        command.arg("run").arg(&job_path).arg("--data-dir").arg(&data_dir).arg("--exec-log").arg(&exec_log);
+        command.arg("run").arg(&job_path).args(store).arg("--exec-log").arg(&exec_log);
         command.arg("--concurrency").arg(CONCURRENCY.to_string());
         if json {
             command.arg("--json");
@@ -626,7 +642,11 @@ fn killed_run_resumes_and_never_reruns_what_succeeded() {
         );
         let (out, err) = run_files(final_run + 1);
         let mut command = jobcenter();
-        command.arg("job").arg(&first_job).arg("--data-dir").arg(&data_dir).arg("--json");
+        let place: Vec<String> = match store[0].as_str() {
+            "--database-url" => vec!["--database-url".into(), store[1].clone()],
+            _ => store.to_vec(),
+        };
+        command.arg("job").arg(&first_job).args(&place).arg("--json");
         let mut child = spawn(command, &out, &err);
         let status = wait_until(&mut child, Instant::now() + PROCESS_TIMEOUT, "jobcenter job", &err);
         assert!(status.success(), "jobcenter job {first_job} exited with {status}");

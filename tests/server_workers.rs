@@ -3,6 +3,8 @@
 //! killed while it holds tasks has its attempts run again on the other.
 
 mod common;
+#[path = "common/postgres.rs"]
+mod pg;
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -10,9 +12,9 @@ use std::time::Duration;
 
 use common::{exec_events, nine_tasks, run_with_timeout, start_worker, states, wait_until, Server};
 
-fn run_embedded(file: &std::path::Path, dir: &std::path::Path) -> serde_json::Value {
+fn run_embedded(file: &std::path::Path, store: &[String]) -> serde_json::Value {
     let mut command = Command::new(common::binary());
-    command.args(["run", file.to_str().unwrap(), "--json", "--data-dir", dir.join("embedded").to_str().unwrap()]);
+    command.args(["run", file.to_str().unwrap(), "--json"]).args(store);
     let output = run_with_timeout(command, Duration::from_secs(60));
     serde_json::from_slice(&output.stdout).expect("run --json")
 }
@@ -20,17 +22,37 @@ fn run_embedded(file: &std::path::Path, dir: &std::path::Path) -> serde_json::Va
 #[test]
 fn nine_tasks_through_two_workers_end_as_run_ends_them() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&dir.path().join("data"), &[]);
+    let embedded = dir.path().join("embedded").display().to_string();
+    nine_tasks_through_two_workers(dir.path(), &[], &["--data-dir".into(), embedded]);
+}
+
+#[test]
+fn nine_tasks_on_postgres_through_two_workers_end_as_run_ends_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = pg::shared();
+    let (server_db, embedded_db) = (cluster.new_database(), cluster.new_database());
+    nine_tasks_through_two_workers(
+        dir.path(),
+        &["--database-url".into(), cluster.url(&server_db)],
+        &["--database-url".into(), cluster.url(&embedded_db)],
+    );
+}
+
+/// The nine-task job, failing and not, through a server and two workers and
+/// through `jobcenter run`, each on the store its arguments name.
+fn nine_tasks_through_two_workers(dir: &std::path::Path, server_store: &[String], embedded_store: &[String]) {
+    let server_args: Vec<&str> = server_store.iter().map(String::as_str).collect();
+    let server = Server::start(&dir.join("data"), &server_args);
     let _a = start_worker(&server, "worker-a", &[], None);
     let _b = start_worker(&server, "worker-b", &[], None);
     server.wait_for_workers(2);
     for (name, fail, expected_exit) in [("success", None, 0), ("failure", Some(4), 1)] {
-        let file = dir.path().join(format!("{name}.json"));
+        let file = dir.join(format!("{name}.json"));
         std::fs::write(&file, nine_tasks(fail, 20)).unwrap();
         let output = server.cli(&["submit", file.to_str().unwrap(), "--wait", "--json"]);
         assert_eq!(output.status.code(), Some(expected_exit), "{}", String::from_utf8_lossy(&output.stderr));
         let remote: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-        let embedded = run_embedded(&file, dir.path());
+        let embedded = run_embedded(&file, embedded_store);
         assert_eq!(states(&remote), states(&embedded), "{name}: the server and `run` agree");
         assert_eq!(remote["state"], embedded["state"]);
         if fail.is_some() {
