@@ -1,7 +1,9 @@
-//! Benchmarks of the core engine on the embedded sled store, durable (every
-//! step flushed): follower transitions per second, submitting a
-//! million-task job, propagating a failure over a million descendants, and
-//! restarting with a million tasks stored.
+//! Benchmarks of the core engine, durable (every step flushed): follower
+//! transitions per second, submitting a million-task job, propagating a
+//! failure over a million descendants, and restarting with a million tasks
+//! stored. On the embedded sled store, or, with `BENCH_DATABASE_URL=URL`, on
+//! PostgreSQL (each scenario in a fresh database created beside the one the
+//! URL names, and dropped after).
 //!
 //! `cargo bench --bench core` runs every scenario RUNS times, each in a fresh
 //! child process (so peak RSS is the scenario's own), and prints the median.
@@ -19,7 +21,7 @@ use jobcenter::engine::{Engine, EngineHandle, Options, Orphans};
 use jobcenter::follower::Outcome;
 use jobcenter::jobfile::{self, Limits};
 use jobcenter::model::{HandlerId, JobOrigin, JobState};
-use jobcenter::store::{SledStore, Store};
+use jobcenter::store::{PasswordSources, ScratchDatabase, SledStore, Store};
 use jobcenter::worker::{builtin_handlers, LocalExecutor, Registry};
 
 const RUNS: usize = 3;
@@ -90,12 +92,31 @@ fn peak_rss_mib() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The scenario's database, when it runs on PostgreSQL.
+static SCRATCH: std::sync::Mutex<Option<ScratchDatabase>> = std::sync::Mutex::new(None);
+
+/// The store a scenario runs on: sled in `path`, or the scenario's database.
+fn open_store(path: &Path) -> Arc<dyn Store> {
+    let Ok(url) = std::env::var("BENCH_DATABASE_URL") else {
+        return Arc::new(SledStore::open(path).expect("open store"));
+    };
+    let url = {
+        let mut scratch = SCRATCH.lock().unwrap();
+        if scratch.is_none() {
+            *scratch = Some(ScratchDatabase::create(&url, &PasswordSources::default()).expect("scratch database"));
+        }
+        scratch.as_ref().unwrap().url().to_string()
+    };
+    let location = jobcenter::store::Location::Database { url, passwords: PasswordSources::default() };
+    location.open().expect("open the database")
+}
+
 fn parse(text: &str) -> jobcenter::model::JobSpec {
     jobfile::parse(text.as_bytes(), jobfile::Format::Json, "bench", &Limits::default()).expect("valid")
 }
 
 async fn engine(path: &Path) -> EngineHandle {
-    let store: Arc<dyn Store> = Arc::new(SledStore::open(path).expect("open store"));
+    let store = open_store(path);
     Engine::start(store, Arc::new(SystemClock), Options { orphans: Orphans::Requeue, ..Options::default() })
         .await
         .expect("engine")
@@ -196,7 +217,7 @@ async fn flush(dir: &Path) -> serde_json::Value {
     use jobcenter::clock::Timestamp;
     use jobcenter::model::{JobId, TaskIdx, TaskRecord};
     use jobcenter::store::Batch;
-    let store = SledStore::open(dir).expect("open store");
+    let store = open_store(dir);
     let job = JobId::new();
     let mut latencies = Vec::new();
     for i in 0..2000u32 {
@@ -260,7 +281,7 @@ async fn orphans(dir: &Path) -> serde_json::Value {
 }
 
 async fn engine_keep(path: &Path) -> EngineHandle {
-    let store: Arc<dyn Store> = Arc::new(SledStore::open(path).expect("open store"));
+    let store = open_store(path);
     Engine::start(
         store,
         Arc::new(SystemClock),
@@ -284,6 +305,11 @@ fn run_one(name: &str) {
             other => panic!("unknown scenario {other}; known: {SCENARIOS:?}"),
         }
     });
+    let mut result = result;
+    if let Some(scratch) = SCRATCH.lock().unwrap().take() {
+        result["database_mb"] = serde_json::json!(scratch.size().unwrap_or(0) as f64 / (1024.0 * 1024.0));
+        result["store"] = serde_json::json!("postgres");
+    }
     println!("{}", serde_json::json!({ "scenario": name, "result": result }));
 }
 

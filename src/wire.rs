@@ -11,6 +11,12 @@ use serde_json::{Map, Number, Value};
 use crate::model::{JobId, Priority, TaskIdx, TaskRef};
 use crate::proto::plugin::{config_value::Kind, ConfigValue, JobPriority};
 
+/// A label the admin sets on a `JobSpec` to give the task's id in its job
+/// (`TaskContext::task_id`); without it the task index stands in.
+pub const TASK_ID_LABEL: &str = "jobcenter.task_id";
+/// A label the admin sets on a `JobSpec` to give the job's name
+/// (`TaskContext::job_name`); without it the spec's summary stands in.
+pub const JOB_NAME_LABEL: &str = "jobcenter.job_name";
 /// The job type of the periodic recovery check, run as a cluster task.
 pub const RECOVERY_CHECK_JOB_TYPE: &str = "recovery_check";
 /// The HTTP path that tells a worker which port the worker stream listens on.
@@ -79,6 +85,12 @@ pub fn parse_outcome_ack(request_id: &str) -> Option<(&str, Option<&str>)> {
 /// The stream's name for one attempt of one task: `JOB_UUID.TASK_INDEX.ATTEMPT`.
 pub fn attempt_id(task: TaskRef, attempt: u32) -> String {
     format!("{}.{}.{}", task.job, task.idx.0, attempt)
+}
+
+/// Reads a shared token from the first line of a file (for servers, clients and workers).
+pub fn read_token(path: &std::path::Path) -> std::io::Result<String> {
+    let text = std::fs::read_to_string(path)?;
+    Ok(text.lines().next().unwrap_or("").trim().to_string())
 }
 
 /// Reads back an `attempt_id`.

@@ -45,7 +45,7 @@ impl tonic::service::Interceptor for Bearer {
 /// The token from `--token-file` or `JOBCENTER_TOKEN`, never from argv.
 pub fn token(token_file: &Option<PathBuf>) -> anyhow::Result<Option<String>> {
     if let Some(path) = token_file {
-        let token = crate::server::read_token(path).with_context(|| format!("reading {}", path.display()))?;
+        let token = crate::wire::read_token(path).with_context(|| format!("reading {}", path.display()))?;
         return Ok(Some(token));
     }
     Ok(std::env::var("JOBCENTER_TOKEN").ok().filter(|t| !t.trim().is_empty()))

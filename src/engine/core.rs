@@ -418,21 +418,14 @@ impl Core {
                         .collect();
                 let _ = reply.send(keys);
             }
-            // A job that is not active is read from the store by the caller;
-            // "not here" is answered after the committer has written every
-            // earlier step, so that the store already shows how the job ended.
-            Command::Get { job, reply } => match self.jobs.get(&job) {
-                Some(active) => {
-                    let _ = reply.send(Some(active.to_stored()));
-                }
-                None => step.reply(reply, None),
-            },
-            Command::Summary { job, reply } => match self.jobs.get(&job) {
-                Some(a) => {
-                    let _ = reply.send(Some(Summary { record: a.record.clone(), counts: a.counts }));
-                }
-                None => step.reply(reply, None),
-            },
+            // Readers see only what is durable: an answer is taken from memory
+            // now and given once every step so far is flushed. A job that is
+            // not active is read from the store by the caller, after that too.
+            Command::Get { job, reply } => step.reply(reply, self.jobs.get(&job).map(ActiveJob::to_stored)),
+            Command::Summary { job, reply } => {
+                let summary = self.jobs.get(&job).map(|a| Summary { record: a.record.clone(), counts: a.counts });
+                step.reply(reply, summary);
+            }
             Command::Wait { job, reply } => {
                 if self.jobs.contains_key(&job) {
                     self.waiters.entry(job).or_default().push(reply);

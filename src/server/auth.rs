@@ -46,10 +46,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Reads a token from a file (first line), never from the command line.
-pub fn read_token(path: &std::path::Path) -> std::io::Result<String> {
-    let text = std::fs::read_to_string(path)?;
-    Ok(text.lines().next().unwrap_or("").trim().to_string())
-}
+pub use crate::wire::read_token;
 
 #[cfg(test)]
 mod tests {

@@ -27,7 +27,6 @@ use crate::proto::plugin::{
     WorkKind, WorkerHeartbeat, WorkerHello, WorkerToAdminMessage,
 };
 use crate::wire;
-use crate::worker::remote;
 
 /// How long a new stream may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -364,8 +363,8 @@ impl Session {
                 parameters,
                 labels: {
                     let mut labels: HashMap<String, String> = assignment.labels.clone().into_iter().collect();
-                    labels.insert(remote::TASK_ID_LABEL.into(), assignment.task_id.to_string());
-                    labels.insert(remote::JOB_NAME_LABEL.into(), assignment.job_name.clone());
+                    labels.insert(wire::TASK_ID_LABEL.into(), assignment.task_id.to_string());
+                    labels.insert(wire::JOB_NAME_LABEL.into(), assignment.job_name.clone());
                     labels
                 },
                 created_at: Some(now_timestamp()),

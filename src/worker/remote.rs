@@ -58,12 +58,7 @@ use crate::wire;
 
 /// The protocol version a worker announces in its hello.
 pub const PROTOCOL_VERSION: &str = "1";
-/// A label the admin may set on a `JobSpec` to give the task's id in its job
-/// (`TaskContext::task_id`); without it the task index stands in.
-pub const TASK_ID_LABEL: &str = "jobcenter.task_id";
-/// A label the admin may set on a `JobSpec` to give the job's name
-/// (`TaskContext::job_name`); without it the spec's summary stands in.
-pub const JOB_NAME_LABEL: &str = "jobcenter.job_name";
+pub use crate::wire::{JOB_NAME_LABEL, TASK_ID_LABEL};
 /// The default lease: how long the worker keeps running its work without
 /// reaching an admin. An admin keeps a disconnected worker's attempts for
 /// the lease and a margin (25 s), within its orphan grace (30 s).

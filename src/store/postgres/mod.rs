@@ -210,7 +210,7 @@ impl ScratchDatabase {
         let runtime =
             tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::Io(e.to_string()))?;
         let name = format!("jobcenter_bench_{}", Uuid::new_v4().simple());
-        runtime.block_on(async {
+        block_on(&runtime, async {
             let client = admin.connect().await.map_err(|e| connect_error(&admin, &e))?;
             client.batch_execute(&format!("CREATE DATABASE {name}")).await.map_err(|e| setup_error(&admin, &e))
         })?;
@@ -233,7 +233,7 @@ impl ScratchDatabase {
 
     /// Its size on disk, in bytes.
     pub fn size(&self) -> Result<i64, Error> {
-        self.runtime.block_on(async {
+        block_on(&self.runtime, async {
             let client = self.admin.connect().await.map_err(|e| connect_error(&self.admin, &e))?;
             let row = client
                 .query_one("SELECT pg_database_size($1)", &[&self.name])
@@ -246,7 +246,7 @@ impl ScratchDatabase {
 
 impl Drop for ScratchDatabase {
     fn drop(&mut self) {
-        let _ = self.runtime.block_on(async {
+        let _ = block_on(&self.runtime, async {
             let client = self.admin.connect().await?;
             client.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)).await
         });
