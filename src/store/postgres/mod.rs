@@ -253,6 +253,12 @@ impl Drop for ScratchDatabase {
     }
 }
 
+/// One task row: job, index, state, attempts, handler, encoded record.
+type TaskRow = (Uuid, i32, &'static str, i32, Option<Uuid>, Vec<u8>);
+
+/// One pipelined statement of a write transaction, returning rows changed.
+type Pending<'c> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<u64, tokio_postgres::Error>> + Send + 'c>>;
+
 /// A flush's batches as rows, each record once (the last written wins).
 #[derive(Default)]
 struct Merged {
@@ -260,7 +266,7 @@ struct Merged {
     spec_chunks: Vec<i64>,
     spec_data: Vec<Vec<u8>>,
     jobs: Vec<JobRecord>,
-    tasks: Vec<(Uuid, i32, &'static str, i32, Option<Uuid>, Vec<u8>)>,
+    tasks: Vec<TaskRow>,
     settings: Vec<(String, Option<Vec<u8>>)>,
 }
 
@@ -501,9 +507,7 @@ async fn write_transaction(writer: &mut Writer, batch: &Merged) -> Result<(), to
         return write_at_once(writer, rows).await;
     }
     let client = &writer.client;
-    let mut statements: Vec<
-        std::pin::Pin<Box<dyn std::future::Future<Output = Result<u64, tokio_postgres::Error>> + Send + '_>>,
-    > = Vec::with_capacity(rows.len() + 2);
+    let mut statements: Vec<Pending<'_>> = Vec::with_capacity(rows.len() + 2);
     let none: [&(dyn ToSql + Sync); 0] = [];
     statements.push(Box::pin(client.execute_raw(&writer.begin, none)));
     for row in &rows {
