@@ -360,6 +360,88 @@ pub async fn workers(args: WorkersArgs) -> anyhow::Result<ExitCode> {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct InstancesArgs {
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+pub async fn instances(args: InstancesArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let instances =
+        client.list_instances(api::ListInstancesRequest {}).await.map_err(status_error)?.into_inner().instances;
+    if args.json {
+        println!("{}", serde_json::to_string(&instances)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<38}  {:<6}  {:<11}  {:<21}  {:<24}  {:>5}  {:>7}  {:<6}  DETECTIONS",
+        "INSTANCE", "ROLE", "STATUS", "ADDRESS", "LAST HEARTBEAT (DB)", "JOBS", "WORKERS", "PAUSED"
+    );
+    for i in instances {
+        let id = if i.answering { format!("{} *", i.id) } else { i.id.clone() };
+        let heartbeat = if i.heartbeat_ms == 0 {
+            "-".to_string()
+        } else {
+            format!("{} ({:.1} s ago)", time(i.heartbeat_ms), i.heartbeat_age_ms as f64 / 1000.0)
+        };
+        println!(
+            "{:<38}  {:<6}  {:<11}  {:<21}  {:<24}  {:>5}  {:>7}  {:<6}  {}",
+            id,
+            i.role,
+            i.status,
+            i.http_address,
+            heartbeat,
+            i.jobs_led,
+            i.workers,
+            if i.paused { "yes" } else { "no" },
+            i.detections.join(",")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SchedulerArgs {
+    #[command(subcommand)]
+    pub command: SchedulerCommand,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SchedulerCommand {
+    /// Stop starting detections (running ones finish).
+    Pause {
+        /// Only this instance (see `jobcenter instances`); default: all.
+        #[arg(long)]
+        instance: Option<String>,
+    },
+    /// Start detecting again.
+    Resume {
+        #[arg(long)]
+        instance: Option<String>,
+    },
+}
+
+pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
+    let (paused, instance) = match args.command {
+        SchedulerCommand::Pause { instance } => (true, instance),
+        SchedulerCommand::Resume { instance } => (false, instance),
+    };
+    let mut client = args.connection.connect().await?;
+    let request = api::SetSchedulerPausedRequest { paused, instance: instance.clone().unwrap_or_default() };
+    let changed = client.set_scheduler_paused(request).await.map_err(status_error)?.into_inner().changed;
+    let verb = if paused { "paused" } else { "resumed" };
+    match instance {
+        Some(id) => println!("scheduler {verb} on instance {id}"),
+        None => println!("scheduler {verb} on {changed} instance(s)"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
 pub struct PolicyArgs {
     #[command(subcommand)]
     pub command: PolicyCommand,

@@ -57,6 +57,10 @@ pub enum Command {
     Retry(client::JobIdArgs),
     /// List the connected workers.
     Workers(client::WorkersArgs),
+    /// List the admin instances sharing the database.
+    Instances(client::InstancesArgs),
+    /// Pause or resume the scheduler loop.
+    Scheduler(client::SchedulerArgs),
     /// Show or change a job type's policy.
     Policy(client::PolicyArgs),
     /// Run a job file on a fresh server and worker processes and measure it.
@@ -105,6 +109,8 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Cancel(args) => client::cancel(args).await,
             Command::Retry(args) => client::retry(args).await,
             Command::Workers(args) => client::workers(args).await,
+            Command::Instances(args) => client::instances(args).await,
+            Command::Scheduler(args) => client::scheduler(args).await,
             Command::Policy(args) => client::policy(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Recover(args) => client::recover(args).await,

@@ -49,6 +49,13 @@ pub struct ServerArgs {
     /// A task held this long without progress is taken back (recovery rule R3-progress).
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     pub progress_timeout: Duration,
+    /// With several admins on one database: how often this one writes its heartbeat.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub cluster_heartbeat: Duration,
+    /// With several admins on one database: an admin silent this long (on
+    /// the database's clock) is deactivated and its jobs taken over.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    pub lag_threshold: Duration,
     /// Attempts a task may lose with its worker before it fails.
     #[arg(long, default_value_t = 3)]
     pub lost_attempt_limit: u32,
@@ -98,6 +105,14 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(EXIT_USAGE));
     }
+    if args.lag_threshold < args.cluster_heartbeat * 2 {
+        eprintln!(
+            "jobcenter: --lag-threshold ({:?}) must be at least twice --cluster-heartbeat ({:?}), \
+             or live admins would be taken for silent ones",
+            args.lag_threshold, args.cluster_heartbeat
+        );
+        return Ok(ExitCode::from(EXIT_USAGE));
+    }
     let grpc_port = match args.grpc {
         Some(port) => port,
         None if args.http.port() == 0 => 0,
@@ -126,6 +141,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         recovery_interval: args.recovery_interval,
         finalize_grace: args.finalize_grace,
         progress_timeout: args.progress_timeout,
+        cluster: server::cluster::Timing { heartbeat: args.cluster_heartbeat, lag: args.lag_threshold },
         ..ServerOptions::default()
     };
     server::run(store, options, http, grpc, shutdown_signal()).await?;

@@ -127,6 +127,11 @@ fn until_available(ready: &AtomicBool, mut call: impl FnMut() -> Result<(), stor
                 std::thread::sleep(delay);
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
+            Err(e @ store::Error::Fenced { .. }) => {
+                tracing::error!(error = %e, "write refused: this instance was deactivated");
+                eprintln!("jobcenter: {e}");
+                store::cluster::start_over();
+            }
             Err(e) => {
                 tracing::error!(error = %e, "store write failed; stopping");
                 eprintln!("jobcenter: {e}; stopping so that nothing unwritten is acknowledged");

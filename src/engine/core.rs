@@ -132,6 +132,17 @@ pub(super) enum Command {
         settings: Vec<(String, Option<Vec<u8>>)>,
         reply: Reply<()>,
     },
+    /// Takes the lead of jobs claimed from the store (another instance led them).
+    Adopt {
+        jobs: Vec<StoredJob>,
+        reply: Reply<usize>,
+    },
+    /// Stops leading up to `up_to` jobs that no attempt runs for and nobody
+    /// waits on, so that other instances may claim them.
+    Release {
+        up_to: usize,
+        reply: Reply<Vec<JobId>>,
+    },
 }
 
 /// Work that may only happen after the iteration's batch is durable.
@@ -439,6 +450,37 @@ impl Core {
             Command::PutSettings { settings, reply } => {
                 step.batch.settings.extend(settings);
                 step.reply(reply, ());
+            }
+            Command::Adopt { jobs, reply } => {
+                let mut adopted = 0;
+                let mut fresh = Vec::with_capacity(jobs.len());
+                for mut stored in jobs.into_iter().filter(|job| !self.jobs.contains_key(&job.record.id)) {
+                    stored.record.handler = Some(self.options.instance);
+                    step.batch.jobs.push(stored.record.clone());
+                    fresh.push(stored);
+                    adopted += 1;
+                }
+                self.restore(fresh, now, step);
+                step.reply(reply, adopted);
+            }
+            Command::Release { up_to, reply } => {
+                let busy = self.held.jobs();
+                let mut candidates: Vec<JobId> = self
+                    .jobs
+                    .keys()
+                    .filter(|job| !busy.contains(job) && !self.waiters.contains_key(job))
+                    .copied()
+                    .collect();
+                candidates.sort();
+                candidates.truncate(up_to);
+                for &job in &candidates {
+                    self.jobs.remove(&job);
+                    self.dispatch.forget_job(job);
+                    self.released_at.retain(|task, _| task.job != job);
+                    tracing::info!(job.id = %job, "job released for another instance to lead");
+                }
+                step.batch.released.extend(candidates.iter().copied());
+                step.reply(reply, candidates);
             }
         }
     }
@@ -801,7 +843,15 @@ impl Core {
                 }
             }
             Orphans::Keep { grace } => {
-                for handler in self.held.handlers() {
+                let handlers: std::collections::BTreeSet<HandlerId> =
+                    orphans.iter().filter_map(|task| self.held.get(*task).map(|held| held.handler)).collect();
+                // A connected handler reports what it runs with its heartbeats;
+                // one already absent keeps the time it was given.
+                let away = |handler: &HandlerId| {
+                    !self.dispatch.has_handler(*handler) && !self.absent.handlers().any(|h| h == *handler)
+                };
+                let handlers: Vec<HandlerId> = handlers.into_iter().filter(away).collect();
+                for handler in handlers {
                     let reason = format!(
                         "lost with its worker: the admin restarted and the worker did not come back within {:.1} s",
                         grace.as_secs_f64()

@@ -265,16 +265,32 @@ impl EngineHandle {
         }
     }
 
-    /// Waits until the job has ended and returns its final record.
+    /// Waits until the job has ended and returns its final record. A job
+    /// led by another instance (several on one store) is watched in the store.
     pub async fn wait(&self, job: JobId) -> Result<JobRecord, Error> {
-        match self.call(|reply| Command::Wait { job, reply }).await? {
-            Some(record) => Ok(record),
-            None => match self.stored(job).await? {
-                Some(stored) if stored.record.state.is_terminal() => Ok(stored.record),
-                Some(_) => Err(Error::Stopped),
-                None => Err(Error::UnknownJob(job)),
-            },
+        loop {
+            match self.call(|reply| Command::Wait { job, reply }).await? {
+                Some(record) => return Ok(record),
+                None => match self.stored(job).await? {
+                    Some(stored) if stored.record.state.is_terminal() => return Ok(stored.record),
+                    Some(_) if self.store.cluster().is_some() => {
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    Some(_) => return Err(Error::Stopped),
+                    None => return Err(Error::UnknownJob(job)),
+                },
+            }
         }
+    }
+
+    /// Takes the lead of jobs claimed from the store; returns how many were new here.
+    pub async fn adopt(&self, jobs: Vec<StoredJob>) -> Result<usize, Error> {
+        self.call(|reply| Command::Adopt { jobs, reply }).await
+    }
+
+    /// Stops leading up to `up_to` idle jobs; answers once that is durable.
+    pub async fn release(&self, up_to: usize) -> Result<Vec<JobId>, Error> {
+        self.call(|reply| Command::Release { up_to, reply }).await
     }
 
     pub async fn active_jobs(&self) -> Result<Vec<JobRecord>, Error> {

@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::clock::Timestamp;
-use crate::model::{HandlerId, TaskRef};
+use crate::model::{HandlerId, JobId, TaskRef};
 
 /// One held attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,6 +109,11 @@ impl HeldTable {
 
     pub fn handlers(&self) -> BTreeSet<HandlerId> {
         self.by_task.values().map(|h| h.handler).collect()
+    }
+
+    /// Jobs with at least one held attempt.
+    pub fn jobs(&self) -> std::collections::HashSet<JobId> {
+        self.by_task.keys().map(|task| task.job).collect()
     }
 }
 

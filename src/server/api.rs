@@ -72,6 +72,14 @@ impl From<engine::Error> for Error {
     }
 }
 
+fn store_error(e: crate::store::Error) -> Error {
+    if e.is_transient() {
+        Error::Unavailable(e.to_string())
+    } else {
+        Error::Internal(e.to_string())
+    }
+}
+
 fn parse_job_id(text: &str) -> Result<JobId, Error> {
     text.parse().map_err(|_| Error::Invalid(format!("{text:?} is not a job id (a UUID)")))
 }
@@ -146,6 +154,79 @@ impl Api {
 
     pub fn workers(&self) -> Vec<api::Worker> {
         self.shared.registry.workers().iter().map(|w| w.to_api()).collect()
+    }
+
+    /// The instances sharing this one's database; this one alone otherwise.
+    pub async fn instances(&self) -> Result<Vec<api::Instance>, Error> {
+        let Some(node) = self.shared.cluster.clone() else {
+            let led = self.shared.engine.active_jobs().await?.len();
+            return Ok(vec![api::Instance {
+                id: "local".into(),
+                role: "server".into(),
+                grpc_address: format!("127.0.0.1:{}", self.shared.grpc_port),
+                status: "active".into(),
+                paused: super::scheduler::paused(&self.shared),
+                jobs_led: u32::try_from(led).unwrap_or(u32::MAX),
+                workers: u32::try_from(self.shared.registry.len()).unwrap_or(u32::MAX),
+                answering: true,
+                ..api::Instance::default()
+            }]);
+        };
+        let store = self.shared.engine.store().clone();
+        let instances = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").instances())
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?
+            .map_err(store_error)?;
+        Ok(instances
+            .into_iter()
+            .map(|i| api::Instance {
+                id: i.id.to_string(),
+                role: i.role.as_str().into(),
+                grpc_address: i.grpc_address,
+                http_address: i.http_address,
+                status: if i.active { "active" } else { "deactivated" }.into(),
+                started_at_ms: i.started_at_ms,
+                heartbeat_ms: i.heartbeat_ms,
+                heartbeat_age_ms: i.heartbeat_age_ms,
+                paused: i.paused,
+                jobs_led: u32::try_from(i.jobs_led).unwrap_or(u32::MAX),
+                detections: i.detections,
+                workers: u32::try_from(i.workers).unwrap_or(u32::MAX),
+                answering: i.id == node.id,
+            })
+            .collect())
+    }
+
+    /// Pauses or resumes the scheduler loop of one instance (by id) or of all.
+    pub async fn set_scheduler_paused(&self, paused: bool, instance: &str) -> Result<u32, Error> {
+        let target = match instance {
+            "" => None,
+            text => Some(text.parse::<uuid::Uuid>().map_err(|_| {
+                Error::Invalid(format!("{text:?} is not an instance id (a UUID): see `jobcenter instances`"))
+            })?),
+        };
+        let Some(node) = self.shared.cluster.clone() else {
+            if target.is_some() {
+                return Err(Error::Invalid("this admin runs alone: give no instance".into()));
+            }
+            self.shared.scheduler_paused.store(paused, std::sync::atomic::Ordering::Relaxed);
+            self.shared.scheduler.wake();
+            return Ok(1);
+        };
+        let target = target.map(crate::model::HandlerId);
+        let store = self.shared.engine.store().clone();
+        let changed = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").set_paused(target, paused))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?
+            .map_err(store_error)?;
+        if target.is_some() && changed == 0 {
+            return Err(Error::NotFound(format!("no active instance {instance}: see `jobcenter instances`")));
+        }
+        if target.is_none_or(|t| t == node.id) {
+            node.set_paused_here(paused);
+        }
+        tracing::info!(paused, instance, changed, "scheduler pause set over the API");
+        Ok(u32::try_from(changed).unwrap_or(u32::MAX))
     }
 
     pub fn policy(&self, job_type: &str) -> Result<api::Policy, Error> {
@@ -416,6 +497,24 @@ impl JobService for JobServiceImpl {
     async fn list_runs(&self, request: Request<api::PolicyRef>) -> Result<Response<api::RunHistory>, Status> {
         self.check(&request)?;
         Ok(Response::new(self.api.runs(&request.into_inner().job_type)))
+    }
+
+    async fn list_instances(
+        &self,
+        request: Request<api::ListInstancesRequest>,
+    ) -> Result<Response<api::ListInstancesResponse>, Status> {
+        self.check(&request)?;
+        Ok(Response::new(api::ListInstancesResponse { instances: self.api.instances().await? }))
+    }
+
+    async fn set_scheduler_paused(
+        &self,
+        request: Request<api::SetSchedulerPausedRequest>,
+    ) -> Result<Response<api::SetSchedulerPausedResponse>, Status> {
+        self.check(&request)?;
+        let r = request.into_inner();
+        let changed = self.api.set_scheduler_paused(r.paused, &r.instance).await?;
+        Ok(Response::new(api::SetSchedulerPausedResponse { changed }))
     }
 
     async fn recover(&self, request: Request<api::RecoverRequest>) -> Result<Response<api::RecoverResponse>, Status> {

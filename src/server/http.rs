@@ -60,6 +60,9 @@ pub fn router(shared: Arc<Shared>, api: Api) -> Router {
         .route("/api/jobs/{id}/cancel", post(cancel_job))
         .route("/api/jobs/{id}/retry", post(retry_job))
         .route("/api/workers", get(workers))
+        .route("/api/instances", get(instances))
+        .route("/api/scheduler/pause", post(pause_scheduler))
+        .route("/api/scheduler/resume", post(resume_scheduler))
         .route("/api/stats", get(stats))
         .route("/api/recover", post(recover))
         .route("/api/detect/{job_type}", post(detect))
@@ -162,6 +165,43 @@ async fn metrics(State(s): State<AppState>, headers: HeaderMap) -> Reply {
     authorized(&s, &headers)?;
     let text = s.shared.metrics.render(&s.shared).await;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+}
+
+async fn instances(State(s): State<AppState>, headers: HeaderMap) -> Reply {
+    authorized(&s, &headers)?;
+    let instances: Vec<Value> = s.api.instances().await?.iter().map(instance_json).collect();
+    Ok(Json(json!({ "instances": instances })).into_response())
+}
+
+fn instance_json(i: &crate::proto::api::Instance) -> Value {
+    json!({
+        "id": i.id, "role": i.role, "grpc_address": i.grpc_address, "http_address": i.http_address,
+        "status": i.status, "started_at_ms": i.started_at_ms, "heartbeat_ms": i.heartbeat_ms,
+        "heartbeat_age_ms": i.heartbeat_age_ms, "paused": i.paused, "jobs_led": i.jobs_led,
+        "detections": i.detections, "workers": i.workers, "answering": i.answering,
+    })
+}
+
+async fn pause_scheduler(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Reply {
+    authorized(&s, &headers)?;
+    let instance = q.get("instance").map(String::as_str).unwrap_or("");
+    let changed = s.api.set_scheduler_paused(true, instance).await?;
+    Ok(Json(json!({ "paused": true, "changed": changed })).into_response())
+}
+
+async fn resume_scheduler(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Reply {
+    authorized(&s, &headers)?;
+    let instance = q.get("instance").map(String::as_str).unwrap_or("");
+    let changed = s.api.set_scheduler_paused(false, instance).await?;
+    Ok(Json(json!({ "paused": false, "changed": changed })).into_response())
 }
 
 async fn workers(State(s): State<AppState>, headers: HeaderMap) -> Reply {

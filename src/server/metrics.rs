@@ -14,6 +14,7 @@
 //! | `jobcenter_recovery_findings_total` | counter | `rule` | findings of the recovery check |
 //! | `jobcenter_detections_total` | counter | `job_type` | detection runs |
 //! | `jobcenter_proposals_total` | counter | `job_type` | jobs proposed by detections |
+//! | `jobcenter_instances_deactivated_total` | counter | | silent instances this one deactivated (several on one database) |
 //!
 //! Gauges are computed when scraped, so they cost nothing between scrapes.
 //! The committer reports its timings through `commit_observer`; until the
@@ -56,6 +57,7 @@ pub struct Metrics {
     recovery_findings: IntCounterVec,
     detections: IntCounterVec,
     proposals: IntCounterVec,
+    deactivations: prometheus::IntCounter,
     /// Whether the committer reports its timings (see `commit_observer`).
     committer_reports: Arc<AtomicBool>,
 }
@@ -135,6 +137,15 @@ impl Metrics {
                 "Jobs proposed by detection runs, by job type.",
                 "job_type",
             ),
+            deactivations: {
+                let counter = prometheus::IntCounter::new(
+                    "jobcenter_instances_deactivated_total",
+                    "Silent admin instances this instance deactivated.",
+                )
+                .expect("valid metric");
+                registry.register(Box::new(counter.clone())).expect("metric registered once");
+                counter
+            },
             registry,
             committer_reports: Arc::new(AtomicBool::new(false)),
         }
@@ -150,6 +161,10 @@ impl Metrics {
         for rule in rules {
             self.recovery_findings.with_label_values(&[*rule]);
         }
+    }
+
+    pub fn note_deactivation(&self) {
+        self.deactivations.inc();
     }
 
     pub fn record_detection(&self, job_type: &str) {

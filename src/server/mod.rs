@@ -4,6 +4,7 @@
 
 mod api;
 mod auth;
+pub mod cluster;
 mod convert;
 mod http;
 pub mod master;
@@ -30,6 +31,7 @@ use crate::engine::{Engine, EngineHandle, Options, Orphans};
 use crate::jobfile::Limits;
 use crate::proto::api::job_service_server::JobServiceServer;
 use crate::proto::plugin::plugin_control_service_server::PluginControlServiceServer;
+use crate::store::cluster::Role;
 use crate::store::Store;
 use crate::worker::{builtin_handlers, LocalExecutor, Registry as HandlerRegistry};
 
@@ -62,6 +64,8 @@ pub struct ServerOptions {
     pub finalize_grace: Duration,
     /// A held task without progress for longer is taken back (R3-progress).
     pub progress_timeout: Duration,
+    /// Heartbeat and lag threshold of the instances sharing a database.
+    pub cluster: cluster::Timing,
 }
 
 impl Default for ServerOptions {
@@ -83,6 +87,7 @@ impl Default for ServerOptions {
             recovery_interval: Duration::from_secs(60),
             finalize_grace: Duration::from_secs(60),
             progress_timeout: Duration::from_secs(24 * 3600),
+            cluster: cluster::Timing::default(),
         }
     }
 }
@@ -127,6 +132,10 @@ pub struct Shared {
     pub options: ServerOptions,
     pub grpc_port: u16,
     pub clock: Arc<dyn Clock>,
+    /// This instance among several on one database; `None` alone.
+    pub cluster: Option<Arc<cluster::Node>>,
+    /// The scheduler loop is paused (alone; in a cluster, `cluster` says).
+    pub scheduler_paused: std::sync::atomic::AtomicBool,
 }
 
 /// Runs the server on listeners that are already bound until `shutdown` resolves.
@@ -138,9 +147,23 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let grpc_addr: SocketAddr = grpc.local_addr()?;
+    let http_addr: SocketAddr = http.local_addr()?;
+    let node = match store.cluster() {
+        Some(_) => {
+            let (store, clock, timing) = (store.clone(), clock.clone(), options.cluster);
+            let join = move || {
+                let (grpc, http) = (grpc_addr.to_string(), http_addr.to_string());
+                cluster::Node::join(store, clock, Role::Server, grpc, http, timing)
+            };
+            Some(Arc::new(tokio::task::spawn_blocking(join).await??))
+        }
+        None => None,
+    };
     let engine_options = Options {
         orphans: Orphans::Keep { grace: options.orphan_grace },
         lost_attempt_limit: options.lost_attempt_limit,
+        instance: node.as_ref().map(|n| n.id).unwrap_or_else(crate::model::HandlerId::new),
         ..Options::default()
     };
     let engine = Engine::start(store.clone(), clock.clone(), engine_options).await?;
@@ -152,8 +175,6 @@ pub async fn run(
     for job_type in policies.job_types().iter().map(String::as_str).chain(["noop", "shell"]) {
         policies.push_limits(&engine, job_type).await;
     }
-    let grpc_addr: SocketAddr = grpc.local_addr()?;
-    let http_addr: SocketAddr = http.local_addr()?;
     let shared = Arc::new(Shared {
         stats: Stats::default(),
         cluster_lock: master::ClusterLock::default(),
@@ -167,6 +188,8 @@ pub async fn run(
         options: options.clone(),
         grpc_port: grpc_addr.port(),
         clock,
+        cluster: node.clone(),
+        scheduler_paused: std::sync::atomic::AtomicBool::new(false),
     });
 
     engine.on_commit(Arc::new(shared.metrics.commit_observer()));
@@ -175,6 +198,7 @@ pub async fn run(
         let handlers = HandlerRegistry::new(builtin_handlers());
         LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;
     }
+    cluster::spawn_loop(shared.clone());
     recovery::spawn_loop(shared.clone());
     scheduler::spawn_loop(shared.clone());
     master::spawn_duties(shared.clone());
@@ -217,7 +241,10 @@ pub async fn run(
         );
     let http_server =
         axum::serve(http, http::router(shared.clone(), api)).with_graceful_shutdown(stopped(stop_rx.clone()));
-    eprintln!("jobcenter server listening: http {http_addr} grpc {grpc_addr}");
+    match &node {
+        Some(node) => eprintln!("jobcenter server listening: http {http_addr} grpc {grpc_addr} instance {}", node.id),
+        None => eprintln!("jobcenter server listening: http {http_addr} grpc {grpc_addr}"),
+    }
     tracing::info!(%http_addr, %grpc_addr, "listening");
     let serve = async { tokio::join!(grpc_server, http_server) };
     let mut stop_watch = stop_rx.clone();
@@ -231,6 +258,14 @@ pub async fn run(
             http_result?;
         }
         () = bounded => tracing::warn!("connections still open 10 s after the stop signal; stopping anyway"),
+    }
+    if let Some(node) = node {
+        // A clean stop hands the jobs over at once instead of after the lag.
+        crate::store::cluster::leaving();
+        let store = store.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").leave()).await {
+            tracing::warn!(instance = %node.id, error = %e, "could not leave the cluster cleanly; the others will notice the silence");
+        }
     }
     Ok(())
 }

@@ -213,11 +213,30 @@ fn detectors(shared: &Shared) -> BTreeMap<String, Vec<HandlerId>> {
     out
 }
 
+/// Whether the scheduler loop of this instance is paused.
+pub fn paused(shared: &Shared) -> bool {
+    match &shared.cluster {
+        Some(node) => node.is_paused(),
+        None => shared.scheduler_paused.load(std::sync::atomic::Ordering::Relaxed),
+    }
+}
+
 /// The loop: run what is due, then sleep until the next due time or a wake-up.
 pub fn spawn_loop(shared: Arc<Shared>) {
+    if shared.cluster.is_some() {
+        tokio::spawn(cluster_loop(shared));
+        return;
+    }
     tokio::spawn(async move {
         load(&shared).await;
         loop {
+            if paused(&shared) {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    () = shared.scheduler.wake.notified() => {}
+                }
+                continue;
+            }
             let now = shared.clock.now();
             let types = detectors(&shared);
             let mut next: Option<Timestamp> = None;
@@ -256,6 +275,72 @@ pub fn spawn_loop(shared: Arc<Shared>) {
             }
         }
     });
+}
+
+/// The loop of an instance among several: intervals are counted on the
+/// database's clock (slot = its time divided by the interval), and each
+/// slot of each job type is claimed in the database by exactly one
+/// instance. The slots of a type take turns over the live instances that
+/// have a detector for it; when the instance whose turn it is has not
+/// claimed a slot by its middle (it died, or is paused), any other claims it.
+async fn cluster_loop(shared: Arc<Shared>) {
+    let node = shared.cluster.clone().expect("a cluster node");
+    load(&shared).await;
+    let mut tried: HashMap<String, i64> = HashMap::new();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            () = shared.scheduler.wake.notified() => {}
+        }
+        if node.is_paused() {
+            continue;
+        }
+        let now_ms = node.db_now_ms();
+        for job_type in detectors(&shared).into_keys() {
+            let (policy, _) = shared.policies.effective(&job_type);
+            if policy.detection_enabled == 0 {
+                continue;
+            }
+            let interval = Duration::from_secs(u64::from(policy.detection_interval_seconds.max(1)));
+            let interval_ms = interval.as_millis() as i64;
+            let slot = now_ms.div_euclid(interval_ms);
+            if tried.get(&job_type).is_some_and(|last| *last >= slot) {
+                continue;
+            }
+            if shared.scheduler.in_flight.lock().expect("in-flight lock").contains(&job_type) {
+                continue;
+            }
+            let turns = node.detecting_servers(&job_type, true);
+            let turn = turns[slot.rem_euclid(turns.len() as i64) as usize];
+            let into_slot = now_ms - slot * interval_ms;
+            if turn != node.id && into_slot < interval_ms / 2 {
+                continue;
+            }
+            tried.insert(job_type.clone(), slot);
+            let shared = shared.clone();
+            let node = node.clone();
+            tokio::spawn(async move {
+                let store = shared.engine.store().clone();
+                let claim_type = job_type.clone();
+                let claimed = tokio::task::spawn_blocking(move || {
+                    store.cluster().expect("cluster").claim_detection(&claim_type, interval, slot)
+                })
+                .await;
+                match claimed {
+                    Ok(Ok(true)) => {
+                        node.note_detection(&job_type);
+                        if let Err(e) = detect(&shared, &job_type, true).await {
+                            tracing::debug!(job_type, error = %e, "detection did not run");
+                        }
+                    }
+                    Ok(Ok(false)) => tracing::trace!(job_type, slot, "another instance detects this interval"),
+                    Ok(Err(crate::store::Error::Fenced { .. })) => super::cluster::start_over(&node),
+                    Ok(Err(e)) => tracing::warn!(job_type, error = %e, "cannot claim a detection"),
+                    Err(e) => tracing::warn!(job_type, error = %e, "cannot claim a detection"),
+                }
+            });
+        }
+    }
 }
 
 /// Asks a detector what needs doing for `job_type`; with `run`, makes the

@@ -151,6 +151,7 @@ impl PluginControlService for WorkerStreamService {
             reported_slots: None,
             connected_at: self.shared.clock.now(),
             reconciled_at: None,
+            adoptions_seen: 0,
         };
         tokio::spawn(session.run(inbound));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
@@ -195,6 +196,8 @@ struct Session {
     connected_at: crate::clock::Timestamp,
     /// When the worker's running work was last compared with what it holds.
     reconciled_at: Option<tokio::time::Instant>,
+    /// The cluster's adoption count when this session last reconciled.
+    adoptions_seen: u64,
 }
 
 impl Session {
@@ -474,7 +477,11 @@ impl Session {
     /// it runs that it does not hold (taken back while it was away) are
     /// canceled on the worker.
     async fn reconcile(&mut self, heartbeat: &WorkerHeartbeat) {
-        let first = self.reconciled_at.is_none();
+        // Jobs adopted from another instance may hold attempts of this worker
+        // that it lost with that instance: compare as on its first heartbeat.
+        let adoptions = self.shared.cluster.as_ref().map_or(0, |node| node.adoptions());
+        let first = self.reconciled_at.is_none() || adoptions != self.adoptions_seen;
+        self.adoptions_seen = adoptions;
         if !first && self.reconciled_at.is_some_and(|at| at.elapsed() < self.shared.options.heartbeat_interval) {
             return;
         }
@@ -482,6 +489,7 @@ impl Session {
         let running = heartbeat.running_work.iter().filter_map(|w| wire::parse_attempt_id(&w.work_id)).collect();
         let dropped_before = first.then_some(self.connected_at);
         let Ok(answer) = self.shared.engine.reconcile(self.handler, running, dropped_before).await else { return };
+        let this = Foreign { shared: self.shared.clone() };
         let outbound = self.outbound.clone();
         let (handler, worker_id) = (self.handler, self.hello.worker_id.clone());
         tokio::spawn(async move {
@@ -493,6 +501,9 @@ impl Session {
                 );
             }
             for (task, attempt) in reconciled.not_held {
+                if this.keep_foreign(task.job).await {
+                    continue;
+                }
                 tracing::warn!(worker.id = %worker_id, %handler, job.id = %task.job, task.idx = task.idx.0, attempt, "the worker runs an attempt it does not hold: canceling it");
                 let cancel = CancelRequest {
                     target_id: wire::attempt_id(task, attempt),
@@ -512,7 +523,27 @@ impl Session {
         self.lease?;
         let outbound = self.outbound.clone();
         let attempt_id = attempt_id.to_string();
+        let cluster = self.shared.cluster.clone().map(|node| (node, self.shared.engine.store().clone()));
+        let runtime = tokio::runtime::Handle::current();
         Some(Box::new(move |result: Result<(), Rejection>| {
+            if let (Err(Rejection::UnknownJob { job } | Rejection::JobEnded { job }), Some((node, store))) =
+                (&result, cluster)
+            {
+                // Not led here: when another instance leads the job (or will,
+                // once it is claimed), the worker keeps the outcome and
+                // reports it again later, here or elsewhere.
+                let job = *job;
+                runtime.spawn(async move {
+                    if led_elsewhere(&node, store, job).await {
+                        tracing::debug!(job.id = %job, attempt_id, "outcome of a job led elsewhere: not acknowledged");
+                        return;
+                    }
+                    let refusal = Rejection::JobEnded { job }.to_string();
+                    let request_id = wire::outcome_ack(&attempt_id, Some(&refusal));
+                    let _ = outbound.try_send(Ok(message(request_id, None)));
+                });
+                return;
+            }
             let refusal = result.err().map(|rejection| rejection.to_string());
             let request_id = wire::outcome_ack(&attempt_id, refusal.as_deref());
             // A full queue loses the acknowledgement; the worker reports again and is refused as a repeat.
@@ -574,5 +605,34 @@ impl Session {
         if let Err(e) = engine.report(task, attempt, self.handler, outcome, received, answer).await {
             tracing::debug!(error = %e, "engine stopped before a completion");
         }
+    }
+}
+
+/// What a spawned reconciliation needs to tell a job led elsewhere from one taken back.
+struct Foreign {
+    shared: Arc<Shared>,
+}
+
+impl Foreign {
+    async fn keep_foreign(&self, job: crate::model::JobId) -> bool {
+        match &self.shared.cluster {
+            Some(node) => led_elsewhere(node, self.shared.engine.store().clone(), job).await,
+            None => false,
+        }
+    }
+}
+
+/// Whether `job` has not ended and this instance does not lead it.
+async fn led_elsewhere(
+    node: &super::cluster::Node,
+    store: Arc<dyn crate::store::Store>,
+    job: crate::model::JobId,
+) -> bool {
+    let whereabouts = tokio::task::spawn_blocking(move || store.cluster().map(|c| c.whereabouts(job))).await;
+    match whereabouts {
+        Ok(Some(Ok(Some(w)))) => !w.state.is_terminal() && w.owner.is_none_or(|owner| owner.id != node.id),
+        // Unsure (the database away): keep the attempt rather than cancel it.
+        Ok(Some(Err(_))) | Err(_) => true,
+        _ => false,
     }
 }

@@ -6,6 +6,7 @@
 //! directory (the embedded default) and PostgreSQL. Only `sled.rs` names
 //! sled, and only `postgres/` names the database driver.
 
+pub mod cluster;
 mod codec;
 pub mod conformance;
 mod memory;
@@ -81,6 +82,8 @@ pub enum Error {
     Unavailable { database: String, detail: String },
     #[error("the database at {database} refused a request ({detail})")]
     Database { database: String, detail: String },
+    #[error("this admin instance ({instance}) was deactivated by the cluster: it stops acting and registers again")]
+    Fenced { instance: String },
 }
 
 impl Error {
@@ -103,11 +106,18 @@ pub struct Batch {
     pub tasks: Vec<(JobId, TaskIdx, TaskRecord)>,
     /// Settings set (or, with `None`, removed); a later entry for a key wins.
     pub settings: Vec<(String, Option<Vec<u8>>)>,
+    /// Jobs this instance stops leading (several instances on one store):
+    /// once written, another instance may claim them.
+    pub released: Vec<JobId>,
 }
 
 impl Batch {
     pub fn is_empty(&self) -> bool {
-        self.new_jobs.is_empty() && self.jobs.is_empty() && self.tasks.is_empty() && self.settings.is_empty()
+        self.new_jobs.is_empty()
+            && self.jobs.is_empty()
+            && self.tasks.is_empty()
+            && self.settings.is_empty()
+            && self.released.is_empty()
     }
 
     pub fn append(&mut self, other: Batch) {
@@ -115,6 +125,7 @@ impl Batch {
         self.jobs.extend(other.jobs);
         self.tasks.extend(other.tasks);
         self.settings.extend(other.settings);
+        self.released.extend(other.released);
     }
 }
 
@@ -168,7 +179,8 @@ pub trait Store: Send + Sync + 'static {
     fn write(&self, batch: &Batch) -> Result<(), Error>;
     /// Makes every write so far durable.
     fn flush(&self) -> Result<(), Error>;
-    /// Every job that is not terminal, with all its tasks.
+    /// Every job that is not terminal, with all its tasks (on a store that
+    /// several instances share, those this instance leads).
     fn load_active(&self) -> Result<Vec<StoredJob>, Error>;
     fn get_job(&self, id: JobId) -> Result<Option<StoredJob>, Error>;
     /// Job records matching the filter, newest first.
@@ -178,4 +190,8 @@ pub trait Store: Send + Sync + 'static {
     fn put_setting(&self, key: &str, value: Option<&[u8]>) -> Result<(), Error>;
     /// Every setting whose key starts with `prefix`, in key order.
     fn settings(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, Error>;
+    /// The cluster side of a store several admin instances share.
+    fn cluster(&self) -> Option<&dyn cluster::Cluster> {
+        None
+    }
 }

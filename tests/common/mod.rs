@@ -51,6 +51,11 @@ impl Server {
     }
 
     pub fn start_on(data_dir: &Path, http: &str, extra: &[&str]) -> Server {
+        Server::start_wrapped(&[], data_dir, http, extra)
+    }
+
+    /// Starts the server under a wrapper command (such as `faketime -f +1h`).
+    pub fn start_wrapped(wrapper: &[&str], data_dir: &Path, http: &str, extra: &[&str]) -> Server {
         let log = data_dir.with_extension("server.log");
         let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
         let mut args = vec!["server", "--data-dir", data_dir.to_str().unwrap(), "--http", http];
@@ -58,7 +63,15 @@ impl Server {
             args.extend(["--grpc", "0"]);
         }
         args.extend_from_slice(extra);
-        let mut child = Command::new(binary())
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(binary());
+                command
+            }
+            None => Command::new(binary()),
+        };
+        let mut child = command
             .args(&args)
             .env("JOBCENTER_LOG", "info")
             .stdout(Stdio::null())

@@ -14,6 +14,7 @@
 //! an advisory lock (several admins may start at once). Only this module
 //! names the database driver.
 
+mod cluster;
 mod connect;
 
 use std::collections::HashMap;
@@ -40,6 +41,8 @@ const MIGRATION_LOCK: i64 = 0x6a6f_6263_656e_7472;
 const ROWS_PER_STATEMENT: usize = 20_000;
 /// Reader connections.
 const POOL_SIZE: usize = 8;
+/// The SQLSTATE `jobcenter.fence` raises for a deactivated instance.
+const FENCED: &str = "JCF01";
 
 pub struct PgStore {
     target: Target,
@@ -51,6 +54,8 @@ pub struct PgStore {
     writer: tokio::sync::Mutex<Option<Writer>>,
     /// Batches written and not yet flushed, kept until their commit lands.
     pending: Mutex<Vec<Batch>>,
+    /// This process as a registered instance; its writes are fenced by it.
+    me: std::sync::OnceLock<Uuid>,
 }
 
 impl Drop for PgStore {
@@ -101,6 +106,7 @@ impl PgStore {
             pool,
             writer: tokio::sync::Mutex::new(Some(writer)),
             pending: Mutex::new(Vec::new()),
+            me: std::sync::OnceLock::new(),
         })
     }
 
@@ -175,7 +181,7 @@ impl PgStore {
             *writer = Some(Writer::connect(&self.target).await.map_err(|e| self.error(&e))?);
         }
         let connection = writer.as_mut().expect("connected");
-        let result = write_transaction(connection, batch).await;
+        let result = write_transaction(connection, batch, self.me.get().copied()).await;
         if result.is_err() {
             // Whatever state the pipeline left the session in, start afresh.
             *writer = None;
@@ -268,6 +274,7 @@ struct Merged {
     jobs: Vec<JobRecord>,
     tasks: Vec<TaskRow>,
     settings: Vec<(String, Option<Vec<u8>>)>,
+    released: Vec<Uuid>,
 }
 
 fn merge(batches: &[Batch]) -> Merged {
@@ -311,6 +318,7 @@ fn merge(batches: &[Batch]) -> Merged {
                 }
             }
         }
+        merged.released.extend(batch.released.iter().map(|job| job.0));
         for (key, value) in &batch.settings {
             match settings.get(key.as_str()) {
                 Some(&at) => merged.settings[at] = (key.clone(), value.clone()),
@@ -326,10 +334,16 @@ fn merge(batches: &[Batch]) -> Merged {
 
 const INSERT_SPECS: &str = "INSERT INTO jobcenter.job_specs (job_id, chunk, data) \
      SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::bytea[]) ON CONFLICT (job_id, chunk) DO NOTHING";
-const UPSERT_JOBS: &str = "INSERT INTO jobcenter.jobs (id, name, state, active, fingerprint, created_at, updated_at, record) \
-     SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::bool[], $5::bytea[], $6::int8[], $7::int8[], $8::bytea[]) \
+const UPSERT_JOBS: &str = "INSERT INTO jobcenter.jobs (id, name, state, active, fingerprint, created_at, updated_at, record, owner) \
+     SELECT *, $9::uuid FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::bool[], $5::bytea[], $6::int8[], $7::int8[], $8::bytea[]) \
      ON CONFLICT (id) DO UPDATE SET name = excluded.name, state = excluded.state, active = excluded.active, \
-     updated_at = excluded.updated_at, record = excluded.record";
+     updated_at = excluded.updated_at, record = excluded.record, \
+     owner = CASE WHEN jobs.id = ANY($10::uuid[]) THEN NULL ELSE jobs.owner END";
+/// Stops leading jobs that this flush wrote no record of.
+const RELEASE_JOBS: &str =
+    "UPDATE jobcenter.jobs SET owner = NULL WHERE id = ANY($1::uuid[]) AND owner = $2 AND NOT (id = ANY($3::uuid[]))";
+/// Refuses the transaction once this instance is deactivated.
+const FENCE: &str = "SELECT jobcenter.fence($1)";
 const UPSERT_TASKS: &str = "INSERT INTO jobcenter.tasks (job_id, idx, state, attempt, handler, record) \
      SELECT * FROM UNNEST($1::uuid[], $2::int4[], $3::text[], $4::int4[], $5::uuid[], $6::bytea[]) \
      ON CONFLICT (job_id, idx) DO UPDATE SET state = excluded.state, attempt = excluded.attempt, \
@@ -342,10 +356,14 @@ const DELETE_SETTINGS: &str = "DELETE FROM jobcenter.settings WHERE key = ANY($1
 /// trip), for flushes whose rows fit one statement each: the common case.
 const WRITE_ALL: &str = "WITH specs AS (INSERT INTO jobcenter.job_specs (job_id, chunk, data) \
      SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::bytea[]) ON CONFLICT (job_id, chunk) DO NOTHING), \
-     jobs AS (INSERT INTO jobcenter.jobs (id, name, state, active, fingerprint, created_at, updated_at, record) \
-     SELECT * FROM UNNEST($4::uuid[], $5::text[], $6::text[], $7::bool[], $8::bytea[], $9::int8[], $10::int8[], $11::bytea[]) \
+     jobs AS (INSERT INTO jobcenter.jobs (id, name, state, active, fingerprint, created_at, updated_at, record, owner) \
+     SELECT *, $22::uuid FROM UNNEST($4::uuid[], $5::text[], $6::text[], $7::bool[], $8::bytea[], $9::int8[], $10::int8[], $11::bytea[]) \
      ON CONFLICT (id) DO UPDATE SET name = excluded.name, state = excluded.state, active = excluded.active, \
-     updated_at = excluded.updated_at, record = excluded.record), \
+     updated_at = excluded.updated_at, record = excluded.record, \
+     owner = CASE WHEN jobs.id = ANY($21::uuid[]) THEN NULL ELSE jobs.owner END), \
+     released AS (UPDATE jobcenter.jobs SET owner = NULL WHERE id = ANY($21::uuid[]) AND owner = $22 \
+     AND NOT (id = ANY($4::uuid[]))), \
+     fence AS (SELECT jobcenter.fence($22) AS ok), \
      tasks AS (INSERT INTO jobcenter.tasks (job_id, idx, state, attempt, handler, record) \
      SELECT * FROM UNNEST($12::uuid[], $13::int4[], $14::text[], $15::int4[], $16::uuid[], $17::bytea[]) \
      ON CONFLICT (job_id, idx) DO UPDATE SET state = excluded.state, attempt = excluded.attempt, \
@@ -353,7 +371,7 @@ const WRITE_ALL: &str = "WITH specs AS (INSERT INTO jobcenter.job_specs (job_id,
      puts AS (INSERT INTO jobcenter.settings (key, value) SELECT * FROM UNNEST($18::text[], $19::bytea[]) \
      ON CONFLICT (key) DO UPDATE SET value = excluded.value), \
      deletes AS (DELETE FROM jobcenter.settings WHERE key = ANY($20)) \
-     SELECT 1";
+     SELECT ok FROM fence";
 
 /// The committer's connection with its statements prepared once.
 struct Writer {
@@ -366,12 +384,14 @@ struct Writer {
     put_settings: tokio_postgres::Statement,
     delete_settings: tokio_postgres::Statement,
     write_all: tokio_postgres::Statement,
+    fence: tokio_postgres::Statement,
+    release: tokio_postgres::Statement,
 }
 
 impl Writer {
     async fn connect(target: &Target) -> Result<Writer, tokio_postgres::Error> {
         let client = target.connect().await?;
-        let (begin, commit, specs, jobs, tasks, put_settings, delete_settings, write_all) = tokio::try_join!(
+        let (begin, commit, specs, jobs, tasks, put_settings, delete_settings, write_all, fence, release) = tokio::try_join!(
             client.prepare("BEGIN"),
             client.prepare("COMMIT"),
             client.prepare(INSERT_SPECS),
@@ -380,8 +400,22 @@ impl Writer {
             client.prepare(UPSERT_SETTINGS),
             client.prepare(DELETE_SETTINGS),
             client.prepare(WRITE_ALL),
+            client.prepare(FENCE),
+            client.prepare(RELEASE_JOBS),
         )?;
-        Ok(Writer { client, begin, commit, specs, jobs, tasks, put_settings, delete_settings, write_all })
+        Ok(Writer {
+            client,
+            begin,
+            commit,
+            specs,
+            jobs,
+            tasks,
+            put_settings,
+            delete_settings,
+            write_all,
+            fence,
+            release,
+        })
     }
 }
 
@@ -409,7 +443,12 @@ impl Rows {
 }
 
 /// A flush as the one statement `WRITE_ALL`: its own transaction, one round trip.
-async fn write_at_once(writer: &Writer, rows: Vec<Rows>) -> Result<(), tokio_postgres::Error> {
+async fn write_at_once(
+    writer: &Writer,
+    rows: Vec<Rows>,
+    released: &Vec<Uuid>,
+    me: &Option<Uuid>,
+) -> Result<(), tokio_postgres::Error> {
     let (mut spec_jobs, mut spec_chunks, mut spec_data) = (Vec::new(), Vec::new(), Vec::new());
     let mut jobs = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut tasks = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -424,7 +463,7 @@ async fn write_at_once(writer: &Writer, rows: Vec<Rows>) -> Result<(), tokio_pos
             Rows::DeleteSettings(a) => deletes = a,
         }
     }
-    let params: [&(dyn ToSql + Sync); 20] = [
+    let params: [&(dyn ToSql + Sync); 22] = [
         &spec_jobs,
         &spec_chunks,
         &spec_data,
@@ -445,6 +484,8 @@ async fn write_at_once(writer: &Writer, rows: Vec<Rows>) -> Result<(), tokio_pos
         &put_keys,
         &put_values,
         &deletes,
+        released,
+        me,
     ];
     writer.client.execute(&writer.write_all, &params).await.map(|_| ())
 }
@@ -498,28 +539,34 @@ fn rows(batch: &Merged) -> Vec<Rows> {
 /// One flush: every row of the merged batches in one transaction, sent as
 /// one pipeline (`BEGIN`, the upserts, `COMMIT`), so that it costs one round
 /// trip and the commit's own durable write.
-async fn write_transaction(writer: &mut Writer, batch: &Merged) -> Result<(), tokio_postgres::Error> {
+async fn write_transaction(writer: &mut Writer, batch: &Merged, me: Option<Uuid>) -> Result<(), tokio_postgres::Error> {
     let rows = rows(batch);
     let fits_one_statement = [Rows::is_specs, Rows::is_jobs, Rows::is_tasks]
         .iter()
         .all(|kind| rows.iter().filter(|row| kind(row)).count() <= 1);
     if fits_one_statement {
-        return write_at_once(writer, rows).await;
+        return write_at_once(writer, rows, &batch.released, &me).await;
     }
+    let job_ids: Vec<Uuid> = batch.jobs.iter().map(|j| j.id.0).collect();
     let client = &writer.client;
     let mut statements: Vec<Pending<'_>> = Vec::with_capacity(rows.len() + 2);
     let none: [&(dyn ToSql + Sync); 0] = [];
     statements.push(Box::pin(client.execute_raw(&writer.begin, none)));
+    statements.push(Box::pin(client.execute_raw(&writer.fence, [&me as &(dyn ToSql + Sync)])));
     for row in &rows {
         type Param<'p> = &'p (dyn ToSql + Sync);
         let (statement, params): (&tokio_postgres::Statement, Vec<Param>) = match row {
             Rows::Specs(a, b, c) => (&writer.specs, vec![a, b, c]),
-            Rows::Jobs(a, b, c, d, e, f, g, h) => (&writer.jobs, vec![a, b, c, d, e, f, g, h]),
+            Rows::Jobs(a, b, c, d, e, f, g, h) => (&writer.jobs, vec![a, b, c, d, e, f, g, h, &me, &batch.released]),
             Rows::Tasks(a, b, c, d, e, f) => (&writer.tasks, vec![a, b, c, d, e, f]),
             Rows::PutSettings(a, b) => (&writer.put_settings, vec![a, b]),
             Rows::DeleteSettings(a) => (&writer.delete_settings, vec![a]),
         };
         statements.push(Box::pin(client.execute_raw(statement, params)));
+    }
+    if !batch.released.is_empty() {
+        let params: [&(dyn ToSql + Sync); 3] = [&batch.released, &me, &job_ids];
+        statements.push(Box::pin(client.execute_raw(&writer.release, params)));
     }
     // A statement that fails aborts the transaction: the COMMIT then rolls it
     // back, and the failure is the statement's own error.
@@ -588,7 +635,10 @@ impl Store for PgStore {
             let mut client = self.reader().await?;
             let transaction = read_transaction(&mut client).await.map_err(|e| self.error(&e))?;
             let rows = transaction
-                .query("SELECT record FROM jobcenter.jobs WHERE active ORDER BY id", &[])
+                .query(
+                    "SELECT record FROM jobcenter.jobs WHERE active AND ($1::uuid IS NULL OR owner = $1) ORDER BY id",
+                    &[&self.me.get().copied()],
+                )
                 .await
                 .map_err(|e| self.error(&e))?;
             let records = rows.iter().map(|row| decode_job(row.get(0))).collect::<Result<Vec<JobRecord>, Error>>()?;
@@ -647,6 +697,10 @@ impl Store for PgStore {
             .map(|_| ())
             .map_err(|e| self.error(&e))
         })
+    }
+
+    fn cluster(&self) -> Option<&dyn super::cluster::Cluster> {
+        Some(self)
     }
 
     fn settings(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, Error> {
@@ -792,6 +846,10 @@ fn setup_error(target: &Target, e: &tokio_postgres::Error) -> Error {
 /// An error met while serving: the database is away (retried), or it refused.
 fn classify(target: &Target, e: &tokio_postgres::Error) -> Error {
     let detail = connect::strip_password(&database_message(e));
+    if e.code().is_some_and(|code| code.code() == FENCED) {
+        let instance = detail.split_whitespace().nth(2).unwrap_or("?").to_string();
+        return Error::Fenced { instance };
+    }
     if is_transient(e) {
         Error::Unavailable { database: target.display.clone(), detail }
     } else {

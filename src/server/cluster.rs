@@ -1,0 +1,227 @@
+//! This admin as one instance of several on one database: it registers, beats
+//! its heartbeat on the database's clock, deactivates instances silent past
+//! the lag threshold, leads its even share of the jobs (claiming jobs nobody
+//! leads, releasing idle ones above its share), and starts over under a new
+//! id once it finds itself deactivated.
+//!
+//! The database decides everything that must hold cluster-wide: the fence on
+//! every write, who leads a job, which instance detects a job type in an
+//! interval. Each instance computes its own share from the same membership,
+//! so there is no central distributor.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::Shared;
+use crate::clock::Clock;
+use crate::model::HandlerId;
+use crate::store::cluster::{Beat, Instance, Introduction, Membership, Role};
+use crate::store::{self, Store};
+
+/// How often an instance beats, and how long silence deactivates it.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub heartbeat: Duration,
+    pub lag: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Timing {
+        Timing { heartbeat: Duration::from_secs(5), lag: Duration::from_secs(20) }
+    }
+}
+
+/// This instance's view of the cluster.
+pub struct Node {
+    pub id: HandlerId,
+    pub timing: Timing,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    membership: Mutex<Option<Membership>>,
+    /// The database's clock minus this machine's, in milliseconds, as of the
+    /// last heartbeat: every cluster time is the database's.
+    offset_ms: AtomicI64,
+    paused: AtomicBool,
+    /// Bumped whenever jobs are adopted: worker sessions then compare what
+    /// their worker runs with what it now holds.
+    adoptions: AtomicU64,
+    /// Job types this instance claimed a detection of, and when.
+    detected: Mutex<BTreeMap<String, Instant>>,
+}
+
+impl Node {
+    /// Registers this process as a new instance of the cluster the store holds.
+    pub fn join(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        role: Role,
+        grpc: String,
+        http: String,
+        timing: Timing,
+    ) -> Result<Node, store::Error> {
+        let cluster = store.cluster().ok_or_else(|| store::Error::Io("this store serves one instance".into()))?;
+        let id = cluster.register(&Introduction { role, grpc_address: grpc, http_address: http })?;
+        tracing::info!(instance = %id, role = role.as_str(), "joined the cluster");
+        Ok(Node {
+            id,
+            timing,
+            store,
+            clock,
+            membership: Mutex::new(None),
+            offset_ms: AtomicI64::new(0),
+            paused: AtomicBool::new(false),
+            adoptions: AtomicU64::new(0),
+            detected: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The database's clock now, in milliseconds since the epoch.
+    pub fn db_now_ms(&self) -> i64 {
+        self.clock.now().as_millis() + self.offset_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+
+    pub fn set_paused_here(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
+    }
+
+    pub fn adoptions(&self) -> u64 {
+        self.adoptions.load(Ordering::Acquire)
+    }
+
+    /// The live servers that have a detector for `job_type`, by id; this
+    /// instance is among them when `here` says it has one.
+    pub fn detecting_servers(&self, job_type: &str, here: bool) -> Vec<HandlerId> {
+        let mut ids: BTreeSet<HandlerId> = self
+            .membership
+            .lock()
+            .expect("membership lock")
+            .iter()
+            .flat_map(|m| m.servers())
+            .filter(|i| i.id != self.id && i.detectors.iter().any(|d| d == job_type))
+            .map(|i| i.id)
+            .collect();
+        if here {
+            ids.insert(self.id);
+        }
+        ids.into_iter().collect()
+    }
+
+    pub fn note_detection(&self, job_type: &str) {
+        self.detected.lock().expect("detected lock").insert(job_type.to_string(), Instant::now());
+    }
+
+    /// The live instances as of the last heartbeat.
+    pub fn live(&self) -> Vec<Instance> {
+        self.membership.lock().expect("membership lock").as_ref().map(|m| m.instances.clone()).unwrap_or_default()
+    }
+}
+
+/// The loop of a server instance: heartbeat, then its share of the jobs.
+pub fn spawn_loop(shared: Arc<Shared>) {
+    let Some(node) = shared.cluster.clone() else { return };
+    tokio::spawn(async move {
+        let mut last_ok = Instant::now();
+        loop {
+            let started = Instant::now();
+            match beat(&shared, &node).await {
+                Ok(()) => last_ok = Instant::now(),
+                Err(store::Error::Fenced { .. }) => start_over(&node),
+                Err(e) => {
+                    tracing::warn!(error = %e, silent_for_ms = last_ok.elapsed().as_millis() as u64, "heartbeat failed");
+                }
+            }
+            let spent = started.elapsed();
+            tokio::time::sleep(node.timing.heartbeat.saturating_sub(spent)).await;
+        }
+    });
+}
+
+async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error> {
+    let led = shared.engine.active_jobs().await.map(|jobs| jobs.len()).unwrap_or(0);
+    let workers = shared.registry.workers();
+    let mut detectors: BTreeSet<String> = BTreeSet::new();
+    for worker in &workers {
+        detectors.extend(worker.capabilities.iter().filter(|c| c.can_detect).map(|c| c.job_type.clone()));
+    }
+    let horizon = Duration::from_secs(60);
+    let detections: Vec<String> = node
+        .detected
+        .lock()
+        .expect("detected lock")
+        .iter()
+        .filter(|(_, at)| at.elapsed() < horizon)
+        .map(|(t, _)| t.clone())
+        .collect();
+    let handlers: Vec<HandlerId> = workers.iter().map(|w| w.handler).collect();
+    let beat = Beat {
+        jobs_led: led,
+        workers: workers.len(),
+        detectors: detectors.into_iter().collect(),
+        detections,
+        handlers: handlers.clone(),
+    };
+    let store = node.store.clone();
+    let lag = node.timing.lag;
+    let sent = node.clock.now().as_millis();
+    let membership = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").heartbeat(&beat, lag))
+        .await
+        .map_err(|e| store::Error::Io(e.to_string()))??;
+    let returned = node.clock.now().as_millis();
+    let midpoint = sent + (returned - sent) / 2;
+    node.offset_ms.store(membership.now_ms - midpoint, Ordering::Relaxed);
+    for gone in &membership.deactivated {
+        tracing::warn!(instance = %gone, lag_ms = lag.as_millis() as u64, "deactivated a silent instance; its jobs are free to claim");
+        shared.metrics.note_deactivation();
+    }
+    if let Some(me) = membership.instances.iter().find(|i| i.id == node.id) {
+        node.paused.store(me.paused, Ordering::Relaxed);
+    }
+    let servers = membership.servers().count().max(1);
+    let share = membership.active_jobs.div_ceil(servers);
+    let unowned = membership.unowned_jobs;
+    *node.membership.lock().expect("membership lock") = Some(membership);
+
+    if led > share {
+        let released = shared.engine.release(led - share).await.map_err(engine_error)?;
+        if !released.is_empty() {
+            tracing::info!(released = released.len(), led, share, "released jobs above this instance's share");
+        }
+    } else if unowned > 0 {
+        let store = node.store.clone();
+        let up_to = share - led;
+        let claimed = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").claim(up_to, &handlers))
+            .await
+            .map_err(|e| store::Error::Io(e.to_string()))??;
+        if !claimed.is_empty() {
+            let n = claimed.len();
+            let adopted = shared.engine.adopt(claimed).await.map_err(engine_error)?;
+            node.adoptions.fetch_add(1, Ordering::AcqRel);
+            tracing::info!(claimed = n, adopted, led = led + adopted, share, "took the lead of jobs nobody led");
+        }
+    }
+    Ok(())
+}
+
+fn engine_error(e: crate::engine::Error) -> store::Error {
+    match e {
+        crate::engine::Error::Store(e) => e,
+        other => store::Error::Io(other.to_string()),
+    }
+}
+
+/// This instance was deactivated: it stops acting at once and starts over
+/// as a new instance (a new id), as if restarted. Its workers keep their
+/// attempts through it, as through any restart.
+pub fn start_over(node: &Node) -> ! {
+    eprintln!(
+        "jobcenter: this admin instance ({}) was deactivated by the cluster; its writes are refused; starting over as a new instance",
+        node.id
+    );
+    store::cluster::start_over()
+}

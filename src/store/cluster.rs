@@ -1,0 +1,160 @@
+//! What several admin instances sharing one store need from it: a registry
+//! of instances with heartbeats on the store's clock, a fence on every
+//! write, job ownership, one detection per job type and interval, and named
+//! leases. Only the PostgreSQL store offers it; the embedded one serves one
+//! instance.
+
+use std::time::Duration;
+
+use super::{Error, StoredJob};
+use crate::model::{HandlerId, JobId, JobState};
+
+/// What an instance does in the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// An admin server: leads its share of the jobs, detects, recovers.
+    Server,
+    /// `jobcenter run`: leads only the job it was started with.
+    Run,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Server => "server",
+            Role::Run => "run",
+        }
+    }
+}
+
+/// How an instance introduces itself.
+#[derive(Clone, Debug)]
+pub struct Introduction {
+    pub role: Role,
+    pub grpc_address: String,
+    pub http_address: String,
+}
+
+/// What an instance reports with every heartbeat.
+#[derive(Clone, Debug, Default)]
+pub struct Beat {
+    pub jobs_led: usize,
+    pub workers: usize,
+    /// Job types a worker connected to it can detect.
+    pub detectors: Vec<String>,
+    /// Job types it detected in its last interval.
+    pub detections: Vec<String>,
+    /// Handlers (workers) connected to it.
+    pub handlers: Vec<HandlerId>,
+}
+
+/// One instance as the store knows it.
+#[derive(Clone, Debug)]
+pub struct Instance {
+    pub id: HandlerId,
+    pub role: Role,
+    pub grpc_address: String,
+    pub http_address: String,
+    /// Milliseconds since the epoch, on the store's clock.
+    pub started_at_ms: i64,
+    pub heartbeat_ms: i64,
+    /// How long ago its last heartbeat was, on the store's clock.
+    pub heartbeat_age_ms: i64,
+    pub paused: bool,
+    pub jobs_led: usize,
+    pub workers: usize,
+    pub detectors: Vec<String>,
+    pub detections: Vec<String>,
+    pub handlers: Vec<HandlerId>,
+    /// False once deactivated (its row stays visible for a while).
+    pub active: bool,
+}
+
+/// What a heartbeat learned about the cluster.
+#[derive(Clone, Debug)]
+pub struct Membership {
+    /// The store's clock when the heartbeat landed, in milliseconds.
+    pub now_ms: i64,
+    /// Every live instance, this one included, by id.
+    pub instances: Vec<Instance>,
+    /// Instances this heartbeat found silent and deactivated.
+    pub deactivated: Vec<HandlerId>,
+    /// Jobs not ended, led or not.
+    pub active_jobs: usize,
+    /// Jobs not ended that nobody leads.
+    pub unowned_jobs: usize,
+}
+
+impl Membership {
+    /// The live servers (instances that share the jobs), by id.
+    pub fn servers(&self) -> impl Iterator<Item = &Instance> {
+        self.instances.iter().filter(|i| i.role == Role::Server)
+    }
+}
+
+/// Where a job stands in the cluster.
+#[derive(Clone, Debug)]
+pub struct Whereabouts {
+    pub state: JobState,
+    /// The instance leading it, when one does.
+    pub owner: Option<Instance>,
+}
+
+pub trait Cluster: Send + Sync {
+    /// Registers this process as a new instance; every later write of the
+    /// store is fenced by that registration.
+    fn register(&self, introduction: &Introduction) -> Result<HandlerId, Error>;
+    /// This instance, once registered.
+    fn me(&self) -> Option<HandlerId>;
+    /// Writes this instance's heartbeat, then deactivates every instance
+    /// silent for longer than `lag` and releases the jobs it led, all in one
+    /// transaction. `Error::Fenced` when this instance was deactivated.
+    fn heartbeat(&self, beat: &Beat, lag: Duration) -> Result<Membership, Error>;
+    /// Takes the lead of jobs nobody leads: first every one with an attempt
+    /// held by one of `handlers` (workers connected here), then others up to
+    /// `up_to` in all.
+    fn claim(&self, up_to: usize, handlers: &[HandlerId]) -> Result<Vec<StoredJob>, Error>;
+    /// Claims the detection of `job_type` for interval `slot` (the store's
+    /// clock divided by `interval`); false when another instance has it or
+    /// the slot is no longer current.
+    fn claim_detection(&self, job_type: &str, interval: Duration, slot: i64) -> Result<bool, Error>;
+    /// Takes or renews the named lease for `ttl`; false while another
+    /// instance holds it.
+    fn lease(&self, name: &str, ttl: Duration) -> Result<bool, Error>;
+    /// Every registered instance, deactivated ones included until removed.
+    fn instances(&self) -> Result<Vec<Instance>, Error>;
+    /// Pauses or resumes the scheduler of one instance or of all; returns
+    /// how many instances changed.
+    fn set_paused(&self, instance: Option<HandlerId>, paused: bool) -> Result<usize, Error>;
+    /// Where a job stands, or `None` when there is no such job.
+    fn whereabouts(&self, job: JobId) -> Result<Option<Whereabouts>, Error>;
+    /// A clean stop: releases this instance's jobs and removes its row.
+    fn leave(&self) -> Result<(), Error>;
+}
+
+/// Starts this process over as a new instance, after it was deactivated:
+/// the same program with the same arguments, replacing this one (its
+/// listening sockets close with it). Nothing of the deactivated instance
+/// survives it; `JOBCENTER_NO_RESTART` makes it exit with code 75 instead.
+pub fn start_over() -> ! {
+    use std::os::unix::process::CommandExt;
+    if LEAVING.load(std::sync::atomic::Ordering::Acquire) {
+        // Refused because this instance left on purpose: it was stopping anyway.
+        std::process::exit(0);
+    }
+    if std::env::var_os("JOBCENTER_NO_RESTART").is_none() {
+        if let Ok(program) = std::env::current_exe() {
+            let error = std::process::Command::new(program).args(std::env::args_os().skip(1)).exec();
+            eprintln!("jobcenter: cannot start over ({error}); exiting");
+        }
+    }
+    std::process::exit(75)
+}
+
+static LEAVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// This process is leaving the cluster on purpose (a clean stop): a write
+/// refused from now on ends it instead of starting it over.
+pub fn leaving() {
+    LEAVING.store(true, std::sync::atomic::Ordering::Release);
+}

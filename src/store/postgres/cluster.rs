@@ -1,0 +1,325 @@
+//! The cluster side of the PostgreSQL store: instances and their
+//! heartbeats, deactivation of silent ones, job ownership, detection slots
+//! and leases. Every time is the database's `now()`; every change an
+//! instance makes passes `jobcenter.fence`.
+
+use std::time::Duration;
+
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use super::{decode_job, read_transaction, PgStore};
+use crate::model::{HandlerId, JobId, JobRecord};
+use crate::store::cluster::{Beat, Cluster, Instance, Introduction, Membership, Role, Whereabouts};
+use crate::store::{Error, StoredJob};
+
+/// The columns `instance` reads, in its order.
+const INSTANCE_COLUMNS: &str = "id, role, grpc_address, http_address, \
+     (extract(epoch FROM started_at) * 1000)::int8, (extract(epoch FROM heartbeat) * 1000)::int8, \
+     (extract(epoch FROM now() - heartbeat) * 1000)::int8, paused, jobs_led, workers, detectors, detections, handlers, \
+     status = 'active'";
+
+/// How long a deactivated instance's row stays visible before it is removed.
+const KEEP_DEACTIVATED: &str = "10 minutes";
+
+fn instance(row: &Row) -> Instance {
+    let role: &str = row.get(1);
+    let handlers: Vec<Uuid> = row.get(12);
+    Instance {
+        id: HandlerId(row.get(0)),
+        role: if role == "run" { Role::Run } else { Role::Server },
+        grpc_address: row.get(2),
+        http_address: row.get(3),
+        started_at_ms: row.get(4),
+        heartbeat_ms: row.get(5),
+        heartbeat_age_ms: row.get(6),
+        paused: row.get(7),
+        jobs_led: usize::try_from(row.get::<_, i32>(8)).unwrap_or(0),
+        workers: usize::try_from(row.get::<_, i32>(9)).unwrap_or(0),
+        detectors: row.get(10),
+        detections: row.get(11),
+        handlers: handlers.into_iter().map(HandlerId).collect(),
+        active: row.get(13),
+    }
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+impl PgStore {
+    fn me_or_refuse(&self) -> Result<Uuid, Error> {
+        self.me.get().copied().ok_or_else(|| Error::Io("this process has not registered as an admin instance".into()))
+    }
+}
+
+impl Cluster for PgStore {
+    fn register(&self, introduction: &Introduction) -> Result<HandlerId, Error> {
+        let id = Uuid::new_v4();
+        self.block_on(async {
+            let client = self.reader().await?;
+            client
+                .execute(
+                    "INSERT INTO jobcenter.instances (id, role, grpc_address, http_address) VALUES ($1, $2, $3, $4)",
+                    &[&id, &introduction.role.as_str(), &introduction.grpc_address, &introduction.http_address],
+                )
+                .await
+                .map_err(|e| self.error(&e))
+        })?;
+        self.me.set(id).map_err(|_| Error::Io("this process registered as an admin instance twice".into()))?;
+        Ok(HandlerId(id))
+    }
+
+    fn me(&self) -> Option<HandlerId> {
+        self.me.get().copied().map(HandlerId)
+    }
+
+    fn heartbeat(&self, beat: &Beat, lag: Duration) -> Result<Membership, Error> {
+        let me = self.me_or_refuse()?;
+        let handlers: Vec<Uuid> = beat.handlers.iter().map(|h| h.0).collect();
+        self.block_on(async {
+            let mut client = self.reader().await?;
+            let transaction = client.transaction().await.map_err(|e| self.error(&e))?;
+            // The heartbeat is a write like any other: fenced.
+            transaction.execute("SELECT jobcenter.fence($1)", &[&me]).await.map_err(|e| self.error(&e))?;
+            let mine = transaction
+                .query_opt(
+                    "UPDATE jobcenter.instances SET heartbeat = now(), jobs_led = $2, workers = $3, \
+                     detectors = $4, detections = $5, handlers = $6 \
+                     WHERE id = $1 AND status = 'active' RETURNING (extract(epoch FROM now()) * 1000)::int8",
+                    &[&me, &count(beat.jobs_led), &count(beat.workers), &beat.detectors, &beat.detections, &handlers],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            let Some(mine) = mine else {
+                return Err(Error::Fenced { instance: me.to_string() });
+            };
+            let now_ms: i64 = mine.get(0);
+            let deactivated = transaction
+                .query(
+                    "UPDATE jobcenter.instances SET status = 'deactivated' \
+                     WHERE status = 'active' AND heartbeat < now() - make_interval(secs => $1) RETURNING id",
+                    &[&lag.as_secs_f64()],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            // Jobs led by an instance that is no longer active, however it
+            // went (deactivated now or earlier, its row removed), are free.
+            transaction
+                .execute(
+                    "UPDATE jobcenter.jobs SET owner = NULL WHERE active AND owner IS NOT NULL \
+                     AND owner NOT IN (SELECT id FROM jobcenter.instances WHERE status = 'active')",
+                    &[],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            transaction
+                .execute(
+                    &format!(
+                        "DELETE FROM jobcenter.instances WHERE status = 'deactivated' \
+                         AND heartbeat < now() - interval '{KEEP_DEACTIVATED}'"
+                    ),
+                    &[],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            let instances = transaction
+                .query(
+                    &format!("SELECT {INSTANCE_COLUMNS} FROM jobcenter.instances WHERE status = 'active' ORDER BY id"),
+                    &[],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            let counts = transaction
+                .query_one(
+                    "SELECT count(*), count(*) FILTER (WHERE owner IS NULL) FROM jobcenter.jobs WHERE active",
+                    &[],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            transaction.commit().await.map_err(|e| self.error(&e))?;
+            Ok(Membership {
+                now_ms,
+                instances: instances.iter().map(instance).collect(),
+                deactivated: deactivated.iter().map(|row| HandlerId(row.get(0))).collect(),
+                active_jobs: usize::try_from(counts.get::<_, i64>(0)).unwrap_or(0),
+                unowned_jobs: usize::try_from(counts.get::<_, i64>(1)).unwrap_or(0),
+            })
+        })
+    }
+
+    fn claim(&self, up_to: usize, handlers: &[HandlerId]) -> Result<Vec<StoredJob>, Error> {
+        let me = self.me_or_refuse()?;
+        let handlers: Vec<Uuid> = handlers.iter().map(|h| h.0).collect();
+        self.block_on(async {
+            let mut client = self.reader().await?;
+            let transaction = client.transaction().await.map_err(|e| self.error(&e))?;
+            transaction.execute("SELECT jobcenter.fence($1)", &[&me]).await.map_err(|e| self.error(&e))?;
+            // Jobs whose attempts run on workers connected here come first,
+            // whatever the share: their workers report here.
+            let mut rows = transaction
+                .query(
+                    "WITH picked AS (SELECT j.id FROM jobcenter.jobs j WHERE j.active AND j.owner IS NULL \
+                     AND EXISTS (SELECT 1 FROM jobcenter.tasks t WHERE t.job_id = j.id \
+                     AND t.handler = ANY($2) AND t.state IN ('assigned', 'running')) \
+                     FOR UPDATE SKIP LOCKED) \
+                     UPDATE jobcenter.jobs SET owner = $1 FROM picked WHERE jobs.id = picked.id RETURNING jobs.record",
+                    &[&me, &handlers],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            let more = up_to.saturating_sub(rows.len());
+            if more > 0 {
+                let limit = i64::try_from(more).unwrap_or(i64::MAX);
+                rows.extend(
+                    transaction
+                        .query(
+                            "WITH picked AS (SELECT id FROM jobcenter.jobs WHERE active AND owner IS NULL \
+                             ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                             UPDATE jobcenter.jobs SET owner = $1 FROM picked WHERE jobs.id = picked.id \
+                             RETURNING jobs.record",
+                            &[&me, &limit],
+                        )
+                        .await
+                        .map_err(|e| self.error(&e))?,
+                );
+            }
+            let records = rows.iter().map(|row| decode_job(row.get(0))).collect::<Result<Vec<JobRecord>, Error>>()?;
+            let jobs = self.read_jobs(&transaction, records).await?;
+            transaction.commit().await.map_err(|e| self.error(&e))?;
+            Ok(jobs)
+        })
+    }
+
+    fn claim_detection(&self, job_type: &str, interval: Duration, slot: i64) -> Result<bool, Error> {
+        let me = self.me_or_refuse()?;
+        let interval_ms = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX).max(1);
+        self.block_on(async {
+            let client = self.reader().await?;
+            let row = client
+                .query_opt(
+                    "INSERT INTO jobcenter.detections (job_type, slot, instance) \
+                     SELECT $1::text, $2::int8, $3::uuid WHERE jobcenter.fence($3::uuid) \
+                     AND floor(extract(epoch FROM clock_timestamp()) * 1000 / $4::int8)::int8 = $2 \
+                     ON CONFLICT DO NOTHING RETURNING slot",
+                    &[&job_type, &slot, &me, &interval_ms],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            if row.is_some() && slot % 256 == 0 {
+                let _ = client
+                    .execute("DELETE FROM jobcenter.detections WHERE claimed_at < now() - interval '1 day'", &[])
+                    .await;
+            }
+            Ok(row.is_some())
+        })
+    }
+
+    fn lease(&self, name: &str, ttl: Duration) -> Result<bool, Error> {
+        let me = self.me_or_refuse()?;
+        self.block_on(async {
+            let client = self.reader().await?;
+            let row = client
+                .query_opt(
+                    "INSERT INTO jobcenter.leases (name, holder, expires) \
+                     SELECT $1::text, $2::uuid, now() + make_interval(secs => $3::float8) WHERE jobcenter.fence($2::uuid) \
+                     ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires = excluded.expires \
+                     WHERE leases.holder = excluded.holder OR leases.expires < now() RETURNING holder",
+                    &[&name, &me, &ttl.as_secs_f64()],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            Ok(row.is_some())
+        })
+    }
+
+    fn instances(&self) -> Result<Vec<Instance>, Error> {
+        self.block_on(async {
+            let client = self.reader().await?;
+            let rows = client
+                .query(
+                    &format!("SELECT {INSTANCE_COLUMNS} FROM jobcenter.instances ORDER BY status, started_at, id"),
+                    &[],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            Ok(rows
+                .iter()
+                .map(instance)
+                .map(|mut one| {
+                    if !one.active {
+                        one.jobs_led = 0;
+                        one.workers = 0;
+                        one.handlers.clear();
+                        one.detections.clear();
+                        one.detectors.clear();
+                    }
+                    one
+                })
+                .collect())
+        })
+    }
+
+    fn set_paused(&self, instance: Option<HandlerId>, paused: bool) -> Result<usize, Error> {
+        let instance = instance.map(|i| i.0);
+        self.block_on(async {
+            let client = self.reader().await?;
+            let changed = client
+                .execute(
+                    "UPDATE jobcenter.instances SET paused = $2 WHERE status = 'active' AND ($1::uuid IS NULL OR id = $1)",
+                    &[&instance, &paused],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            Ok(usize::try_from(changed).unwrap_or(usize::MAX))
+        })
+    }
+
+    fn whereabouts(&self, job: JobId) -> Result<Option<Whereabouts>, Error> {
+        self.block_on(async {
+            let mut client = self.reader().await?;
+            let transaction = read_transaction(&mut client).await.map_err(|e| self.error(&e))?;
+            let Some(row) = transaction
+                .query_opt("SELECT record, owner FROM jobcenter.jobs WHERE id = $1", &[&job.0])
+                .await
+                .map_err(|e| self.error(&e))?
+            else {
+                return Ok(None);
+            };
+            let record = decode_job(row.get(0))?;
+            let owner: Option<Uuid> = row.get(1);
+            let owner = match owner {
+                Some(owner) => transaction
+                    .query_opt(
+                        &format!(
+                            "SELECT {INSTANCE_COLUMNS} FROM jobcenter.instances WHERE id = $1 AND status = 'active'"
+                        ),
+                        &[&owner],
+                    )
+                    .await
+                    .map_err(|e| self.error(&e))?
+                    .as_ref()
+                    .map(instance),
+                None => None,
+            };
+            Ok(Some(Whereabouts { state: record.state, owner }))
+        })
+    }
+
+    fn leave(&self) -> Result<(), Error> {
+        let me = self.me_or_refuse()?;
+        self.block_on(async {
+            let mut client = self.reader().await?;
+            let transaction = client.transaction().await.map_err(|e| self.error(&e))?;
+            transaction
+                .execute("UPDATE jobcenter.jobs SET owner = NULL WHERE owner = $1", &[&me])
+                .await
+                .map_err(|e| self.error(&e))?;
+            transaction
+                .execute("DELETE FROM jobcenter.instances WHERE id = $1", &[&me])
+                .await
+                .map_err(|e| self.error(&e))?;
+            transaction.commit().await.map_err(|e| self.error(&e))
+        })
+    }
+}

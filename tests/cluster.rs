@@ -1,0 +1,288 @@
+//! Several admin instances on one real PostgreSQL: jobs split evenly and
+//! taken over when an instance dies; a paused instance deactivated, its late
+//! writes refused by the database, and started over under a new id; each
+//! detection interval claimed by exactly one instance, across a kill and
+//! with one instance's clock an hour ahead.
+
+mod common;
+#[path = "common/postgres.rs"]
+mod pg_common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{wait_until, Server};
+use jobcenter::proto::plugin::{
+    admin_to_worker_message, plugin_control_service_client::PluginControlServiceClient, worker_to_admin_message::Body,
+    DetectionComplete, JobTypeCapability, WorkerHello, WorkerToAdminMessage,
+};
+use pg_common::shared as pg;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// An instance that beats every second and is dead after 4 s of silence.
+/// Fixed ports, so that an instance that starts over listens where it did.
+fn start(dir: &std::path::Path, name: &str, url: &str, wrapper: &[&str]) -> Server {
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
+    let args = ["--database-url", url, "--grpc", &grpc, "--cluster-heartbeat", "1s", "--lag-threshold", "4s"];
+    Server::start_wrapped(wrapper, &dir.join(name), &http, &args)
+}
+
+fn instances(server: &Server) -> Vec<Value> {
+    server.cli_json(&["instances", "--json"]).as_array().cloned().unwrap_or_default()
+}
+
+fn active(server: &Server) -> Vec<Value> {
+    instances(server).into_iter().filter(|i| i["status"] == "active").collect()
+}
+
+fn my_id(server: &Server) -> String {
+    let all = instances(server);
+    let me = all.iter().find(|i| i["answering"] == true).unwrap_or_else(|| panic!("no answering instance: {all:?}"));
+    me["id"].as_str().unwrap().to_string()
+}
+
+fn jobs_led(server: &Server) -> BTreeMap<String, u64> {
+    active(server)
+        .iter()
+        .map(|i| (i["id"].as_str().unwrap().to_string(), i["jobs_led"].as_u64().unwrap_or(0)))
+        .collect()
+}
+
+/// A job whose one task nobody serves: it stays active, with no attempt running.
+fn parked_job(dir: &std::path::Path, n: usize) -> std::path::PathBuf {
+    let path = dir.join(format!("parked-{n}.json"));
+    std::fs::write(&path, format!(r#"{{"name":"parked-{n}","tasks":[{{"id":"t","job_type":"parked"}}]}}"#)).unwrap();
+    path
+}
+
+fn submit(server: &Server, file: &std::path::Path) {
+    let output = server.cli(&["submit", file.to_str().unwrap()]);
+    assert!(output.status.success(), "submit failed: {}", String::from_utf8_lossy(&output.stderr));
+}
+
+#[test]
+fn jobs_are_split_evenly_and_an_instance_that_dies_is_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = pg().new_database();
+    let url = pg().url(&database);
+    let a = start(dir.path(), "a", &url, &[]);
+    let b = start(dir.path(), "b", &url, &[]);
+    let mut c = start(dir.path(), "c", &url, &[]);
+    wait_until(Duration::from_secs(20), || (active(&a).len() == 3).then_some(()))
+        .unwrap_or_else(|| panic!("3 instances did not register: {:?}", instances(&a)));
+
+    // Every job is submitted through one instance; the split spreads them.
+    for n in 0..30 {
+        submit(&a, &parked_job(dir.path(), n));
+    }
+    let even = |led: &BTreeMap<String, u64>, n: usize, each: u64| {
+        led.len() == n && led.values().sum::<u64>() == 30 && led.values().all(|l| l.abs_diff(each) <= 1)
+    };
+    let split = wait_until(Duration::from_secs(30), || {
+        let led = jobs_led(&a);
+        even(&led, 3, 10).then_some(led)
+    });
+    assert!(split.is_some(), "30 jobs over 3 instances are not 10 ± 1 each: {:?}", jobs_led(&a));
+
+    // An instance dies: its jobs are taken over, 15 ± 1 each over the other two.
+    let c_id = my_id(&c);
+    let killed = Instant::now();
+    c.process.kill();
+    let taken = wait_until(Duration::from_secs(30), || {
+        let led = jobs_led(&a);
+        (even(&led, 2, 15) && !led.contains_key(&c_id)).then_some(led)
+    });
+    assert!(taken.is_some(), "after a death, not 15 ± 1 each: {:?}", instances(&a));
+    let moved = killed.elapsed();
+    let jobs = pg().psql(&database, "SELECT count(*), count(owner) FROM jobcenter.jobs WHERE active");
+    assert_eq!(jobs.trim(), "30|30", "every job led by a live instance");
+    eprintln!("jobs of the dead instance led again {:.1} s after its SIGKILL", moved.as_secs_f64());
+    drop(b);
+}
+
+#[test]
+fn a_paused_instance_is_deactivated_its_late_writes_are_refused_and_it_starts_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = pg().new_database();
+    let url = pg().url(&database);
+    let a = start(dir.path(), "a", &url, &[]);
+    let b = start(dir.path(), "b", &url, &[]);
+    wait_until(Duration::from_secs(20), || (active(&b).len() == 2).then_some(()))
+        .unwrap_or_else(|| panic!("2 instances did not register: {:?}", instances(&b)));
+    submit(&a, &parked_job(dir.path(), 0));
+    let a_id = my_id(&a);
+    let pid = a.process.child.id().to_string();
+
+    assert!(std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let deactivated = wait_until(Duration::from_secs(20), || {
+        let all = instances(&b);
+        let gone = all.iter().any(|i| i["id"] == a_id.as_str() && i["status"] == "deactivated");
+        let led = jobs_led(&b);
+        (gone && led.values().sum::<u64>() == 1).then_some(())
+    });
+    // A request reaches the paused instance: it sits in its socket until it wakes.
+    let mut late = std::net::TcpStream::connect(&a.http).unwrap();
+    let body = r#"{"name":"late","tasks":[{"id":"t","job_type":"parked"}]}"#;
+    let request = format!(
+        "POST /api/jobs?name=late.json HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        a.http,
+        body.len()
+    );
+    late.write_all(request.as_bytes()).unwrap();
+    assert!(std::process::Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    assert!(deactivated.is_some(), "the paused instance was not deactivated: {:?}", instances(&b));
+
+    // It finds itself deactivated: a write it tries is refused by the database.
+    let refused = format!("admin instance {a_id} is deactivated");
+    let seen = wait_until(Duration::from_secs(20), || pg().log().contains(&refused).then_some(()));
+    assert!(seen.is_some(), "the database refused no write of {a_id}");
+    late.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut answer = String::new();
+    let _ = late.read_to_string(&mut answer);
+    assert!(!answer.starts_with("HTTP/1.1 201"), "the late submit was acknowledged: {answer}");
+
+    // It starts over under a new id, on the same address; nothing it did while paused is visible.
+    let again = wait_until(Duration::from_secs(30), || {
+        active(&b).into_iter().find(|i| i["http_address"] == a.http.as_str() && i["id"] != a_id.as_str())
+    });
+    assert!(again.is_some(), "it did not register again: {:?}", instances(&b));
+    let names = pg().psql(&database, "SELECT string_agg(name, ',' ORDER BY name) FROM jobcenter.jobs");
+    assert_eq!(names.trim(), "parked-0", "only the job acknowledged before the pause exists");
+    let log = std::fs::read_to_string(&a.log).unwrap();
+    assert!(log.contains("starting over as a new instance") || log.contains("write refused"), "{log}");
+}
+
+/// A detector that proposes nothing and counts the detection requests it gets.
+async fn detector(server: &Server, name: &str, count: Arc<AtomicU32>) {
+    let mut client = PluginControlServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
+    let (tx, rx) = mpsc::channel(64);
+    let hello = WorkerHello {
+        worker_id: name.into(),
+        worker_instance_id: uuid::Uuid::new_v4().to_string(),
+        capabilities: vec![JobTypeCapability {
+            job_type: "noop".into(),
+            can_detect: true,
+            can_execute: false,
+            max_detection_concurrency: 1,
+            ..JobTypeCapability::default()
+        }],
+        ..WorkerHello::default()
+    };
+    tx.send(WorkerToAdminMessage { body: Some(Body::Hello(hello)), ..Default::default() }).await.unwrap();
+    let mut inbound = client.worker_stream(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    tokio::spawn(async move {
+        while let Ok(Some(message)) = inbound.message().await {
+            if let Some(admin_to_worker_message::Body::RunDetectionRequest(request)) = message.body {
+                count.fetch_add(1, Ordering::SeqCst);
+                let done = DetectionComplete {
+                    request_id: message.request_id,
+                    job_type: request.job_type,
+                    success: true,
+                    ..DetectionComplete::default()
+                };
+                let _ = tx
+                    .send(WorkerToAdminMessage { body: Some(Body::DetectionComplete(done)), ..Default::default() })
+                    .await;
+            }
+        }
+    });
+}
+
+/// Runs a program with its clock an hour ahead (libfaketime, preloaded in
+/// the same process, so that killing it kills the program).
+fn an_hour_ahead() -> Vec<String> {
+    let library = ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+        .iter()
+        .map(|arch| format!("/usr/lib/{arch}/faketime/libfaketimeMT.so.1"))
+        .find(|path| std::path::Path::new(path).exists())
+        .expect("libfaketime is installed (Debian's faketime package)");
+    vec!["env".into(), format!("LD_PRELOAD={library}"), "FAKETIME=+1h".into()]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_interval_is_detected_once_across_a_kill_and_a_clock_an_hour_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = pg().new_database();
+    let url = pg().url(&database);
+    let ahead = an_hour_ahead();
+    let ahead: Vec<&str> = ahead.iter().map(String::as_str).collect();
+    let servers = vec![
+        start(dir.path(), "a", &url, &[]),
+        start(dir.path(), "b", &url, &[]),
+        start(dir.path(), "c", &url, &ahead),
+    ];
+    let ids: Vec<String> = servers.iter().map(my_id).collect();
+    for server in &servers {
+        let set = server.cli(&["policy", "set", "noop", "detection_enabled=1", "detection_interval_seconds=2"]);
+        assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    }
+    let requests = Arc::new(AtomicU32::new(0));
+    for (server, name) in servers.iter().zip(["det-a", "det-b", "det-c"]) {
+        detector(server, name, requests.clone()).await;
+    }
+    let mut servers: Vec<Option<Server>> = servers.into_iter().map(Some).collect();
+    tokio::time::sleep(Duration::from_secs(9)).await;
+
+    // Kill the instance that detected last.
+    let last = pg().psql(
+        &database,
+        "SELECT instance FROM jobcenter.detections WHERE job_type = 'noop' ORDER BY slot DESC LIMIT 1",
+    );
+    let victim = ids.iter().position(|id| *id == last.trim()).unwrap_or_else(|| {
+        let logs: Vec<String> = servers.iter().flatten().map(|s| std::fs::read_to_string(&s.log).unwrap()).collect();
+        panic!("no detection by one of the three ({last:?}); logs:\n{}", logs.join("\n"))
+    });
+    let mut killed = servers[victim].take().unwrap();
+    killed.process.kill();
+    tokio::time::sleep(Duration::from_secs(11)).await;
+
+    // Stop every instance, then count what the detectors were asked.
+    drop(servers);
+    drop(killed);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let requests = requests.load(Ordering::SeqCst);
+    let rows =
+        pg().psql(&database, "SELECT slot, instance FROM jobcenter.detections WHERE job_type = 'noop' ORDER BY slot");
+    let rows: Vec<(i64, String)> = rows
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (slot, instance) = l.split_once('|').unwrap();
+            (slot.parse().unwrap(), instance.to_string())
+        })
+        .collect();
+    assert!(rows.len() >= 8, "too few detections in 20 s at a 2 s interval: {rows:?}");
+    for pair in rows.windows(2) {
+        assert_eq!(pair[1].0, pair[0].0 + 1, "an interval was skipped: {rows:?}");
+    }
+    let now_slot: i64 =
+        pg().psql(&database, "SELECT floor(extract(epoch FROM now()) * 1000 / 2000)::int8").trim().parse().unwrap();
+    assert!(rows.last().unwrap().0 <= now_slot, "an interval was claimed before its time: {rows:?}");
+    let by_c = rows.iter().filter(|(_, i)| *i == ids[2]).count();
+    let c_alive = victim != 2;
+    assert!(!c_alive || by_c > 0, "the instance an hour ahead took no turn: {rows:?}");
+
+    // Each request had its claim; only a claim made as the instances were
+    // stopped may have had no time to become a request.
+    assert!(
+        requests as usize <= rows.len() && requests as usize + 1 >= rows.len(),
+        "{requests} detection requests for {} claimed intervals: {rows:?}",
+        rows.len()
+    );
+
+    // Nobody was deactivated early: only the killed instance, if any.
+    let deactivated =
+        pg().psql(&database, "SELECT string_agg(id::text, ',') FROM jobcenter.instances WHERE status <> 'active'");
+    let deactivated: Vec<&str> = deactivated.trim().split(',').filter(|s| !s.is_empty()).collect();
+    assert!(
+        deactivated.iter().all(|id| *id == ids[victim]),
+        "deactivated early: {deactivated:?} (killed {})",
+        ids[victim]
+    );
+}
