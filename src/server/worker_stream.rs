@@ -477,12 +477,17 @@ impl Session {
     /// it runs that it does not hold (taken back while it was away) are
     /// canceled on the worker.
     async fn reconcile(&mut self, heartbeat: &WorkerHeartbeat) {
-        // Jobs adopted from another instance may hold attempts of this worker
-        // that it lost with that instance: compare as on its first heartbeat.
+        // Jobs adopted from another instance may hold attempts of this worker:
+        // compare at once. Held attempts it does not report are not dropped
+        // here: their outcomes may still be on their way.
         let adoptions = self.shared.cluster.as_ref().map_or(0, |node| node.adoptions());
-        let first = self.reconciled_at.is_none() || adoptions != self.adoptions_seen;
+        let adopted = adoptions != self.adoptions_seen;
         self.adoptions_seen = adoptions;
-        if !first && self.reconciled_at.is_some_and(|at| at.elapsed() < self.shared.options.heartbeat_interval) {
+        let first = self.reconciled_at.is_none();
+        if !first
+            && !adopted
+            && self.reconciled_at.is_some_and(|at| at.elapsed() < self.shared.options.heartbeat_interval)
+        {
             return;
         }
         self.reconciled_at = Some(tokio::time::Instant::now());

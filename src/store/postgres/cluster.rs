@@ -57,14 +57,35 @@ impl Cluster for PgStore {
     fn register(&self, introduction: &Introduction) -> Result<HandlerId, Error> {
         let id = Uuid::new_v4();
         self.block_on(async {
-            let client = self.reader().await?;
-            client
+            let mut client = self.reader().await?;
+            let transaction = client.transaction().await.map_err(|e| self.error(&e))?;
+            // An active instance on this very address is this server's previous
+            // run (two processes cannot listen on one address): its jobs are
+            // taken over now rather than after the lag threshold.
+            transaction
+                .execute(
+                    "UPDATE jobcenter.instances SET status = 'deactivated' \
+                     WHERE status = 'active' AND grpc_address = $1 AND http_address = $2",
+                    &[&introduction.grpc_address, &introduction.http_address],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            transaction
+                .execute(
+                    "UPDATE jobcenter.jobs SET owner = NULL WHERE active AND owner IS NOT NULL \
+                     AND owner NOT IN (SELECT id FROM jobcenter.instances WHERE status = 'active')",
+                    &[],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            transaction
                 .execute(
                     "INSERT INTO jobcenter.instances (id, role, grpc_address, http_address) VALUES ($1, $2, $3, $4)",
                     &[&id, &introduction.role.as_str(), &introduction.grpc_address, &introduction.http_address],
                 )
                 .await
-                .map_err(|e| self.error(&e))
+                .map_err(|e| self.error(&e))?;
+            transaction.commit().await.map_err(|e| self.error(&e))
         })?;
         self.me.set(id).map_err(|_| Error::Io("this process registered as an admin instance twice".into()))?;
         Ok(HandlerId(id))
