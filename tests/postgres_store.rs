@@ -73,7 +73,10 @@ fn a_database_that_cannot_be_used_is_refused_in_one_line() {
         "INSERT INTO jobcenter.schema_history (version, name, applied_on, checksum) VALUES (99, 'later', '', '0')",
     );
     let line = refused(&cluster.url(&newer), &password);
-    assert!(line.contains("has schema version 99") && line.contains("knows versions up to 1"), "{line}");
+    // This build knows the migrations under src/store/postgres/migrations.
+    let latest = std::fs::read_dir("src/store/postgres/migrations").unwrap().count();
+    let knows = format!("knows versions up to {latest}");
+    assert!(line.contains("has schema version 99") && line.contains(&knows), "{line}");
 }
 
 #[test]
