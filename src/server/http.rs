@@ -182,26 +182,24 @@ fn instance_json(i: &crate::proto::api::Instance) -> Value {
     })
 }
 
-async fn pause_scheduler(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
-) -> Reply {
-    authorized(&s, &headers)?;
-    let instance = q.get("instance").map(String::as_str).unwrap_or("");
-    let changed = s.api.set_scheduler_paused(true, instance).await?;
-    Ok(Json(json!({ "paused": true, "changed": changed })).into_response())
+async fn pause_scheduler(state: State<AppState>, headers: HeaderMap, query: Query<HashMap<String, String>>) -> Reply {
+    set_scheduler_paused(state, headers, query, true).await
 }
 
-async fn resume_scheduler(
+async fn resume_scheduler(state: State<AppState>, headers: HeaderMap, query: Query<HashMap<String, String>>) -> Reply {
+    set_scheduler_paused(state, headers, query, false).await
+}
+
+async fn set_scheduler_paused(
     State(s): State<AppState>,
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
+    paused: bool,
 ) -> Reply {
     authorized(&s, &headers)?;
     let instance = q.get("instance").map(String::as_str).unwrap_or("");
-    let changed = s.api.set_scheduler_paused(false, instance).await?;
-    Ok(Json(json!({ "paused": false, "changed": changed })).into_response())
+    let changed = s.api.set_scheduler_paused(paused, instance).await?;
+    Ok(Json(json!({ "paused": paused, "changed": changed })).into_response())
 }
 
 async fn workers(State(s): State<AppState>, headers: HeaderMap) -> Reply {

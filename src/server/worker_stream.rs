@@ -494,7 +494,7 @@ impl Session {
         let running = heartbeat.running_work.iter().filter_map(|w| wire::parse_attempt_id(&w.work_id)).collect();
         let dropped_before = first.then_some(self.connected_at);
         let Ok(answer) = self.shared.engine.reconcile(self.handler, running, dropped_before).await else { return };
-        let this = Foreign { shared: self.shared.clone() };
+        let shared = self.shared.clone();
         let outbound = self.outbound.clone();
         let (handler, worker_id) = (self.handler, self.hello.worker_id.clone());
         tokio::spawn(async move {
@@ -506,7 +506,7 @@ impl Session {
                 );
             }
             for (task, attempt) in reconciled.not_held {
-                if this.keep_foreign(task.job).await {
+                if keep_foreign(&shared, task.job).await {
                     continue;
                 }
                 tracing::warn!(worker.id = %worker_id, %handler, job.id = %task.job, task.idx = task.idx.0, attempt, "the worker runs an attempt it does not hold: canceling it");
@@ -613,17 +613,12 @@ impl Session {
     }
 }
 
-/// What a spawned reconciliation needs to tell a job led elsewhere from one taken back.
-struct Foreign {
-    shared: Arc<Shared>,
-}
-
-impl Foreign {
-    async fn keep_foreign(&self, job: crate::model::JobId) -> bool {
-        match &self.shared.cluster {
-            Some(node) => led_elsewhere(node, self.shared.engine.store().clone(), job).await,
-            None => false,
-        }
+/// Whether an attempt of `job` that this instance does not hold belongs to
+/// a job led elsewhere (or about to be), so the worker must keep it.
+async fn keep_foreign(shared: &Shared, job: crate::model::JobId) -> bool {
+    match &shared.cluster {
+        Some(node) => led_elsewhere(node, shared.engine.store().clone(), job).await,
+        None => false,
     }
 }
 

@@ -19,6 +19,11 @@ const INSTANCE_COLUMNS: &str = "id, role, grpc_address, http_address, \
      (extract(epoch FROM now() - heartbeat) * 1000)::int8, paused, jobs_led, workers, detectors, detections, handlers, \
      status = 'active'";
 
+/// Jobs led by an instance that is no longer active, however it went
+/// (deactivated now or earlier, its row removed), are free to claim.
+const FREE_ORPHANED_JOBS: &str = "UPDATE jobcenter.jobs SET owner = NULL WHERE active AND owner IS NOT NULL \
+     AND owner NOT IN (SELECT id FROM jobcenter.instances WHERE status = 'active')";
+
 /// How long a deactivated instance's row stays visible before it is removed.
 const KEEP_DEACTIVATED: &str = "10 minutes";
 
@@ -70,14 +75,7 @@ impl Cluster for PgStore {
                 )
                 .await
                 .map_err(|e| self.error(&e))?;
-            transaction
-                .execute(
-                    "UPDATE jobcenter.jobs SET owner = NULL WHERE active AND owner IS NOT NULL \
-                     AND owner NOT IN (SELECT id FROM jobcenter.instances WHERE status = 'active')",
-                    &[],
-                )
-                .await
-                .map_err(|e| self.error(&e))?;
+            transaction.execute(FREE_ORPHANED_JOBS, &[]).await.map_err(|e| self.error(&e))?;
             transaction
                 .execute(
                     "INSERT INTO jobcenter.instances (id, role, grpc_address, http_address) VALUES ($1, $2, $3, $4)",
@@ -124,16 +122,7 @@ impl Cluster for PgStore {
                 )
                 .await
                 .map_err(|e| self.error(&e))?;
-            // Jobs led by an instance that is no longer active, however it
-            // went (deactivated now or earlier, its row removed), are free.
-            transaction
-                .execute(
-                    "UPDATE jobcenter.jobs SET owner = NULL WHERE active AND owner IS NOT NULL \
-                     AND owner NOT IN (SELECT id FROM jobcenter.instances WHERE status = 'active')",
-                    &[],
-                )
-                .await
-                .map_err(|e| self.error(&e))?;
+            transaction.execute(FREE_ORPHANED_JOBS, &[]).await.map_err(|e| self.error(&e))?;
             transaction
                 .execute(
                     &format!(
