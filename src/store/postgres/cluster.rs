@@ -65,17 +65,24 @@ impl Cluster for PgStore {
             let mut client = self.reader().await?;
             let transaction = client.transaction().await.map_err(|e| self.error(&e))?;
             // An active instance on this very address is this server's previous
-            // run (two processes cannot listen on one address): its jobs are
-            // taken over now rather than after the lag threshold.
-            transaction
-                .execute(
+            // run (two processes cannot listen on one address): its jobs pass to
+            // this run now, and are loaded at its start as after any restart,
+            // rather than freed after the lag threshold.
+            let previous: Vec<Uuid> = transaction
+                .query(
                     "UPDATE jobcenter.instances SET status = 'deactivated' \
-                     WHERE status = 'active' AND grpc_address = $1 AND http_address = $2",
+                     WHERE status = 'active' AND grpc_address = $1 AND http_address = $2 RETURNING id",
                     &[&introduction.grpc_address, &introduction.http_address],
                 )
                 .await
+                .map_err(|e| self.error(&e))?
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            transaction
+                .execute("UPDATE jobcenter.jobs SET owner = $1 WHERE active AND owner = ANY($2)", &[&id, &previous])
+                .await
                 .map_err(|e| self.error(&e))?;
-            transaction.execute(FREE_ORPHANED_JOBS, &[]).await.map_err(|e| self.error(&e))?;
             transaction
                 .execute(
                     "INSERT INTO jobcenter.instances (id, role, grpc_address, http_address) VALUES ($1, $2, $3, $4)",
