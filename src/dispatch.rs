@@ -36,6 +36,9 @@ pub struct Assignment {
     pub execution_timeout_seconds: Option<u64>,
     /// When the completion that released this task reached the server.
     pub released_at: Option<std::time::Instant>,
+    /// The gRPC address of the instance that leads the job, when another
+    /// instance lent this attempt: reports on it go there.
+    pub lent_by: Option<Arc<str>>,
 }
 
 pub type Sink = UnboundedSender<WorkOrder>;
@@ -57,6 +60,19 @@ pub struct HandlerSpec {
     pub session: u64,
     pub sink: Sink,
 }
+
+/// Free slots of one handler, for work led by another instance: the slots
+/// it may take now over all job types, and by each type it executes that
+/// has nothing queued here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FreeSlots {
+    pub handler: HandlerId,
+    pub total: u32,
+    pub job_types: Vec<(Arc<str>, u32)>,
+}
+
+/// The job type under which slots reserved for borrowing are held.
+const RESERVED: &str = "\u{0}reserved";
 
 /// Dispatch limits of one job type, from its policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -321,6 +337,61 @@ impl Dispatch {
         self.held.get(&handler).map_or(0, |h| h.total)
     }
 
+    /// Reserves every free slot of connected handlers that no task queued
+    /// here can use, and says which job types each may take: the slots an
+    /// instance offers to the jobs other instances lead. Handlers that take
+    /// any job type (in-process executors) are not offered.
+    pub fn reserve_free(&mut self) -> Vec<FreeSlots> {
+        let mut offers = Vec::new();
+        for (id, slot) in &self.handlers {
+            let Some(types) = &slot.spec.job_types else { continue };
+            let held = self.held.get(id);
+            let total = slot.free(held);
+            if total == 0 {
+                continue;
+            }
+            let job_types: Vec<(Arc<str>, u32)> = types
+                .iter()
+                .filter(|t| self.queues.get(&**t).is_none_or(BinaryHeap::is_empty))
+                .filter(|t| self.gate_open || !self.gated.contains(&**t))
+                .filter_map(|t| {
+                    let limits = self.limits.get(&**t);
+                    if limits.is_some_and(|l| self.running(t) >= l.global) {
+                        return None;
+                    }
+                    let per_worker = limits.map(|l| l.per_worker).unwrap_or(u32::MAX);
+                    let free = slot.free_for(t, per_worker, held);
+                    (free > 0).then(|| (t.clone(), free))
+                })
+                .collect();
+            if !job_types.is_empty() {
+                offers.push(FreeSlots { handler: *id, total, job_types });
+            }
+        }
+        let reserved: Arc<str> = Arc::from(RESERVED);
+        for offer in &offers {
+            for _ in 0..offer.total {
+                self.take_slot(offer.handler, &reserved);
+            }
+        }
+        offers
+    }
+
+    /// Gives back `n` slots reserved by `reserve_free`.
+    pub fn unreserve(&mut self, handler: HandlerId, n: u32) {
+        for _ in 0..n {
+            self.release_slot(handler, RESERVED);
+        }
+    }
+
+    /// Whether a job type may be dispatched now, by the gate and its global limit.
+    pub fn may_run(&self, job_type: &str) -> bool {
+        if !self.gate_open && self.gated.contains(job_type) {
+            return false;
+        }
+        self.limits.get(job_type).is_none_or(|l| self.running(job_type) < l.global)
+    }
+
     /// Forgets every queued entry of a job (it was canceled or ended).
     pub fn forget_job(&mut self, job: JobId) {
         self.queued.retain(|t| t.job != job);
@@ -460,5 +531,31 @@ mod tests {
             sink: sink.clone(),
         });
         assert_eq!(d.pick_handler("vacuum"), None, "a reconnected handler finds the slot its kept attempt holds");
+    }
+
+    #[test]
+    fn free_slots_are_offered_for_types_with_nothing_queued_and_held_while_reserved() {
+        let mut d = Dispatch::default();
+        let (sink, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let (local, remote): (Arc<str>, Arc<str>) = (Arc::from("local"), Arc::from("remote"));
+        let h = HandlerId::new();
+        d.add_handler(HandlerSpec {
+            handler: h,
+            job_types: Some(vec![local.clone(), remote.clone()]),
+            capacity: 3,
+            type_capacity: BTreeMap::from([(remote.clone(), 2)]),
+            starts_running: false,
+            session: 0,
+            sink,
+        });
+        d.push_ready(local.clone(), Priority::Normal, task(1), None, Timestamp(0));
+        let offers = d.reserve_free();
+        assert_eq!(offers, vec![FreeSlots { handler: h, total: 3, job_types: vec![(remote.clone(), 2)] }]);
+        assert_eq!(d.pick_handler("local"), None, "reserved slots are not dispatched here");
+        assert!(d.reserve_free().is_empty(), "nothing is offered twice");
+        d.unreserve(h, 3);
+        assert_eq!(d.pick_handler("local"), Some(h));
+        d.set_limits(remote.clone(), TypeLimits { global: 0, per_worker: 5, execution_timeout_seconds: None });
+        assert!(d.reserve_free().is_empty(), "a type at its global limit is not offered");
     }
 }

@@ -1,5 +1,6 @@
 //! Generated protocol code: the worker stream (`plugin`), the client API
-//! (`api`), and the calls jobcenter makes to a SeaweedFS master (`master`).
+//! (`api`), the calls between admin instances (`peer`), and the calls
+//! jobcenter makes to a SeaweedFS master (`master`).
 #![allow(clippy::all, clippy::pedantic, missing_docs)]
 
 pub mod plugin {
@@ -12,4 +13,8 @@ pub mod api {
 
 pub mod master {
     tonic::include_proto!("master_pb");
+}
+
+pub mod peer {
+    tonic::include_proto!("jobcenter.peer.v1");
 }

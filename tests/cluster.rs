@@ -286,3 +286,150 @@ async fn each_interval_is_detected_once_across_a_kill_and_a_clock_an_hour_ahead(
         ids[victim]
     );
 }
+
+#[test]
+fn a_worker_on_one_instance_runs_the_tasks_of_a_job_another_leads_and_any_instance_cancels() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = pg().new_database();
+    let url = pg().url(&database);
+    let a = start(dir.path(), "a", &url, &[]);
+    let b = start(dir.path(), "b", &url, &[]);
+    wait_until(Duration::from_secs(20), || (active(&a).len() == 2).then_some(()))
+        .unwrap_or_else(|| panic!("2 instances did not register: {:?}", instances(&a)));
+    // The only worker is connected to b; a leads what is submitted to it.
+    let log = dir.path().join("exec.log");
+    let _worker = common::start_worker(&b, "w1", &["--max-execute", "4"], Some(&log));
+    b.wait_for_workers(1);
+    assert!(a.workers().is_empty(), "a has no worker of its own");
+
+    let file = dir.path().join("nine.json");
+    std::fs::write(&file, common::nine_tasks(Some(4), 50)).unwrap();
+    let output = a.cli(&["submit", file.to_str().unwrap(), "--wait", "--json"]);
+    let job: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("no job JSON ({e}): {}", String::from_utf8_lossy(&output.stderr)));
+    let id = job["id"].as_str().unwrap().to_string();
+    let led_by_a = pg().psql(&database, &format!("SELECT owner FROM jobcenter.jobs WHERE id = '{id}'"));
+    let expected: Vec<(String, String)> = [
+        ("1", "succeeded"),
+        ("2", "succeeded"),
+        ("3", "succeeded"),
+        ("4", "failed"),
+        ("5", "succeeded"),
+        ("6", "succeeded"),
+        ("7", "upstream_failed"),
+        ("8", "succeeded"),
+        ("9", "upstream_failed"),
+    ]
+    .iter()
+    .map(|(t, s)| (t.to_string(), s.to_string()))
+    .collect();
+    assert_eq!(common::states(&job), expected, "the reference model's states: {job}");
+    assert_eq!(job["state"], "failed");
+    // Each task that ran ran on b's worker, and no task succeeded twice.
+    let events = common::exec_events(&log, &id);
+    for task in ["1", "2", "3", "5", "6", "8"] {
+        let succeeded = events.iter().filter(|(t, _, e)| t == task && e == "succeeded").count();
+        assert_eq!(succeeded, 1, "task {task} succeeded {succeeded} times: {events:?}");
+    }
+    assert!(!events.iter().any(|(t, _, _)| t == "7" || t == "9"), "upstream_failed tasks never ran: {events:?}");
+    eprintln!("job led by {} ran on b's worker: {} executions", led_by_a.trim(), events.len());
+
+    // A job led by a is canceled through b.
+    let slow = dir.path().join("slow.json");
+    std::fs::write(&slow, r#"{"name":"slow","tasks":[{"id":"s","job_type":"noop","parameters":{"sleep_ms":60000}}]}"#)
+        .unwrap();
+    let output = a.cli(&["submit", slow.to_str().unwrap()]);
+    let slow_id = String::from_utf8_lossy(&output.stdout).split_whitespace().last().unwrap_or_default().to_string();
+    // Its leader learns from b that it runs (in memory: progress is not written).
+    wait_until(Duration::from_secs(20), || {
+        let job = a.cli_json(&["job", &slow_id, "--json"]);
+        (job["tasks"][0]["state"] == "running").then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!("the slow task did not start on b's worker: {}", a.cli_json(&["job", &slow_id, "--json"]))
+    });
+    let cancel = b.cli(&["cancel", &slow_id]);
+    assert!(cancel.status.success(), "cancel through b: {}", String::from_utf8_lossy(&cancel.stderr));
+    // The worker on b is told to stop, and the job ends once it has.
+    let ended = wait_until(Duration::from_secs(20), || {
+        let job = b.cli_json(&["job", &slow_id, "--json"]);
+        (job["state"] == "canceled").then_some(job)
+    });
+    if ended.is_none() {
+        let logs: Vec<String> = [&a, &b].iter().map(|s| std::fs::read_to_string(&s.log).unwrap_or_default()).collect();
+        let relevant: Vec<&str> = logs
+            .iter()
+            .flat_map(|l| l.lines())
+            .filter(|l| {
+                l.contains("cancel") || l.contains("WARN") || l.contains("an attempt") || l.contains("other instances")
+            })
+            .collect();
+        panic!("not canceled: {}\n{}", b.cli_json(&["job", &slow_id, "--json"]), relevant.join("\n"));
+    }
+    let events = common::exec_events(&log, &slow_id);
+    assert!(events.iter().any(|(_, _, e)| e == "canceled"), "the worker stopped the attempt: {events:?}");
+}
+
+#[test]
+fn the_leader_of_a_running_job_dies_and_its_job_ends_as_the_model_says_on_workers_of_other_instances() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = pg().new_database();
+    let url = pg().url(&database);
+    let mut a = start(dir.path(), "a", &url, &[]);
+    let b = start(dir.path(), "b", &url, &[]);
+    let c = start(dir.path(), "c", &url, &[]);
+    wait_until(Duration::from_secs(20), || (active(&b).len() == 3).then_some(()))
+        .unwrap_or_else(|| panic!("3 instances did not register: {:?}", instances(&b)));
+    let log = dir.path().join("exec.log");
+    let admins = format!("{},{}", b.http, c.http);
+    let _w1 = common::start_worker(&b, "w1", &["--admin", &admins, "--max-execute", "4"], Some(&log));
+    let _w2 = common::start_worker(&c, "w2", &["--admin", &format!("{},{}", c.http, b.http)], Some(&log));
+    wait_until(Duration::from_secs(30), || (b.workers().len() + c.workers().len() == 2).then_some(()))
+        .unwrap_or_else(|| panic!("the workers did not connect"));
+
+    // a leads the job and has no worker: every task runs on b's and c's.
+    let file = dir.path().join("nine.json");
+    std::fs::write(&file, common::nine_tasks(Some(4), 1500)).unwrap();
+    let output = a.cli(&["submit", file.to_str().unwrap()]);
+    let id = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    let a_id = my_id(&a);
+    wait_until(Duration::from_secs(20), || {
+        let events = common::exec_events(&log, &id);
+        (events.iter().filter(|(_, _, e)| e == "succeeded").count() >= 2).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the job made no progress: {:?}", common::exec_events(&log, &id)));
+    a.process.kill();
+    let killed = Instant::now();
+
+    // Another instance takes the lead; the attempts running on b's and c's
+    // workers are reported to it, and the job ends as the model says.
+    let job = wait_until(Duration::from_secs(60), || {
+        let job = b.cli_json(&["job", &id, "--json"]);
+        (job["state"] == "failed" || job["state"] == "succeeded").then_some(job)
+    })
+    .unwrap_or_else(|| panic!("the job did not end: {}", b.cli_json(&["job", &id, "--json"])));
+    let ended_after = killed.elapsed();
+    let owner = pg().psql(&database, &format!("SELECT owner FROM jobcenter.jobs WHERE id = '{id}'"));
+    assert_ne!(owner.trim(), a_id, "the dead instance no longer leads the job");
+    let expected: Vec<(String, String)> = [
+        ("1", "succeeded"),
+        ("2", "succeeded"),
+        ("3", "succeeded"),
+        ("4", "failed"),
+        ("5", "succeeded"),
+        ("6", "succeeded"),
+        ("7", "upstream_failed"),
+        ("8", "succeeded"),
+        ("9", "upstream_failed"),
+    ]
+    .iter()
+    .map(|(t, s)| (t.to_string(), s.to_string()))
+    .collect();
+    assert_eq!(common::states(&job), expected, "the reference model's states: {job}");
+    let events = common::exec_events(&log, &id);
+    for task in ["1", "2", "3", "5", "6", "8"] {
+        let succeeded = events.iter().filter(|(t, _, e)| t == task && e == "succeeded").count();
+        assert_eq!(succeeded, 1, "task {task} succeeded {succeeded} times: {events:?}");
+    }
+    eprintln!("the job ended {:.1} s after its leader's SIGKILL", ended_after.as_secs_f64());
+}

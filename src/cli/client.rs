@@ -530,7 +530,7 @@ pub struct RecoverArgs {
 
 pub async fn recover(args: RecoverArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
-    let response = match client.recover(api::RecoverRequest { dry_run: args.dry_run }).await {
+    let response = match client.recover(api::RecoverRequest { dry_run: args.dry_run, here_only: false }).await {
         Ok(r) => r.into_inner(),
         Err(status) => {
             eprintln!("jobcenter: {}", status.message());

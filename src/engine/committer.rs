@@ -66,6 +66,9 @@ fn run(
                     Action::Send { sink, order } => {
                         let _ = sink.send(order);
                     }
+                    Action::Foreign { to, handler, order } => {
+                        let _ = to.send((handler, order));
+                    }
                     Action::Reply(reply) => reply(),
                     Action::Event(event) => {
                         let _ = events.send(event);

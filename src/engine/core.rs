@@ -14,7 +14,7 @@ use super::held::{Absent, Held, HeldTable};
 use super::{Answer, Error, Event, Options, Orphans, Progress, Summary, Waiters};
 use crate::active::ActiveJob;
 use crate::clock::{Clock, Timestamp};
-use crate::dispatch::{Assignment, Dispatch, HandlerSpec, Sink, TypeLimits, WorkOrder};
+use crate::dispatch::{Assignment, Dispatch, FreeSlots, HandlerSpec, Sink, TypeLimits, WorkOrder};
 use crate::follower::{self, Loss, Outcome, Rejection, Released};
 use crate::leader;
 use crate::model::{
@@ -23,6 +23,15 @@ use crate::model::{
 use crate::store::{Batch, StoredJob};
 
 pub(super) type Reply<T> = oneshot::Sender<T>;
+
+/// What taking the next queued task of a type came to.
+enum Take {
+    /// Nothing is queued.
+    Empty,
+    /// The task popped may not run now (or no longer exists); try the next.
+    Skipped,
+    Assigned(Assignment),
+}
 
 pub(super) enum Command {
     Submit {
@@ -143,11 +152,38 @@ pub(super) enum Command {
         up_to: usize,
         reply: Reply<Vec<JobId>>,
     },
+    /// Reserves the free slots no queued task here can use, to offer them
+    /// to the jobs other instances lead.
+    Reserve {
+        reply: Reply<Vec<FreeSlots>>,
+    },
+    /// Attempts another instance lent for the reserved slots of a handler.
+    Borrowed {
+        handler: HandlerId,
+        reserved: u32,
+        lent: Vec<Assignment>,
+        reply: Reply<Vec<Assignment>>,
+    },
+    /// A borrowed attempt's report was settled with its leader.
+    ReturnBorrowed {
+        task: TaskRef,
+        attempt: u32,
+    },
+    /// Lends queued tasks to another instance's handlers.
+    Lend {
+        slots: Vec<FreeSlots>,
+        reply: Reply<Vec<(HandlerId, Assignment)>>,
+    },
+    /// The handlers connected to the other live instances now.
+    PeerHandlers {
+        handlers: HashSet<HandlerId>,
+    },
 }
 
 /// Work that may only happen after the iteration's batch is durable.
 pub(super) enum Action {
     Send { sink: Sink, order: WorkOrder },
+    Foreign { to: super::ForeignOrders, handler: HandlerId, order: WorkOrder },
     Reply(Box<dyn FnOnce() + Send>),
     Event(Event),
 }
@@ -191,6 +227,11 @@ pub(super) struct Core {
     events: broadcast::Sender<Event>,
     /// When the completion that made each queued task ready reached the server.
     released_at: HashMap<TaskRef, std::time::Instant>,
+    /// Attempts of jobs other instances lead, run by handlers here: the
+    /// attempt, its handler and its job type, until their report is settled.
+    borrowed: HashMap<TaskRef, (u32, HandlerId, Arc<str>)>,
+    /// Handlers connected to the other live instances: alive, though not here.
+    peer_handlers: HashSet<HandlerId>,
 }
 
 impl Core {
@@ -204,6 +245,8 @@ impl Core {
             waiters: HashMap::new(),
             events,
             released_at: HashMap::new(),
+            borrowed: HashMap::new(),
+            peer_handlers: HashSet::new(),
         }
     }
 
@@ -256,6 +299,19 @@ impl Core {
         self.released_at.retain(|task, _| task.job != job);
         for waiter in self.waiters.remove(&job).unwrap_or_default() {
             step.reply(waiter, Some(record.clone()));
+        }
+    }
+
+    /// Tells a handler to stop an attempt, here or, when it is connected to
+    /// another instance, there.
+    fn cancel_attempt(&self, handler: HandlerId, task: TaskRef, attempt: u32, step: &mut Step) {
+        let order = WorkOrder::Cancel { task, attempt };
+        match (self.dispatch.sink(handler), &self.options.foreign_orders) {
+            (Some(sink), _) => step.send(Some(sink), order),
+            (None, Some(to)) => {
+                step.actions.push(Action::Foreign { to: to.clone(), handler, order });
+            }
+            (None, None) => {}
         }
     }
 
@@ -314,8 +370,7 @@ impl Core {
                     Some(active) => {
                         let running = leader::cancel(active, now, &mut step.batch);
                         for (idx, attempt, handler) in running.running {
-                            let order = WorkOrder::Cancel { task: TaskRef { job, idx: TaskIdx(idx) }, attempt };
-                            step.send(self.dispatch.sink(handler), order);
+                            self.cancel_attempt(handler, TaskRef { job, idx: TaskIdx(idx) }, attempt, step);
                         }
                         self.dispatch.forget_job(job);
                         self.finalize(job, now, step);
@@ -460,6 +515,17 @@ impl Core {
                     fresh.push(stored);
                     adopted += 1;
                 }
+                // Attempts borrowed for these jobs are held here now, as the leader's.
+                let jobs: HashSet<JobId> = fresh.iter().map(|job| job.record.id).collect();
+                let settled: Vec<(TaskRef, u32)> = self
+                    .borrowed
+                    .iter()
+                    .filter(|(t, _)| jobs.contains(&t.job))
+                    .map(|(t, (a, _, _))| (*t, *a))
+                    .collect();
+                for (task, attempt) in settled {
+                    self.return_borrowed(task, attempt);
+                }
                 self.restore(fresh, now, step);
                 step.reply(reply, adopted);
             }
@@ -481,6 +547,29 @@ impl Core {
                 }
                 step.batch.released.extend(candidates.iter().copied());
                 step.reply(reply, candidates);
+            }
+            Command::Reserve { reply } => {
+                let _ = reply.send(self.dispatch.reserve_free());
+            }
+            Command::Borrowed { handler, reserved, lent, reply } => {
+                let unsent = self.borrowed(handler, reserved, lent, step);
+                let _ = reply.send(unsent);
+            }
+            Command::ReturnBorrowed { task, attempt } => self.return_borrowed(task, attempt),
+            Command::Lend { slots, reply } => {
+                let lent = self.lend(slots, now, step);
+                step.reply(reply, lent);
+            }
+            Command::PeerHandlers { handlers } => {
+                // A handler that moved to another live instance is not away.
+                let moved: Vec<HandlerId> = self.absent.handlers().filter(|h| handlers.contains(h)).collect();
+                for handler in moved {
+                    self.absent.remove(handler);
+                }
+                if handlers != self.peer_handlers {
+                    tracing::debug!(handlers = handlers.len(), "handlers connected to other instances");
+                }
+                self.peer_handlers = handlers;
             }
         }
     }
@@ -532,7 +621,7 @@ impl Core {
         for (idx, attempt, handler) in running.running {
             let task = TaskRef { job: job_id, idx: TaskIdx(idx) };
             self.end_attempt(task);
-            step.send(self.dispatch.sink(handler), WorkOrder::Cancel { task, attempt });
+            self.cancel_attempt(handler, task, attempt, step);
         }
         self.dispatch.forget_job(job_id);
         self.finalize(job_id, now, step);
@@ -617,7 +706,7 @@ impl Core {
                 }
                 let holder = record.handler;
                 if let Some(handler) = holder {
-                    step.send(self.dispatch.sink(handler), WorkOrder::Cancel { task: task_ref, attempt: *attempt });
+                    self.cancel_attempt(handler, task_ref, *attempt, step);
                 }
                 if rule == recovery::Rule::HandlerSilent {
                     // A silent handler gets no more work, this task included.
@@ -724,45 +813,128 @@ impl Core {
         for job_type in self.dispatch.queued_types() {
             let mut blocked: Vec<(TaskRef, crate::model::Priority)> = Vec::new();
             while let Some(handler) = self.dispatch.pick_handler(&job_type) {
-                let Some(task) = self.dispatch.pop(&job_type) else { break };
-                let Some(job) = self.jobs.get(&task.job) else { continue };
-                let record = &job.tasks[task.idx.index()];
-                if record.state != TaskState::Ready {
-                    continue;
-                }
-                let spec = &job.spec.tasks[task.idx.index()];
-                // A task never runs while another task on the same volume runs,
-                // whatever job or job type that one belongs to.
-                if resource_of(&spec.labels).is_some_and(|key| self.held.locks(&key)) {
-                    blocked.push((task, spec.priority));
-                    continue;
-                }
-                if record.not_before.is_some_and(|at| at > now) {
-                    let (job_type, priority, not_before) = (spec.job_type.clone(), spec.priority, record.not_before);
-                    self.dispatch.push_ready(job_type, priority, task, not_before, now);
-                    continue;
-                }
                 let running = self.dispatch.starts_running(handler);
-                let Some(job) = self.jobs.get_mut(&task.job) else { continue };
-                let attempt = leader::assign(job, task.idx.0, handler, running, now, &mut step.batch);
-                let spec = &job.spec.tasks[task.idx.index()];
-                let assignment = Assignment {
-                    released_at: self.released_at.remove(&task),
-                    task,
-                    attempt,
-                    job_name: job.record.name.clone(),
-                    task_id: spec.id.clone(),
-                    job_type: spec.job_type.clone(),
-                    parameters: spec.parameters.clone(),
-                    labels: spec.labels.clone(),
-                    priority: spec.priority,
-                    execution_timeout_seconds: spec.execution_timeout_seconds,
-                };
-                self.hold(task, attempt, handler, now);
-                step.send(self.dispatch.sink(handler), WorkOrder::Execute(assignment));
+                match self.take_one(&job_type, handler, running, now, step, &mut blocked) {
+                    Take::Empty => break,
+                    Take::Skipped => {}
+                    Take::Assigned(assignment) => {
+                        step.send(self.dispatch.sink(handler), WorkOrder::Execute(assignment));
+                    }
+                }
             }
             for (task, priority) in blocked {
                 self.dispatch.push_ready(job_type.clone(), priority, task, None, now);
+            }
+        }
+    }
+
+    /// Takes the next queued task of `job_type` and assigns it to `handler`
+    /// (held, and written in the step), unless it may not run now.
+    fn take_one(
+        &mut self,
+        job_type: &Arc<str>,
+        handler: HandlerId,
+        running: bool,
+        now: Timestamp,
+        step: &mut Step,
+        blocked: &mut Vec<(TaskRef, crate::model::Priority)>,
+    ) -> Take {
+        let Some(task) = self.dispatch.pop(job_type) else { return Take::Empty };
+        let Some(job) = self.jobs.get(&task.job) else { return Take::Skipped };
+        let record = &job.tasks[task.idx.index()];
+        if record.state != TaskState::Ready {
+            return Take::Skipped;
+        }
+        let spec = &job.spec.tasks[task.idx.index()];
+        // A task never runs while another task on the same volume runs,
+        // whatever job or job type that one belongs to.
+        if resource_of(&spec.labels).is_some_and(|key| self.held.locks(&key)) {
+            blocked.push((task, spec.priority));
+            return Take::Skipped;
+        }
+        if record.not_before.is_some_and(|at| at > now) {
+            let (job_type, priority, not_before) = (spec.job_type.clone(), spec.priority, record.not_before);
+            self.dispatch.push_ready(job_type, priority, task, not_before, now);
+            return Take::Skipped;
+        }
+        let Some(job) = self.jobs.get_mut(&task.job) else { return Take::Skipped };
+        let attempt = leader::assign(job, task.idx.0, handler, running, now, &mut step.batch);
+        let spec = &job.spec.tasks[task.idx.index()];
+        let assignment = Assignment {
+            released_at: self.released_at.remove(&task),
+            task,
+            attempt,
+            job_name: job.record.name.clone(),
+            task_id: spec.id.clone(),
+            job_type: spec.job_type.clone(),
+            parameters: spec.parameters.clone(),
+            labels: spec.labels.clone(),
+            priority: spec.priority,
+            execution_timeout_seconds: spec.execution_timeout_seconds,
+            lent_by: None,
+        };
+        self.hold(task, attempt, handler, now);
+        Take::Assigned(assignment)
+    }
+
+    /// Lends queued tasks to the free slots of another instance's handlers:
+    /// each is assigned and held here (its handler is the peer's worker)
+    /// and returned once the step is durable.
+    fn lend(&mut self, slots: Vec<FreeSlots>, now: Timestamp, step: &mut Step) -> Vec<(HandlerId, Assignment)> {
+        self.dispatch.promote_due(now);
+        let mut lent = Vec::new();
+        for offer in slots {
+            let mut left = offer.total;
+            for (job_type, free) in offer.job_types {
+                let mut free = free.min(left);
+                let mut blocked = Vec::new();
+                while free > 0 && self.dispatch.may_run(&job_type) {
+                    match self.take_one(&job_type, offer.handler, false, now, step, &mut blocked) {
+                        Take::Empty => break,
+                        Take::Skipped => {}
+                        Take::Assigned(assignment) => {
+                            lent.push((offer.handler, assignment));
+                            free -= 1;
+                            left -= 1;
+                        }
+                    }
+                }
+                for (task, priority) in blocked {
+                    self.dispatch.push_ready(job_type.clone(), priority, task, None, now);
+                }
+            }
+        }
+        if !lent.is_empty() {
+            tracing::debug!(lent = lent.len(), "lent ready tasks to another instance's workers");
+        }
+        lent
+    }
+
+    /// Attempts another instance lent to a handler here: the reserved
+    /// slots become theirs, and they go to the handler. Those that cannot
+    /// (the handler left) are returned.
+    fn borrowed(
+        &mut self,
+        handler: HandlerId,
+        reserved: u32,
+        lent: Vec<Assignment>,
+        step: &mut Step,
+    ) -> Vec<Assignment> {
+        self.dispatch.unreserve(handler, reserved);
+        let Some(sink) = self.dispatch.sink(handler).cloned() else { return lent };
+        for assignment in lent {
+            self.dispatch.take_slot(handler, &assignment.job_type);
+            self.borrowed.insert(assignment.task, (assignment.attempt, handler, assignment.job_type.clone()));
+            step.send(Some(&sink), WorkOrder::Execute(assignment));
+        }
+        Vec::new()
+    }
+
+    /// A borrowed attempt is settled with the instance that leads its job.
+    fn return_borrowed(&mut self, task: TaskRef, attempt: u32) {
+        if self.borrowed.get(&task).is_some_and(|(a, _, _)| *a == attempt) {
+            if let Some((_, handler, job_type)) = self.borrowed.remove(&task) {
+                self.dispatch.release_slot(handler, &job_type);
             }
         }
     }
@@ -780,7 +952,7 @@ impl Core {
             let Some(held) = self.held.get(task).cloned() else { break };
             let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at);
             let seconds = at.millis_since(assigned_at.unwrap_or(at)) / 1000;
-            step.send(self.dispatch.sink(held.handler), WorkOrder::Cancel { task, attempt });
+            self.cancel_attempt(held.handler, task, attempt, step);
             let error = format!("execution timed out after {seconds} s");
             let outcome = Outcome::Failed { error, output: Vec::new() };
             if let Err(rejection) = self.complete(task, attempt, held.handler, outcome, None, now, step) {
@@ -848,7 +1020,9 @@ impl Core {
                 // A connected handler reports what it runs with its heartbeats;
                 // one already absent keeps the time it was given.
                 let away = |handler: &HandlerId| {
-                    !self.dispatch.has_handler(*handler) && !self.absent.handlers().any(|h| h == *handler)
+                    !self.dispatch.has_handler(*handler)
+                        && !self.peer_handlers.contains(handler)
+                        && !self.absent.handlers().any(|h| h == *handler)
                 };
                 let handlers: Vec<HandlerId> = handlers.into_iter().filter(away).collect();
                 for handler in handlers {

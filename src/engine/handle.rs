@@ -13,7 +13,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use super::core::{Command, Reply};
 use super::{CommitObserver, Error, Event, Progress, Summary};
 use crate::clock::Timestamp;
-use crate::dispatch::{HandlerSpec, TypeLimits};
+use crate::dispatch::{Assignment, FreeSlots, HandlerSpec, TypeLimits};
 use crate::follower::{Loss, Outcome, Rejection};
 use crate::model::{HandlerId, JobId, JobOrigin, JobRecord, JobSpec, StateCounts, TaskRef};
 use crate::store::{JobFilter, Store, StoredJob};
@@ -291,6 +291,39 @@ impl EngineHandle {
     /// Stops leading up to `up_to` idle jobs; answers once that is durable.
     pub async fn release(&self, up_to: usize) -> Result<Vec<JobId>, Error> {
         self.call(|reply| Command::Release { up_to, reply }).await
+    }
+
+    /// Reserves the free slots no task queued here can use, to offer them
+    /// to jobs other instances lead; give back what is not used with `borrowed`.
+    pub async fn reserve(&self) -> Result<Vec<FreeSlots>, Error> {
+        self.call(|reply| Command::Reserve { reply }).await
+    }
+
+    /// Hands attempts another instance lent to `handler` for `reserved`
+    /// reserved slots; returns those it could not take (the handler left).
+    pub async fn borrowed(
+        &self,
+        handler: HandlerId,
+        reserved: u32,
+        lent: Vec<Assignment>,
+    ) -> Result<Vec<Assignment>, Error> {
+        self.call(|reply| Command::Borrowed { handler, reserved, lent, reply }).await
+    }
+
+    /// A borrowed attempt's report was settled with its leader: its slot is free.
+    pub async fn return_borrowed(&self, task: TaskRef, attempt: u32) -> Result<(), Error> {
+        self.send(Command::ReturnBorrowed { task, attempt }).await
+    }
+
+    /// Lends queued tasks to another instance's handlers; answers once the
+    /// assignments are durable.
+    pub async fn lend(&self, slots: Vec<FreeSlots>) -> Result<Vec<(HandlerId, Assignment)>, Error> {
+        self.call(|reply| Command::Lend { slots, reply }).await
+    }
+
+    /// The handlers connected to the other live instances.
+    pub async fn peer_handlers(&self, handlers: HashSet<HandlerId>) -> Result<(), Error> {
+        self.send(Command::PeerHandlers { handlers }).await
     }
 
     pub async fn active_jobs(&self) -> Result<Vec<JobRecord>, Error> {

@@ -67,7 +67,13 @@ pub struct Options {
     pub lost_attempt_limit: u32,
     /// Commands one iteration takes at most.
     pub max_commands_per_iteration: usize,
+    /// Where work orders go for handlers connected to another instance (in
+    /// a cluster): the attempts lent to them.
+    pub foreign_orders: Option<ForeignOrders>,
 }
+
+/// Work orders for handlers connected elsewhere, with the handler they are for.
+pub type ForeignOrders = tokio::sync::mpsc::UnboundedSender<(crate::model::HandlerId, crate::dispatch::WorkOrder)>;
 
 impl Default for Options {
     fn default() -> Options {
@@ -76,6 +82,7 @@ impl Default for Options {
             orphans: Orphans::Keep { grace: Duration::from_secs(30) },
             lost_attempt_limit: 3,
             max_commands_per_iteration: 8192,
+            foreign_orders: None,
         }
     }
 }

@@ -80,6 +80,20 @@ fn store_error(e: crate::store::Error) -> Error {
     }
 }
 
+/// The answer of another instance, as this one's.
+fn status_error(status: &Status) -> Error {
+    let message = status.message().to_string();
+    match status.code() {
+        tonic::Code::InvalidArgument => Error::Invalid(message),
+        tonic::Code::NotFound => Error::NotFound(message),
+        tonic::Code::FailedPrecondition => Error::Conflict(message),
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => Error::Unavailable(message),
+        _ => Error::Internal(message),
+    }
+}
+
+type JobServiceClientOf = api::job_service_client::JobServiceClient<tonic::transport::Channel>;
+
 fn parse_job_id(text: &str) -> Result<JobId, Error> {
     text.parse().map_err(|_| Error::Invalid(format!("{text:?} is not a job id (a UUID)")))
 }
@@ -134,10 +148,62 @@ impl Api {
         Ok(self.shared.engine.list(filter).await?.iter().map(convert::summary).collect())
     }
 
+    /// In a cluster: the gRPC address of the live instance that leads an
+    /// active job, when that is not this one.
+    async fn led_by(&self, id: crate::model::JobId) -> Result<Option<String>, Error> {
+        let Some(node) = &self.shared.cluster else { return Ok(None) };
+        let store = self.shared.engine.store().clone();
+        let whereabouts = tokio::task::spawn_blocking(move || store.cluster().map(|c| c.whereabouts(id)))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        match whereabouts {
+            Some(Ok(Some(w))) if !w.state.is_terminal() => match w.owner {
+                Some(owner) if owner.id != node.id => Ok(Some(owner.grpc_address)),
+                Some(_) => Ok(None),
+                None => Err(Error::Unavailable(format!(
+                    "no instance leads job {id} at this moment (another instance is taking it over); try again in a few seconds"
+                ))),
+            },
+            Some(Err(e)) => Err(Error::Unavailable(e.to_string())),
+            _ => Ok(None),
+        }
+    }
+
+    /// A client for the instance at `address`, with this one's token.
+    async fn forward<T>(&self, address: &str, message: T) -> Result<(JobServiceClientOf, Request<T>), Error> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| Error::Internal(e.to_string()))?
+            .connect_timeout(std::time::Duration::from_secs(3))
+            .connect()
+            .await
+            .map_err(|e| {
+                Error::Unavailable(format!("the instance leading the job ({address}) cannot be reached: {e}"))
+            })?;
+        let mut request = Request::new(message);
+        request.set_timeout(std::time::Duration::from_secs(30));
+        if let Some(value) =
+            self.shared.options.token.as_ref().and_then(|t| format!("Bearer {}", t.trim()).parse().ok())
+        {
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok((api::job_service_client::JobServiceClient::new(channel), request))
+    }
+
     pub async fn cancel(&self, id: &str) -> Result<(), Error> {
         let id = parse_job_id(id)?;
         let started = std::time::Instant::now();
-        self.shared.engine.cancel(id).await?;
+        match self.shared.engine.cancel(id).await {
+            Err(crate::engine::Error::JobEnded(_)) if self.shared.cluster.is_some() => {
+                let Some(address) = self.led_by(id).await? else {
+                    return Err(crate::engine::Error::JobEnded(id).into());
+                };
+                let (mut client, request) = self.forward(&address, api::JobRef { job_id: id.to_string() }).await?;
+                client.cancel_job(request).await.map_err(|s| status_error(&s))?;
+                tracing::info!(job.id = %id, leader = address, "job canceled over the API, by the instance leading it");
+                return Ok(());
+            }
+            other => other?,
+        }
         self.shared.metrics.observe_api_step(started.elapsed());
         tracing::info!(job.id = %id, "job canceled over the API");
         Ok(())
@@ -319,9 +385,13 @@ impl Api {
         }
     }
 
-    pub async fn recover(&self, dry_run: bool) -> Result<api::RecoverResponse, Error> {
-        let findings =
-            super::recovery::check(&self.shared, dry_run).await.map_err(|e| Error::Conflict(e.to_string()))?;
+    pub async fn recover(&self, dry_run: bool, here_only: bool) -> Result<api::RecoverResponse, Error> {
+        let findings = if here_only {
+            super::recovery::check(&self.shared, dry_run).await
+        } else {
+            super::recovery::check_cluster(&self.shared, dry_run).await
+        };
+        let findings = findings.map_err(|e| Error::Conflict(e.to_string()))?;
         Ok(api::RecoverResponse { findings, dry_run })
     }
 
@@ -519,7 +589,8 @@ impl JobService for JobServiceImpl {
 
     async fn recover(&self, request: Request<api::RecoverRequest>) -> Result<Response<api::RecoverResponse>, Status> {
         self.check(&request)?;
-        Ok(Response::new(self.api.recover(request.into_inner().dry_run).await?))
+        let r = request.into_inner();
+        Ok(Response::new(self.api.recover(r.dry_run, r.here_only).await?))
     }
 
     async fn set_policy(&self, request: Request<api::SetPolicyRequest>) -> Result<Response<api::Policy>, Status> {

@@ -82,6 +82,11 @@ impl Node {
         self.clock.now().as_millis() + self.offset_ms.load(Ordering::Relaxed)
     }
 
+    /// A time on the database's clock, on this machine's.
+    pub fn local_ms(&self, db_ms: i64) -> i64 {
+        db_ms - self.offset_ms.load(Ordering::Relaxed)
+    }
+
     pub fn is_paused(&self) -> bool {
         self.paused.load(Ordering::Relaxed)
     }
@@ -182,6 +187,10 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
     if let Some(me) = membership.instances.iter().find(|i| i.id == node.id) {
         node.paused.store(me.paused, Ordering::Relaxed);
     }
+    // Workers connected to the other live instances are alive, though not here.
+    let elsewhere = membership.instances.iter().filter(|i| i.id != node.id).flat_map(|i| i.handlers.iter().copied());
+    let elsewhere: std::collections::HashSet<HandlerId> = elsewhere.filter(|h| !handlers.contains(h)).collect();
+    let _ = shared.engine.peer_handlers(elsewhere).await;
     let servers = membership.servers().count().max(1);
     let share = membership.active_jobs.div_ceil(servers);
     let unowned = membership.unowned_jobs;

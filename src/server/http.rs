@@ -144,8 +144,8 @@ async fn runs(State(s): State<AppState>, headers: HeaderMap, Path(job_type): Pat
 
 async fn recover(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Reply {
     authorized(&s, &headers)?;
-    let dry_run = q.get("dry_run").is_some_and(|v| v == "true" || v == "1");
-    Ok(Json(s.api.recover(dry_run).await?).into_response())
+    let flag = |name: &str| q.get(name).is_some_and(|v| v == "true" || v == "1");
+    Ok(Json(s.api.recover(flag("dry_run"), flag("here_only")).await?).into_response())
 }
 
 async fn stats(State(s): State<AppState>, headers: HeaderMap) -> Reply {

@@ -9,6 +9,7 @@ mod convert;
 mod http;
 pub mod master;
 pub mod metrics;
+pub mod peer;
 mod policies;
 pub mod recovery;
 mod registry;
@@ -30,6 +31,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::engine::{Engine, EngineHandle, Options, Orphans};
 use crate::jobfile::Limits;
 use crate::proto::api::job_service_server::JobServiceServer;
+use crate::proto::peer::peer_service_server::PeerServiceServer;
 use crate::proto::plugin::plugin_control_service_server::PluginControlServiceServer;
 use crate::store::cluster::Role;
 use crate::store::Store;
@@ -136,6 +138,8 @@ pub struct Shared {
     pub cluster: Option<Arc<cluster::Node>>,
     /// The scheduler loop is paused (alone; in a cluster, `cluster` says).
     pub scheduler_paused: std::sync::atomic::AtomicBool,
+    /// Links to the other instances of the cluster.
+    pub peers: peer::Peers,
 }
 
 /// Runs the server on listeners that are already bound until `shutdown` resolves.
@@ -160,7 +164,9 @@ pub async fn run(
         }
         None => None,
     };
+    let (foreign_orders, foreign_receiver) = tokio::sync::mpsc::unbounded_channel();
     let engine_options = Options {
+        foreign_orders: node.is_some().then_some(foreign_orders),
         orphans: Orphans::Keep { grace: options.orphan_grace },
         lost_attempt_limit: options.lost_attempt_limit,
         instance: node.as_ref().map(|n| n.id).unwrap_or_else(crate::model::HandlerId::new),
@@ -190,6 +196,7 @@ pub async fn run(
         clock,
         cluster: node.clone(),
         scheduler_paused: std::sync::atomic::AtomicBool::new(false),
+        peers: peer::Peers::default(),
     });
 
     engine.on_commit(Arc::new(shared.metrics.commit_observer()));
@@ -199,6 +206,8 @@ pub async fn run(
         LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;
     }
     cluster::spawn_loop(shared.clone());
+    peer::spawn_borrower(shared.clone());
+    peer::spawn_foreign_orders(shared.clone(), foreign_receiver);
     recovery::spawn_loop(shared.clone());
     scheduler::spawn_loop(shared.clone());
     master::spawn_duties(shared.clone());
@@ -233,6 +242,7 @@ pub async fn run(
         .max_concurrent_streams(Some(u32::try_from(options.max_workers).unwrap_or(u32::MAX).saturating_add(256)))
         .add_service(worker_service)
         .add_service(job_service)
+        .add_service(PeerServiceServer::new(peer::PeerServiceImpl::new(shared.clone())))
         // Small messages (an acknowledgement, then a work order) must not wait
         // for each other's TCP acknowledgement: no Nagle on the worker streams.
         .serve_with_incoming_shutdown(

@@ -44,6 +44,20 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
         handlers
             .insert(handler.clone(), recovery::HandlerSnapshot { handler, node: worker.worker_id.clone(), last_seen });
     }
+    // Workers connected to the other live instances are alive: an attempt
+    // one of them runs for a job led here is not orphaned.
+    if let Some(node) = &shared.cluster {
+        for instance in node.live().iter().filter(|i| i.id != node.id) {
+            for handler in &instance.handlers {
+                let id = handler.to_string();
+                handlers.entry(id.clone()).or_insert(recovery::HandlerSnapshot {
+                    handler: id,
+                    node: format!("instance {}", instance.id),
+                    last_seen: node.local_ms(instance.heartbeat_ms),
+                });
+            }
+        }
+    }
     for handler in engine_handlers {
         // In-process executors live as long as the admin does.
         let id = handler.to_string();
@@ -118,9 +132,54 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
             action,
             detail: finding.detail,
             applied,
+            instance: shared.cluster.as_ref().map(|n| n.id.to_string()).unwrap_or_default(),
         });
     }
     Ok(out)
+}
+
+/// The check over the whole cluster: this instance checks the jobs it leads
+/// and asks every other live instance to check the jobs it leads. Alone,
+/// the same as `check`. An instance that does not answer is skipped: once
+/// silent past the lag threshold, it is deactivated and its jobs taken over.
+pub async fn check_cluster(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
+    let mut findings = check(shared, dry_run).await?;
+    let Some(node) = &shared.cluster else { return Ok(findings) };
+    for instance in node.live().into_iter().filter(|i| i.id != node.id && i.role == crate::store::cluster::Role::Server)
+    {
+        match check_elsewhere(shared, &instance.grpc_address, dry_run).await {
+            Ok(more) => findings.extend(more),
+            Err(e) => {
+                tracing::warn!(instance = %instance.id, error = %e, "another instance did not run its part of the recovery check")
+            }
+        }
+    }
+    Ok(findings)
+}
+
+async fn check_elsewhere(shared: &Shared, address: &str, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
+        .connect_timeout(std::time::Duration::from_secs(3))
+        .connect()
+        .await?;
+    let mut client = api::job_service_client::JobServiceClient::new(channel);
+    let mut request = tonic::Request::new(api::RecoverRequest { dry_run, here_only: true });
+    request.set_timeout(std::time::Duration::from_secs(30));
+    if let Some(value) = shared.options.token.as_ref().and_then(|t| format!("Bearer {}", t.trim()).parse().ok()) {
+        request.metadata_mut().insert("authorization", value);
+    }
+    Ok(client.recover(request).await?.into_inner().findings)
+}
+
+/// Whether this instance runs the periodic check now: alone, always; in a
+/// cluster, the instance holding the recovery lease (one at a time, a live
+/// one: the lease of a silent holder runs out and another takes it).
+async fn my_turn(shared: &Shared) -> bool {
+    let Some(_) = &shared.cluster else { return true };
+    let store = shared.engine.store().clone();
+    let ttl = shared.options.recovery_interval * 3;
+    let lease = tokio::task::spawn_blocking(move || store.cluster().map(|c| c.lease("recovery", ttl))).await;
+    matches!(lease, Ok(Some(Ok(true))))
 }
 
 /// Every interval: a cluster task when a worker can run one, else the check here.
@@ -129,6 +188,10 @@ pub fn spawn_loop(shared: Arc<Shared>) {
         tokio::time::sleep(shared.options.orphan_grace.min(shared.options.recovery_interval)).await;
         let mut in_flight: Option<crate::model::JobId> = None;
         loop {
+            if !my_turn(&shared).await {
+                tokio::time::sleep(shared.options.recovery_interval).await;
+                continue;
+            }
             let capable = shared
                 .registry
                 .workers()
@@ -145,7 +208,7 @@ pub fn spawn_loop(shared: Arc<Shared>) {
                 if !busy {
                     in_flight = submit_cluster_task(&shared).await;
                 }
-            } else if let Err(e) = check(&shared, false).await {
+            } else if let Err(e) = check_cluster(&shared, false).await {
                 tracing::debug!(error = %e, "recovery check skipped");
             }
             tokio::time::sleep(shared.options.recovery_interval).await;

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::peer;
 use super::scheduler;
 use super::Shared;
 use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
@@ -20,7 +21,8 @@ use crate::engine::Answer;
 use crate::engine::Progress;
 use crate::follower::{Loss, Outcome, Rejection};
 use crate::jobfile;
-use crate::model::HandlerId;
+use crate::model::{HandlerId, TaskRef};
+use crate::proto::peer::peer_report;
 use crate::proto::plugin::{
     admin_to_worker_message, plugin_control_service_server::PluginControlService, worker_to_admin_message, AdminHello,
     AdminToWorkerMessage, CancelRequest, ClusterContext, ExecuteJobRequest, JobCompleted, JobSpec, RequestConfigSchema,
@@ -152,6 +154,7 @@ impl PluginControlService for WorkerStreamService {
             connected_at: self.shared.clock.now(),
             reconciled_at: None,
             adoptions_seen: 0,
+            lent: std::sync::Mutex::default(),
         };
         tokio::spawn(session.run(inbound));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
@@ -198,6 +201,17 @@ struct Session {
     reconciled_at: Option<tokio::time::Instant>,
     /// The cluster's adoption count when this session last reconciled.
     adoptions_seen: u64,
+    /// Attempts other instances lent to this worker, by attempt id: the
+    /// gRPC address of the instance leading each one's job.
+    lent: std::sync::Mutex<HashMap<String, Lent>>,
+}
+
+/// An attempt another instance lent to this session's worker.
+struct Lent {
+    /// The gRPC address of the instance leading its job.
+    leader: Arc<str>,
+    /// Its leader was told it runs.
+    started: bool,
 }
 
 impl Session {
@@ -267,6 +281,7 @@ impl Session {
             return;
         }
         shared.scheduler.wake();
+        shared.peers.wake();
         for capability in self.hello.capabilities.clone() {
             shared.policies.push_limits(&shared.engine, &capability.job_type).await;
             if !shared.policies.has_descriptor(&capability.job_type) {
@@ -324,6 +339,10 @@ impl Session {
     async fn send_order(&self, order: WorkOrder) -> bool {
         match order {
             WorkOrder::Execute(assignment) => {
+                if let Some(leader) = &assignment.lent_by {
+                    let id = wire::attempt_id(assignment.task, assignment.attempt);
+                    self.lent.lock().expect("lent lock").insert(id, Lent { leader: leader.clone(), started: false });
+                }
                 let request = self.execute_request(&assignment);
                 let request_id = request.request_id.clone();
                 let sent =
@@ -419,6 +438,18 @@ impl Session {
                     stage: update.stage.clone(),
                     message: update.message.clone(),
                 };
+                let lent_by = self.lent.lock().expect("lent lock").get_mut(&update.job_id).map(|l| {
+                    l.started = true;
+                    l.leader.clone()
+                });
+                if let Some(leader) = lent_by {
+                    let (shared, handler, report) =
+                        (self.shared.clone(), self.handler, peer::progress_report(&progress));
+                    tokio::spawn(async move {
+                        peer::report_to_leader(&shared, Some(leader), handler, task, attempt, report).await;
+                    });
+                    return Ok(());
+                }
                 let _ = engine.progress(task, attempt, self.handler, progress).await;
             }
             Some(Body::JobCompleted(completed)) => self.completed(completed).await,
@@ -477,6 +508,7 @@ impl Session {
     /// it runs that it does not hold (taken back while it was away) are
     /// canceled on the worker.
     async fn reconcile(&mut self, heartbeat: &WorkerHeartbeat) {
+        self.report_lent_started(heartbeat);
         // Jobs adopted from another instance may hold attempts of this worker:
         // compare at once. Held attempts it does not report are not dropped
         // here: their outcomes may still be on their way.
@@ -522,37 +554,55 @@ impl Session {
         });
     }
 
+    /// Attempts lent by other instances that the worker now reports running:
+    /// their leaders learn that they started.
+    fn report_lent_started(&self, heartbeat: &WorkerHeartbeat) {
+        let mut lent = self.lent.lock().expect("lent lock");
+        for work in &heartbeat.running_work {
+            let Some(entry) = lent.get_mut(&work.work_id).filter(|e| !e.started) else { continue };
+            let Some((task, attempt)) = wire::parse_attempt_id(&work.work_id) else { continue };
+            entry.started = true;
+            let progress =
+                Progress { percent: work.progress_percent as f32, stage: work.stage.clone(), message: String::new() };
+            let (shared, handler, leader) = (self.shared.clone(), self.handler, entry.leader.clone());
+            tokio::spawn(async move {
+                let report = peer::progress_report(&progress);
+                peer::report_to_leader(&shared, Some(leader), handler, task, attempt, report).await;
+            });
+        }
+    }
+
     /// The acknowledgement sent to a worker with a lease once its report is
     /// durable (or refused), so that it can forget the outcome.
     fn acknowledgement(&self, attempt_id: &str) -> Option<Answer> {
         self.lease?;
         let outbound = self.outbound.clone();
         let attempt_id = attempt_id.to_string();
-        let cluster = self.shared.cluster.clone().map(|node| (node, self.shared.engine.store().clone()));
-        let runtime = tokio::runtime::Handle::current();
         Some(Box::new(move |result: Result<(), Rejection>| {
-            if let (Err(Rejection::UnknownJob { job } | Rejection::JobEnded { job }), Some((node, store))) =
-                (&result, cluster)
-            {
-                // Not led here: when another instance leads the job (or will,
-                // once it is claimed), the worker keeps the outcome and
-                // reports it again later, here or elsewhere.
-                let job = *job;
-                runtime.spawn(async move {
-                    if led_elsewhere(&node, store, job).await {
-                        tracing::debug!(job.id = %job, attempt_id, "outcome of a job led elsewhere: not acknowledged");
-                        return;
-                    }
-                    let refusal = Rejection::JobEnded { job }.to_string();
-                    let request_id = wire::outcome_ack(&attempt_id, Some(&refusal));
-                    let _ = outbound.try_send(Ok(message(request_id, None)));
-                });
-                return;
-            }
             let refusal = result.err().map(|rejection| rejection.to_string());
-            let request_id = wire::outcome_ack(&attempt_id, refusal.as_deref());
-            // A full queue loses the acknowledgement; the worker reports again and is refused as a repeat.
-            let _ = outbound.try_send(Ok(message(request_id, None)));
+            acknowledge(&outbound, &attempt_id, refusal.as_deref());
+        }))
+    }
+
+    /// What to do once the engine applied or refused a report: acknowledge
+    /// it; in a cluster, a report on a job not led here goes to its leader
+    /// first, and is acknowledged once that one settled it.
+    fn answer(&self, task: TaskRef, attempt: u32, report: peer_report::Kind) -> Option<Answer> {
+        let ack = self.acknowledgement(&wire::attempt_id(task, attempt));
+        self.shared.cluster.as_ref()?;
+        let shared = self.shared.clone();
+        let (handler, outbound, lease) = (self.handler, self.outbound.clone(), self.lease.is_some());
+        let runtime = tokio::runtime::Handle::current();
+        Some(Box::new(move |result: Result<(), Rejection>| match result {
+            Err(Rejection::UnknownJob { .. } | Rejection::JobEnded { .. }) => {
+                let outbound = lease.then_some(outbound);
+                runtime.spawn(settle(shared, None, handler, task, attempt, report, outbound));
+            }
+            other => {
+                if let Some(ack) = ack {
+                    ack(other);
+                }
+            }
         }))
     }
 
@@ -563,7 +613,7 @@ impl Session {
             tracing::warn!(handler = %self.handler, job_id = completed.job_id, "completion for an unknown job id: ignored");
             return;
         };
-        let answer = self.acknowledgement(&completed.job_id);
+        let lent_by = self.lent.lock().expect("lent lock").remove(&completed.job_id).map(|l| l.leader);
         let given_up = match completed.error_message.as_str() {
             _ if completed.success => None,
             wire::AT_CAPACITY => Some(Loss::NotCounted("the worker was at capacity".into())),
@@ -572,6 +622,14 @@ impl Session {
             _ => None,
         };
         if let Some(loss) = given_up {
+            if lent_by.is_some() {
+                let outbound = self.lease.is_some().then(|| self.outbound.clone());
+                let report = peer::give_up_report(&loss);
+                tokio::spawn(settle(self.shared.clone(), lent_by, self.handler, task, attempt, report, outbound));
+                return;
+            }
+            let answer =
+                self.answer(task, attempt, peer::give_up_report(&loss)).or(self.acknowledgement(&completed.job_id));
             let _ = engine.give_up(task, attempt, self.handler, loss, answer).await;
             return;
         }
@@ -605,12 +663,62 @@ impl Session {
             };
             Outcome::Failed { error, output }
         };
+        if lent_by.is_some() {
+            // Lent by the instance that leads the job: the report goes there.
+            let outbound = self.lease.is_some().then(|| self.outbound.clone());
+            let report = peer::outcome_report(&outcome);
+            tokio::spawn(settle(self.shared.clone(), lent_by, self.handler, task, attempt, report, outbound));
+            return;
+        }
+        let answer = match self.shared.cluster {
+            Some(_) => self.answer(task, attempt, peer::outcome_report(&outcome)),
+            None => self.acknowledgement(&completed.job_id),
+        };
         // The engine logs a refusal; the stream goes on with the next message
         // while the step is written, and the acknowledgement follows it.
         if let Err(e) = engine.report(task, attempt, self.handler, outcome, received, answer).await {
             tracing::debug!(error = %e, "engine stopped before a completion");
         }
     }
+}
+
+/// Sends a worker's report on an attempt of a job led elsewhere to the job's
+/// leader; once settled, acknowledges it (to a worker with a lease) and
+/// frees the slot it held here. Unsettled, the worker keeps the outcome and
+/// reports it again.
+async fn settle(
+    shared: Arc<Shared>,
+    leader: Option<Arc<str>>,
+    handler: HandlerId,
+    task: TaskRef,
+    attempt: u32,
+    report: peer_report::Kind,
+    outbound: Option<Outbound>,
+) {
+    let attempt_id = wire::attempt_id(task, attempt);
+    let settled = peer::report_to_leader(&shared, leader, handler, task, attempt, report).await;
+    let refusal = match settled {
+        None => {
+            tracing::warn!(job.id = %task.job, attempt_id, "report on a job led elsewhere not settled: the worker keeps it");
+            return;
+        }
+        Some(peer::Settled::Applied) => None,
+        Some(peer::Settled::Refused(reason)) => {
+            tracing::debug!(job.id = %task.job, attempt_id, reason, "the job's leader refused a report");
+            Some(reason)
+        }
+    };
+    if let Some(outbound) = outbound {
+        acknowledge(&outbound, &attempt_id, refusal.as_deref());
+    }
+    let _ = shared.engine.return_borrowed(task, attempt).await;
+    shared.peers.wake();
+}
+
+fn acknowledge(outbound: &Outbound, attempt_id: &str, refusal: Option<&str>) {
+    let request_id = wire::outcome_ack(attempt_id, refusal);
+    // A full queue loses the acknowledgement; the worker reports again and is refused as a repeat.
+    let _ = outbound.try_send(Ok(message(request_id, None)));
 }
 
 /// Whether an attempt of `job` that this instance does not hold belongs to

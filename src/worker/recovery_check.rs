@@ -26,7 +26,7 @@ async fn run_check(admin: &str, token: Option<&str>, tls: &ClientTls) -> anyhow:
     let address = wire::resolve_grpc_address(admin).await?;
     let channel = tls.endpoint(&address)?.connect().await?;
     let mut client = JobServiceClient::new(channel);
-    let mut request = tonic::Request::new(api::RecoverRequest { dry_run: false });
+    let mut request = tonic::Request::new(api::RecoverRequest { dry_run: false, here_only: false });
     if let Some(token) = token {
         request.metadata_mut().insert("authorization", format!("Bearer {token}").parse()?);
     }

@@ -130,6 +130,15 @@ impl Cluster for PgStore {
                 .await
                 .map_err(|e| self.error(&e))?;
             transaction.execute(FREE_ORPHANED_JOBS, &[]).await.map_err(|e| self.error(&e))?;
+            // A lease held by an instance that is gone is free at once.
+            transaction
+                .execute(
+                    "DELETE FROM jobcenter.leases WHERE holder NOT IN \
+                     (SELECT id FROM jobcenter.instances WHERE status = 'active')",
+                    &[],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
             transaction
                 .execute(
                     &format!(

@@ -338,7 +338,8 @@ const UPSERT_JOBS: &str = "INSERT INTO jobcenter.jobs (id, name, state, active, 
      SELECT *, $9::uuid FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::bool[], $5::bytea[], $6::int8[], $7::int8[], $8::bytea[]) \
      ON CONFLICT (id) DO UPDATE SET name = excluded.name, state = excluded.state, active = excluded.active, \
      updated_at = excluded.updated_at, record = excluded.record, \
-     owner = CASE WHEN jobs.id = ANY($10::uuid[]) THEN NULL ELSE jobs.owner END";
+     owner = CASE WHEN jobs.id = ANY($10::uuid[]) THEN NULL \
+     WHEN excluded.active AND NOT jobs.active THEN $9::uuid ELSE jobs.owner END";
 /// Stops leading jobs that this flush wrote no record of.
 const RELEASE_JOBS: &str =
     "UPDATE jobcenter.jobs SET owner = NULL WHERE id = ANY($1::uuid[]) AND owner = $2 AND NOT (id = ANY($3::uuid[]))";
@@ -360,7 +361,8 @@ const WRITE_ALL: &str = "WITH specs AS (INSERT INTO jobcenter.job_specs (job_id,
      SELECT *, $22::uuid FROM UNNEST($4::uuid[], $5::text[], $6::text[], $7::bool[], $8::bytea[], $9::int8[], $10::int8[], $11::bytea[]) \
      ON CONFLICT (id) DO UPDATE SET name = excluded.name, state = excluded.state, active = excluded.active, \
      updated_at = excluded.updated_at, record = excluded.record, \
-     owner = CASE WHEN jobs.id = ANY($21::uuid[]) THEN NULL ELSE jobs.owner END), \
+     owner = CASE WHEN jobs.id = ANY($21::uuid[]) THEN NULL \
+     WHEN excluded.active AND NOT jobs.active THEN $22::uuid ELSE jobs.owner END), \
      released AS (UPDATE jobcenter.jobs SET owner = NULL WHERE id = ANY($21::uuid[]) AND owner = $22 \
      AND NOT (id = ANY($4::uuid[]))), \
      fence AS (SELECT jobcenter.fence($22) AS ok), \

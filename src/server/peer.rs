@@ -1,0 +1,498 @@
+//! Work across instances on one database. A job is led by one instance, but
+//! any worker of the cluster may run its tasks: an instance whose workers
+//! have free slots that nothing queued here can use borrows ready tasks from
+//! the other live instances (`Lend`, assigned and made durable by the
+//! leader), and every report on an attempt of a job led elsewhere goes to
+//! that job's leader (`Report`), found in the database when it moved.
+//!
+//! The borrower holds a borrowed attempt's slot until the leader has settled
+//! its report, so a worker is never given more than it has room for.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use super::Shared;
+use crate::dispatch::{Assignment, FreeSlots};
+use crate::follower::{Loss, Outcome, Rejection};
+use crate::model::{HandlerId, JobId, TaskRef};
+use crate::proto::peer::{
+    peer_report, peer_service_client::PeerServiceClient, peer_service_server::PeerService, LendRequest, LendResponse,
+    LentTask, PeerCancel, PeerCancelResponse, PeerGiveUp, PeerOutcome, PeerProgress, PeerReport, PeerReportResponse,
+};
+use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, CancelRequest, WorkKind};
+use crate::wire;
+
+/// How long one call to another instance may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often an instance with idle slots asks the others for work, when
+/// nothing else wakes it.
+const IDLE_POLL: Duration = Duration::from_millis(200);
+/// How long a report on an attempt of a job led elsewhere is retried while
+/// nobody leads the job (a failover in progress).
+const REPORT_PATIENCE: Duration = Duration::from_secs(90);
+
+/// This instance's links to the others.
+#[derive(Default)]
+pub struct Peers {
+    clients: Mutex<HashMap<String, PeerServiceClient<Channel>>>,
+    /// Who leads a job, as last learned: its leader's gRPC address.
+    leaders: Mutex<HashMap<JobId, Arc<str>>>,
+    /// A borrowed slot came free, or a worker joined: ask for work now.
+    wake: Notify,
+    /// Where the handlers tasks were lent to are connected: the borrower's gRPC address.
+    handler_at: Mutex<HashMap<HandlerId, Arc<str>>>,
+}
+
+impl Peers {
+    fn client(&self, address: &str) -> Option<PeerServiceClient<Channel>> {
+        let mut clients = self.clients.lock().expect("peer clients lock");
+        if let Some(client) = clients.get(address) {
+            return Some(client.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{address}")).ok()?.tcp_nodelay(true);
+        let client = PeerServiceClient::new(endpoint.connect_lazy());
+        clients.insert(address.to_string(), client.clone());
+        Some(client)
+    }
+
+    fn forget(&self, address: &str) {
+        self.clients.lock().expect("peer clients lock").remove(address);
+    }
+
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+}
+
+fn request<T>(shared: &Shared, message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request.set_timeout(CALL_TIMEOUT);
+    if let Some(value) = shared.options.token.as_ref().and_then(|t| format!("Bearer {}", t.trim()).parse().ok()) {
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
+}
+
+/// The lender's side: answers other instances.
+pub struct PeerServiceImpl {
+    shared: Arc<Shared>,
+}
+
+impl PeerServiceImpl {
+    pub fn new(shared: Arc<Shared>) -> PeerServiceImpl {
+        PeerServiceImpl { shared }
+    }
+}
+
+fn handler_of(text: &str) -> Result<HandlerId, Status> {
+    text.parse().map_err(|_| Status::invalid_argument(format!("peer: handler {text:?} is not a UUID")))
+}
+
+fn engine_status(e: crate::engine::Error) -> Status {
+    Status::unavailable(format!("peer: {e}"))
+}
+
+#[tonic::async_trait]
+impl PeerService for PeerServiceImpl {
+    async fn lend(&self, request: Request<LendRequest>) -> Result<Response<LendResponse>, Status> {
+        self.shared.auth.check(request.metadata())?;
+        let request = request.into_inner();
+        let borrower: Arc<str> = Arc::from(request.address.as_str());
+        let mut slots = Vec::new();
+        for free in request.slots {
+            let mut job_types: Vec<(Arc<str>, u32)> =
+                free.job_types.into_iter().map(|(t, n)| (Arc::from(t.as_str()), n)).collect();
+            job_types.sort();
+            slots.push(FreeSlots { handler: handler_of(&free.handler)?, total: free.total, job_types });
+        }
+        let lent = self.shared.engine.lend(slots).await.map_err(engine_status)?;
+        if !lent.is_empty() {
+            let mut at = self.shared.peers.handler_at.lock().expect("handler_at lock");
+            for (handler, _) in &lent {
+                at.insert(*handler, borrower.clone());
+            }
+        }
+        let tasks = lent
+            .into_iter()
+            .map(|(handler, a)| LentTask {
+                handler: handler.to_string(),
+                attempt_id: wire::attempt_id(a.task, a.attempt),
+                job_name: a.job_name,
+                task_id: a.task_id.to_string(),
+                job_type: a.job_type.to_string(),
+                parameters: a.parameters.to_string(),
+                labels: a.labels.into_iter().collect(),
+                priority: wire::priority_to_wire(a.priority) as i32,
+                execution_timeout_seconds: a.execution_timeout_seconds,
+            })
+            .collect();
+        Ok(Response::new(LendResponse { tasks }))
+    }
+
+    async fn cancel(&self, request: Request<PeerCancel>) -> Result<Response<PeerCancelResponse>, Status> {
+        self.shared.auth.check(request.metadata())?;
+        let cancel = request.into_inner();
+        let handler = handler_of(&cancel.handler)?;
+        let body = admin_to_worker_message::Body::CancelRequest(CancelRequest {
+            target_id: cancel.attempt_id.clone(),
+            target_kind: WorkKind::Execution as i32,
+            reason: cancel.reason,
+            force: false,
+        });
+        let message = AdminToWorkerMessage {
+            request_id: format!("cancel-{}", cancel.attempt_id),
+            sent_at: None,
+            body: Some(body),
+        };
+        Ok(Response::new(PeerCancelResponse { delivered: self.shared.registry.send(handler, message) }))
+    }
+
+    async fn report(&self, request: Request<PeerReport>) -> Result<Response<PeerReportResponse>, Status> {
+        self.shared.auth.check(request.metadata())?;
+        let report = request.into_inner();
+        let handler = handler_of(&report.handler)?;
+        let (task, attempt) = wire::parse_attempt_id(&report.attempt_id)
+            .ok_or_else(|| Status::invalid_argument(format!("peer: bad attempt id {:?}", report.attempt_id)))?;
+        let result = apply_here(&self.shared, handler, task, attempt, report.kind).await.map_err(engine_status)?;
+        let response = match result {
+            Ok(()) => PeerReportResponse { applied: true, refusal: String::new(), not_led_here: false },
+            Err(Rejection::JobEnded { job } | Rejection::UnknownJob { job }) if !ended(&self.shared, job).await => {
+                PeerReportResponse { applied: false, refusal: String::new(), not_led_here: true }
+            }
+            Err(rejection) => {
+                PeerReportResponse { applied: false, refusal: rejection.to_string(), not_led_here: false }
+            }
+        };
+        Ok(Response::new(response))
+    }
+}
+
+/// Stops attempts of jobs led here that workers connected to other
+/// instances run: each order goes to the instance the worker is connected to.
+pub fn spawn_foreign_orders(
+    shared: Arc<Shared>,
+    mut orders: tokio::sync::mpsc::UnboundedReceiver<(HandlerId, crate::dispatch::WorkOrder)>,
+) {
+    tokio::spawn(async move {
+        while let Some((handler, order)) = orders.recv().await {
+            let crate::dispatch::WorkOrder::Cancel { task, attempt } = order else { continue };
+            let Some(node) = shared.cluster.clone() else { continue };
+            // Where it was lent to, else where the cluster last saw it.
+            let lent_to = shared.peers.handler_at.lock().expect("handler_at lock").get(&handler).cloned();
+            let address = lent_to.or_else(|| {
+                let live = node.live();
+                let instance = live.iter().find(|i| i.id != node.id && i.handlers.contains(&handler))?;
+                Some(Arc::from(instance.grpc_address.as_str()))
+            });
+            let Some(address) = address else {
+                tracing::warn!(%handler, job.id = %task.job, attempt, "no live instance has the worker of an attempt to stop");
+                continue;
+            };
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let message = PeerCancel {
+                    handler: handler.to_string(),
+                    attempt_id: wire::attempt_id(task, attempt),
+                    reason: "canceled by jobcenter".into(),
+                };
+                let Some(mut client) = shared.peers.client(&address) else { return };
+                if let Err(status) = client.cancel(request(&shared, message)).await {
+                    tracing::warn!(instance = %address, %handler, error = %status, "could not stop an attempt on another instance's worker");
+                }
+            });
+        }
+    });
+}
+
+/// Applies a report to this instance's engine.
+async fn apply_here(
+    shared: &Shared,
+    handler: HandlerId,
+    task: TaskRef,
+    attempt: u32,
+    kind: Option<peer_report::Kind>,
+) -> Result<Result<(), Rejection>, crate::engine::Error> {
+    let engine = &shared.engine;
+    match kind {
+        Some(peer_report::Kind::Outcome(outcome)) => {
+            let outcome = if outcome.success {
+                Outcome::Succeeded { output: outcome.output }
+            } else if outcome.canceled {
+                Outcome::Canceled { reason: outcome.error }
+            } else {
+                Outcome::Failed { error: outcome.error, output: outcome.output }
+            };
+            engine.complete(task, attempt, handler, outcome).await
+        }
+        Some(peer_report::Kind::Progress(progress)) => {
+            let progress =
+                crate::engine::Progress { percent: progress.percent, stage: progress.stage, message: progress.message };
+            engine.progress(task, attempt, handler, progress).await.map(Ok)
+        }
+        Some(peer_report::Kind::GiveUp(give_up)) => {
+            let loss =
+                if give_up.counted { Loss::WithWorker(give_up.reason) } else { Loss::NotCounted(give_up.reason) };
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let answer: crate::engine::Answer = Box::new(move |result| {
+                let _ = tx.send(result);
+            });
+            engine.give_up(task, attempt, handler, loss, Some(answer)).await?;
+            rx.await.map_err(|_| crate::engine::Error::Stopped)
+        }
+        None => Ok(Ok(())),
+    }
+}
+
+/// Whether the job has ended, as the database says (unsure counts as not).
+async fn ended(shared: &Shared, job: JobId) -> bool {
+    matches!(whereabouts(shared, job).await, Some(Some(w)) if w.state.is_terminal())
+}
+
+async fn whereabouts(shared: &Shared, job: JobId) -> Option<Option<crate::store::cluster::Whereabouts>> {
+    let store = shared.engine.store().clone();
+    tokio::task::spawn_blocking(move || store.cluster().map(|c| c.whereabouts(job)))
+        .await
+        .ok()
+        .flatten()
+        .and_then(Result::ok)
+}
+
+/// What became of a report sent on to a job's leader.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Settled {
+    Applied,
+    Refused(String),
+}
+
+/// The kinds of report a worker makes on an attempt.
+pub fn outcome_report(outcome: &Outcome) -> peer_report::Kind {
+    match outcome {
+        Outcome::Succeeded { output } => peer_report::Kind::Outcome(PeerOutcome {
+            success: true,
+            error: String::new(),
+            output: output.clone(),
+            canceled: false,
+        }),
+        Outcome::Failed { error, output } => peer_report::Kind::Outcome(PeerOutcome {
+            success: false,
+            error: error.clone(),
+            output: output.clone(),
+            canceled: false,
+        }),
+        Outcome::Canceled { reason } => peer_report::Kind::Outcome(PeerOutcome {
+            success: false,
+            error: reason.clone(),
+            output: Vec::new(),
+            canceled: true,
+        }),
+    }
+}
+
+pub fn give_up_report(loss: &Loss) -> peer_report::Kind {
+    let (counted, reason) = match loss {
+        Loss::WithWorker(reason) => (true, reason.clone()),
+        Loss::NotCounted(reason) => (false, reason.clone()),
+    };
+    peer_report::Kind::GiveUp(PeerGiveUp { counted, reason })
+}
+
+pub fn progress_report(progress: &crate::engine::Progress) -> peer_report::Kind {
+    peer_report::Kind::Progress(PeerProgress {
+        percent: progress.percent,
+        stage: progress.stage.clone(),
+        message: progress.message.clone(),
+    })
+}
+
+/// Sends a report on an attempt of a job led elsewhere to its leader
+/// (`leader` when known), and follows the job when it moves; retried while
+/// nobody leads it. `None` when it could not be settled: the worker keeps
+/// the outcome and reports it again.
+pub async fn report_to_leader(
+    shared: &Arc<Shared>,
+    leader: Option<Arc<str>>,
+    handler: HandlerId,
+    task: TaskRef,
+    attempt: u32,
+    kind: peer_report::Kind,
+) -> Option<Settled> {
+    let node = shared.cluster.as_ref()?;
+    let peers = &shared.peers;
+    let deadline = tokio::time::Instant::now() + REPORT_PATIENCE;
+    let mut address = leader.or_else(|| peers.leaders.lock().expect("leaders lock").get(&task.job).cloned());
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let target = match address.take() {
+            Some(address) => address,
+            None => match whereabouts(shared, task.job).await {
+                Some(Some(w)) if w.state.is_terminal() => {
+                    return Some(Settled::Refused(Rejection::JobEnded { job: task.job }.to_string()))
+                }
+                Some(Some(w)) => match w.owner {
+                    Some(owner) if owner.id == node.id => {
+                        // It is led here now.
+                        let result = apply_here(shared, handler, task, attempt, Some(kind.clone())).await.ok()?;
+                        return Some(match result {
+                            Ok(()) => Settled::Applied,
+                            Err(rejection) => Settled::Refused(rejection.to_string()),
+                        });
+                    }
+                    Some(owner) => Arc::from(owner.grpc_address.as_str()),
+                    None => {
+                        if tokio::time::Instant::now() >= deadline {
+                            return None;
+                        }
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(2));
+                        continue;
+                    }
+                },
+                Some(None) => return Some(Settled::Refused(Rejection::UnknownJob { job: task.job }.to_string())),
+                None => return None,
+            },
+        };
+        let message = PeerReport {
+            handler: handler.to_string(),
+            attempt_id: wire::attempt_id(task, attempt),
+            kind: Some(kind.clone()),
+        };
+        let response = match peers.client(&target) {
+            Some(mut client) => client.report(request(shared, message)).await,
+            None => Err(Status::invalid_argument("bad address")),
+        };
+        match response.map(Response::into_inner) {
+            Ok(r) if r.applied => {
+                peers.leaders.lock().expect("leaders lock").insert(task.job, target);
+                return Some(Settled::Applied);
+            }
+            Ok(r) if !r.not_led_here => {
+                peers.leaders.lock().expect("leaders lock").remove(&task.job);
+                return Some(Settled::Refused(r.refusal));
+            }
+            Ok(_) => {}
+            Err(status) => {
+                tracing::debug!(leader = %target, error = %status, "report to a job's leader failed");
+                peers.forget(&target);
+            }
+        }
+        // The job moved, or its leader is away: ask the database who leads it.
+        peers.leaders.lock().expect("leaders lock").remove(&task.job);
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// The borrower: while this instance's workers have slots nothing queued
+/// here can use, ask the other live servers for ready tasks.
+pub fn spawn_borrower(shared: Arc<Shared>) {
+    let Some(node) = shared.cluster.clone() else { return };
+    tokio::spawn(async move {
+        let mut first = 0usize;
+        loop {
+            let others: Vec<Arc<str>> = node
+                .live()
+                .iter()
+                .filter(|i| i.id != node.id && i.role == crate::store::cluster::Role::Server && i.active)
+                .map(|i| Arc::from(i.grpc_address.as_str()))
+                .collect();
+            let got = if others.is_empty() { 0 } else { borrow_round(&shared, &node, &others, first).await };
+            first = first.wrapping_add(1);
+            if got == 0 {
+                tokio::select! {
+                    () = shared.peers.wake.notified() => {}
+                    () = tokio::time::sleep(IDLE_POLL) => {}
+                }
+            }
+        }
+    });
+}
+
+/// One round: reserve the idle slots, offer them to each other instance in
+/// turn, and hand what was lent to the workers. Returns how many tasks came.
+async fn borrow_round(shared: &Arc<Shared>, node: &super::cluster::Node, others: &[Arc<str>], first: usize) -> usize {
+    let Ok(offers) = shared.engine.reserve().await else { return 0 };
+    if offers.is_empty() {
+        return 0;
+    }
+    let reserved: BTreeMap<HandlerId, u32> = offers.iter().map(|o| (o.handler, o.total)).collect();
+    let mut left: BTreeMap<HandlerId, FreeSlots> = offers.into_iter().map(|o| (o.handler, o)).collect();
+    let mut lent: BTreeMap<HandlerId, Vec<Assignment>> = BTreeMap::new();
+    for k in 0..others.len() {
+        if left.is_empty() {
+            break;
+        }
+        let lender = &others[(first + k) % others.len()];
+        let slots = left
+            .values()
+            .map(|o| crate::proto::peer::FreeSlots {
+                handler: o.handler.to_string(),
+                total: o.total,
+                job_types: o.job_types.iter().map(|(t, n)| (t.to_string(), *n)).collect(),
+            })
+            .collect();
+        let address = format!("127.0.0.1:{}", shared.grpc_port);
+        let address = node.live().into_iter().find(|i| i.id == node.id).map_or(address, |me| me.grpc_address);
+        let message = LendRequest { instance: node.id.to_string(), slots, address };
+        let Some(mut client) = shared.peers.client(lender) else { continue };
+        let tasks = match client.lend(request(shared, message)).await {
+            Ok(response) => response.into_inner().tasks,
+            Err(status) => {
+                tracing::debug!(lender = %lender, error = %status, "asking another instance for work failed");
+                shared.peers.forget(lender);
+                continue;
+            }
+        };
+        for task in tasks {
+            let (Ok(handler), Some((task_ref, attempt))) =
+                (task.handler.parse::<HandlerId>(), wire::parse_attempt_id(&task.attempt_id))
+            else {
+                continue;
+            };
+            let job_type: Arc<str> = Arc::from(task.job_type.as_str());
+            if let Some(offer) = left.get_mut(&handler) {
+                offer.total = offer.total.saturating_sub(1);
+                if let Some((_, n)) = offer.job_types.iter_mut().find(|(t, _)| *t == job_type) {
+                    *n = n.saturating_sub(1);
+                }
+                offer.job_types.retain(|(_, n)| *n > 0);
+            }
+            lent.entry(handler).or_default().push(Assignment {
+                task: task_ref,
+                attempt,
+                job_name: task.job_name,
+                task_id: task.task_id.into(),
+                job_type,
+                parameters: task.parameters.into(),
+                labels: task.labels.into_iter().collect(),
+                priority: wire::priority_from_wire(task.priority),
+                execution_timeout_seconds: task.execution_timeout_seconds,
+                released_at: None,
+                lent_by: Some(lender.clone()),
+            });
+        }
+        left.retain(|_, o| o.total > 0 && !o.job_types.is_empty());
+    }
+    let mut got = 0;
+    for (handler, n) in reserved {
+        let assignments = lent.remove(&handler).unwrap_or_default();
+        got += assignments.len();
+        let Ok(unsent) = shared.engine.borrowed(handler, n, assignments).await else { continue };
+        for a in unsent {
+            // The worker left between the offer and the answer: the leader takes the attempt back.
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let loss = Loss::NotCounted("the worker it was lent to left".into());
+                report_to_leader(&shared, a.lent_by.clone(), handler, a.task, a.attempt, give_up_report(&loss)).await;
+            });
+        }
+    }
+    got
+}
