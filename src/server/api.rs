@@ -423,7 +423,45 @@ fn async_stream(
             return;
         }
         let mut events = tokio_stream::wrappers::BroadcastStream::new(events);
-        while let Some(event) = events.next().await {
+        // In a cluster, a job led by another instance (from the start, or
+        // since it moved) sends no events here: its durable state is read
+        // every second instead, and sent as a fresh snapshot when it changed.
+        let cluster = api.shared.cluster.is_some();
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        let mut last: Option<api::Job> = None;
+        loop {
+            let event = tokio::select! {
+                event = events.next() => match event {
+                    Some(event) => event,
+                    None => return,
+                },
+                _ = tick.tick(), if cluster => {
+                    if matches!(api.shared.engine.summary(id).await, Ok(Some(_))) {
+                        continue;
+                    }
+                    let snapshot = match api.job(&id.to_string()).await {
+                        Ok(snapshot) => snapshot,
+                        Err(e) => {
+                            let _ = tx.send(Err(Status::from(e))).await;
+                            return;
+                        }
+                    };
+                    if last.as_ref() == Some(&snapshot) {
+                        continue;
+                    }
+                    let ended = snapshot.state != "pending" && snapshot.state != "running";
+                    let transition = api::JobTransition { state: snapshot.state.clone(), at_ms: snapshot.finished_at_ms };
+                    last = Some(snapshot.clone());
+                    if tx.send(Ok(api::JobEvent { event: Some(job_event::Event::Snapshot(snapshot)) })).await.is_err() {
+                        return;
+                    }
+                    if ended {
+                        let _ = tx.send(Ok(api::JobEvent { event: Some(job_event::Event::Job(transition)) })).await;
+                        return;
+                    }
+                    continue;
+                }
+            };
             let out = match event {
                 Ok(Event::Task { job, idx, state, attempt, error, handler, at, progress_percent, stage })
                     if job == id =>
