@@ -169,24 +169,13 @@ impl Api {
         }
     }
 
-    /// A client for the instance at `address`, with this one's token.
+    /// A client for the instance at `address`, and the request, with this one's token.
     async fn forward<T>(&self, address: &str, message: T) -> Result<(JobServiceClientOf, Request<T>), Error> {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| Error::Internal(e.to_string()))?
-            .connect_timeout(std::time::Duration::from_secs(3))
-            .connect()
-            .await
-            .map_err(|e| {
-                Error::Unavailable(format!("the instance leading the job ({address}) cannot be reached: {e}"))
-            })?;
-        let mut request = Request::new(message);
-        request.set_timeout(std::time::Duration::from_secs(30));
-        if let Some(value) =
-            self.shared.options.token.as_ref().and_then(|t| format!("Bearer {}", t.trim()).parse().ok())
-        {
-            request.metadata_mut().insert("authorization", value);
-        }
-        Ok((api::job_service_client::JobServiceClient::new(channel), request))
+        let client = super::peer::job_service(address).await.map_err(|e| {
+            Error::Unavailable(format!("the instance leading the job ({address}) cannot be reached: {e}"))
+        })?;
+        let request = super::peer::request_within(&self.shared, message, std::time::Duration::from_secs(30));
+        Ok((client, request))
     }
 
     pub async fn cancel(&self, id: &str) -> Result<(), Error> {

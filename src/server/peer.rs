@@ -70,12 +70,25 @@ impl Peers {
 }
 
 fn request<T>(shared: &Shared, message: T) -> Request<T> {
+    request_within(shared, message, CALL_TIMEOUT)
+}
+
+/// A call to another instance, with this one's token, bounded by `timeout`.
+pub fn request_within<T>(shared: &Shared, message: T, timeout: Duration) -> Request<T> {
     let mut request = Request::new(message);
-    request.set_timeout(CALL_TIMEOUT);
+    request.set_timeout(timeout);
     if let Some(value) = shared.options.token.as_ref().and_then(|t| format!("Bearer {}", t.trim()).parse().ok()) {
         request.metadata_mut().insert("authorization", value);
     }
     request
+}
+
+/// The client API of another instance (its gRPC address), connected now.
+pub async fn job_service(
+    address: &str,
+) -> Result<crate::proto::api::job_service_client::JobServiceClient<Channel>, tonic::transport::Error> {
+    let channel = Endpoint::from_shared(format!("http://{address}"))?.connect_timeout(CALL_TIMEOUT).connect().await?;
+    Ok(crate::proto::api::job_service_client::JobServiceClient::new(channel))
 }
 
 /// The lender's side: answers other instances.

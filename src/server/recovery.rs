@@ -158,16 +158,9 @@ pub async fn check_cluster(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec
 }
 
 async fn check_elsewhere(shared: &Shared, address: &str, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
-        .connect_timeout(std::time::Duration::from_secs(3))
-        .connect()
-        .await?;
-    let mut client = api::job_service_client::JobServiceClient::new(channel);
-    let mut request = tonic::Request::new(api::RecoverRequest { dry_run, here_only: true });
-    request.set_timeout(std::time::Duration::from_secs(30));
-    if let Some(value) = shared.options.token.as_ref().and_then(|t| format!("Bearer {}", t.trim()).parse().ok()) {
-        request.metadata_mut().insert("authorization", value);
-    }
+    let mut client = super::peer::job_service(address).await?;
+    let message = api::RecoverRequest { dry_run, here_only: true };
+    let request = super::peer::request_within(shared, message, std::time::Duration::from_secs(30));
     Ok(client.recover(request).await?.into_inner().findings)
 }
 
