@@ -13,103 +13,15 @@
 //! 10,000-task job of 150 ms shell tasks.
 
 mod common;
+#[path = "common/layered.rs"]
+mod layered;
 #[path = "common/postgres.rs"]
 mod pg;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::{exec_events, start_worker, wait_until, Server};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// The job, and each task's parents, whether it always fails, and whether it fails once.
-fn layered_job(
-    rng: &mut Rng,
-    n: usize,
-    width: usize,
-    shell_ms: Option<u64>,
-) -> (String, Vec<Vec<usize>>, Vec<bool>, Vec<bool>) {
-    let mut parents = Vec::new();
-    let mut fails = Vec::new();
-    let mut flakies = Vec::new();
-    let mut tasks = Vec::new();
-    for i in 0..n {
-        let layer = i / width;
-        let mut deps: Vec<usize> = Vec::new();
-        if layer > 0 {
-            while deps.len() < 3 {
-                let d = (layer - 1) * width + rng.below(width as u64) as usize;
-                if !deps.contains(&d) {
-                    deps.push(d);
-                }
-            }
-        }
-        let fail = layer >= n / width - 4 && rng.below(200) == 0;
-        let flaky = !fail && rng.below(100) == 0;
-        let sleep = 20 + rng.below(60);
-        let params = if fail {
-            format!(r#"{{"fail":true,"sleep_ms":{sleep}}}"#)
-        } else if flaky {
-            format!(r#"{{"fail_attempts":1,"sleep_ms":{sleep}}}"#)
-        } else {
-            format!(r#"{{"sleep_ms":{sleep}}}"#)
-        };
-        let (job_type, params) = match shell_ms {
-            None => ("noop", params),
-            Some(ms) => {
-                let seconds = ms as f64 / 1000.0;
-                let command = if fail {
-                    format!("sleep {seconds}; exit 1")
-                } else if flaky {
-                    format!("sleep {seconds}; [ \"$JOBCENTER_ATTEMPT\" -gt 1 ]")
-                } else {
-                    format!("sleep {seconds}")
-                };
-                ("shell", serde_json::json!({ "command": command }).to_string())
-            }
-        };
-        let deps_json: Vec<String> = deps.iter().map(|d| format!("\"t{d}\"")).collect();
-        let retry = if flaky { r#","retry_limit":1,"retry_backoff_seconds":0"# } else { "" };
-        tasks.push(format!(
-            r#"{{"id":"t{i}","job_type":"{job_type}","parameters":{params},"depends_on":[{}]{retry}}}"#,
-            deps_json.join(",")
-        ));
-        parents.push(deps);
-        fails.push(fail);
-        flakies.push(flaky);
-    }
-    (format!(r#"{{"name":"admin-kill","tasks":[{}]}}"#, tasks.join(",")), parents, fails, flakies)
-}
-
-/// Expected final state of every task.
-fn model(parents: &[Vec<usize>], fails: &[bool]) -> Vec<&'static str> {
-    let mut states: Vec<&'static str> = Vec::with_capacity(parents.len());
-    for (i, deps) in parents.iter().enumerate() {
-        let state = if deps.iter().any(|&p| states[p] != "succeeded") {
-            "upstream_failed"
-        } else if fails[i] {
-            "failed"
-        } else {
-            "succeeded"
-        };
-        states.push(state);
-    }
-    states
-}
+use layered::{layered_job, Rng, Work};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -167,15 +79,18 @@ fn admin_killed(store: &[String]) {
 
     let n_tasks: usize = std::env::var("JOBCENTER_ADMIN_KILL_TASKS").ok().and_then(|n| n.parse().ok()).unwrap_or(2000);
     let shell_ms: Option<u64> = std::env::var("JOBCENTER_ADMIN_KILL_SHELL_MS").ok().and_then(|n| n.parse().ok());
-    let (text, parents, fails, flaky) = layered_job(&mut rng, n_tasks, 100, shell_ms);
-    let expected = model(&parents, &fails);
+    let work = match shell_ms {
+        Some(ms) => Work::Shell { ms },
+        None => Work::Sleep { from: 20, spread: 60 },
+    };
+    let job = layered_job(&mut rng, "admin-kill", n_tasks, 100, &work);
     let log = dir.path().join("exec.log");
     let mut server = start(None);
     let worker_args = ["--max-execute", "4", "--lease", "10s"];
     let _workers: Vec<_> = (0..2).map(|n| start_worker(&server, &format!("w{n}"), &worker_args, Some(&log))).collect();
     server.wait_for_workers(2);
     let file = dir.path().join("job.json");
-    std::fs::write(&file, text).unwrap();
+    std::fs::write(&file, &job.text).unwrap();
     let output = server.cli(&["submit", file.to_str().unwrap()]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let job_id = String::from_utf8(output.stdout).unwrap().trim().to_string();
@@ -221,88 +136,15 @@ fn admin_killed(store: &[String]) {
     .expect("the job ends after the last restart");
     eprintln!("the job ended {:?} after the last restart", last_start.elapsed());
 
-    // Final states as the model says.
-    let tasks = done["tasks"].as_array().unwrap();
-    assert_eq!(tasks.len(), n_tasks);
-    let mut mismatches = Vec::new();
-    for task in tasks {
-        let id = task["id"].as_str().unwrap();
-        let idx: usize = id[1..].parse().unwrap();
-        if task["state"] != expected[idx] {
-            mismatches.push(format!("{id}: {} (expected {})", task["state"], expected[idx]));
-        }
-    }
-    assert!(
-        mismatches.is_empty(),
-        "{} tasks differ from the model: {:?}",
-        mismatches.len(),
-        &mismatches[..mismatches.len().min(10)]
-    );
-    let expected_job = if expected.iter().all(|s| *s == "succeeded") { "succeeded" } else { "failed" };
-    assert_eq!(done["state"], expected_job);
-
-    // Executions: no attempt started twice, none past the final attempt, and
-    // nothing started again once a child had started (the parent's success was durable).
+    // Final states as the model says; executions orderly, and as many as
+    // each task's own outcomes ask for. A kill makes none run again: workers
+    // keep what they run and report it when the admin is back, and an
+    // outcome not yet durable is reported again.
+    job.assert_as_modelled(&done);
     let events = exec_events(&log, &job_id);
-    let final_attempt: BTreeMap<&str, u64> =
-        tasks.iter().map(|t| (t["id"].as_str().unwrap(), t["attempt"].as_u64().unwrap())).collect();
-    let mut started: BTreeSet<(String, u32)> = BTreeSet::new();
-    let mut first_start: BTreeMap<String, usize> = BTreeMap::new();
-    let mut last_start: BTreeMap<String, usize> = BTreeMap::new();
-    for (line, (task, attempt, event)) in events.iter().enumerate() {
-        if event != "start" {
-            continue;
-        }
-        assert!(started.insert((task.clone(), *attempt)), "{task} attempt {attempt} started twice");
-        assert!(
-            u64::from(*attempt) <= final_attempt[task.as_str()],
-            "{task} started attempt {attempt} past its final one"
-        );
-        first_start.entry(task.clone()).or_insert(line);
-        last_start.insert(task.clone(), line);
-    }
-    for (i, deps) in parents.iter().enumerate() {
-        let Some(&child_first) = first_start.get(&format!("t{i}")) else { continue };
-        for &p in deps {
-            let parent = format!("t{p}");
-            let parent_last = last_start[&parent];
-            assert!(parent_last < child_first, "{parent} started again after its child t{i} had started");
-        }
-    }
-    for task in tasks.iter().filter(|t| t["state"] == "upstream_failed") {
-        let id = task["id"].as_str().unwrap();
-        assert!(!first_start.contains_key(id), "{id} ended upstream_failed but ran");
-    }
-
-    // Executions: as many as each task's own outcomes ask for. A kill makes
-    // none run again: workers keep what they run and report it when the
-    // admin is back, and an outcome not yet durable is reported again.
-    let mut executions: BTreeMap<&str, usize> = BTreeMap::new();
-    for (task, _, event) in &events {
-        if event == "start" {
-            *executions.entry(task.as_str()).or_default() += 1;
-        }
-    }
-    let mut reruns = Vec::new();
-    for (i, state) in expected.iter().enumerate() {
-        let id = format!("t{i}");
-        // A flaky task fails its first attempt only. An attempt 1 that was
-        // assigned but never reached its worker before a kill (taken back
-        // uncounted) leaves attempt 2 to succeed at its first execution.
-        let first_attempt_ran = events.iter().any(|(t, attempt, e)| *t == id && *attempt == 1 && e == "start");
-        let asked = match *state {
-            "upstream_failed" => 0,
-            _ if flaky[i] && first_attempt_ran => 2,
-            _ => 1,
-        };
-        let ran = executions.get(id.as_str()).copied().unwrap_or(0);
-        if ran != asked {
-            let mine: Vec<_> = events.iter().filter(|e| e.0 == id).collect();
-            reruns.push(format!("{id}: ran {ran} times, its outcomes ask for {asked}: {mine:?}"));
-        }
-    }
-    let total: usize = executions.values().sum();
-    let ran_tasks = expected.iter().filter(|s| **s != "upstream_failed").count();
+    job.assert_orderly_executions(&done, &events);
+    let (reruns, total) = job.reruns(&events);
+    let ran_tasks = job.tasks_that_run();
     eprintln!(
         "{total} executions for {ran_tasks} tasks that ran ({:.3} per task); {} re-runs",
         total as f64 / ran_tasks as f64,

@@ -61,32 +61,6 @@ fn parked_job(dir: &std::path::Path, n: usize) -> std::path::PathBuf {
     path
 }
 
-/// The reference model's states of the nine-task example with task 4 failing.
-fn nine_tasks_4_failing() -> Vec<(String, String)> {
-    [
-        ("1", "succeeded"),
-        ("2", "succeeded"),
-        ("3", "succeeded"),
-        ("4", "failed"),
-        ("5", "succeeded"),
-        ("6", "succeeded"),
-        ("7", "upstream_failed"),
-        ("8", "succeeded"),
-        ("9", "upstream_failed"),
-    ]
-    .iter()
-    .map(|(t, s)| (t.to_string(), s.to_string()))
-    .collect()
-}
-
-/// Every task of that job that succeeds succeeded on exactly one execution.
-fn each_succeeded_once(events: &[(String, u32, String)]) {
-    for task in ["1", "2", "3", "5", "6", "8"] {
-        let succeeded = events.iter().filter(|(t, _, e)| t == task && e == "succeeded").count();
-        assert_eq!(succeeded, 1, "task {task} succeeded {succeeded} times: {events:?}");
-    }
-}
-
 fn submit(server: &Server, file: &std::path::Path) {
     let output = server.cli(&["submit", file.to_str().unwrap()]);
     assert!(output.status.success(), "submit failed: {}", String::from_utf8_lossy(&output.stderr));
@@ -335,12 +309,12 @@ fn a_worker_on_one_instance_runs_the_tasks_of_a_job_another_leads_and_any_instan
         .unwrap_or_else(|e| panic!("no job JSON ({e}): {}", String::from_utf8_lossy(&output.stderr)));
     let id = job["id"].as_str().unwrap().to_string();
     let led_by_a = pg().psql(&database, &format!("SELECT owner FROM jobcenter.jobs WHERE id = '{id}'"));
-    let expected = nine_tasks_4_failing();
+    let expected = common::nine_tasks_4_failing();
     assert_eq!(common::states(&job), expected, "the reference model's states: {job}");
     assert_eq!(job["state"], "failed");
     // Each task that ran ran on b's worker, and no task succeeded twice.
     let events = common::exec_events(&log, &id);
-    each_succeeded_once(&events);
+    common::each_succeeded_once(&events);
     assert!(!events.iter().any(|(t, _, _)| t == "7" || t == "9"), "upstream_failed tasks never ran: {events:?}");
     eprintln!("job led by {} ran on b's worker: {} executions", led_by_a.trim(), events.len());
 
@@ -421,9 +395,9 @@ fn the_leader_of_a_running_job_dies_and_its_job_ends_as_the_model_says_on_worker
     let ended_after = killed.elapsed();
     let owner = pg().psql(&database, &format!("SELECT owner FROM jobcenter.jobs WHERE id = '{id}'"));
     assert_ne!(owner.trim(), a_id, "the dead instance no longer leads the job");
-    let expected = nine_tasks_4_failing();
+    let expected = common::nine_tasks_4_failing();
     assert_eq!(common::states(&job), expected, "the reference model's states: {job}");
     let events = common::exec_events(&log, &id);
-    each_succeeded_once(&events);
+    common::each_succeeded_once(&events);
     eprintln!("the job ended {:.1} s after its leader's SIGKILL", ended_after.as_secs_f64());
 }

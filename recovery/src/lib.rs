@@ -12,6 +12,7 @@
 //! |---|---|---|
 //! | `R1` held-without-handler | a task assigned or running with no handler recorded | resubmit |
 //! | `R2` handler-gone | a task held by a handler that is not connected | resubmit |
+//! | `R2-undelivered` not-with-its-handler | a task held by a connected handler whose session neither sent it, nor hears it run, nor carries its outcome, for longer than the delivery grace | resubmit |
 //! | `R3` handler-silent | a task whose handler has written nothing for longer than the silence timeout | resubmit |
 //! | `R3` pinned-node-down | the same, for a task pinned to that node | fail the task |
 //! | `R3-progress` no-progress | a running task whose handler writes but that reported no progress for longer than the progress timeout | resubmit |
@@ -92,6 +93,12 @@ pub struct HandlerSnapshot {
     /// The worker id (node) behind it.
     pub node: String,
     pub last_seen: Millis,
+    /// The attempts (job, task index, attempt) the handler's session knows:
+    /// sent to the worker on it, reported running by the worker, or with an
+    /// outcome on its way to the leader. `None` when that is not known yet
+    /// (no heartbeat since the worker connected) or not tracked.
+    #[serde(default)]
+    pub knows: Option<BTreeSet<(String, u32, u32)>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,6 +110,15 @@ pub struct Config {
     /// A task held this long without a progress report or any other update
     /// is taken back, however alive its handler is (default 24 hours).
     pub progress_timeout_ms: Millis,
+    /// A task assigned this long ago that its live handler does not know
+    /// never reached it (its leader died before sending it): taken back
+    /// (default 30 s).
+    #[serde(default = "default_delivery_grace")]
+    pub delivery_grace_ms: Millis,
+}
+
+fn default_delivery_grace() -> Millis {
+    30 * 1000
 }
 
 impl Default for Config {
@@ -111,6 +127,7 @@ impl Default for Config {
             silence_timeout_ms: 5 * 60 * 1000,
             finalize_grace_ms: 60 * 1000,
             progress_timeout_ms: 24 * 3600 * 1000,
+            delivery_grace_ms: default_delivery_grace(),
         }
     }
 }
@@ -130,6 +147,8 @@ pub enum Rule {
     HeldWithoutHandler,
     #[serde(rename = "R2")]
     HandlerGone,
+    #[serde(rename = "R2-undelivered")]
+    NotDelivered,
     #[serde(rename = "R3")]
     HandlerSilent,
     #[serde(rename = "R3-pinned")]
@@ -149,6 +168,7 @@ impl Rule {
         match self {
             Rule::HeldWithoutHandler => "R1",
             Rule::HandlerGone => "R2",
+            Rule::NotDelivered => "R2-undelivered",
             Rule::HandlerSilent => "R3",
             Rule::PinnedNodeDown => "R3-pinned",
             Rule::NoProgress => "R3-progress",
@@ -162,6 +182,7 @@ impl Rule {
         match self {
             Rule::HeldWithoutHandler => "held-without-handler",
             Rule::HandlerGone => "handler-gone",
+            Rule::NotDelivered => "not-with-its-handler",
             Rule::HandlerSilent => "handler-silent",
             Rule::PinnedNodeDown => "pinned-node-down",
             Rule::NoProgress => "no-progress",
@@ -305,6 +326,17 @@ fn check_held(snapshot: &Snapshot, job: &JobSnapshot, task: &TaskSnapshot) -> Op
         let detail = format!("its handler {handler} is not connected");
         return Some(finding(Rule::HandlerGone, Some(handler.clone()), since_assigned, resubmit, detail));
     };
+    if let Some(knows) = &live.knows {
+        if since_assigned > snapshot.config.delivery_grace_ms
+            && !knows.contains(&(job.id.clone(), task.idx, task.attempt))
+        {
+            let detail = format!(
+                "its handler {handler} ({}) is connected but was never sent attempt {}, does not run it and reported no outcome",
+                live.node, task.attempt
+            );
+            return Some(finding(Rule::NotDelivered, Some(handler.clone()), since_assigned, resubmit, detail));
+        }
+    }
     let last_written = live.last_seen.max(task.updated_at);
     let silence = now - last_written;
     if silence <= snapshot.config.silence_timeout_ms {

@@ -38,7 +38,10 @@ fn snapshot(jobs: Vec<JobSnapshot>, handlers: &[(&str, &str, Millis)]) -> Snapsh
         handlers: handlers
             .iter()
             .map(|(h, node, seen)| {
-                (h.to_string(), HandlerSnapshot { handler: h.to_string(), node: node.to_string(), last_seen: *seen })
+                (
+                    h.to_string(),
+                    HandlerSnapshot { handler: h.to_string(), node: node.to_string(), last_seen: *seen, knows: None },
+                )
             })
             .collect(),
         jobs,
@@ -81,6 +84,31 @@ fn r2_a_task_of_a_gone_handler_is_resubmitted() {
     assert_eq!(findings[0].handler.as_deref(), Some("dead"));
     assert_eq!(findings[0].age_ms, 3000);
     assert_eq!(findings[0].action, Action::Resubmit { job: "j".into(), task: 0, attempt: 1 });
+}
+
+#[test]
+fn r2_undelivered_a_task_its_live_handler_never_got_is_resubmitted_after_the_grace() {
+    let grace = Config::default().delivery_grace_ms;
+    let held = |age: Millis, knows: Option<Vec<(&str, u32, u32)>>| {
+        let mut s = snapshot(
+            vec![job("j", vec![task(0, TaskState::Assigned, Some("h1"), NOW - age)])],
+            &[("h1", "node-a", NOW - 500)],
+        );
+        s.handlers.get_mut("h1").unwrap().knows =
+            knows.map(|k| k.into_iter().map(|(j, t, a)| (j.to_string(), t, a)).collect());
+        s
+    };
+    // Never sent, and long enough ago: taken back.
+    let findings = check(&held(grace + 1, Some(vec![])));
+    assert_eq!(rules(&findings), [Rule::NotDelivered]);
+    assert_eq!(findings[0].action, Action::Resubmit { job: "j".into(), task: 0, attempt: 1 });
+    // Within the grace it may still be on its way.
+    assert!(check(&held(grace, Some(vec![]))).is_empty());
+    // Known to the session (sent, running or reported), or not known yet: left alone.
+    assert!(check(&held(10 * grace, Some(vec![("j", 0, 1)]))).is_empty());
+    assert!(check(&held(10 * grace, None)).is_empty());
+    // An older attempt of the task known to the session does not count.
+    assert_eq!(rules(&check(&held(grace + 1, Some(vec![("j", 0, 2)])))), [Rule::NotDelivered]);
 }
 
 #[test]
@@ -225,7 +253,10 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
             .into_iter()
             .map(|(h, (node, age))| {
                 let id = format!("h{h}");
-                (id.clone(), HandlerSnapshot { handler: id, node: format!("node{node}"), last_seen: NOW - age })
+                (
+                    id.clone(),
+                    HandlerSnapshot { handler: id, node: format!("node{node}"), last_seen: NOW - age, knows: None },
+                )
             })
             .collect(),
         jobs: jobs

@@ -19,6 +19,9 @@ use crate::wire;
 #[derive(clap::Args, Debug, Clone)]
 pub struct Connection {
     /// The admin server's HTTP address; its gRPC port is looked up there.
+    /// Several admins of one cluster, comma-separated, are tried in turn:
+    /// commands go to the first that answers, and `watch` and
+    /// `submit --wait` carry on with the next when theirs goes away.
     #[arg(long, global = true, default_value = "127.0.0.1:23646", env = "JOBCENTER_ADMIN")]
     pub admin: String,
     /// A file holding the shared token (the token may also come from JOBCENTER_TOKEN).
@@ -26,6 +29,9 @@ pub struct Connection {
     pub token_file: Option<PathBuf>,
     #[command(flatten)]
     pub tls: crate::tls::ClientTls,
+    /// The address that answered last, tried first next time.
+    #[arg(skip)]
+    preferred: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 type Client = JobServiceClient<InterceptedService<Channel, Bearer>>;
@@ -52,14 +58,42 @@ pub fn token(token_file: &Option<PathBuf>) -> anyhow::Result<Option<String>> {
 }
 
 impl Connection {
+    /// The admin addresses given, in order.
+    pub fn admins(&self) -> Vec<&str> {
+        self.admin.split(',').map(str::trim).filter(|a| !a.is_empty()).collect()
+    }
+
+    /// Connects to the first admin that answers, starting with the one that
+    /// answered last.
     pub async fn connect(&self) -> anyhow::Result<Client> {
-        let address = wire::resolve_grpc_address(&self.admin).await?;
+        use std::sync::atomic::Ordering;
+        let admins = self.admins();
+        anyhow::ensure!(!admins.is_empty(), "--admin names no address");
+        let first = self.preferred.load(Ordering::Relaxed) % admins.len();
+        let mut failures = Vec::new();
+        for n in 0..admins.len() {
+            let index = (first + n) % admins.len();
+            match self.connect_to(admins[index]).await {
+                Ok(client) => {
+                    self.preferred.store(index, Ordering::Relaxed);
+                    return Ok(client);
+                }
+                Err(e) if admins.len() == 1 => return Err(e),
+                Err(e) => failures.push(format!("{e:#}")),
+            }
+        }
+        anyhow::bail!("no admin answered: {}", failures.join("; "))
+    }
+
+    async fn connect_to(&self, admin: &str) -> anyhow::Result<Client> {
+        let address = wire::resolve_grpc_address(admin).await?;
         let channel = self
             .tls
             .endpoint(&address)?
+            .connect_timeout(std::time::Duration::from_secs(5))
             .connect()
             .await
-            .with_context(|| format!("cannot reach the admin at {} (gRPC {address})", self.admin))?;
+            .with_context(|| format!("cannot reach the admin at {admin} (gRPC {address})"))?;
         let bearer = match token(&self.token_file)? {
             Some(token) => Some(format!("Bearer {token}").parse().context("the token is not valid header text")?),
             None => None,
@@ -124,34 +158,57 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     eprintln!("submitted job {job_id}");
-    let job = wait(&mut client, &job_id).await?;
+    let job = wait(&args.connection, &job_id).await?;
     print_final(&job, args.json);
     Ok(if job.state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(EXIT_JOB_FAILED) })
 }
 
+/// How long `wait` keeps trying while no admin answers.
+const WAIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Follows the job's watch stream until it ends, then fetches it whole.
-pub async fn wait(client: &mut Client, job_id: &str) -> anyhow::Result<api::Job> {
+/// When its admin goes away, it carries on with another (`--admin A,B`)
+/// or the same one back, for up to two minutes without an answer.
+pub async fn wait(connection: &Connection, job_id: &str) -> anyhow::Result<api::Job> {
     let terminal = |state: &str| matches!(state, "succeeded" | "failed" | "canceled");
+    let mut backoff = std::time::Duration::from_millis(200);
+    let mut answered = std::time::Instant::now();
     loop {
-        let mut stream =
-            client.watch_job(api::JobRef { job_id: job_id.into() }).await.map_err(status_error)?.into_inner();
-        let mut ended = false;
-        while let Some(event) = stream.message().await.map_err(status_error)? {
-            match event.event {
-                Some(job_event::Event::Snapshot(job)) if terminal(&job.state) => ended = true,
-                Some(job_event::Event::Job(transition)) if terminal(&transition.state) => ended = true,
-                _ => {}
+        let attempt: Result<Option<api::Job>, tonic::Status> = async {
+            let mut client = connection.connect().await.map_err(|e| tonic::Status::unavailable(format!("{e:#}")))?;
+            let mut stream = client.watch_job(api::JobRef { job_id: job_id.into() }).await?.into_inner();
+            while let Some(event) = stream.message().await? {
+                answered = std::time::Instant::now();
+                let ended = match event.event {
+                    Some(job_event::Event::Snapshot(job)) => terminal(&job.state),
+                    Some(job_event::Event::Job(transition)) => terminal(&transition.state),
+                    _ => false,
+                };
+                if ended {
+                    return Ok(Some(client.get_job(api::JobRef { job_id: job_id.into() }).await?.into_inner()));
+                }
             }
-            if ended {
-                break;
-            }
+            Ok(None)
         }
-        if ended {
-            return client
-                .get_job(api::JobRef { job_id: job_id.into() })
-                .await
-                .map(|r| r.into_inner())
-                .map_err(status_error);
+        .await;
+        match attempt {
+            Ok(Some(job)) => return Ok(job),
+            // The stream ended with the job still running: ask again.
+            Ok(None) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+                ) =>
+            {
+                if answered.elapsed() > WAIT_PATIENCE {
+                    return Err(status_error(status));
+                }
+                tracing::debug!(job.id = job_id, error = status.message(), "watch lost; trying again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
+            }
+            Err(status) => return Err(status_error(status)),
         }
     }
 }
@@ -587,7 +644,7 @@ pub async fn detect(args: DetectArgs) -> anyhow::Result<ExitCode> {
         }
     };
     if args.wait && !response.job_id.is_empty() {
-        let job = wait(&mut client, &response.job_id).await?;
+        let job = wait(&args.connection, &response.job_id).await?;
         print_final(&job, args.json);
         return Ok(if job.state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(EXIT_JOB_FAILED) });
     }

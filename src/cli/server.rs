@@ -49,6 +49,11 @@ pub struct ServerArgs {
     /// A task held this long without progress is taken back (recovery rule R3-progress).
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     pub progress_timeout: Duration,
+    /// With several admins on one database: a task assigned this long ago
+    /// that its connected worker never got (its leader died before sending
+    /// it) is taken back (recovery rule R2-undelivered).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub delivery_grace: Duration,
     /// With several admins on one database: how often this one writes its heartbeat.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub cluster_heartbeat: Duration,
@@ -141,6 +146,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         recovery_interval: args.recovery_interval,
         finalize_grace: args.finalize_grace,
         progress_timeout: args.progress_timeout,
+        delivery_grace: args.delivery_grace,
         cluster: server::cluster::Timing { heartbeat: args.cluster_heartbeat, lag: args.lag_threshold },
         ..ServerOptions::default()
     };

@@ -59,8 +59,8 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         None => std::env::var(TOKEN_ENV).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()),
     };
     let mut handlers = builtin_handlers();
-    let first_admin = args.admin.first().cloned().unwrap_or_default();
-    handlers.push(crate::worker::RecoveryCheckHandler::shared(first_admin, token.clone(), args.tls.clone()));
+    let admins: Vec<String> = args.admin.iter().map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
+    handlers.push(crate::worker::RecoveryCheckHandler::shared(admins, token.clone(), args.tls.clone()));
     let registry = match select_handlers(handlers, &args.job_types) {
         Ok(registry) => registry,
         Err(message) => {

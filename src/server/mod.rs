@@ -66,6 +66,8 @@ pub struct ServerOptions {
     pub finalize_grace: Duration,
     /// A held task without progress for longer is taken back (R3-progress).
     pub progress_timeout: Duration,
+    /// A held task its connected worker never got is taken back after this (R2-undelivered).
+    pub delivery_grace: Duration,
     /// Heartbeat and lag threshold of the instances sharing a database.
     pub cluster: cluster::Timing,
 }
@@ -89,6 +91,7 @@ impl Default for ServerOptions {
             recovery_interval: Duration::from_secs(60),
             finalize_grace: Duration::from_secs(60),
             progress_timeout: Duration::from_secs(24 * 3600),
+            delivery_grace: Duration::from_secs(30),
             cluster: cluster::Timing::default(),
         }
     }
@@ -200,7 +203,7 @@ pub async fn run(
     });
 
     engine.on_commit(Arc::new(shared.metrics.commit_observer()));
-    shared.metrics.declare_recovery_rules(&["R1", "R2", "R3", "R3-pinned", "R3-progress", "R4", "R5", "R6"]);
+    shared.metrics.declare_recovery_rules(&["R1", "R2", "R2-undelivered", "R3", "R3-pinned", "R3-progress", "R4", "R5", "R6"]);
     for _ in 0..options.local_workers {
         let handlers = HandlerRegistry::new(builtin_handlers());
         LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;

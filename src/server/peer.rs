@@ -21,8 +21,9 @@ use crate::dispatch::{Assignment, FreeSlots};
 use crate::follower::{Loss, Outcome, Rejection};
 use crate::model::{HandlerId, JobId, TaskRef};
 use crate::proto::peer::{
-    peer_report, peer_service_client::PeerServiceClient, peer_service_server::PeerService, LendRequest, LendResponse,
-    LentTask, PeerCancel, PeerCancelResponse, PeerGiveUp, PeerOutcome, PeerProgress, PeerReport, PeerReportResponse,
+    peer_report, peer_service_client::PeerServiceClient, peer_service_server::PeerService, KnowsRequest, KnowsResponse,
+    LendRequest, LendResponse, LentTask, PeerCancel, PeerCancelResponse, PeerGiveUp, PeerOutcome, PeerProgress,
+    PeerReport, PeerReportResponse,
 };
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, CancelRequest, WorkKind};
 use crate::wire;
@@ -81,6 +82,23 @@ pub fn request_within<T>(shared: &Shared, message: T, timeout: Duration) -> Requ
         request.metadata_mut().insert("authorization", value);
     }
     request
+}
+
+/// Which of `attempts` (held here for `handler`, a worker connected to the
+/// instance at `address`) that worker's session knows; `None` if that
+/// instance cannot tell (it did not answer, or the worker has not sent a
+/// heartbeat there yet).
+pub async fn known_at(
+    shared: &Shared,
+    address: &str,
+    handler: HandlerId,
+    attempts: &[(TaskRef, u32)],
+) -> Option<Vec<(TaskRef, u32)>> {
+    let mut client = shared.peers.client(address)?;
+    let attempt_ids = attempts.iter().map(|(task, attempt)| wire::attempt_id(*task, *attempt)).collect();
+    let request = KnowsRequest { handler: handler.to_string(), attempt_ids };
+    let answer = client.knows(request_within(shared, request, CALL_TIMEOUT)).await.ok()?.into_inner();
+    answer.heard.then(|| answer.known.iter().filter_map(|id| wire::parse_attempt_id(id)).collect())
 }
 
 /// The client API of another instance (its gRPC address), connected now.
@@ -163,6 +181,27 @@ impl PeerService for PeerServiceImpl {
             body: Some(body),
         };
         Ok(Response::new(PeerCancelResponse { delivered: self.shared.registry.send(handler, message) }))
+    }
+
+    async fn knows(&self, request: Request<KnowsRequest>) -> Result<Response<KnowsResponse>, Status> {
+        self.shared.auth.check(request.metadata())?;
+        let request = request.into_inner();
+        let handler = handler_of(&request.handler)?;
+        let Some(known) = self.shared.registry.known(handler) else {
+            return Ok(Response::new(KnowsResponse { heard: false, known: Vec::new() }));
+        };
+        let known = known.lock().expect("known lock");
+        let mut heard = true;
+        let mut answer = Vec::new();
+        for id in request.attempt_ids {
+            let Some((task, attempt)) = wire::parse_attempt_id(&id) else { continue };
+            match known.knows(task, attempt) {
+                None => heard = false,
+                Some(true) => answer.push(id),
+                Some(false) => {}
+            }
+        }
+        Ok(Response::new(KnowsResponse { heard, known: answer }))
     }
 
     async fn report(&self, request: Request<PeerReport>) -> Result<Response<PeerReportResponse>, Status> {

@@ -37,24 +37,46 @@ pub async fn check(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Fi
 async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
     let now = shared.clock.now().as_millis();
     let (jobs, engine_handlers) = shared.engine.recovery_snapshot().await?;
+    let grace_ms = shared.options.delivery_grace.as_millis() as i64;
     let mut handlers = std::collections::BTreeMap::new();
     for worker in shared.registry.workers() {
         let last_seen = worker.last_seen.as_millis();
         let handler = worker.handler.to_string();
-        handlers
-            .insert(handler.clone(), recovery::HandlerSnapshot { handler, node: worker.worker_id.clone(), last_seen });
+        let knows =
+            worker.known.as_ref().and_then(|known| known.lock().expect("known lock").all()).map(|all| {
+                all.into_iter().map(|(task, attempt)| (task.job.to_string(), task.idx.0, attempt)).collect()
+            });
+        handlers.insert(
+            handler.clone(),
+            recovery::HandlerSnapshot { handler, node: worker.worker_id.clone(), last_seen, knows },
+        );
     }
     // Workers connected to the other live instances are alive: an attempt
-    // one of them runs for a job led here is not orphaned.
+    // one of them runs for a job led here is not orphaned. Their instances
+    // say which of the attempts held here for them past the delivery grace
+    // their sessions know.
     if let Some(node) = &shared.cluster {
         for instance in node.live().iter().filter(|i| i.id != node.id) {
             for handler in &instance.handlers {
                 let id = handler.to_string();
-                handlers.entry(id.clone()).or_insert(recovery::HandlerSnapshot {
-                    handler: id,
+                if handlers.contains_key(&id) {
+                    continue;
+                }
+                let due = held_past(&jobs, &id, now - grace_ms);
+                let knows = match due.is_empty() {
+                    true => None,
+                    false => super::peer::known_at(shared, &instance.grpc_address, *handler, &due).await.map(|known| {
+                        known.into_iter().map(|(task, attempt)| (task.job.to_string(), task.idx.0, attempt)).collect()
+                    }),
+                };
+                let last_seen = node.local_ms(instance.heartbeat_ms);
+                let snapshot = recovery::HandlerSnapshot {
+                    handler: id.clone(),
                     node: format!("instance {}", instance.id),
-                    last_seen: node.local_ms(instance.heartbeat_ms),
-                });
+                    last_seen,
+                    knows,
+                };
+                handlers.insert(id, snapshot);
             }
         }
     }
@@ -65,6 +87,7 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
             handler: id,
             node: "admin".into(),
             last_seen: now,
+            knows: None,
         });
     }
     let snapshot = recovery::Snapshot {
@@ -73,6 +96,7 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
             silence_timeout_ms: shared.options.silence_timeout.as_millis() as i64,
             finalize_grace_ms: shared.options.finalize_grace.as_millis() as i64,
             progress_timeout_ms: shared.options.progress_timeout.as_millis() as i64,
+            delivery_grace_ms: grace_ms,
         },
         handlers,
         jobs,
@@ -227,4 +251,19 @@ async fn submit_cluster_task(shared: &Shared) -> Option<crate::model::JobId> {
             None
         }
     }
+}
+
+/// The attempts held for `handler` that were assigned before `before`.
+fn held_past(jobs: &[recovery::JobSnapshot], handler: &str, before: i64) -> Vec<(crate::model::TaskRef, u32)> {
+    let mut due = Vec::new();
+    for job in jobs {
+        let Ok(id) = job.id.parse::<crate::model::JobId>() else { continue };
+        for task in &job.tasks {
+            let assigned_at = task.assigned_at.unwrap_or(task.updated_at);
+            if task.state.is_held() && task.handler.as_deref() == Some(handler) && assigned_at < before {
+                due.push((crate::model::TaskRef { job: id, idx: crate::model::TaskIdx(task.idx) }, task.attempt));
+            }
+        }
+    }
+    due
 }

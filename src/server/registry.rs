@@ -1,15 +1,59 @@
 //! The connected workers: what each declared, its last heartbeat, and a
 //! way to stop its session when the same worker process connects again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
 use crate::clock::Timestamp;
-use crate::model::HandlerId;
+use crate::model::{HandlerId, TaskRef};
 use crate::proto::api;
 use crate::proto::plugin::{AdminToWorkerMessage, JobTypeCapability, WorkerHeartbeat, WorkerHello};
+
+/// The attempts a worker's session knows, in a cluster, so that the
+/// recovery check can tell an attempt its leader assigned but that never
+/// reached the worker (the leader died before sending it) from one the
+/// worker has: sent on this session, reported running by the worker, or
+/// with an outcome received and not yet settled by the job's leader.
+#[derive(Debug, Default)]
+pub struct Known {
+    /// The worker sent a heartbeat on this session: `running` is what it runs.
+    heard: bool,
+    running: HashSet<(TaskRef, u32)>,
+    /// Sent on this session, or reported on it, until the report is settled.
+    in_flight: HashSet<(TaskRef, u32)>,
+}
+
+pub type KnownAttempts = Arc<Mutex<Known>>;
+
+impl Known {
+    /// Sent to the worker, or an outcome received from it.
+    pub fn note(&mut self, task: TaskRef, attempt: u32) {
+        self.in_flight.insert((task, attempt));
+    }
+
+    /// Its report was settled by the job's leader: the leader holds it no more.
+    pub fn settled(&mut self, task: TaskRef, attempt: u32) {
+        self.in_flight.remove(&(task, attempt));
+    }
+
+    /// What the worker runs, as its heartbeat says.
+    pub fn heartbeat(&mut self, running: HashSet<(TaskRef, u32)>) {
+        self.heard = true;
+        self.running = running;
+    }
+
+    /// Whether the session knows the attempt; `None` before its first heartbeat.
+    pub fn knows(&self, task: TaskRef, attempt: u32) -> Option<bool> {
+        self.heard.then(|| self.in_flight.contains(&(task, attempt)) || self.running.contains(&(task, attempt)))
+    }
+
+    /// Every attempt the session knows; `None` before its first heartbeat.
+    pub fn all(&self) -> Option<Vec<(TaskRef, u32)>> {
+        self.heard.then(|| self.in_flight.union(&self.running).copied().collect())
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct WorkerEntry {
@@ -30,6 +74,8 @@ pub struct WorkerEntry {
     /// When the worker last wrote anything on its stream.
     pub last_seen: Timestamp,
     pub heartbeats: u32,
+    /// In a cluster: the attempts its session knows.
+    pub known: Option<KnownAttempts>,
     session: u64,
     stop: Arc<Notify>,
     /// The worker's stream, for requests that are not work orders (detection).
@@ -85,6 +131,7 @@ impl Registry {
         hello: &WorkerHello,
         now: Timestamp,
         outbound: Option<tokio::sync::mpsc::Sender<Result<AdminToWorkerMessage, tonic::Status>>>,
+        known: Option<KnownAttempts>,
     ) -> (Registration, Option<Arc<Notify>>) {
         let mut guard = self.inner.lock().expect("registry lock");
         guard.0 += 1;
@@ -106,6 +153,7 @@ impl Registry {
             last_heartbeat: None,
             last_seen: now,
             heartbeats: 0,
+            known,
             session,
             stop: stop.clone(),
             outbound,
@@ -148,6 +196,11 @@ impl Registry {
     pub fn worker_id(&self, handler: &str) -> Option<String> {
         let guard = self.inner.lock().expect("registry lock");
         guard.1.values().find(|e| e.handler.to_string() == handler).map(|e| e.worker_id.clone())
+    }
+
+    /// What the worker's session knows of its attempts, in a cluster.
+    pub fn known(&self, handler: HandlerId) -> Option<KnownAttempts> {
+        self.inner.lock().expect("registry lock").1.get(&handler).and_then(|e| e.known.clone())
     }
 
     /// Ends the worker's session.

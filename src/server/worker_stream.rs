@@ -14,6 +14,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::peer;
+use super::registry::KnownAttempts;
 use super::scheduler;
 use super::Shared;
 use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
@@ -155,6 +156,7 @@ impl PluginControlService for WorkerStreamService {
             reconciled_at: None,
             adoptions_seen: 0,
             lent: std::sync::Mutex::default(),
+            known: self.shared.cluster.as_ref().map(|_| KnownAttempts::default()),
         };
         tokio::spawn(session.run(inbound));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
@@ -204,6 +206,8 @@ struct Session {
     /// Attempts other instances lent to this worker, by attempt id: the
     /// gRPC address of the instance leading each one's job.
     lent: std::sync::Mutex<HashMap<String, Lent>>,
+    /// In a cluster: the attempts this session knows, for the recovery check.
+    known: Option<KnownAttempts>,
 }
 
 /// An attempt another instance lent to this session's worker.
@@ -227,7 +231,8 @@ impl Session {
         let shared = self.shared.clone();
         let handler = self.handler;
         let now = shared.clock.now();
-        let (registration, previous) = shared.registry.register(handler, &self.hello, now, Some(self.outbound.clone()));
+        let (registration, previous) =
+            shared.registry.register(handler, &self.hello, now, Some(self.outbound.clone()), self.known.clone());
         if let Some(previous) = previous {
             // The same process reconnected before its old stream was noticed
             // gone: that session ends, and this one takes over its attempts.
@@ -347,6 +352,9 @@ impl Session {
                 let request_id = request.request_id.clone();
                 let sent =
                     self.send(message(request_id, admin_to_worker_message::Body::ExecuteJobRequest(request))).await;
+                if sent {
+                    self.note(assignment.task, assignment.attempt);
+                }
                 if let Some(released_at) = assignment.released_at {
                     self.shared.stats.record_dispatch(released_at.elapsed());
                 }
@@ -362,6 +370,14 @@ impl Session {
                 let request_id = self.next_request_id("cancel");
                 self.send(message(request_id, admin_to_worker_message::Body::CancelRequest(cancel))).await
             }
+        }
+    }
+
+    /// The session sent the attempt, or received its outcome: it knows it
+    /// until the job's leader has settled its report.
+    fn note(&self, task: TaskRef, attempt: u32) {
+        if let Some(known) = &self.known {
+            known.lock().expect("known lock").note(task, attempt);
         }
     }
 
@@ -411,6 +427,10 @@ impl Session {
         match incoming.body {
             Some(Body::Heartbeat(heartbeat)) => {
                 self.shared.registry.heartbeat(self.handler, &heartbeat, self.shared.clock.now());
+                if let Some(known) = &self.known {
+                    let running = heartbeat.running_work.iter().filter_map(|w| wire::parse_attempt_id(&w.work_id));
+                    known.lock().expect("known lock").heartbeat(running.collect());
+                }
                 if self.lease.is_some() {
                     self.send(message(wire::LEASE_RENEWAL.into(), None)).await;
                 }
@@ -592,13 +612,17 @@ impl Session {
         self.shared.cluster.as_ref()?;
         let shared = self.shared.clone();
         let (handler, outbound, lease) = (self.handler, self.outbound.clone(), self.lease.is_some());
+        let known = self.known.clone();
         let runtime = tokio::runtime::Handle::current();
         Some(Box::new(move |result: Result<(), Rejection>| match result {
             Err(Rejection::UnknownJob { .. } | Rejection::JobEnded { .. }) => {
                 let outbound = lease.then_some(outbound);
-                runtime.spawn(settle(shared, None, handler, task, attempt, report, outbound));
+                runtime.spawn(settle(shared, None, handler, (task, attempt), report, outbound, known));
             }
             other => {
+                if let Some(known) = known {
+                    known.lock().expect("known lock").settled(task, attempt);
+                }
                 if let Some(ack) = ack {
                     ack(other);
                 }
@@ -613,6 +637,7 @@ impl Session {
             tracing::warn!(handler = %self.handler, job_id = completed.job_id, "completion for an unknown job id: ignored");
             return;
         };
+        self.note(task, attempt);
         let lent_by = self.lent.lock().expect("lent lock").remove(&completed.job_id).map(|l| l.leader);
         let given_up = match completed.error_message.as_str() {
             _ if completed.success => None,
@@ -625,7 +650,15 @@ impl Session {
             if lent_by.is_some() {
                 let outbound = self.lease.is_some().then(|| self.outbound.clone());
                 let report = peer::give_up_report(&loss);
-                tokio::spawn(settle(self.shared.clone(), lent_by, self.handler, task, attempt, report, outbound));
+                tokio::spawn(settle(
+                    self.shared.clone(),
+                    lent_by,
+                    self.handler,
+                    (task, attempt),
+                    report,
+                    outbound,
+                    self.known.clone(),
+                ));
                 return;
             }
             let answer =
@@ -667,7 +700,15 @@ impl Session {
             // Lent by the instance that leads the job: the report goes there.
             let outbound = self.lease.is_some().then(|| self.outbound.clone());
             let report = peer::outcome_report(&outcome);
-            tokio::spawn(settle(self.shared.clone(), lent_by, self.handler, task, attempt, report, outbound));
+            tokio::spawn(settle(
+                self.shared.clone(),
+                lent_by,
+                self.handler,
+                (task, attempt),
+                report,
+                outbound,
+                self.known.clone(),
+            ));
             return;
         }
         let answer = match self.shared.cluster {
@@ -690,10 +731,10 @@ async fn settle(
     shared: Arc<Shared>,
     leader: Option<Arc<str>>,
     handler: HandlerId,
-    task: TaskRef,
-    attempt: u32,
+    (task, attempt): (TaskRef, u32),
     report: peer_report::Kind,
     outbound: Option<Outbound>,
+    known: Option<KnownAttempts>,
 ) {
     let attempt_id = wire::attempt_id(task, attempt);
     let settled = peer::report_to_leader(&shared, leader, handler, task, attempt, report).await;
@@ -708,6 +749,9 @@ async fn settle(
             Some(reason)
         }
     };
+    if let Some(known) = known {
+        known.lock().expect("known lock").settled(task, attempt);
+    }
     if let Some(outbound) = outbound {
         acknowledge(&outbound, &attempt_id, refusal.as_deref());
     }

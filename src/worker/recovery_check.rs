@@ -1,5 +1,7 @@
 //! The `recovery_check` job type: a worker runs the admin's periodic
-//! recovery check as a cluster task by asking the admin to run it now.
+//! recovery check as a cluster task by asking the admin to run it now (the
+//! first of its admins that answers: any instance of a cluster runs the
+//! check over the whole cluster).
 
 use std::sync::Arc;
 
@@ -10,21 +12,37 @@ use crate::tls::ClientTls;
 use crate::wire;
 
 pub struct RecoveryCheckHandler {
-    admin: String,
+    admins: Vec<String>,
     token: Option<String>,
     tls: ClientTls,
 }
 
 impl RecoveryCheckHandler {
     /// The handler, ready for a worker's registry.
-    pub fn shared(admin: String, token: Option<String>, tls: ClientTls) -> Arc<dyn Handler> {
-        Arc::new(RecoveryCheckHandler { admin, token, tls })
+    pub fn shared(admins: Vec<String>, token: Option<String>, tls: ClientTls) -> Arc<dyn Handler> {
+        Arc::new(RecoveryCheckHandler { admins, token, tls })
     }
 }
 
-async fn run_check(admin: &str, token: Option<&str>, tls: &ClientTls) -> anyhow::Result<Vec<String>> {
-    let address = wire::resolve_grpc_address(admin).await?;
-    let channel = tls.endpoint(&address)?.connect().await?;
+/// Connects to the first of `admins` that answers.
+async fn connect(admins: &[String], tls: &ClientTls) -> anyhow::Result<tonic::transport::Channel> {
+    let mut failures = Vec::new();
+    for admin in admins {
+        let attempt = async {
+            let address = wire::resolve_grpc_address(admin).await?;
+            let endpoint = tls.endpoint(&address)?.connect_timeout(std::time::Duration::from_secs(5));
+            anyhow::Ok(endpoint.connect().await?)
+        };
+        match attempt.await {
+            Ok(channel) => return Ok(channel),
+            Err(e) => failures.push(format!("{admin}: {e:#}")),
+        }
+    }
+    anyhow::bail!("no admin answered: {}", failures.join("; "))
+}
+
+async fn run_check(admins: &[String], token: Option<&str>, tls: &ClientTls) -> anyhow::Result<Vec<String>> {
+    let channel = connect(admins, tls).await?;
     let mut client = JobServiceClient::new(channel);
     let mut request = tonic::Request::new(api::RecoverRequest { dry_run: false, here_only: false });
     if let Some(token) = token {
@@ -51,9 +69,9 @@ impl Handler for RecoveryCheckHandler {
     }
 
     fn execute(&self, _ctx: TaskContext) -> BoxFuture {
-        let (admin, token, tls) = (self.admin.clone(), self.token.clone(), self.tls.clone());
+        let (admins, token, tls) = (self.admins.clone(), self.token.clone(), self.tls.clone());
         Box::pin(async move {
-            match run_check(&admin, token.as_deref(), &tls).await {
+            match run_check(&admins, token.as_deref(), &tls).await {
                 Ok(output) => Outcome::Succeeded { output },
                 Err(e) => Outcome::Failed { error: format!("recovery check: {e:#}"), output: Vec::new() },
             }

@@ -150,16 +150,21 @@ pub fn start_worker(server: &Server, id: &str, extra: &[&str], exec_log: Option<
 /// Runs a command to its end, killing it after `limit`.
 pub fn run_with_timeout(mut command: Command, limit: Duration) -> Output {
     let child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    wait_with_timeout(child, limit).unwrap_or_else(|| panic!("{command:?} did not finish within {limit:?}"))
+}
+
+/// Waits for a started command's end and output; kills it after `limit`.
+pub fn wait_with_timeout(child: Child, limit: Duration) -> Option<Output> {
     let pid = child.id();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
     match rx.recv_timeout(limit) {
-        Ok(output) => output.expect("wait for the command"),
+        Ok(output) => Some(output.expect("wait for the command")),
         Err(_) => {
             let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            panic!("{command:?} did not finish within {limit:?}");
+            None
         }
     }
 }
@@ -192,6 +197,32 @@ pub fn nine_tasks(fail: Option<u32>, sleep_ms: u64) -> String {
         })
         .collect();
     format!(r#"{{"name":"nine","tasks":[{}]}}"#, tasks.join(","))
+}
+
+/// The reference model's states of the nine-task example with task 4 failing.
+pub fn nine_tasks_4_failing() -> Vec<(String, String)> {
+    [
+        ("1", "succeeded"),
+        ("2", "succeeded"),
+        ("3", "succeeded"),
+        ("4", "failed"),
+        ("5", "succeeded"),
+        ("6", "succeeded"),
+        ("7", "upstream_failed"),
+        ("8", "succeeded"),
+        ("9", "upstream_failed"),
+    ]
+    .iter()
+    .map(|(t, s)| (t.to_string(), s.to_string()))
+    .collect()
+}
+
+/// Every task of that job that succeeds succeeded on exactly one execution.
+pub fn each_succeeded_once(events: &[(String, u32, String)]) {
+    for task in ["1", "2", "3", "5", "6", "8"] {
+        let succeeded = events.iter().filter(|(t, _, e)| t == task && e == "succeeded").count();
+        assert_eq!(succeeded, 1, "task {task} succeeded {succeeded} times: {events:?}");
+    }
 }
 
 /// (task id, state) pairs of a job JSON as `run --json` and `submit --wait --json` print it.
