@@ -352,6 +352,19 @@ fn a_worker_on_one_instance_runs_the_tasks_of_a_job_another_leads_and_any_instan
     }
     let events = common::exec_events(&log, &slow_id);
     assert!(events.iter().any(|(_, _, e)| e == "canceled"), "the worker stopped the attempt: {events:?}");
+
+    // A policy set through a applies on b from its next heartbeat.
+    let set = a.cli(&["policy", "set", "noop", "retry_limit=7"]);
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    let seen = wait_until(Duration::from_secs(10), || {
+        let policy = String::from_utf8_lossy(&b.cli(&["policy", "get", "noop"]).stdout).to_string();
+        policy.lines().any(|l| l.contains("retry_limit") && l.split_whitespace().any(|w| w == "7")).then_some(())
+    });
+    assert!(
+        seen.is_some(),
+        "b does not apply the policy set through a: {}",
+        String::from_utf8_lossy(&b.cli(&["policy", "get", "noop"]).stdout)
+    );
 }
 
 #[test]

@@ -308,7 +308,7 @@ fn instances_killed_over_and_over_still_finish_a_10000_task_job_exactly() {
     let seed: u64 = std::env::var("JOBCENTER_KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_cafe);
     let mut rng = Rng(seed);
     let mut rig = rig();
-    let job = layered_job(&mut rng, "cluster-soak", 10_000, 100, &Work::Sleep { from: 20, spread: 60 });
+    let job = layered_job(&mut rng, "cluster-soak", 10_000, 100, &Work::Sleep { from: 100, spread: 200 });
     let id = rig.submit(&job.text);
     let started = Instant::now();
     let mut landed = 0;

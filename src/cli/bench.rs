@@ -1,6 +1,8 @@
 //! `jobcenter bench FILE --workers N`: a server and N worker processes on
 //! loopback run one job; prints one JSON line of throughput, dispatch
-//! latency and the server's peak memory.
+//! latency and the server's peak memory. With `--database-url` and
+//! `--instances M`, M servers share the database as one cluster, the
+//! workers spread over them; the job is submitted to the first.
 #![allow(clippy::print_stdout)]
 
 use std::io::{BufRead, BufReader};
@@ -33,6 +35,10 @@ pub struct BenchArgs {
     /// the server this URL names (the user needs CREATEDB), and dropped after.
     #[arg(long)]
     pub database_url: Option<String>,
+    /// With --database-url: admin instances sharing the database; worker n
+    /// connects to instance n mod M (and knows them all).
+    #[arg(long, default_value_t = 1, requires = "database_url")]
+    pub instances: u32,
 }
 
 struct Children(Vec<Child>);
@@ -83,6 +89,12 @@ fn start_server(exe: &Path, store: &[String]) -> anyhow::Result<(Child, String, 
     Ok((child, parts[1].to_string(), parts[3].to_string()))
 }
 
+/// The transactions the scratch database has seen so far.
+async fn transactions(scratch: &Option<std::sync::Arc<ScratchDatabase>>) -> Option<i64> {
+    let scratch = scratch.clone()?;
+    tokio::task::spawn_blocking(move || scratch.transactions().ok()).await.ok().flatten()
+}
+
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let content = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let format = match Format::from_path(&args.file) {
@@ -98,10 +110,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let scratch = match &args.database_url {
         Some(url) => {
             let url = url.clone();
-            Some(
+            Some(std::sync::Arc::new(
                 tokio::task::spawn_blocking(move || ScratchDatabase::create(&url, &PasswordSources::default()))
                     .await??,
-            )
+            ))
         }
         None => None,
     };
@@ -109,12 +121,25 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Some(scratch) => vec!["--database-url".into(), scratch.url().to_string()],
         None => vec!["--data-dir".into(), data_dir.display().to_string()],
     };
-    let (server, http, grpc) = start_server(&exe, &store_args)?;
-    let server_pid = server.id();
-    let mut children = Children(vec![server]);
+    let mut children = Children(Vec::new());
+    let mut https = Vec::new();
+    let mut server_pids = Vec::new();
+    let mut grpc = String::new();
+    for n in 0..args.instances.max(1) {
+        let (server, http, address) = start_server(&exe, &store_args)?;
+        server_pids.push(server.id());
+        children.0.push(server);
+        https.push(http);
+        if n == 0 {
+            grpc = address;
+        }
+    }
+    let http = https[0].clone();
     for n in 0..args.workers {
+        let k = n as usize % https.len();
+        let admins: Vec<&str> = https[k..].iter().chain(&https[..k]).map(String::as_str).collect();
         let worker = Command::new(&exe)
-            .args(["worker", "--admin", &http, "--id", &format!("bench-{n}"), "--heartbeat", "1s"])
+            .args(["worker", "--admin", &admins.join(","), "--id", &format!("bench-{n}"), "--heartbeat", "1s"])
             .args(["--max-execute", &args.max_execute.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -126,13 +151,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let mut client = JobServiceClient::new(channel).max_encoding_message_size(512 * 1024 * 1024);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let workers = client.list_workers(api::ListWorkersRequest {}).await?.into_inner().workers;
-        if workers.len() as u32 >= args.workers {
+        let mut connected = 0;
+        for http in &https {
+            connected += wire::http_get_json(http, "/api/workers").await?.as_array().map_or(0, Vec::len);
+        }
+        if connected as u32 >= args.workers {
             break;
         }
-        anyhow::ensure!(Instant::now() < deadline, "only {} of {} workers connected", workers.len(), args.workers);
+        anyhow::ensure!(Instant::now() < deadline, "only {connected} of {} workers connected", args.workers);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let transactions_before = transactions(&scratch).await;
 
     let started = Instant::now();
     let request =
@@ -157,6 +186,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let job = client.get_job(api::JobRef { job_id }).await?.into_inner();
     let stats = wire::http_get_json(&http, "/api/stats").await?;
     let tasks = job.tasks.len();
+    // The statistics reach pg_stat_database within a second.
+    let transactions_after = match &scratch {
+        Some(_) => {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            transactions(&scratch).await
+        }
+        None => None,
+    };
     let result = serde_json::json!({
         "tasks": tasks,
         "state": state,
@@ -166,11 +203,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         "dispatch_p50_us": stats["dispatch"]["p50_us"],
         "dispatch_p99_us": stats["dispatch"]["p99_us"],
         "dispatches_measured": stats["dispatch"]["count"],
-        "server_peak_rss_mb": peak_rss_mib(server_pid),
+        "server_peak_rss_mb": server_pids.iter().map(|pid| peak_rss_mib(*pid)).fold(0.0, f64::max),
         "store": if scratch.is_some() { "postgres" } else { "sled" },
+        "instances": https.len(),
     });
     drop(children);
     let mut result = result;
+    if let (Some(before), Some(after)) = (transactions_before, transactions_after) {
+        // Every transaction in the database over the run, heartbeats and
+        // the client's reads included, per task.
+        result["db_transactions_per_task"] = serde_json::json!((after - before) as f64 / tasks.max(1) as f64);
+    }
     if let Some(scratch) = scratch {
         let size = tokio::task::spawn_blocking(move || scratch.size()).await??;
         result["database_mb"] = serde_json::json!(size as f64 / (1024.0 * 1024.0));

@@ -569,6 +569,29 @@ impl Core {
                 if handlers != self.peer_handlers {
                     tracing::debug!(handlers = handlers.len(), "handlers connected to other instances");
                 }
+                // A handler whose instance went away is away, as a worker that
+                // disconnected from here is: its worker keeps running what it
+                // holds and reports it wherever it reconnects, so its attempts
+                // wait for it before they are taken back.
+                if let Orphans::Keep { grace } = self.options.orphans {
+                    let gone: Vec<HandlerId> = self
+                        .peer_handlers
+                        .iter()
+                        .filter(|h| !handlers.contains(h) && !self.dispatch.has_handler(**h))
+                        .filter(|h| !self.held.of_handler(**h).is_empty())
+                        .copied()
+                        .collect();
+                    for handler in gone {
+                        if self.absent.handlers().any(|h| h == handler) {
+                            continue;
+                        }
+                        let reason = format!(
+                            "lost with its worker: its admin instance went away, and the worker did not come back within {:.1} s",
+                            grace.as_secs_f64()
+                        );
+                        self.absent.insert(handler, now.plus_millis(grace.as_millis() as i64), reason);
+                    }
+                }
                 self.peer_handlers = handlers;
             }
         }

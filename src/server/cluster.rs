@@ -196,6 +196,19 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
     let unowned = membership.unowned_jobs;
     *node.membership.lock().expect("membership lock") = Some(membership);
 
+    // Policies set through another instance apply here from the next beat.
+    let (store, policies) = (node.store.clone(), shared.policies.clone());
+    match tokio::task::spawn_blocking(move || policies.refresh(&*store)).await {
+        Ok(Ok(changed)) => {
+            for job_type in changed {
+                tracing::info!(job_type, "policy changed by another instance: applied here");
+                shared.policies.push_limits(&shared.engine, &job_type).await;
+            }
+        }
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot read the policies again"),
+        Err(e) => tracing::warn!(error = %e, "cannot read the policies again"),
+    }
+
     if led > share {
         let released = shared.engine.release(led - share).await.map_err(engine_error)?;
         if !released.is_empty() {

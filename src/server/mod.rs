@@ -203,7 +203,17 @@ pub async fn run(
     });
 
     engine.on_commit(Arc::new(shared.metrics.commit_observer()));
-    shared.metrics.declare_recovery_rules(&["R1", "R2", "R2-undelivered", "R3", "R3-pinned", "R3-progress", "R4", "R5", "R6"]);
+    shared.metrics.declare_recovery_rules(&[
+        "R1",
+        "R2",
+        "R2-undelivered",
+        "R3",
+        "R3-pinned",
+        "R3-progress",
+        "R4",
+        "R5",
+        "R6",
+    ]);
     for _ in 0..options.local_workers {
         let handlers = HandlerRegistry::new(builtin_handlers());
         LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;

@@ -33,7 +33,7 @@ const WORKER_CONFIG_PREFIX: &str = "worker-config/";
 /// `policy set TYPE worker.NAME=VALUE` sets a worker configuration value.
 pub const WORKER_KEY_PREFIX: &str = "worker.";
 
-#[derive(Default)]
+#[derive(Default, PartialEq)]
 struct Book {
     descriptors: BTreeMap<String, JobTypeDescriptor>,
     overrides: BTreeMap<String, Overrides>,
@@ -50,29 +50,39 @@ pub struct Policies {
 impl Policies {
     /// Loads what the store holds (blocking: call it off the runtime).
     pub fn load(store: Arc<dyn Store>, engine: EngineHandle) -> Result<Policies, store::Error> {
-        let mut book = Book::default();
-        for (key, bytes) in store.settings(DESCRIPTOR_PREFIX)? {
-            match JobTypeDescriptor::decode(bytes.as_slice()) {
-                Ok(descriptor) => {
-                    book.descriptors.insert(key[DESCRIPTOR_PREFIX.len()..].to_string(), descriptor);
-                }
-                Err(e) => tracing::warn!(key, error = %e, "skipping an undecodable descriptor"),
-            }
-        }
-        for (key, bytes) in store.settings(POLICY_PREFIX)? {
-            match serde_json::from_slice::<Overrides>(&bytes) {
-                Ok(overrides) => {
-                    book.overrides.insert(key[POLICY_PREFIX.len()..].to_string(), overrides);
-                }
-                Err(e) => tracing::warn!(key, error = %e, "skipping an unreadable policy"),
-            }
-        }
-        for (key, bytes) in store.settings(WORKER_CONFIG_PREFIX)? {
-            if let Ok(values) = serde_json::from_slice(&bytes) {
-                book.worker_values.insert(key[WORKER_CONFIG_PREFIX.len()..].to_string(), values);
-            }
-        }
+        let book = read_book(&*store)?;
         Ok(Policies { engine, book: Arc::new(Mutex::new(book)) })
+    }
+
+    /// Reads the policy book again (blocking: call it off the runtime), as
+    /// another admin instance sharing the store may have changed it; returns
+    /// the job types whose descriptor, policy or worker values changed.
+    pub fn refresh(&self, store: &dyn Store) -> Result<Vec<String>, store::Error> {
+        let fresh = read_book(store)?;
+        let mut book = self.book.lock().expect("policy lock");
+        if *book == fresh {
+            return Ok(Vec::new());
+        }
+        let mut changed: Vec<String> = Vec::new();
+        let types: std::collections::BTreeSet<&String> = book
+            .descriptors
+            .keys()
+            .chain(book.overrides.keys())
+            .chain(book.worker_values.keys())
+            .chain(fresh.descriptors.keys())
+            .chain(fresh.overrides.keys())
+            .chain(fresh.worker_values.keys())
+            .collect();
+        for job_type in types {
+            if book.descriptors.get(job_type) != fresh.descriptors.get(job_type)
+                || book.overrides.get(job_type) != fresh.overrides.get(job_type)
+                || book.worker_values.get(job_type) != fresh.worker_values.get(job_type)
+            {
+                changed.push(job_type.clone());
+            }
+        }
+        *book = fresh;
+        Ok(changed)
     }
 
     /// Job types with a descriptor or a policy set.
@@ -180,4 +190,30 @@ impl Policies {
             tracing::debug!(job_type, "engine stopped before the limits were set");
         }
     }
+}
+
+fn read_book(store: &dyn Store) -> Result<Book, store::Error> {
+    let mut book = Book::default();
+    for (key, bytes) in store.settings(DESCRIPTOR_PREFIX)? {
+        match JobTypeDescriptor::decode(bytes.as_slice()) {
+            Ok(descriptor) => {
+                book.descriptors.insert(key[DESCRIPTOR_PREFIX.len()..].to_string(), descriptor);
+            }
+            Err(e) => tracing::warn!(key, error = %e, "skipping an undecodable descriptor"),
+        }
+    }
+    for (key, bytes) in store.settings(POLICY_PREFIX)? {
+        match serde_json::from_slice::<Overrides>(&bytes) {
+            Ok(overrides) => {
+                book.overrides.insert(key[POLICY_PREFIX.len()..].to_string(), overrides);
+            }
+            Err(e) => tracing::warn!(key, error = %e, "skipping an unreadable policy"),
+        }
+    }
+    for (key, bytes) in store.settings(WORKER_CONFIG_PREFIX)? {
+        if let Ok(values) = serde_json::from_slice(&bytes) {
+            book.worker_values.insert(key[WORKER_CONFIG_PREFIX.len()..].to_string(), values);
+        }
+    }
+    Ok(book)
 }

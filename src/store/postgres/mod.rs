@@ -248,6 +248,22 @@ impl ScratchDatabase {
             Ok(row.get(0))
         })
     }
+
+    /// Transactions committed or rolled back in it so far, as the server's
+    /// statistics say (they lag by up to a second).
+    pub fn transactions(&self) -> Result<i64, Error> {
+        block_on(&self.runtime, async {
+            let client = self.admin.connect().await.map_err(|e| connect_error(&self.admin, &e))?;
+            let row = client
+                .query_one(
+                    "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = $1",
+                    &[&self.name],
+                )
+                .await
+                .map_err(|e| classify(&self.admin, &e))?;
+            Ok(row.get(0))
+        })
+    }
 }
 
 impl Drop for ScratchDatabase {
