@@ -3,7 +3,7 @@
 //! A pure table: the engine asks it and applies its answers.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -136,6 +136,15 @@ impl PartialOrd for Entry {
     }
 }
 
+/// A job type's global limit, its tasks queued and its attempts running.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TypeDemand {
+    pub job_type: Arc<str>,
+    pub limit: u32,
+    pub queued: u32,
+    pub running: u32,
+}
+
 #[derive(Default)]
 pub struct Dispatch {
     handlers: BTreeMap<HandlerId, Slot>,
@@ -152,6 +161,9 @@ pub struct Dispatch {
     /// Job types that run only while the gate is open (the cluster lock is held).
     gated: std::collections::HashSet<Arc<str>>,
     gate_open: bool,
+    /// In a cluster: the slots of each job type's global limit this
+    /// instance holds (permits); a type not listed has none.
+    permits: Option<HashMap<Arc<str>, u32>>,
 }
 
 impl Dispatch {
@@ -174,6 +186,32 @@ impl Dispatch {
 
     pub fn limits(&self, job_type: &str) -> Option<TypeLimits> {
         self.limits.get(job_type).copied()
+    }
+
+    /// In a cluster, the slots of each type's global limit held here: a
+    /// type's tasks are dispatched only within them.
+    pub fn set_permits(&mut self, permits: HashMap<Arc<str>, u32>) {
+        self.permits = Some(permits);
+    }
+
+    /// What each job type with a global limit asks of it now.
+    pub fn demand(&self) -> Vec<TypeDemand> {
+        self.limits
+            .iter()
+            .map(|(t, l)| TypeDemand {
+                job_type: t.clone(),
+                limit: l.global,
+                queued: self.queues.get(t).map_or(0, |q| q.len() as u32),
+                running: self.running(t),
+            })
+            .collect()
+    }
+
+    /// Whether the type is at its global limit, or past the slots of it held here.
+    fn at_limit(&self, job_type: &str, limits: Option<&TypeLimits>) -> bool {
+        let running = self.running(job_type);
+        let held = self.permits.as_ref().map_or(u32::MAX, |p| p.get(job_type).copied().unwrap_or(0));
+        limits.is_some_and(|l| running >= l.global.min(held))
     }
 
     /// Attempts of a job type running now, over every handler.
@@ -286,7 +324,7 @@ impl Dispatch {
             return None;
         }
         let limits = self.limits.get(job_type);
-        if limits.is_some_and(|l| self.running(job_type) >= l.global) {
+        if self.at_limit(job_type, limits) {
             return None;
         }
         let per_worker = limits.map(|l| l.per_worker).unwrap_or(u32::MAX);
@@ -389,7 +427,7 @@ impl Dispatch {
         if !self.gate_open && self.gated.contains(job_type) {
             return false;
         }
-        self.limits.get(job_type).is_none_or(|l| self.running(job_type) < l.global)
+        !self.at_limit(job_type, self.limits.get(job_type))
     }
 
     /// Forgets every queued entry of a job (it was canceled or ended).
@@ -478,6 +516,39 @@ mod tests {
         assert_eq!(d.pick_handler("noop"), None);
         d.release_slot(a, "noop");
         assert_eq!(d.pick_handler("noop"), Some(a));
+    }
+
+    #[test]
+    fn in_a_cluster_a_type_runs_only_within_the_permits_held() {
+        let mut d = Dispatch::default();
+        let (sink, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let vacuum: Arc<str> = Arc::from("vacuum");
+        let handler = HandlerId::new();
+        d.add_handler(HandlerSpec {
+            handler,
+            job_types: None,
+            capacity: 10,
+            type_capacity: BTreeMap::new(),
+            starts_running: false,
+            session: 0,
+            sink,
+        });
+        d.set_limits(vacuum.clone(), TypeLimits { global: 5, per_worker: 10, execution_timeout_seconds: None });
+        d.set_permits(HashMap::new());
+        assert!(d.pick_handler("vacuum").is_none(), "no permit held: nothing runs");
+        assert!(!d.may_run("vacuum"));
+        d.set_permits(HashMap::from([(vacuum.clone(), 2)]));
+        while let Some(h) = d.pick_handler("vacuum") {
+            d.take_slot(h, &vacuum);
+        }
+        assert_eq!(d.running("vacuum"), 2, "two permits held");
+        d.set_permits(HashMap::from([(vacuum.clone(), 9)]));
+        while let Some(h) = d.pick_handler("vacuum") {
+            d.take_slot(h, &vacuum);
+        }
+        assert_eq!(d.running("vacuum"), 5, "never past the global limit itself");
+        let demand = d.demand();
+        assert_eq!(demand, vec![TypeDemand { job_type: vacuum, limit: 5, queued: 0, running: 5 }]);
     }
 
     #[test]

@@ -414,3 +414,79 @@ fn the_leader_of_a_running_job_dies_and_its_job_ends_as_the_model_says_on_worker
     common::each_succeeded_once(&events);
     eprintln!("the job ended {:.1} s after its leader's SIGKILL", ended_after.as_secs_f64());
 }
+
+#[test]
+fn a_global_limit_holds_across_instances_each_running_its_own_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = pg().new_database();
+    let url = pg().url(&database);
+    let servers: Vec<Server> = ["a", "b", "c"].iter().map(|n| start(dir.path(), n, &url, &[])).collect();
+    wait_until(Duration::from_secs(20), || (active(&servers[0]).len() == 3).then_some(()))
+        .unwrap_or_else(|| panic!("3 instances did not register: {:?}", instances(&servers[0])));
+    let log = dir.path().join("exec.log");
+    let _workers: Vec<_> = servers
+        .iter()
+        .enumerate()
+        .map(|(n, s)| common::start_worker(s, &format!("w{n}"), &["--max-execute", "4"], Some(&log)))
+        .collect();
+    wait_until(Duration::from_secs(30), || {
+        (servers.iter().map(|s| s.workers().len()).sum::<usize>() == 3).then_some(())
+    })
+    .expect("the workers connected");
+
+    // At most 2 noop tasks at once in the whole cluster, set through one instance.
+    let set = servers[0].cli(&["policy", "set", "noop", "global_execution_concurrency=2"]);
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    for server in &servers {
+        wait_until(Duration::from_secs(10), || {
+            let policy = String::from_utf8_lossy(&server.cli(&["policy", "get", "noop"]).stdout).to_string();
+            policy
+                .lines()
+                .any(|l| l.contains("global_execution_concurrency") && l.split_whitespace().any(|w| w == "2"))
+                .then_some(())
+        })
+        .unwrap_or_else(|| panic!("{} does not apply the limit", server.http));
+    }
+    // Six jobs of four independent 300 ms tasks, two submitted to each instance.
+    let mut ids = Vec::new();
+    for n in 0..6 {
+        let tasks: Vec<String> =
+            (0..4).map(|t| format!(r#"{{"id":"t{t}","job_type":"noop","parameters":{{"sleep_ms":300}}}}"#)).collect();
+        let file = dir.path().join(format!("limited-{n}.json"));
+        std::fs::write(&file, format!(r#"{{"name":"limited-{n}","tasks":[{}]}}"#, tasks.join(","))).unwrap();
+        let output = servers[n % 3].cli(&["submit", file.to_str().unwrap()]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        ids.push(String::from_utf8_lossy(&output.stdout).trim().to_string());
+    }
+    let done = wait_until(Duration::from_secs(60), || {
+        let n = pg()
+            .psql(&database, "SELECT count(*) FROM jobcenter.jobs WHERE name LIKE 'limited-%' AND state = 'succeeded'");
+        (n.trim() == "6").then_some(())
+    });
+    assert!(
+        done.is_some(),
+        "the jobs did not all succeed: {}",
+        pg().psql(&database, "SELECT name, state FROM jobcenter.jobs")
+    );
+
+    // The workers' log, in the order things happened: never more than 2 running.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let (mut running, mut most, mut starts) = (0i32, 0i32, 0);
+    for line in text.lines() {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        if parts.len() != 4 || !ids.iter().any(|id| id == parts[0]) {
+            continue;
+        }
+        match parts[3] {
+            "start" => {
+                running += 1;
+                starts += 1;
+            }
+            _ => running -= 1,
+        }
+        most = most.max(running);
+    }
+    assert_eq!(starts, 24, "each task ran once: {text}");
+    assert!(most <= 2, "{most} noop tasks ran at once over the cluster, past its limit of 2");
+    assert_eq!(most, 2, "the limit was used");
+}

@@ -178,6 +178,14 @@ pub(super) enum Command {
     PeerHandlers {
         handlers: HashSet<HandlerId>,
     },
+    /// Per job type with a global limit: the limit, tasks queued, attempts running.
+    PermitDemand {
+        reply: oneshot::Sender<Vec<crate::dispatch::TypeDemand>>,
+    },
+    /// The slots of each type's global limit this instance holds.
+    SetPermits {
+        permits: HashMap<Arc<str>, u32>,
+    },
 }
 
 /// Work that may only happen after the iteration's batch is durable.
@@ -560,6 +568,10 @@ impl Core {
                 let lent = self.lend(slots, now, step);
                 step.reply(reply, lent);
             }
+            Command::PermitDemand { reply } => {
+                let _ = reply.send(self.dispatch.demand());
+            }
+            Command::SetPermits { permits } => self.dispatch.set_permits(permits),
             Command::PeerHandlers { handlers } => {
                 // A handler that moved to another live instance is not away.
                 let moved: Vec<HandlerId> = self.absent.handlers().filter(|h| handlers.contains(h)).collect();

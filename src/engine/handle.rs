@@ -321,6 +321,16 @@ impl EngineHandle {
         self.call(|reply| Command::Lend { slots, reply }).await
     }
 
+    /// Per job type with a global limit: the limit, tasks queued, attempts running.
+    pub async fn permit_demand(&self) -> Result<Vec<crate::dispatch::TypeDemand>, Error> {
+        self.call(|reply| Command::PermitDemand { reply }).await
+    }
+
+    /// In a cluster: the slots of each type's global limit this instance holds.
+    pub async fn set_permits(&self, permits: std::collections::HashMap<Arc<str>, u32>) -> Result<(), Error> {
+        self.send(Command::SetPermits { permits }).await
+    }
+
     /// The handlers connected to the other live instances.
     pub async fn peer_handlers(&self, handlers: HashSet<HandlerId>) -> Result<(), Error> {
         self.send(Command::PeerHandlers { handlers }).await

@@ -123,6 +123,9 @@ impl Api {
             .map_err(|e| Error::Invalid(e.to_string()))?;
         let started = std::time::Instant::now();
         let id = self.shared.engine.submit(spec, JobOrigin::User).await?;
+        if let Some(node) = &self.shared.cluster {
+            node.wake_permits();
+        }
         // Until the committer reports its own timings: a submission is a step that waits to be durable.
         self.shared.metrics.observe_api_step(started.elapsed());
         Ok(id.to_string())

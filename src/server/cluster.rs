@@ -49,6 +49,8 @@ pub struct Node {
     adoptions: AtomicU64,
     /// Job types this instance claimed a detection of, and when.
     detected: Mutex<BTreeMap<String, Instant>>,
+    /// Work arrived: take the permits it needs now.
+    permits_wake: tokio::sync::Notify,
 }
 
 impl Node {
@@ -74,7 +76,13 @@ impl Node {
             paused: AtomicBool::new(false),
             adoptions: AtomicU64::new(0),
             detected: Mutex::new(BTreeMap::new()),
+            permits_wake: tokio::sync::Notify::new(),
         })
+    }
+
+    /// New work arrived here: its permits are asked for at once.
+    pub fn wake_permits(&self) {
+        self.permits_wake.notify_one();
     }
 
     /// The database's clock now, in milliseconds since the epoch.
@@ -125,6 +133,76 @@ impl Node {
     pub fn live(&self) -> Vec<Instance> {
         self.membership.lock().expect("membership lock").as_ref().map(|m| m.instances.clone()).unwrap_or_default()
     }
+}
+
+/// How often an instance settles its permits when nothing wakes it.
+const PERMITS_EVERY: Duration = Duration::from_millis(250);
+/// What a type wanted over this many settlements counts: permits are not
+/// given back the moment a queue runs dry between two tasks.
+const WANT_WINDOW: usize = 8;
+
+/// The permits loop of a server instance: each job type's global limit is
+/// split over the instances that have its tasks to run (slots in the
+/// database, `jobcenter.permits`), so the limit holds cluster-wide; this
+/// instance dispatches a type's tasks only within the slots it holds.
+pub fn spawn_permits(shared: Arc<Shared>) {
+    let Some(node) = shared.cluster.clone() else { return };
+    tokio::spawn(async move {
+        // Nothing of a limited type runs here before its first slots are held.
+        let _ = shared.engine.set_permits(std::collections::HashMap::new()).await;
+        let mut recent: BTreeMap<Arc<str>, std::collections::VecDeque<u32>> = BTreeMap::new();
+        let mut held: BTreeMap<Arc<str>, u32> = BTreeMap::new();
+        loop {
+            match settle_permits(&shared, &node, &mut recent, &mut held).await {
+                Ok(()) => {}
+                Err(store::Error::Fenced { .. }) => start_over(&node),
+                Err(e) => tracing::warn!(error = %e, "cannot settle the permits"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(PERMITS_EVERY) => {}
+                () = node.permits_wake.notified() => {}
+            }
+        }
+    });
+}
+
+async fn settle_permits(
+    shared: &Arc<Shared>,
+    node: &Arc<Node>,
+    recent: &mut BTreeMap<Arc<str>, std::collections::VecDeque<u32>>,
+    held: &mut BTreeMap<Arc<str>, u32>,
+) -> Result<(), store::Error> {
+    let demand = shared.engine.permit_demand().await.map_err(engine_error)?;
+    let mut requests = Vec::new();
+    let mut types = Vec::new();
+    for crate::dispatch::TypeDemand { job_type, limit, queued, running } in demand {
+        let window = recent.entry(job_type.clone()).or_default();
+        window.push_back(queued.saturating_add(running).min(limit));
+        if window.len() > WANT_WINDOW {
+            window.pop_front();
+        }
+        let want = window.iter().copied().max().unwrap_or(0);
+        if want == 0 && running == 0 && held.get(&job_type).copied().unwrap_or(0) == 0 {
+            continue;
+        }
+        requests.push(store::cluster::PermitRequest {
+            key: format!("type:{job_type}"),
+            capacity: limit,
+            want,
+            running,
+        });
+        types.push(job_type);
+    }
+    let store = node.store.clone();
+    let granted = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").permits(&requests))
+        .await
+        .map_err(|e| store::Error::Io(e.to_string()))??;
+    held.clear();
+    for (job_type, slots) in types.into_iter().zip(granted) {
+        held.insert(job_type, slots);
+    }
+    let permits = held.iter().map(|(t, n)| (t.clone(), *n)).collect();
+    shared.engine.set_permits(permits).await.map_err(engine_error)
 }
 
 /// The loop of a server instance: heartbeat, then its share of the jobs.
@@ -224,6 +302,7 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
             let n = claimed.len();
             let adopted = shared.engine.adopt(claimed).await.map_err(engine_error)?;
             node.adoptions.fetch_add(1, Ordering::AcqRel);
+            node.wake_permits();
             tracing::info!(claimed = n, adopted, led = led + adopted, share, "took the lead of jobs nobody led");
         }
     }

@@ -219,6 +219,7 @@ pub async fn run(
         LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;
     }
     cluster::spawn_loop(shared.clone());
+    cluster::spawn_permits(shared.clone());
     peer::spawn_borrower(shared.clone());
     peer::spawn_foreign_orders(shared.clone(), foreign_receiver);
     recovery::spawn_loop(shared.clone());

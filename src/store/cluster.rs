@@ -100,6 +100,45 @@ pub struct Whereabouts {
     pub owner: Option<Instance>,
 }
 
+/// What an instance asks of one permit key: `capacity` slots in all; it
+/// wants `want` of them now and runs `running` tasks under the key, which
+/// it keeps slots for whatever the split says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PermitRequest {
+    pub key: String,
+    pub capacity: u32,
+    pub want: u32,
+    pub running: u32,
+}
+
+/// Splits `capacity` slots over instances by what each wants (max-min
+/// fairness: nobody gets more than they want, and what one does not want is
+/// shared by the others); returns what `me` is allotted. Instances in
+/// `wants` are the live ones that want something, `me` included if it does.
+/// Who gets the odd slots when there are not enough to go round changes
+/// with `turn`, so that no instance waits for ever.
+pub fn allot<I: Ord + Copy + std::hash::Hash>(capacity: u32, wants: &[(I, u32)], me: I, turn: u64) -> u32 {
+    use std::hash::{Hash, Hasher};
+    let order = |id: &I| {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (id, turn).hash(&mut hasher);
+        hasher.finish()
+    };
+    let mut sorted: Vec<(u32, u64, I)> = wants.iter().map(|(id, want)| (*want, order(id), *id)).collect();
+    sorted.sort();
+    let mut left = capacity;
+    let mut mine = 0;
+    for (i, (want, _, id)) in sorted.iter().enumerate() {
+        let rest = (sorted.len() - i) as u32;
+        let given = (*want).min(left.div_ceil(rest));
+        left -= given;
+        if *id == me {
+            mine = given;
+        }
+    }
+    mine
+}
+
 pub trait Cluster: Send + Sync {
     /// Registers this process as a new instance; every later write of the
     /// store is fenced by that registration.
@@ -130,6 +169,11 @@ pub trait Cluster: Send + Sync {
     fn whereabouts(&self, job: JobId) -> Result<Option<Whereabouts>, Error>;
     /// A clean stop: releases this instance's jobs and removes its row.
     fn leave(&self) -> Result<(), Error>;
+    /// Takes and gives back permit slots so that this instance holds, for
+    /// each request, its allotted share of what the live instances want
+    /// (never fewer than it runs, never more than the capacity); returns the
+    /// slots held per request, in order.
+    fn permits(&self, requests: &[PermitRequest]) -> Result<Vec<u32>, Error>;
 }
 
 /// Starts this process over as a new instance, after it was deactivated:
@@ -157,4 +201,42 @@ static LEAVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::n
 /// refused from now on ends it instead of starting it over.
 pub fn leaving() {
     LEAVING.store(true, std::sync::atomic::Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::allot;
+
+    #[test]
+    fn permits_are_split_by_what_each_instance_wants() {
+        let (a, b, c) = (1, 2, 3);
+        assert_eq!(allot(10, &[(a, 4)], a, 0), 4, "alone, as much as it wants");
+        assert_eq!(allot(10, &[(a, 40)], a, 0), 10, "never past the capacity");
+        // Even when all want more than an even share.
+        let wants = [(a, 10), (b, 10), (c, 10)];
+        let shares: Vec<u32> = [a, b, c].iter().map(|me| allot(9, &wants, *me, 0)).collect();
+        assert_eq!(shares, [3, 3, 3]);
+        // What one does not want goes to the others.
+        let wants = [(a, 1), (b, 10), (c, 10)];
+        let shares: Vec<u32> = [a, b, c].iter().map(|me| allot(9, &wants, *me, 0)).collect();
+        assert_eq!(shares, [1, 4, 4]);
+        // The shares never add up past the capacity, and nobody wanting
+        // something is left out while there is enough to go round.
+        for capacity in 0..12 {
+            for wants in [[(a, 0), (b, 5), (c, 7)], [(a, 3), (b, 3), (c, 3)], [(a, 1), (b, 1), (c, 9)]] {
+                let total: u32 = [a, b, c].iter().map(|me| allot(capacity, &wants, *me, 0)).sum();
+                let wanted: u32 = wants.iter().map(|(_, w)| w).sum();
+                assert_eq!(total, capacity.min(wanted), "capacity {capacity}, wants {wants:?}");
+            }
+        }
+        // With 2 slots for 3, one waits, but not the same one at every turn.
+        let short = [(a, 5), (b, 5), (c, 5)];
+        for turn in 0..4 {
+            let total: u32 = [a, b, c].iter().map(|me| allot(2, &short, *me, turn)).sum();
+            assert_eq!(total, 2);
+        }
+        let waiting: std::collections::BTreeSet<i32> =
+            (0..64).flat_map(|turn| [a, b, c].into_iter().filter(move |me| allot(2, &short, *me, turn) == 0)).collect();
+        assert_eq!(waiting.len(), 3, "each instance waits at some turn, none at every turn");
+    }
 }

@@ -10,7 +10,9 @@ use uuid::Uuid;
 
 use super::{decode_job, read_transaction, PgStore};
 use crate::model::{HandlerId, JobId, JobRecord};
-use crate::store::cluster::{Beat, Cluster, Instance, Introduction, Membership, Role, Whereabouts};
+use crate::store::cluster::{
+    allot, Beat, Cluster, Instance, Introduction, Membership, PermitRequest, Role, Whereabouts,
+};
 use crate::store::{Error, StoredJob};
 
 /// The columns `instance` reads, in its order.
@@ -342,10 +344,93 @@ impl Cluster for PgStore {
                 .await
                 .map_err(|e| self.error(&e))?;
             transaction
+                .execute("DELETE FROM jobcenter.permits WHERE holder = $1", &[&me])
+                .await
+                .map_err(|e| self.error(&e))?;
+            transaction
+                .execute("DELETE FROM jobcenter.permit_wants WHERE holder = $1", &[&me])
+                .await
+                .map_err(|e| self.error(&e))?;
+            transaction
                 .execute("DELETE FROM jobcenter.instances WHERE id = $1", &[&me])
                 .await
                 .map_err(|e| self.error(&e))?;
             transaction.commit().await.map_err(|e| self.error(&e))
+        })
+    }
+
+    fn permits(&self, requests: &[PermitRequest]) -> Result<Vec<u32>, Error> {
+        let me = self.me_or_refuse()?;
+        self.block_on(async {
+            let client = self.reader().await?;
+            let mut held_now = Vec::with_capacity(requests.len());
+            for request in requests {
+                let key = request.key.as_str();
+                let capacity = i32::try_from(request.capacity).unwrap_or(i32::MAX);
+                let want = i32::try_from(request.want.min(request.capacity)).unwrap_or(i32::MAX);
+                client
+                    .execute(
+                        "INSERT INTO jobcenter.permit_wants (key, holder, want) \
+                         SELECT $1::text, $2::uuid, $3::int4 WHERE jobcenter.fence($2::uuid) \
+                         ON CONFLICT (key, holder) DO UPDATE SET want = excluded.want",
+                        &[&key, &me, &want],
+                    )
+                    .await
+                    .map_err(|e| self.error(&e))?;
+                let rows = client
+                    .query(
+                        "SELECT w.holder, w.want, floor(extract(epoch FROM now()) / 10)::int8 FROM jobcenter.permit_wants w \
+                         JOIN jobcenter.instances i ON i.id = w.holder AND i.status = 'active' \
+                         WHERE w.key = $1 AND w.want > 0",
+                        &[&key],
+                    )
+                    .await
+                    .map_err(|e| self.error(&e))?;
+                let wants: Vec<(Uuid, u32)> = rows
+                    .iter()
+                    .map(|r| (r.get::<_, Uuid>(0), u32::try_from(r.get::<_, i32>(1)).unwrap_or(0)))
+                    .collect();
+                // Whoever waits when there is not enough changes every 10 s
+                // of the database's clock.
+                let turn = rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(2)).unwrap_or(0));
+                let target = allot(request.capacity, &wants, me, turn);
+                let keep = i64::from(target.max(request.running).min(request.capacity));
+                // Give back what is past the capacity or past what is kept.
+                client
+                    .execute(
+                        "DELETE FROM jobcenter.permits WHERE key = $1 AND holder = $2 AND (slot >= $3 OR slot IN \
+                         (SELECT slot FROM jobcenter.permits WHERE key = $1 AND holder = $2 AND slot < $3 \
+                          ORDER BY slot OFFSET $4))",
+                        &[&key, &me, &capacity, &keep],
+                    )
+                    .await
+                    .map_err(|e| self.error(&e))?;
+                let count_sql = "SELECT count(*) FROM jobcenter.permits WHERE key = $1 AND holder = $2";
+                let held_row = client.query_one(count_sql, &[&key, &me]).await.map_err(|e| self.error(&e))?;
+                let mut held = u32::try_from(held_row.get::<_, i64>(0)).unwrap_or(0);
+                if held < target {
+                    // Free slots: never taken, or held by an instance no longer active.
+                    let missing = i64::from(target - held);
+                    client
+                        .execute(
+                            "INSERT INTO jobcenter.permits (key, slot, holder) \
+                             SELECT $1::text, s, $2::uuid FROM generate_series(0, $3::int4 - 1) s \
+                             WHERE jobcenter.fence($2::uuid) AND NOT EXISTS (SELECT 1 FROM jobcenter.permits p \
+                               JOIN jobcenter.instances i ON i.id = p.holder AND i.status = 'active' \
+                               WHERE p.key = $1 AND p.slot = s) \
+                             ORDER BY s LIMIT $4 \
+                             ON CONFLICT (key, slot) DO UPDATE SET holder = excluded.holder \
+                             WHERE permits.holder NOT IN (SELECT id FROM jobcenter.instances WHERE status = 'active')",
+                            &[&key, &me, &capacity, &missing],
+                        )
+                        .await
+                        .map_err(|e| self.error(&e))?;
+                    let held_row = client.query_one(count_sql, &[&key, &me]).await.map_err(|e| self.error(&e))?;
+                    held = u32::try_from(held_row.get::<_, i64>(0)).unwrap_or(0);
+                }
+                held_now.push(held);
+            }
+            Ok(held_now)
         })
     }
 }
