@@ -102,7 +102,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Format::Toml => "toml",
         Format::Yaml => "yaml",
     };
-    let exe = std::env::current_exe()?;
     let (data_dir, temporary) = match &args.data_dir {
         Some(dir) => (dir.clone(), false),
         None => (std::env::temp_dir().join(format!("jobcenter-bench-{}", uuid::Uuid::new_v4())), true),
@@ -117,7 +116,26 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let store_args: Vec<String> = match &scratch {
+    let outcome = bench(&args, content, format, &data_dir, &scratch).await;
+    // The scratch database is dropped (and its runtime with it) off the runtime.
+    if let Some(scratch) = scratch {
+        let _ = tokio::task::spawn_blocking(move || drop(scratch)).await;
+    }
+    if temporary && args.database_url.is_none() {
+        let _ = std::fs::remove_dir_all(&data_dir);
+    }
+    outcome
+}
+
+async fn bench(
+    args: &BenchArgs,
+    content: Vec<u8>,
+    format: &str,
+    data_dir: &Path,
+    scratch: &Option<std::sync::Arc<ScratchDatabase>>,
+) -> anyhow::Result<ExitCode> {
+    let exe = std::env::current_exe()?;
+    let store_args: Vec<String> = match scratch {
         Some(scratch) => vec!["--database-url".into(), scratch.url().to_string()],
         None => vec!["--data-dir".into(), data_dir.display().to_string()],
     };
@@ -153,7 +171,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     loop {
         let mut connected = 0;
         for http in &https {
-            connected += wire::http_get_json(http, "/api/workers").await?.as_array().map_or(0, Vec::len);
+            connected += wire::http_get_json(http, "/api/workers").await?["workers"].as_array().map_or(0, Vec::len);
         }
         if connected as u32 >= args.workers {
             break;
@@ -161,7 +179,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         anyhow::ensure!(Instant::now() < deadline, "only {connected} of {} workers connected", args.workers);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let transactions_before = transactions(&scratch).await;
+    let transactions_before = transactions(scratch).await;
 
     let started = Instant::now();
     let request =
@@ -171,7 +189,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let mut state = String::new();
     while let Some(event) = events.message().await? {
         let ended = match &event.event {
-            Some(job_event::Event::Job(t)) => Some(t.state.clone()),
+            Some(job_event::Event::Job(t)) if !matches!(t.state.as_str(), "pending" | "running") => Some(t.state.clone()),
             Some(job_event::Event::Snapshot(j)) if !matches!(j.state.as_str(), "pending" | "running") => {
                 Some(j.state.clone())
             }
@@ -186,14 +204,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let job = client.get_job(api::JobRef { job_id }).await?.into_inner();
     let stats = wire::http_get_json(&http, "/api/stats").await?;
     let tasks = job.tasks.len();
-    // The statistics reach pg_stat_database within a second.
-    let transactions_after = match &scratch {
-        Some(_) => {
-            tokio::time::sleep(Duration::from_millis(1500)).await;
-            transactions(&scratch).await
-        }
-        None => None,
-    };
     let result = serde_json::json!({
         "tasks": tasks,
         "state": state,
@@ -208,19 +218,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         "instances": https.len(),
     });
     drop(children);
+    // A server's sessions report their statistics when they end.
+    let transactions_after = match scratch {
+        Some(_) => {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            transactions(scratch).await
+        }
+        None => None,
+    };
     let mut result = result;
     if let (Some(before), Some(after)) = (transactions_before, transactions_after) {
         // Every transaction in the database over the run, heartbeats and
         // the client's reads included, per task.
         result["db_transactions_per_task"] = serde_json::json!((after - before) as f64 / tasks.max(1) as f64);
     }
-    if let Some(scratch) = scratch {
+    if let Some(scratch) = scratch.clone() {
         let size = tokio::task::spawn_blocking(move || scratch.size()).await??;
         result["database_mb"] = serde_json::json!(size as f64 / (1024.0 * 1024.0));
     }
     println!("{result}");
-    if temporary && args.database_url.is_none() {
-        let _ = std::fs::remove_dir_all(&data_dir);
-    }
     Ok(if state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(super::EXIT_JOB_FAILED) })
 }
