@@ -28,7 +28,21 @@ fn sled() -> Subject {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
     let store: Arc<dyn Store> = Arc::new(SledStore::open(&path).unwrap());
-    Subject { store, reopen: Box::new(move || Arc::new(SledStore::open(&path).unwrap())), _dir: Some(dir) }
+    Subject { store, reopen: Box::new(move || Arc::new(reopen_sled(&path))), _dir: Some(dir) }
+}
+
+/// Opens a sled directory that a store dropped a moment ago: sled's background
+/// threads may hold the directory's lock for a few milliseconds after the drop.
+fn reopen_sled(path: &std::path::Path) -> SledStore {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match SledStore::open(path) {
+            Err(jobcenter::store::Error::Locked { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            opened => return opened.unwrap(),
+        }
+    }
 }
 
 fn postgres() -> Subject {

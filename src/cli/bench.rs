@@ -189,7 +189,9 @@ async fn bench(
     let mut state = String::new();
     while let Some(event) = events.message().await? {
         let ended = match &event.event {
-            Some(job_event::Event::Job(t)) if !matches!(t.state.as_str(), "pending" | "running") => Some(t.state.clone()),
+            Some(job_event::Event::Job(t)) if !matches!(t.state.as_str(), "pending" | "running") => {
+                Some(t.state.clone())
+            }
             Some(job_event::Event::Snapshot(j)) if !matches!(j.state.as_str(), "pending" | "running") => {
                 Some(j.state.clone())
             }

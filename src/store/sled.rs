@@ -104,18 +104,7 @@ impl SledStore {
             false
         };
 
-        // A store dropped a moment ago in this process may still hold the
-        // directory's lock while sled's background threads finish; another
-        // process holding it is refused once that grace is over.
-        let grace = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        let db = loop {
-            match open_guarded(path, &display) {
-                Err(Error::Locked { .. }) if std::time::Instant::now() < grace => {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                opened => break opened?,
-            }
-        };
+        let db = open_guarded(path, &display)?;
         let open_tree = |name: &str| db.open_tree(name).map_err(|e| corrupt(e.to_string()));
         let store = SledStore { meta: open_tree("meta")?, data: open_tree("data")?, path: path.to_path_buf(), db };
         if fresh {

@@ -33,7 +33,16 @@ fn sled_store_survives_reopen() {
         store.write(&Batch { new_jobs: vec![(job.clone(), spec.clone())], ..Batch::default() }).unwrap();
         store.flush().unwrap();
     }
-    let store = SledStore::open(&path).unwrap();
+    // sled's background threads may hold the lock a few milliseconds past the drop.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let store = loop {
+        match SledStore::open(&path) {
+            Err(super::Error::Locked { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            opened => break opened.unwrap(),
+        }
+    };
     assert_eq!(store.get_job(job.id).unwrap().unwrap().record, job);
 }
 
