@@ -136,6 +136,15 @@ impl PartialOrd for Entry {
     }
 }
 
+/// What an instance's queues and held attempts ask of the cluster's
+/// permits: each limited job type, and each resource (volume) its ready
+/// tasks need or its held attempts lock (true when one is held).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Demand {
+    pub types: Vec<TypeDemand>,
+    pub resources: std::collections::BTreeMap<String, bool>,
+}
+
 /// A job type's global limit, its tasks queued and its attempts running.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TypeDemand {

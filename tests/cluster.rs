@@ -416,7 +416,7 @@ fn the_leader_of_a_running_job_dies_and_its_job_ends_as_the_model_says_on_worker
 }
 
 #[test]
-fn a_global_limit_holds_across_instances_each_running_its_own_jobs() {
+fn a_global_limit_and_a_volume_lock_hold_across_instances_each_running_its_own_jobs() {
     let dir = tempfile::tempdir().unwrap();
     let database = pg().new_database();
     let url = pg().url(&database);
@@ -489,4 +489,42 @@ fn a_global_limit_holds_across_instances_each_running_its_own_jobs() {
     assert_eq!(starts, 24, "each task ran once: {text}");
     assert!(most <= 2, "{most} noop tasks ran at once over the cluster, past its limit of 2");
     assert_eq!(most, 2, "the limit was used");
+
+    // A volume's lock holds across instances too: three jobs on volume 7,
+    // each led by another instance, never run at once.
+    let mut on_volume = Vec::new();
+    for (n, server) in servers.iter().enumerate() {
+        let file = dir.path().join(format!("volume-{n}.json"));
+        let task = r#"{"id":"v","job_type":"noop","labels":{"volume_id":"7"},"parameters":{"sleep_ms":500}}"#;
+        std::fs::write(&file, format!(r#"{{"name":"volume-{n}","tasks":[{task}]}}"#)).unwrap();
+        let output = server.cli(&["submit", file.to_str().unwrap()]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        on_volume.push(String::from_utf8_lossy(&output.stdout).trim().to_string());
+    }
+    let owners = pg().psql(
+        &database,
+        "SELECT count(DISTINCT owner) FROM jobcenter.jobs WHERE name LIKE 'volume-%' AND owner IS NOT NULL",
+    );
+    let done = wait_until(Duration::from_secs(60), || {
+        let n = pg()
+            .psql(&database, "SELECT count(*) FROM jobcenter.jobs WHERE name LIKE 'volume-%' AND state = 'succeeded'");
+        (n.trim() == "3").then_some(())
+    });
+    assert!(
+        done.is_some(),
+        "the volume jobs did not all succeed: {}",
+        pg().psql(&database, "SELECT name, state FROM jobcenter.jobs")
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let (mut running, mut most) = (0i32, 0i32);
+    for line in text.lines() {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        if parts.len() != 4 || !on_volume.iter().any(|id| id == parts[0]) {
+            continue;
+        }
+        running += if parts[3] == "start" { 1 } else { -1 };
+        most = most.max(running);
+    }
+    eprintln!("jobs on volume 7 led by {} instances", owners.trim());
+    assert_eq!(most, 1, "tasks on one volume ran at once on different instances' jobs: {text}");
 }

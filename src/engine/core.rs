@@ -178,13 +178,15 @@ pub(super) enum Command {
     PeerHandlers {
         handlers: HashSet<HandlerId>,
     },
-    /// Per job type with a global limit: the limit, tasks queued, attempts running.
+    /// What this instance asks of the cluster's permits: limited job types and resources.
     PermitDemand {
-        reply: oneshot::Sender<Vec<crate::dispatch::TypeDemand>>,
+        reply: oneshot::Sender<crate::dispatch::Demand>,
     },
-    /// The slots of each type's global limit this instance holds.
+    /// The slots of each type's global limit this instance holds, and the
+    /// resources (volumes) it holds the cluster's lock of.
     SetPermits {
         permits: HashMap<Arc<str>, u32>,
+        resources: HashSet<String>,
     },
 }
 
@@ -240,6 +242,11 @@ pub(super) struct Core {
     borrowed: HashMap<TaskRef, (u32, HandlerId, Arc<str>)>,
     /// Handlers connected to the other live instances: alive, though not here.
     peer_handlers: HashSet<HandlerId>,
+    /// In a cluster: the resources (volumes) whose lock this instance holds;
+    /// a task on another resource waits.
+    resource_permits: Option<HashSet<String>>,
+    /// Whether a job has tasks on a resource, as first looked up.
+    resource_jobs: HashMap<JobId, bool>,
 }
 
 impl Core {
@@ -255,7 +262,34 @@ impl Core {
             released_at: HashMap::new(),
             borrowed: HashMap::new(),
             peer_handlers: HashSet::new(),
+            resource_permits: None,
+            resource_jobs: HashMap::new(),
         }
+    }
+
+    /// What this instance asks of the cluster's permits: its limited job
+    /// types, and the resources its ready tasks need or its attempts lock.
+    fn permit_demand(&mut self) -> crate::dispatch::Demand {
+        let mut resources: std::collections::BTreeMap<String, bool> =
+            self.held.resources().map(|key| (key.clone(), true)).collect();
+        self.resource_jobs.retain(|id, _| self.jobs.contains_key(id));
+        for (id, job) in &self.jobs {
+            let on_resources = *self
+                .resource_jobs
+                .entry(*id)
+                .or_insert_with(|| job.spec.tasks.iter().any(|t| resource_of(&t.labels).is_some()));
+            if !on_resources {
+                continue;
+            }
+            for (spec, record) in job.spec.tasks.iter().zip(&job.tasks) {
+                if record.state == TaskState::Ready {
+                    if let Some(key) = resource_of(&spec.labels) {
+                        resources.entry(key).or_insert(false);
+                    }
+                }
+            }
+        }
+        crate::dispatch::Demand { types: self.dispatch.demand(), resources }
     }
 
     fn queue_ready(&mut self, job: JobId, ready: &[u32], now: Timestamp) {
@@ -569,9 +603,12 @@ impl Core {
                 step.reply(reply, lent);
             }
             Command::PermitDemand { reply } => {
-                let _ = reply.send(self.dispatch.demand());
+                let _ = reply.send(self.permit_demand());
             }
-            Command::SetPermits { permits } => self.dispatch.set_permits(permits),
+            Command::SetPermits { permits, resources } => {
+                self.dispatch.set_permits(permits);
+                self.resource_permits = Some(resources);
+            }
             Command::PeerHandlers { handlers } => {
                 // A handler that moved to another live instance is not away.
                 let moved: Vec<HandlerId> = self.absent.handlers().filter(|h| handlers.contains(h)).collect();
@@ -883,7 +920,8 @@ impl Core {
         let spec = &job.spec.tasks[task.idx.index()];
         // A task never runs while another task on the same volume runs,
         // whatever job or job type that one belongs to.
-        if resource_of(&spec.labels).is_some_and(|key| self.held.locks(&key)) {
+        let locked_elsewhere = |key: &String| self.resource_permits.as_ref().is_some_and(|held| !held.contains(key));
+        if resource_of(&spec.labels).is_some_and(|key| self.held.locks(&key) || locked_elsewhere(&key)) {
             blocked.push((task, spec.priority));
             return Take::Skipped;
         }

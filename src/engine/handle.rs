@@ -321,14 +321,19 @@ impl EngineHandle {
         self.call(|reply| Command::Lend { slots, reply }).await
     }
 
-    /// Per job type with a global limit: the limit, tasks queued, attempts running.
-    pub async fn permit_demand(&self) -> Result<Vec<crate::dispatch::TypeDemand>, Error> {
+    /// What this instance asks of the cluster's permits: limited job types and resources.
+    pub async fn permit_demand(&self) -> Result<crate::dispatch::Demand, Error> {
         self.call(|reply| Command::PermitDemand { reply }).await
     }
 
-    /// In a cluster: the slots of each type's global limit this instance holds.
-    pub async fn set_permits(&self, permits: std::collections::HashMap<Arc<str>, u32>) -> Result<(), Error> {
-        self.send(Command::SetPermits { permits }).await
+    /// In a cluster: the slots of each type's global limit this instance
+    /// holds, and the resources (volumes) whose lock it holds.
+    pub async fn set_permits(
+        &self,
+        permits: std::collections::HashMap<Arc<str>, u32>,
+        resources: std::collections::HashSet<String>,
+    ) -> Result<(), Error> {
+        self.send(Command::SetPermits { permits, resources }).await
     }
 
     /// The handlers connected to the other live instances.

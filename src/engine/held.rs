@@ -68,6 +68,11 @@ impl HeldTable {
         self.by_task.is_empty()
     }
 
+    /// Every resource a held attempt locks now.
+    pub fn resources(&self) -> impl Iterator<Item = &String> {
+        self.resources.keys()
+    }
+
     /// Whether a held attempt locks the resource.
     pub fn locks(&self, resource: &str) -> bool {
         self.resources.contains_key(resource)

@@ -148,10 +148,12 @@ const WANT_WINDOW: usize = 8;
 pub fn spawn_permits(shared: Arc<Shared>) {
     let Some(node) = shared.cluster.clone() else { return };
     tokio::spawn(async move {
-        // Nothing of a limited type runs here before its first slots are held.
-        let _ = shared.engine.set_permits(std::collections::HashMap::new()).await;
-        let mut recent: BTreeMap<Arc<str>, std::collections::VecDeque<u32>> = BTreeMap::new();
-        let mut held: BTreeMap<Arc<str>, u32> = BTreeMap::new();
+        // Nothing of a limited type, and nothing on a volume, runs here
+        // before its first permits are held.
+        let nothing = (std::collections::HashMap::new(), std::collections::HashSet::new());
+        let _ = shared.engine.set_permits(nothing.0, nothing.1).await;
+        let mut recent: BTreeMap<String, std::collections::VecDeque<u32>> = BTreeMap::new();
+        let mut held: BTreeMap<String, u32> = BTreeMap::new();
         loop {
             match settle_permits(&shared, &node, &mut recent, &mut held).await {
                 Ok(()) => {}
@@ -166,43 +168,57 @@ pub fn spawn_permits(shared: Arc<Shared>) {
     });
 }
 
+/// A job type's permit key.
+const TYPE_KEY: &str = "type:";
+/// A resource's permit key is the resource itself (`volume:<id>`).
 async fn settle_permits(
     shared: &Arc<Shared>,
     node: &Arc<Node>,
-    recent: &mut BTreeMap<Arc<str>, std::collections::VecDeque<u32>>,
-    held: &mut BTreeMap<Arc<str>, u32>,
+    recent: &mut BTreeMap<String, std::collections::VecDeque<u32>>,
+    held: &mut BTreeMap<String, u32>,
 ) -> Result<(), store::Error> {
     let demand = shared.engine.permit_demand().await.map_err(engine_error)?;
+    // (key, capacity, wanted now, running)
+    let mut asks: Vec<(String, u32, u32, u32)> = Vec::new();
+    for crate::dispatch::TypeDemand { job_type, limit, queued, running } in demand.types {
+        asks.push((format!("{TYPE_KEY}{job_type}"), limit, queued.saturating_add(running).min(limit), running));
+    }
+    for (resource, locked) in demand.resources {
+        asks.push((resource, 1, 1, u32::from(locked)));
+    }
+    let asked: std::collections::BTreeSet<String> = asks.iter().map(|a| a.0.clone()).collect();
+    // Keys held before and no longer asked for are given back.
+    for key in held.keys().filter(|k| !asked.contains(*k) && !k.starts_with(TYPE_KEY)) {
+        asks.push((key.clone(), 1, 0, 0));
+    }
+    recent.retain(|key, _| asked.contains(key) || held.contains_key(key));
     let mut requests = Vec::new();
-    let mut types = Vec::new();
-    for crate::dispatch::TypeDemand { job_type, limit, queued, running } in demand {
-        let window = recent.entry(job_type.clone()).or_default();
-        window.push_back(queued.saturating_add(running).min(limit));
+    for (key, capacity, now, running) in asks {
+        let window = recent.entry(key.clone()).or_default();
+        window.push_back(now);
         if window.len() > WANT_WINDOW {
             window.pop_front();
         }
         let want = window.iter().copied().max().unwrap_or(0);
-        if want == 0 && running == 0 && held.get(&job_type).copied().unwrap_or(0) == 0 {
+        if want == 0 && running == 0 && held.get(&key).copied().unwrap_or(0) == 0 {
             continue;
         }
-        requests.push(store::cluster::PermitRequest {
-            key: format!("type:{job_type}"),
-            capacity: limit,
-            want,
-            running,
-        });
-        types.push(job_type);
+        requests.push(store::cluster::PermitRequest { key, capacity, want, running });
     }
+    let keys: Vec<String> = requests.iter().map(|r| r.key.clone()).collect();
     let store = node.store.clone();
     let granted = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").permits(&requests))
         .await
         .map_err(|e| store::Error::Io(e.to_string()))??;
     held.clear();
-    for (job_type, slots) in types.into_iter().zip(granted) {
-        held.insert(job_type, slots);
+    for (key, slots) in keys.into_iter().zip(granted) {
+        if slots > 0 {
+            held.insert(key, slots);
+        }
     }
-    let permits = held.iter().map(|(t, n)| (t.clone(), *n)).collect();
-    shared.engine.set_permits(permits).await.map_err(engine_error)
+    let types = held.iter().filter_map(|(key, n)| key.strip_prefix(TYPE_KEY).map(|t| (Arc::from(t), *n))).collect();
+    let resources = held.keys().filter(|k| !k.starts_with(TYPE_KEY)).cloned().collect();
+    shared.engine.set_permits(types, resources).await.map_err(engine_error)
 }
 
 /// The loop of a server instance: heartbeat, then its share of the jobs.
