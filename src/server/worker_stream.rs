@@ -630,6 +630,15 @@ impl Session {
         }))
     }
 
+    /// A report on an attempt another instance lent: it goes to that
+    /// instance (or whoever leads the job now), and the worker is answered
+    /// once it is settled.
+    fn settle_lent(&self, leader: Option<Arc<str>>, attempt: (TaskRef, u32), report: peer_report::Kind) {
+        let outbound = self.lease.is_some().then(|| self.outbound.clone());
+        let (shared, handler, known) = (self.shared.clone(), self.handler, self.known.clone());
+        tokio::spawn(settle(shared, leader, handler, attempt, report, outbound, known));
+    }
+
     async fn completed(&self, completed: JobCompleted) {
         let received = std::time::Instant::now();
         let engine = &self.shared.engine;
@@ -648,17 +657,7 @@ impl Session {
         };
         if let Some(loss) = given_up {
             if lent_by.is_some() {
-                let outbound = self.lease.is_some().then(|| self.outbound.clone());
-                let report = peer::give_up_report(&loss);
-                tokio::spawn(settle(
-                    self.shared.clone(),
-                    lent_by,
-                    self.handler,
-                    (task, attempt),
-                    report,
-                    outbound,
-                    self.known.clone(),
-                ));
+                self.settle_lent(lent_by, (task, attempt), peer::give_up_report(&loss));
                 return;
             }
             let answer =
@@ -698,17 +697,7 @@ impl Session {
         };
         if lent_by.is_some() {
             // Lent by the instance that leads the job: the report goes there.
-            let outbound = self.lease.is_some().then(|| self.outbound.clone());
-            let report = peer::outcome_report(&outcome);
-            tokio::spawn(settle(
-                self.shared.clone(),
-                lent_by,
-                self.handler,
-                (task, attempt),
-                report,
-                outbound,
-                self.known.clone(),
-            ));
+            self.settle_lent(lent_by, (task, attempt), peer::outcome_report(&outcome));
             return;
         }
         let answer = match self.shared.cluster {
