@@ -16,13 +16,10 @@ use std::time::{Duration, Instant};
 
 use common::{wait_until, Server};
 use jobcenter::proto::plugin::{
-    admin_to_worker_message, plugin_control_service_client::PluginControlServiceClient, worker_to_admin_message::Body,
-    DetectionComplete, JobTypeCapability, WorkerHello, WorkerToAdminMessage,
+    admin_to_worker_message, worker_to_admin_message::Body, DetectionComplete, WorkerToAdminMessage,
 };
 use pg_common::shared as pg;
 use serde_json::Value;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 /// An instance that beats every second and is dead after 4 s of silence.
 /// Fixed ports, so that an instance that starts over listens where it did.
@@ -160,22 +157,7 @@ fn a_paused_instance_is_deactivated_its_late_writes_are_refused_and_it_starts_ov
 
 /// A detector that proposes nothing and counts the detection requests it gets.
 async fn detector(server: &Server, name: &str, count: Arc<AtomicU32>) {
-    let mut client = PluginControlServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
-    let (tx, rx) = mpsc::channel(64);
-    let hello = WorkerHello {
-        worker_id: name.into(),
-        worker_instance_id: uuid::Uuid::new_v4().to_string(),
-        capabilities: vec![JobTypeCapability {
-            job_type: "noop".into(),
-            can_detect: true,
-            can_execute: false,
-            max_detection_concurrency: 1,
-            ..JobTypeCapability::default()
-        }],
-        ..WorkerHello::default()
-    };
-    tx.send(WorkerToAdminMessage { body: Some(Body::Hello(hello)), ..Default::default() }).await.unwrap();
-    let mut inbound = client.worker_stream(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let (tx, mut inbound) = common::noop_detector(server, name).await;
     tokio::spawn(async move {
         while let Ok(Some(message)) = inbound.message().await {
             if let Some(admin_to_worker_message::Body::RunDetectionRequest(request)) = message.body {
@@ -452,22 +434,9 @@ fn a_global_limit_and_a_volume_lock_hold_across_instances_each_running_its_own_j
     for n in 0..6 {
         let tasks: Vec<String> =
             (0..4).map(|t| format!(r#"{{"id":"t{t}","job_type":"noop","parameters":{{"sleep_ms":300}}}}"#)).collect();
-        let file = dir.path().join(format!("limited-{n}.json"));
-        std::fs::write(&file, format!(r#"{{"name":"limited-{n}","tasks":[{}]}}"#, tasks.join(","))).unwrap();
-        let output = servers[n % 3].cli(&["submit", file.to_str().unwrap()]);
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        ids.push(String::from_utf8_lossy(&output.stdout).trim().to_string());
+        ids.push(submit_named(&servers[n % 3], dir.path(), &format!("limited-{n}"), &tasks.join(",")));
     }
-    let done = wait_until(Duration::from_secs(60), || {
-        let n = pg()
-            .psql(&database, "SELECT count(*) FROM jobcenter.jobs WHERE name LIKE 'limited-%' AND state = 'succeeded'");
-        (n.trim() == "6").then_some(())
-    });
-    assert!(
-        done.is_some(),
-        "the jobs did not all succeed: {}",
-        pg().psql(&database, "SELECT name, state FROM jobcenter.jobs")
-    );
+    all_succeed(&database, "limited-", 6);
 
     // The workers' log, in the order things happened: never more than 2 running.
     let (most, starts) = most_at_once(&log, &ids);
@@ -479,31 +448,39 @@ fn a_global_limit_and_a_volume_lock_hold_across_instances_each_running_its_own_j
     // each led by another instance, never run at once.
     let mut on_volume = Vec::new();
     for (n, server) in servers.iter().enumerate() {
-        let file = dir.path().join(format!("volume-{n}.json"));
         let task = r#"{"id":"v","job_type":"noop","labels":{"volume_id":"7"},"parameters":{"sleep_ms":500}}"#;
-        std::fs::write(&file, format!(r#"{{"name":"volume-{n}","tasks":[{task}]}}"#)).unwrap();
-        let output = server.cli(&["submit", file.to_str().unwrap()]);
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        on_volume.push(String::from_utf8_lossy(&output.stdout).trim().to_string());
+        on_volume.push(submit_named(server, dir.path(), &format!("volume-{n}"), task));
     }
     let owners = pg().psql(
         &database,
         "SELECT count(DISTINCT owner) FROM jobcenter.jobs WHERE name LIKE 'volume-%' AND owner IS NOT NULL",
     );
-    let done = wait_until(Duration::from_secs(60), || {
-        let n = pg()
-            .psql(&database, "SELECT count(*) FROM jobcenter.jobs WHERE name LIKE 'volume-%' AND state = 'succeeded'");
-        (n.trim() == "3").then_some(())
-    });
-    assert!(
-        done.is_some(),
-        "the volume jobs did not all succeed: {}",
-        pg().psql(&database, "SELECT name, state FROM jobcenter.jobs")
-    );
+    all_succeed(&database, "volume-", 3);
     let (most, starts) = most_at_once(&log, &on_volume);
     eprintln!("jobs on volume 7 led by {} instances", owners.trim());
     assert_eq!(starts, 3, "each task ran once");
     assert_eq!(most, 1, "tasks on one volume ran at once on different instances' jobs");
+}
+
+/// Submits a job named `name` of the given tasks (JSON objects) and returns its id.
+fn submit_named(server: &Server, dir: &std::path::Path, name: &str, tasks: &str) -> String {
+    let file = dir.join(format!("{name}.json"));
+    std::fs::write(&file, format!(r#"{{"name":"{name}","tasks":[{tasks}]}}"#)).unwrap();
+    let output = server.cli(&["submit", file.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+/// Waits until the `n` jobs whose names start with `prefix` have succeeded.
+fn all_succeed(database: &str, prefix: &str, n: usize) {
+    let sql = format!("SELECT count(*) FROM jobcenter.jobs WHERE name LIKE '{prefix}%' AND state = 'succeeded'");
+    let done =
+        wait_until(Duration::from_secs(60), || (pg().psql(database, &sql).trim() == n.to_string()).then_some(()));
+    assert!(
+        done.is_some(),
+        "the {prefix} jobs did not all succeed: {}",
+        pg().psql(database, "SELECT name, state FROM jobcenter.jobs")
+    );
 }
 
 /// The most executions of `jobs` running at once, from the workers' log (each

@@ -43,22 +43,7 @@ fn proposals(sleep_ms: i64) -> Vec<JobProposal> {
 
 /// A detector for `noop`: answers every detection request with `proposals`.
 async fn detector(server: &Server, sleep_ms: i64) -> tokio::task::JoinHandle<u32> {
-    let mut client = PluginControlServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
-    let (tx, rx) = mpsc::channel(64);
-    let hello = WorkerHello {
-        worker_id: "detector".into(),
-        worker_instance_id: uuid::Uuid::new_v4().to_string(),
-        capabilities: vec![JobTypeCapability {
-            job_type: "noop".into(),
-            can_detect: true,
-            can_execute: false,
-            max_detection_concurrency: 1,
-            ..JobTypeCapability::default()
-        }],
-        ..WorkerHello::default()
-    };
-    tx.send(WorkerToAdminMessage { body: Some(Body::Hello(hello)), ..Default::default() }).await.unwrap();
-    let mut inbound = client.worker_stream(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let (tx, mut inbound) = common::noop_detector(server, "detector").await;
     tokio::spawn(async move {
         let mut detections = 0;
         while let Ok(Some(message)) = inbound.message().await {

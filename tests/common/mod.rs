@@ -251,3 +251,36 @@ pub fn exec_events(log: &Path, job: &str) -> Vec<(String, u32, String)> {
         })
         .collect()
 }
+
+/// A detector for `noop` on the server's worker stream, as a `weed worker`
+/// that only detects would be: the sender of its messages (the hello is
+/// sent) and the stream of the admin's requests.
+pub async fn noop_detector(
+    server: &Server,
+    name: &str,
+) -> (
+    tokio::sync::mpsc::Sender<jobcenter::proto::plugin::WorkerToAdminMessage>,
+    tonic::Streaming<jobcenter::proto::plugin::AdminToWorkerMessage>,
+) {
+    use jobcenter::proto::plugin::{
+        plugin_control_service_client::PluginControlServiceClient, worker_to_admin_message::Body, JobTypeCapability,
+        WorkerHello, WorkerToAdminMessage,
+    };
+    let mut client = PluginControlServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let hello = WorkerHello {
+        worker_id: name.into(),
+        worker_instance_id: uuid::Uuid::new_v4().to_string(),
+        capabilities: vec![JobTypeCapability {
+            job_type: "noop".into(),
+            can_detect: true,
+            can_execute: false,
+            max_detection_concurrency: 1,
+            ..JobTypeCapability::default()
+        }],
+        ..WorkerHello::default()
+    };
+    tx.send(WorkerToAdminMessage { body: Some(Body::Hello(hello)), ..Default::default() }).await.unwrap();
+    let inbound = client.worker_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    (tx, inbound)
+}
