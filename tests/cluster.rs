@@ -504,3 +504,72 @@ fn most_at_once(log: &std::path::Path, jobs: &[String]) -> (i32, usize) {
     }
     (most, starts)
 }
+
+/// A detector for `noop` that proposes one piece of work, dedupe key `noop:volume-7`.
+async fn proposing_detector(server: &Server) {
+    use jobcenter::proto::plugin::{DetectionProposals, JobProposal};
+    let (tx, mut inbound) = common::noop_detector(server, "proposer").await;
+    tokio::spawn(async move {
+        while let Ok(Some(message)) = inbound.message().await {
+            if let Some(admin_to_worker_message::Body::RunDetectionRequest(request)) = message.body {
+                let send = |body| WorkerToAdminMessage { body: Some(body), ..Default::default() };
+                let proposal = JobProposal {
+                    proposal_id: "volume-7".into(),
+                    dedupe_key: "noop:volume-7".into(),
+                    job_type: "noop".into(),
+                    ..JobProposal::default()
+                };
+                let batch = DetectionProposals {
+                    request_id: message.request_id.clone(),
+                    job_type: request.job_type.clone(),
+                    proposals: vec![proposal],
+                    has_more: false,
+                };
+                let _ = tx.send(send(Body::DetectionProposals(batch))).await;
+                let done = DetectionComplete {
+                    request_id: message.request_id,
+                    job_type: request.job_type,
+                    success: true,
+                    total_proposals: 1,
+                    ..DetectionComplete::default()
+                };
+                let _ = tx.send(send(Body::DetectionComplete(done))).await;
+            }
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dedupe_key_in_hand_on_one_instance_drops_the_same_proposal_detected_on_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = pg().new_database();
+    let url = pg().url(&database);
+    let (a, b) = (start(dir.path(), "a", &url, &[]), start(dir.path(), "b", &url, &[]));
+    wait_until(Duration::from_secs(20), || (active(&a).len() == 2).then_some(()))
+        .unwrap_or_else(|| panic!("2 instances did not register: {:?}", instances(&a)));
+    assert!(a.cli(&["policy", "set", "noop", "detection_enabled=0"]).status.success());
+    proposing_detector(&a).await;
+    a.wait_for_workers(1);
+
+    // A job led by b holds the key: its task waits for a worker nobody runs.
+    let task = r#"{"id":"held","job_type":"parked","labels":{"dedupe_key":"noop:volume-7"}}"#;
+    let held = submit_named(&b, dir.path(), "held", task);
+    let b_id = my_id(&b);
+    let leader = format!("SELECT owner FROM jobcenter.jobs WHERE id = '{held}'");
+    assert_eq!(pg().psql(&database, &leader).trim(), b_id, "b leads the job it was given");
+
+    // a's detection learns of it from b and drops the proposal.
+    let shown = a.cli_json(&["detect", "noop", "--json"]);
+    assert_eq!(shown["proposals"].as_array().map(Vec::len), Some(0), "{shown}");
+    let reason = shown["dropped"][0]["reason"].as_str().unwrap_or_default().to_string();
+    assert!(reason.contains("noop:volume-7 is already being done"), "{shown}");
+
+    // Once that task has ended, the same detection keeps the proposal.
+    assert!(b.cli(&["cancel", &held]).status.success());
+    wait_until(Duration::from_secs(20), || {
+        (b.cli_json(&["job", &held, "--json"])["state"] == "canceled").then_some(())
+    })
+    .expect("the held job was canceled");
+    let shown = a.cli_json(&["detect", "noop", "--json"]);
+    assert_eq!(shown["proposals"][0]["dedupe_key"], "noop:volume-7", "{shown}");
+}

@@ -129,6 +129,11 @@ impl Node {
         self.detected.lock().expect("detected lock").insert(job_type.to_string(), Instant::now());
     }
 
+    /// Jobs not ended that nobody led, as of the last heartbeat.
+    pub fn unowned_jobs(&self) -> usize {
+        self.membership.lock().expect("membership lock").as_ref().map_or(0, |m| m.unowned_jobs)
+    }
+
     /// The live instances as of the last heartbeat.
     pub fn live(&self) -> Vec<Instance> {
         self.membership.lock().expect("membership lock").as_ref().map(|m| m.instances.clone()).unwrap_or_default()

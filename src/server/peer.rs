@@ -21,9 +21,9 @@ use crate::dispatch::{Assignment, FreeSlots};
 use crate::follower::{Loss, Outcome, Rejection};
 use crate::model::{HandlerId, JobId, TaskRef};
 use crate::proto::peer::{
-    peer_report, peer_service_client::PeerServiceClient, peer_service_server::PeerService, KnowsRequest, KnowsResponse,
-    LendRequest, LendResponse, LentTask, PeerCancel, PeerCancelResponse, PeerGiveUp, PeerOutcome, PeerProgress,
-    PeerReport, PeerReportResponse,
+    peer_report, peer_service_client::PeerServiceClient, peer_service_server::PeerService, DedupeKeysRequest,
+    DedupeKeysResponse, KnowsRequest, KnowsResponse, LendRequest, LendResponse, LentTask, PeerCancel,
+    PeerCancelResponse, PeerGiveUp, PeerOutcome, PeerProgress, PeerReport, PeerReportResponse,
 };
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, CancelRequest, WorkKind};
 use crate::wire;
@@ -99,6 +99,16 @@ pub async fn known_at(
     let request = KnowsRequest { handler: handler.to_string(), attempt_ids };
     let answer = client.knows(request_within(shared, request, CALL_TIMEOUT)).await.ok()?.into_inner();
     answer.heard.then(|| answer.known.iter().filter_map(|id| wire::parse_attempt_id(id)).collect())
+}
+
+/// The dedupe keys of the tasks not ended in the jobs the instance at
+/// `address` leads.
+pub async fn dedupe_keys_at(shared: &Shared, address: &str) -> Result<Vec<String>, String> {
+    let mut client = shared.peers.client(address).ok_or_else(|| format!("{address} is not an address"))?;
+    match client.dedupe_keys(request(shared, DedupeKeysRequest {})).await {
+        Ok(answer) => Ok(answer.into_inner().keys),
+        Err(status) => Err(status.message().to_string()),
+    }
 }
 
 /// The client API of another instance (its gRPC address), connected now.
@@ -202,6 +212,12 @@ impl PeerService for PeerServiceImpl {
             }
         }
         Ok(Response::new(KnowsResponse { heard, known: answer }))
+    }
+
+    async fn dedupe_keys(&self, request: Request<DedupeKeysRequest>) -> Result<Response<DedupeKeysResponse>, Status> {
+        self.shared.auth.check(request.metadata())?;
+        let keys = self.shared.engine.active_dedupe_keys().await.map_err(engine_status)?;
+        Ok(Response::new(DedupeKeysResponse { keys: keys.into_iter().collect() }))
     }
 
     async fn report(&self, request: Request<PeerReport>) -> Result<Response<PeerReportResponse>, Status> {

@@ -20,6 +20,7 @@ use crate::proto::plugin::{
     admin_to_worker_message, AdminToWorkerMessage, ClusterContext, JobProposal, RunDetectionRequest,
 };
 use crate::scheduler::{build_job, filter, Dropped, Due, Proposal};
+use crate::store::cluster::Role;
 use crate::wire;
 
 /// Activity entries kept (and persisted).
@@ -451,7 +452,15 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
     shared.metrics.record_proposals(job_type, proposals.len() as u64);
     let now = shared.clock.now();
     let proposals: Vec<Proposal> = proposals.iter().map(|p| to_proposal(job_type, p)).collect();
-    let active = shared.engine.active_dedupe_keys().await?;
+    let active = match active_dedupe_keys(shared).await {
+        Ok(active) => active,
+        Err(e) => {
+            record(shared, job_type, format!("detection {sequence} set aside: {e}"));
+            run_record.error = Some(e.to_string());
+            save_run(shared, job_type, run_record).await;
+            return Err(e);
+        }
+    };
     let (kept, dropped) = filter(proposals, &active, now);
     for d in &dropped {
         record(shared, job_type, format!("proposal {} dropped: {}", d.proposal_id, d.reason));
@@ -483,6 +492,31 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
     }
     save_run(shared, job_type, run_record).await;
     Ok(outcome)
+}
+
+/// The dedupe keys of every task not ended in the cluster: the jobs led here
+/// and, with several instances, those every other live server leads. A
+/// detection whose view is incomplete (an instance does not answer, or jobs
+/// are between leaders) is set aside until the next interval rather than
+/// risk starting work that is already in hand.
+async fn active_dedupe_keys(shared: &Shared) -> anyhow::Result<HashSet<String>> {
+    let mut keys = shared.engine.active_dedupe_keys().await?;
+    let Some(node) = &shared.cluster else { return Ok(keys) };
+    // Read now, not as of the last heartbeat: an instance that joined since
+    // may already lead jobs.
+    let store = shared.engine.store().clone();
+    let instances = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").instances()).await??;
+    for instance in instances.iter().filter(|i| i.active && i.id != node.id && i.role == Role::Server) {
+        match super::peer::dedupe_keys_at(shared, &instance.grpc_address).await {
+            Ok(theirs) => keys.extend(theirs),
+            Err(e) => anyhow::bail!("the dedupe keys of instance {} are unknown ({e})", instance.id),
+        }
+    }
+    let unowned = node.unowned_jobs();
+    if unowned > 0 {
+        anyhow::bail!("{unowned} jobs are between leaders, so their dedupe keys are unknown");
+    }
+    Ok(keys)
 }
 
 /// A detection's job that outlives its type's max runtime has its remaining tasks canceled.
