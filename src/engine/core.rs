@@ -1150,15 +1150,15 @@ fn task_event(job: JobId, idx: u32, record: &TaskRecord) -> Event {
     }
 }
 
-/// The events of a step's batch, for watchers.
+/// The events of a step's batch, for watchers, in the order a watcher needs
+/// them: jobs created, then task transitions, then the jobs' own (so that a
+/// job's final state comes after the last task's).
 fn batch_events(batch: &Batch) -> Vec<Event> {
+    let job_event = |record: &JobRecord| Event::Job { job: record.id, state: record.state, at: record.updated_at };
+    let created = batch.new_jobs.iter().map(|(record, _)| job_event(record));
     let tasks = batch.tasks.iter().map(|(job, idx, record)| task_event(*job, idx.0, record));
-    let jobs = batch.new_jobs.iter().map(|(record, _)| record).chain(batch.jobs.iter()).map(|record| Event::Job {
-        job: record.id,
-        state: record.state,
-        at: record.updated_at,
-    });
-    jobs.chain(tasks).collect()
+    let changed = batch.jobs.iter().map(job_event);
+    created.chain(tasks).chain(changed).collect()
 }
 
 pub(super) async fn run_loop(
