@@ -159,6 +159,26 @@ impl fmt::Display for Problem {
     }
 }
 
+impl Problem {
+    /// The id of the task the problem is about, when it is about one.
+    pub fn task(&self) -> Option<&str> {
+        match self {
+            Problem::IdCharacter { id: task, .. }
+            | Problem::DuplicateId { id: task, .. }
+            | Problem::BadJobType { task, .. }
+            | Problem::SelfDependency { task }
+            | Problem::UnknownDependency { task, .. }
+            | Problem::DuplicateDependency { task, .. }
+            | Problem::ParametersNotObject { task }
+            | Problem::ParametersTooLarge { task, .. }
+            | Problem::ParametersTooDeep { task, .. }
+            | Problem::BadLabel { task, .. } => Some(task),
+            Problem::Cycle { path } => path.first().map(String::as_str),
+            _ => None,
+        }
+    }
+}
+
 fn write_cycle(f: &mut fmt::Formatter<'_>, path: &[String]) -> fmt::Result {
     const SHOWN: usize = 5;
     let quoted = |s: &String| format!("{s:?}");

@@ -259,6 +259,15 @@ pub struct JobsArgs {
     /// Only jobs in this state.
     #[arg(long)]
     pub state: Option<String>,
+    /// Only jobs whose name contains this.
+    #[arg(long, conflicts_with_all = ["data_dir", "database_url", "watch"])]
+    pub name: Option<String>,
+    /// Only jobs submitted by users (`submitted`) or made by the scheduler (`scheduler`).
+    #[arg(long, conflicts_with_all = ["data_dir", "database_url", "watch"])]
+    pub origin: Option<String>,
+    /// Only jobs created before this job id (the next page).
+    #[arg(long, conflicts_with_all = ["data_dir", "database_url", "watch"])]
+    pub before: Option<String>,
     #[arg(long, default_value_t = 50)]
     pub limit: u32,
     #[arg(long)]
@@ -285,7 +294,13 @@ pub async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
         return super::watch::tables::live(&args.connection, source, args.count).await;
     }
     let mut client = args.connection.connect().await?;
-    let request = api::ListJobsRequest { state: args.state.unwrap_or_default(), limit: args.limit };
+    let request = api::ListJobsRequest {
+        state: args.state.unwrap_or_default(),
+        limit: args.limit,
+        name: args.name.unwrap_or_default(),
+        origin: args.origin.unwrap_or_default(),
+        before: args.before.unwrap_or_default(),
+    };
     let jobs = client.list_jobs(request).await.map_err(status_error)?.into_inner().jobs;
     if args.json {
         println!("{}", serde_json::to_string(&jobs)?);

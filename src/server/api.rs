@@ -20,6 +20,9 @@ use crate::store::JobFilter;
 pub enum Error {
     #[error("{0}")]
     Invalid(String),
+    /// A job file that breaks the rules: every problem, for the caller to show.
+    #[error("{0}")]
+    Rejected(jobfile::Error),
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -35,7 +38,7 @@ pub enum Error {
 impl Error {
     pub fn http_status(&self) -> u16 {
         match self {
-            Error::Invalid(_) => 400,
+            Error::Invalid(_) | Error::Rejected(_) => 400,
             Error::NotFound(_) => 404,
             Error::Conflict(_) => 409,
             Error::Unavailable(_) => 503,
@@ -49,6 +52,7 @@ impl From<Error> for Status {
     fn from(e: Error) -> Status {
         match e {
             Error::Invalid(m) => Status::invalid_argument(m),
+            Error::Rejected(e) => Status::invalid_argument(e.to_string()),
             Error::NotFound(m) => Status::not_found(m),
             Error::Conflict(m) => Status::failed_precondition(m),
             Error::Unavailable(m) => Status::unavailable(m),
@@ -120,7 +124,7 @@ impl Api {
         let spec = tokio::task::spawn_blocking(move || jobfile::parse(&content, format, &name, &limits))
             .await
             .map_err(|e| Error::Internal(e.to_string()))?
-            .map_err(|e| Error::Invalid(e.to_string()))?;
+            .map_err(Error::Rejected)?;
         let started = std::time::Instant::now();
         let id = self.shared.engine.submit(spec, JobOrigin::User).await?;
         if let Some(node) = &self.shared.cluster {
@@ -141,14 +145,40 @@ impl Api {
         Ok(job)
     }
 
-    pub async fn list(&self, state: &str, limit: u32) -> Result<Vec<api::JobSummary>, Error> {
-        let state = match state {
+    pub async fn list(&self, request: &api::ListJobsRequest) -> Result<api::ListJobsResponse, Error> {
+        let state = match request.state.as_str() {
             "" => None,
             s => Some(s.parse::<JobState>().map_err(Error::Invalid)?),
         };
-        let limit = if limit == 0 { 50 } else { limit as usize };
-        let filter = JobFilter { state, limit: Some(limit), ..JobFilter::default() };
-        Ok(self.shared.engine.list(filter).await?.iter().map(convert::summary).collect())
+        let scheduled = match request.origin.as_str() {
+            "" => None,
+            "submitted" | "user" => Some(false),
+            "scheduler" => Some(true),
+            other => return Err(Error::Invalid(format!("origin {other:?}: use submitted or scheduler"))),
+        };
+        let before = match request.before.as_str() {
+            "" => None,
+            id => Some(parse_job_id(id)?),
+        };
+        let limit = if request.limit == 0 { 50 } else { request.limit as usize };
+        let filter = JobFilter {
+            state,
+            name_contains: Some(request.name.clone()).filter(|n| !n.is_empty()),
+            scheduled,
+            before,
+            // One more than asked tells whether another page follows.
+            limit: Some(limit + 1),
+            ..JobFilter::default()
+        };
+        let mut jobs: Vec<api::JobSummary> =
+            self.shared.engine.list(filter).await?.iter().map(convert::summary).collect();
+        let next = if jobs.len() > limit {
+            jobs.truncate(limit);
+            jobs.last().map(|j| j.id.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(api::ListJobsResponse { jobs, next })
     }
 
     /// In a cluster: the gRPC address of the live instance that leads an
@@ -543,7 +573,7 @@ impl JobService for JobServiceImpl {
     ) -> Result<Response<api::ListJobsResponse>, Status> {
         self.check(&request)?;
         let r = request.into_inner();
-        Ok(Response::new(api::ListJobsResponse { jobs: self.api.list(&r.state, r.limit).await? }))
+        Ok(Response::new(self.api.list(&r).await?))
     }
 
     async fn watch_job(&self, request: Request<api::JobRef>) -> Result<Response<Self::WatchJobStream>, Status> {

@@ -37,7 +37,7 @@ impl Auth {
 
 /// Compares without stopping at the first difference, so timing says nothing
 /// about how much of a guess was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let mut difference = (a.len() ^ b.len()) as u8;
     for i in 0..a.len().max(b.len()) {
         difference |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);

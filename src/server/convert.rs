@@ -20,36 +20,7 @@ pub fn origin(origin: &JobOrigin) -> String {
 }
 
 pub fn job(stored: &StoredJob) -> api::Job {
-    let spec = &stored.spec;
-    let tasks = spec
-        .tasks
-        .iter()
-        .zip(&stored.tasks)
-        .enumerate()
-        .map(|(idx, (task_spec, task))| api::Task {
-            id: task_spec.id.to_string(),
-            job_type: task_spec.job_type.to_string(),
-            state: task.state.as_str().into(),
-            attempt: task.attempt,
-            error: task.error.clone().unwrap_or_default(),
-            handler: task.handler.map(|h| h.to_string()).unwrap_or_default(),
-            failures: task.failures,
-            lost: task.lost,
-            created_at_ms: task.created_at.as_millis(),
-            assigned_at_ms: millis(task.assigned_at),
-            started_at_ms: millis(task.started_at),
-            updated_at_ms: task.updated_at.as_millis(),
-            finished_at_ms: millis(task.finished_at),
-            depends_on: spec.dag.parents(idx as u32).iter().map(|&p| spec.tasks[p as usize].id.to_string()).collect(),
-            priority: task_spec.priority.as_str().into(),
-            labels: task_spec.labels.clone().into_iter().collect(),
-            parameters: task_spec.parameters.to_string(),
-            output: task.output.clone(),
-            progress_percent: f64::from(task.progress_percent),
-            stage: task.stage.clone(),
-            worker_id: String::new(),
-        })
-        .collect();
+    let tasks = (0..stored.spec.len()).map(|idx| task(stored, idx)).collect();
     api::Job {
         id: stored.record.id.to_string(),
         name: stored.record.name.clone(),
@@ -63,6 +34,35 @@ pub fn job(stored: &StoredJob) -> api::Job {
     }
 }
 
+/// The task at `idx` of a job, as the client API carries it.
+pub fn task(stored: &StoredJob, idx: usize) -> api::Task {
+    let spec = &stored.spec;
+    let (task_spec, task) = (&spec.tasks[idx], &stored.tasks[idx]);
+    api::Task {
+        id: task_spec.id.to_string(),
+        job_type: task_spec.job_type.to_string(),
+        state: task.state.as_str().into(),
+        attempt: task.attempt,
+        error: task.error.clone().unwrap_or_default(),
+        handler: task.handler.map(|h| h.to_string()).unwrap_or_default(),
+        failures: task.failures,
+        lost: task.lost,
+        created_at_ms: task.created_at.as_millis(),
+        assigned_at_ms: millis(task.assigned_at),
+        started_at_ms: millis(task.started_at),
+        updated_at_ms: task.updated_at.as_millis(),
+        finished_at_ms: millis(task.finished_at),
+        depends_on: spec.dag.parents(idx as u32).iter().map(|&p| spec.tasks[p as usize].id.to_string()).collect(),
+        priority: task_spec.priority.as_str().into(),
+        labels: task_spec.labels.clone().into_iter().collect(),
+        parameters: task_spec.parameters.to_string(),
+        output: task.output.clone(),
+        progress_percent: f64::from(task.progress_percent),
+        stage: task.stage.clone(),
+        worker_id: String::new(),
+    }
+}
+
 pub fn summary(record: &JobRecord) -> api::JobSummary {
     api::JobSummary {
         id: record.id.to_string(),
@@ -71,6 +71,7 @@ pub fn summary(record: &JobRecord) -> api::JobSummary {
         tasks: record.n_tasks,
         created_at_ms: record.created_at.as_millis(),
         finished_at_ms: millis(record.finished_at),
+        origin: origin(&record.origin),
     }
 }
 

@@ -5,15 +5,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
+use tokio_stream::StreamExt;
 
 use super::api::{Api, Error};
-use super::Shared;
+use super::{console, views, Shared};
 use crate::wire::PLUGIN_STATUS_PATH;
 
 #[derive(Clone)]
@@ -25,16 +28,40 @@ struct AppState {
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(json!({ "error": self.to_string() }))).into_response()
+        let mut body = json!({ "error": self.to_string() });
+        if let Error::Rejected(rejected) = &self {
+            let problems: Vec<Value> =
+                rejected.problems.iter().map(|p| json!({ "task": p.task(), "message": p.to_string() })).collect();
+            body["problems"] = Value::Array(problems);
+        }
+        (status, Json(body)).into_response()
     }
 }
 
-fn authorized(state: &AppState, headers: &HeaderMap) -> Result<(), Error> {
-    let header = headers.get("authorization").and_then(|v| v.to_str().ok());
-    if state.shared.auth.check_header(header) {
-        Ok(())
-    } else {
-        Err(Error::Unauthenticated)
+/// Every request passes here first: the console's pages and the health
+/// checks are open; the API needs the token (a bearer header or a console
+/// session) when one is set, and never takes a write from another site.
+async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    let open =
+        !(path.starts_with("/api/") || path == "/metrics") || path == PLUGIN_STATUS_PATH || path == "/api/openapi.json";
+    if open {
+        return next.run(request).await;
+    }
+    let headers = request.headers();
+    let auth = &state.shared.auth;
+    let bearer = headers.get("authorization").and_then(|v| v.to_str().ok());
+    let verdict = console::judge(
+        request.method(),
+        headers,
+        auth.enabled() && path != "/api/session",
+        auth.check_header(bearer),
+        &state.shared.sessions,
+    );
+    match verdict {
+        console::Verdict::Allowed => next.run(request).await,
+        console::Verdict::Unauthenticated => Error::Unauthenticated.into_response(),
+        console::Verdict::Forbidden(why) => (StatusCode::FORBIDDEN, Json(json!({ "error": why }))).into_response(),
     }
 }
 
@@ -52,6 +79,15 @@ pub fn router(shared: Arc<Shared>, api: Api) -> Router {
     let body_limit = shared.options.max_request_bytes;
     let state = AppState { shared, api };
     Router::new()
+        .route("/", get(|| async { console::asset("index.html") }))
+        .route("/console/{file}", get(|Path(file): Path<String>| async move { console::asset(&file) }))
+        .route("/api/session", get(session).post(sign_in).delete(sign_out))
+        .route("/api/overview", get(overview))
+        .route("/api/jobs/{id}/graph", get(graph))
+        .route("/api/jobs/{id}/tasks/{task}", get(task))
+        .route("/api/jobs/{id}/events", get(events))
+        .route("/api/job-types", get(job_types))
+        .route("/api/job-types/{job_type}", get(job_type))
         .route(PLUGIN_STATUS_PATH, get(plugin_status))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -72,6 +108,7 @@ pub fn router(shared: Arc<Shared>, api: Api) -> Router {
         .route("/api/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }
 
@@ -81,75 +118,66 @@ async fn plugin_status(State(state): State<AppState>) -> Json<Value> {
 
 type Reply = Result<Response, Error>;
 
-async fn list_jobs(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Reply {
-    authorized(&s, &headers)?;
-    let state = q.get("state").map(String::as_str).unwrap_or("");
-    let limit = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
-    let jobs = s.api.list(state, limit).await?;
-    Ok(Json(json!({ "jobs": jobs })).into_response())
+async fn list_jobs(State(s): State<AppState>, Query(q): Query<HashMap<String, String>>) -> Reply {
+    let text = |key: &str| q.get(key).cloned().unwrap_or_default();
+    let request = crate::proto::api::ListJobsRequest {
+        state: text("state"),
+        limit: q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0),
+        name: text("name"),
+        origin: text("origin"),
+        before: text("before"),
+    };
+    let page = s.api.list(&request).await?;
+    let next = Some(page.next).filter(|n| !n.is_empty());
+    Ok(Json(json!({ "jobs": page.jobs, "next": next })).into_response())
 }
 
-async fn submit_job(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
-    body: Bytes,
-) -> Reply {
-    authorized(&s, &headers)?;
+async fn submit_job(State(s): State<AppState>, Query(q): Query<HashMap<String, String>>, body: Bytes) -> Reply {
     let format = q.get("format").map(String::as_str).unwrap_or("json");
     let name = q.get("name").map(String::as_str).unwrap_or("");
     let job_id = s.api.submit(body.to_vec(), format, name).await?;
     Ok((StatusCode::CREATED, Json(json!({ "job_id": job_id }))).into_response())
 }
 
-async fn get_job(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Reply {
-    authorized(&s, &headers)?;
+async fn get_job(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
     Ok(Json(s.api.job(&id).await?).into_response())
 }
 
-async fn cancel_job(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Reply {
-    authorized(&s, &headers)?;
+async fn cancel_job(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
     s.api.cancel(&id).await?;
     Ok(Json(json!({ "job_id": id, "canceled": true })).into_response())
 }
 
-async fn retry_job(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Reply {
-    authorized(&s, &headers)?;
+async fn retry_job(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
     s.api.retry(&id).await?;
     Ok(Json(json!({ "job_id": id, "retried": true })).into_response())
 }
 
 async fn detect(
     State(s): State<AppState>,
-    headers: HeaderMap,
     Path(job_type): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Reply {
-    authorized(&s, &headers)?;
     let run = q.get("run").is_some_and(|v| v == "true" || v == "1");
     Ok(Json(s.api.detect(&job_type, run).await?).into_response())
 }
 
-async fn activities(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Reply {
-    authorized(&s, &headers)?;
+async fn activities(State(s): State<AppState>, Query(q): Query<HashMap<String, String>>) -> Reply {
     let job_type = q.get("job_type").map(String::as_str).unwrap_or("");
     let limit = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
     Ok(Json(json!({ "activities": s.api.activities(job_type, limit) })).into_response())
 }
 
-async fn runs(State(s): State<AppState>, headers: HeaderMap, Path(job_type): Path<String>) -> Reply {
-    authorized(&s, &headers)?;
+async fn runs(State(s): State<AppState>, Path(job_type): Path<String>) -> Reply {
     Ok(Json(s.api.runs(&job_type)).into_response())
 }
 
-async fn recover(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Reply {
-    authorized(&s, &headers)?;
+async fn recover(State(s): State<AppState>, Query(q): Query<HashMap<String, String>>) -> Reply {
     let flag = |name: &str| q.get(name).is_some_and(|v| v == "true" || v == "1");
     Ok(Json(s.api.recover(flag("dry_run"), flag("here_only")).await?).into_response())
 }
 
-async fn stats(State(s): State<AppState>, headers: HeaderMap) -> Reply {
-    authorized(&s, &headers)?;
+async fn stats(State(s): State<AppState>) -> Reply {
     let (count, p50, p99) = s.shared.stats.dispatch();
     Ok(Json(json!({ "dispatch": { "count": count, "p50_us": p50, "p99_us": p99 } })).into_response())
 }
@@ -161,14 +189,12 @@ async fn openapi() -> Response {
     ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
-async fn metrics(State(s): State<AppState>, headers: HeaderMap) -> Reply {
-    authorized(&s, &headers)?;
+async fn metrics(State(s): State<AppState>) -> Reply {
     let text = s.shared.metrics.render(&s.shared).await;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 
-async fn instances(State(s): State<AppState>, headers: HeaderMap) -> Reply {
-    authorized(&s, &headers)?;
+async fn instances(State(s): State<AppState>) -> Reply {
     let instances: Vec<Value> = s.api.instances().await?.iter().map(instance_json).collect();
     Ok(Json(json!({ "instances": instances })).into_response())
 }
@@ -182,43 +208,101 @@ fn instance_json(i: &crate::proto::api::Instance) -> Value {
     })
 }
 
-async fn pause_scheduler(state: State<AppState>, headers: HeaderMap, query: Query<HashMap<String, String>>) -> Reply {
-    set_scheduler_paused(state, headers, query, true).await
+async fn pause_scheduler(state: State<AppState>, query: Query<HashMap<String, String>>) -> Reply {
+    set_scheduler_paused(state, query, true).await
 }
 
-async fn resume_scheduler(state: State<AppState>, headers: HeaderMap, query: Query<HashMap<String, String>>) -> Reply {
-    set_scheduler_paused(state, headers, query, false).await
+async fn resume_scheduler(state: State<AppState>, query: Query<HashMap<String, String>>) -> Reply {
+    set_scheduler_paused(state, query, false).await
 }
 
 async fn set_scheduler_paused(
     State(s): State<AppState>,
-    headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
     paused: bool,
 ) -> Reply {
-    authorized(&s, &headers)?;
     let instance = q.get("instance").map(String::as_str).unwrap_or("");
     let changed = s.api.set_scheduler_paused(paused, instance).await?;
     Ok(Json(json!({ "paused": paused, "changed": changed })).into_response())
 }
 
-async fn workers(State(s): State<AppState>, headers: HeaderMap) -> Reply {
-    authorized(&s, &headers)?;
-    Ok(Json(json!({ "workers": s.api.workers() })).into_response())
+async fn workers(State(s): State<AppState>) -> Reply {
+    Ok(Json(views::workers(&s.shared, &s.api).await?).into_response())
 }
 
-async fn get_policy(State(s): State<AppState>, headers: HeaderMap, Path(job_type): Path<String>) -> Reply {
-    authorized(&s, &headers)?;
+/// Whether this browser is signed in, and its session's anti-forgery token.
+async fn session(State(s): State<AppState>, headers: HeaderMap) -> Json<Value> {
+    let csrf = s.shared.sessions.csrf(&headers);
+    let required = s.shared.auth.enabled();
+    Json(
+        json!({ "token_required": required, "authenticated": !required || csrf.is_some(), "csrf": csrf.unwrap_or_default() }),
+    )
+}
+
+#[derive(serde::Deserialize)]
+struct SignIn {
+    token: String,
+}
+
+/// Opens a console session for the right token; a wrong one waits a little
+/// before it is refused, to slow down guessing.
+async fn sign_in(State(s): State<AppState>, Json(body): Json<SignIn>) -> Reply {
+    let presented = format!("Bearer {}", body.token.trim());
+    if !s.shared.auth.check_header(Some(&presented)) {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        return Ok(
+            (StatusCode::UNAUTHORIZED, Json(json!({ "error": "that is not the admin's token" }))).into_response()
+        );
+    }
+    let (id, csrf) = s.shared.sessions.open();
+    let mut response = Json(json!({ "csrf": csrf })).into_response();
+    response.headers_mut().insert(axum::http::header::SET_COOKIE, console::cookie(Some(&id)));
+    Ok(response)
+}
+
+async fn sign_out(State(s): State<AppState>, headers: HeaderMap) -> Response {
+    s.shared.sessions.close(&headers);
+    let mut response = Json(json!({ "signed_out": true })).into_response();
+    response.headers_mut().insert(axum::http::header::SET_COOKIE, console::cookie(None));
+    response
+}
+
+async fn overview(State(s): State<AppState>) -> Reply {
+    Ok(Json(views::overview(&s.shared, &s.api).await?).into_response())
+}
+
+async fn graph(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
+    Ok(Json(views::graph(&s.shared, &id).await?).into_response())
+}
+
+async fn task(State(s): State<AppState>, Path((id, task)): Path<(String, String)>) -> Reply {
+    Ok(Json(views::task(&s.shared, &id, &task).await?).into_response())
+}
+
+async fn events(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
+    let stream = views::events(&s.api, &id).await?;
+    let stream = stream
+        .map(|(name, data)| Ok::<_, std::convert::Infallible>(SseEvent::default().event(name).data(data.to_string())));
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
+}
+
+async fn job_types(State(s): State<AppState>) -> Json<Value> {
+    Json(views::job_types(&s.shared))
+}
+
+async fn job_type(State(s): State<AppState>, Path(job_type): Path<String>) -> Reply {
+    Ok(Json(views::job_type(&s.shared, &s.api, &job_type)?).into_response())
+}
+
+async fn get_policy(State(s): State<AppState>, Path(job_type): Path<String>) -> Reply {
     Ok(Json(s.api.policy(&job_type)?).into_response())
 }
 
 async fn set_policy(
     State(s): State<AppState>,
-    headers: HeaderMap,
     Path(job_type): Path<String>,
     Json(changes): Json<BTreeMap<String, Value>>,
 ) -> Reply {
-    authorized(&s, &headers)?;
     let changes: BTreeMap<String, String> =
         changes.into_iter().map(|(k, v)| (k, v.as_str().map(String::from).unwrap_or_else(|| v.to_string()))).collect();
     let policy = s.api.set_policy(&job_type, &changes).await?;

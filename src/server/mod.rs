@@ -5,6 +5,7 @@
 mod api;
 mod auth;
 pub mod cluster;
+mod console;
 mod convert;
 mod http;
 pub mod master;
@@ -14,6 +15,7 @@ mod policies;
 pub mod recovery;
 mod registry;
 pub mod scheduler;
+mod views;
 mod worker_stream;
 
 use std::future::Future;
@@ -143,6 +145,8 @@ pub struct Shared {
     pub scheduler_paused: std::sync::atomic::AtomicBool,
     /// Links to the other instances of the cluster.
     pub peers: peer::Peers,
+    /// The console's signed-in browsers.
+    pub sessions: console::Sessions,
 }
 
 /// Runs the server on listeners that are already bound until `shutdown` resolves.
@@ -200,6 +204,7 @@ pub async fn run(
         cluster: node.clone(),
         scheduler_paused: std::sync::atomic::AtomicBool::new(false),
         peers: peer::Peers::default(),
+        sessions: console::Sessions::default(),
     });
 
     engine.on_commit(Arc::new(shared.metrics.commit_observer()));

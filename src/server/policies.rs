@@ -94,6 +94,11 @@ impl Policies {
         types
     }
 
+    /// The descriptor a worker sent for the job type, if one did.
+    pub fn descriptor(&self, job_type: &str) -> Option<JobTypeDescriptor> {
+        self.book.lock().expect("policy lock").descriptors.get(job_type).cloned()
+    }
+
     pub fn has_descriptor(&self, job_type: &str) -> bool {
         self.book.lock().expect("policy lock").descriptors.contains_key(job_type)
     }

@@ -21,6 +21,14 @@ pub const JOB_TYPE: &str = crate::wire::RECOVERY_CHECK_JOB_TYPE;
 #[derive(Default)]
 pub struct Gate {
     running: AtomicBool,
+    /// The last check that ran here (not a dry run): when, and what it found.
+    last: std::sync::Mutex<Option<(i64, Vec<api::Finding>)>>,
+}
+
+impl Gate {
+    pub fn last(&self) -> Option<(i64, Vec<api::Finding>)> {
+        self.last.lock().expect("last check lock").clone()
+    }
 }
 
 /// Runs the check once; applies the actions unless `dry_run`.
@@ -30,6 +38,9 @@ pub async fn check(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Fi
         anyhow::bail!("a recovery check is already running");
     }
     let result = check_inner(shared, dry_run).await;
+    if let (Ok(findings), false) = (&result, dry_run) {
+        *gate.last.lock().expect("last check lock") = Some((shared.clock.now().as_millis(), findings.clone()));
+    }
     gate.running.store(false, Ordering::Release);
     result
 }

@@ -19,7 +19,7 @@ mod tests;
 
 use std::sync::Arc;
 
-use crate::model::{JobId, JobRecord, JobSpec, JobState, TaskIdx, TaskRecord};
+use crate::model::{JobId, JobOrigin, JobRecord, JobSpec, JobState, TaskIdx, TaskRecord};
 
 pub use self::memory::MemoryStore;
 pub use self::postgres::{PasswordSources, PgStore, ScratchDatabase, TlsMode};
@@ -162,6 +162,12 @@ impl StoredJob {
 pub struct JobFilter {
     pub state: Option<JobState>,
     pub name: Option<String>,
+    /// Part of the name.
+    pub name_contains: Option<String>,
+    /// Submitted by a user (`Some(false)`) or made by the scheduler (`Some(true)`).
+    pub scheduled: Option<bool>,
+    /// Only jobs created before this one (ids grow with time): the next page.
+    pub before: Option<JobId>,
     pub fingerprint: Option<[u8; 32]>,
     pub limit: Option<usize>,
 }
@@ -170,6 +176,9 @@ impl JobFilter {
     pub fn matches(&self, job: &JobRecord) -> bool {
         self.state.is_none_or(|s| s == job.state)
             && self.name.as_ref().is_none_or(|n| *n == job.name)
+            && self.name_contains.as_ref().is_none_or(|n| job.name.contains(n.as_str()))
+            && self.scheduled.is_none_or(|s| s == matches!(job.origin, JobOrigin::Scheduler { .. }))
+            && self.before.is_none_or(|b| job.id.0 < b.0)
             && self.fingerprint.is_none_or(|f| f == job.fingerprint)
     }
 }

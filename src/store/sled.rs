@@ -316,7 +316,11 @@ impl Store for SledStore {
 
     fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, Error> {
         let mut out = Vec::new();
-        for entry in self.data.scan_prefix([JOB]).rev() {
+        let end = match filter.before {
+            Some(before) => key(JOB, before).to_vec(),
+            None => vec![JOB + 1],
+        };
+        for entry in self.data.range(vec![JOB]..end).rev() {
             if out.len() >= filter.limit.unwrap_or(usize::MAX) {
                 break;
             }

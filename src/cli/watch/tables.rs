@@ -131,7 +131,11 @@ async fn fetch(connection: &Connection, source: &Source, now_ms: i64) -> anyhow:
     let status = |s: tonic::Status| anyhow::anyhow!("{}", s.message());
     Ok(match source {
         Source::Jobs { state, limit } => {
-            let request = api::ListJobsRequest { state: state.clone().unwrap_or_default(), limit: *limit };
+            let request = api::ListJobsRequest {
+                state: state.clone().unwrap_or_default(),
+                limit: *limit,
+                ..api::ListJobsRequest::default()
+            };
             jobs_table(&client.list_jobs(request).await.map_err(status)?.into_inner().jobs, now_ms)
         }
         Source::Workers => {
@@ -274,6 +278,7 @@ mod tests {
                 tasks: 9,
                 created_at_ms: 1_000,
                 finished_at_ms: 0,
+                origin: "user".into(),
             },
             api::JobSummary {
                 id: "0190a2b4-0000-7000-8000-000000000002".into(),
@@ -282,6 +287,7 @@ mod tests {
                 tasks: 120,
                 created_at_ms: 2_000,
                 finished_at_ms: 75_000,
+                origin: "user".into(),
             },
         ];
         expect![[r#"

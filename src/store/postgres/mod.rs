@@ -679,21 +679,40 @@ impl Store for PgStore {
     }
 
     fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, Error> {
+        // The columns narrow the rows; what only the record knows (the
+        // origin) is checked on each record, page after page.
+        const PAGE: i64 = 500;
         self.block_on(async {
             let client = self.reader().await?;
             let state = filter.state.map(|s| s.as_str());
             let fingerprint = filter.fingerprint.map(|f| f.to_vec());
-            let limit = filter.limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
-            let rows = client
-                .query(
-                    "SELECT record FROM jobcenter.jobs WHERE ($1::text IS NULL OR state = $1) \
-                     AND ($2::text IS NULL OR name = $2) AND ($3::bytea IS NULL OR fingerprint = $3) \
-                     ORDER BY id DESC LIMIT $4",
-                    &[&state, &filter.name, &fingerprint, &limit],
-                )
-                .await
-                .map_err(|e| self.error(&e))?;
-            rows.iter().map(|row| decode_job(row.get(0))).collect()
+            let limit = filter.limit.unwrap_or(usize::MAX);
+            let mut before = filter.before.map(|b| b.0);
+            let mut out = Vec::new();
+            while out.len() < limit {
+                let page = i64::try_from(limit - out.len()).unwrap_or(i64::MAX).min(PAGE);
+                let rows = client
+                    .query(
+                        "SELECT id, record FROM jobcenter.jobs WHERE ($1::text IS NULL OR state = $1) \
+                         AND ($2::text IS NULL OR name = $2) AND ($3::bytea IS NULL OR fingerprint = $3) \
+                         AND ($4::text IS NULL OR strpos(name, $4) > 0) AND ($5::uuid IS NULL OR id < $5) \
+                         ORDER BY id DESC LIMIT $6",
+                        &[&state, &filter.name, &fingerprint, &filter.name_contains, &before, &page],
+                    )
+                    .await
+                    .map_err(|e| self.error(&e))?;
+                for row in &rows {
+                    let record = decode_job(row.get(1))?;
+                    if filter.matches(&record) && out.len() < limit {
+                        out.push(record);
+                    }
+                }
+                match rows.last() {
+                    Some(last) if rows.len() as i64 == page => before = Some(last.get(0)),
+                    _ => break,
+                }
+            }
+            Ok(out)
         })
     }
 

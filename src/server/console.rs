@@ -1,0 +1,232 @@
+//! The web console: its pages, built into the binary; the sessions of the
+//! browsers that signed in with the token; and the guard every request to the
+//! API passes (a bearer token or a session cookie, and never a write from
+//! another site).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// The session cookie's name.
+pub const COOKIE: &str = "jobcenter_session";
+/// The header that carries a session's anti-forgery token on writes.
+pub const CSRF_HEADER: &str = "x-csrf-token";
+/// How long a session lasts after it was opened.
+const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
+/// The most sessions kept; the oldest goes when another opens.
+const MAX_SESSIONS: usize = 10_000;
+
+/// The console's files: (path, content type, embedded content).
+const ASSETS: &[(&str, &str, &str)] = &[
+    ("index.html", "text/html; charset=utf-8", include_str!("../../console/index.html")),
+    ("app.js", "text/javascript; charset=utf-8", include_str!("../../console/app.js")),
+    ("graph.js", "text/javascript; charset=utf-8", include_str!("../../console/graph.js")),
+    ("app.css", "text/css; charset=utf-8", include_str!("../../console/app.css")),
+];
+
+/// One of the console's files, by name; read from `JOBCENTER_CONSOLE_DIR`
+/// when that is set (to work on the pages without rebuilding).
+pub fn asset(name: &str) -> Response {
+    let Some((name, content_type, embedded)) = ASSETS.iter().find(|(n, _, _)| *n == name) else {
+        return (StatusCode::NOT_FOUND, "no such file\n").into_response();
+    };
+    let body = match std::env::var_os("JOBCENTER_CONSOLE_DIR") {
+        Some(dir) => {
+            std::fs::read_to_string(std::path::Path::new(&dir).join(name)).unwrap_or_else(|_| (*embedded).to_string())
+        }
+        None => (*embedded).to_string(),
+    };
+    let headers = [
+        (header::CONTENT_TYPE, *content_type),
+        (header::CACHE_CONTROL, "no-cache"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+        ),
+    ];
+    (headers, body).into_response()
+}
+
+struct Session {
+    csrf: String,
+    opened: Instant,
+}
+
+/// The browsers signed in with the token, by session id.
+#[derive(Default)]
+pub struct Sessions {
+    open: Mutex<HashMap<String, Session>>,
+}
+
+fn random_hex() -> String {
+    format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
+}
+
+impl Sessions {
+    /// Opens a session: its id (for the cookie) and its anti-forgery token.
+    pub fn open(&self) -> (String, String) {
+        let (id, csrf) = (random_hex(), random_hex());
+        let mut open = self.open.lock().expect("sessions lock");
+        open.retain(|_, s| s.opened.elapsed() < SESSION_LIFETIME);
+        if open.len() >= MAX_SESSIONS {
+            if let Some(oldest) = open.iter().min_by_key(|(_, s)| s.opened).map(|(k, _)| k.clone()) {
+                open.remove(&oldest);
+            }
+        }
+        open.insert(id.clone(), Session { csrf: csrf.clone(), opened: Instant::now() });
+        (id, csrf)
+    }
+
+    /// The anti-forgery token of the request's session, if it has a live one.
+    pub fn csrf(&self, headers: &HeaderMap) -> Option<String> {
+        let id = session_id(headers)?;
+        let open = self.open.lock().expect("sessions lock");
+        open.get(&id).filter(|s| s.opened.elapsed() < SESSION_LIFETIME).map(|s| s.csrf.clone())
+    }
+
+    pub fn close(&self, headers: &HeaderMap) {
+        if let Some(id) = session_id(headers) {
+            self.open.lock().expect("sessions lock").remove(&id);
+        }
+    }
+}
+
+fn session_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.to_string())
+}
+
+/// The `Set-Cookie` value that opens (or, with `None`, ends) a session.
+pub fn cookie(id: Option<&str>) -> HeaderValue {
+    let text = match id {
+        Some(id) => format!("{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}", SESSION_LIFETIME.as_secs()),
+        None => format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
+    };
+    HeaderValue::from_str(&text).expect("a cookie of hex digits is a valid header")
+}
+
+/// How a request to the API may proceed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Allowed,
+    /// No valid token or session where one is needed.
+    Unauthenticated,
+    /// A write that came from another site, or a session's write without its
+    /// anti-forgery token.
+    Forbidden(&'static str),
+}
+
+/// Whether a method changes state.
+fn is_write(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// A browser says where a request comes from: writes are taken only from
+/// the console's own origin (or from clients that are not browsers).
+fn cross_site(headers: &HeaderMap) -> bool {
+    let fetch_site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
+    if matches!(fetch_site, Some(site) if site != "same-origin" && site != "none") {
+        return true;
+    }
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else { return false };
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let authority = origin.split_once("://").map_or(origin, |(_, rest)| rest);
+    authority != host
+}
+
+/// The rules every request to the API passes: `bearer_ok` says whether it
+/// carries the valid token (or none is needed: `token_required` false).
+pub fn judge(
+    method: &Method,
+    headers: &HeaderMap,
+    token_required: bool,
+    bearer_ok: bool,
+    sessions: &Sessions,
+) -> Verdict {
+    let write = is_write(method);
+    if write && cross_site(headers) {
+        return Verdict::Forbidden("a write from another site is refused");
+    }
+    let has_bearer = headers.contains_key(header::AUTHORIZATION);
+    if has_bearer {
+        return if bearer_ok { Verdict::Allowed } else { Verdict::Unauthenticated };
+    }
+    if let Some(csrf) = sessions.csrf(headers) {
+        if !write {
+            return Verdict::Allowed;
+        }
+        let presented = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+        return if super::auth::constant_time_eq(presented.as_bytes(), csrf.as_bytes()) {
+            Verdict::Allowed
+        } else {
+            Verdict::Forbidden("a write in a console session needs its X-CSRF-Token header")
+        };
+    }
+    if token_required {
+        Verdict::Unauthenticated
+    } else {
+        Verdict::Allowed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn a_session_reads_freely_and_writes_only_with_its_csrf_token() {
+        let sessions = Sessions::default();
+        let (id, csrf) = sessions.open();
+        let cookie = format!("other=1; {COOKIE}={id}");
+        let read = headers(&[("cookie", &cookie)]);
+        assert_eq!(judge(&Method::GET, &read, true, false, &sessions), Verdict::Allowed);
+        assert!(matches!(judge(&Method::POST, &read, true, false, &sessions), Verdict::Forbidden(_)));
+        let wrong = headers(&[("cookie", &cookie), ("x-csrf-token", "0000")]);
+        assert!(matches!(judge(&Method::POST, &wrong, true, false, &sessions), Verdict::Forbidden(_)));
+        let right = headers(&[("cookie", &cookie), ("x-csrf-token", &csrf)]);
+        assert_eq!(judge(&Method::POST, &right, true, false, &sessions), Verdict::Allowed);
+        sessions.close(&read);
+        assert_eq!(judge(&Method::GET, &read, true, false, &sessions), Verdict::Unauthenticated);
+    }
+
+    #[test]
+    fn writes_from_another_site_are_refused_even_without_a_token() {
+        let sessions = Sessions::default();
+        let other_port = headers(&[("host", "127.0.0.1:23646"), ("origin", "http://127.0.0.1:9000")]);
+        assert!(matches!(judge(&Method::POST, &other_port, false, true, &sessions), Verdict::Forbidden(_)));
+        let fetch_site = headers(&[("sec-fetch-site", "same-site")]);
+        assert!(matches!(judge(&Method::PUT, &fetch_site, false, true, &sessions), Verdict::Forbidden(_)));
+        let same = headers(&[("host", "127.0.0.1:23646"), ("origin", "http://127.0.0.1:23646")]);
+        assert_eq!(judge(&Method::POST, &same, false, true, &sessions), Verdict::Allowed);
+        // A cross-site read is the browser's business (it cannot read the answer).
+        assert_eq!(judge(&Method::GET, &other_port, false, true, &sessions), Verdict::Allowed);
+    }
+
+    #[test]
+    fn a_token_is_needed_without_a_session_and_a_wrong_one_is_refused() {
+        let sessions = Sessions::default();
+        assert_eq!(judge(&Method::GET, &HeaderMap::new(), true, false, &sessions), Verdict::Unauthenticated);
+        let bearer = headers(&[("authorization", "Bearer nope")]);
+        assert_eq!(judge(&Method::POST, &bearer, true, false, &sessions), Verdict::Unauthenticated);
+        assert_eq!(judge(&Method::POST, &bearer, true, true, &sessions), Verdict::Allowed);
+    }
+}
