@@ -359,3 +359,46 @@ fn with_a_token_metrics_and_the_api_need_it_and_the_description_does_not() {
     assert_eq!(http(address, "GET", "/api/openapi.json", None, None).0, 200);
     assert_eq!(http(address, "GET", "/healthz", None, None).0, 200);
 }
+
+/// A job of `n` independent tasks of a type nobody serves, as JSON text.
+fn parked_job(name: &str, n: usize) -> String {
+    let tasks: Vec<String> = (0..n)
+        .map(|i| format!(r#"{{"id":"task-{i:06}","job_type":"parked","parameters":{{"note":"padding padding"}}}}"#))
+        .collect();
+    format!(r#"{{"name":"{name}","tasks":[{}]}}"#, tasks.join(","))
+}
+
+#[test]
+fn a_job_file_larger_than_one_request_is_streamed_and_the_limits_left_name_their_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--max-request-bytes", "1000000", "--max-job-bytes", "4000000"];
+    let server = Server::start(&dir.path().join("data"), &args);
+
+    // About 1.6 MB: past what one request takes, within what a submission does.
+    let big = parked_job("streamed", 20_000);
+    assert!(big.len() > 1_000_000 && big.len() < 4_000_000, "{} bytes", big.len());
+    let file = dir.path().join("streamed.json");
+    std::fs::write(&file, &big).unwrap();
+    let output = server.cli(&["submit", file.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let id = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    let job = server.cli_json(&["job", &id, "--json"]);
+    assert_eq!(job["tasks"].as_array().map(Vec::len), Some(20_000), "every task arrived");
+
+    // The same file in one HTTP request: refused by jobcenter, naming the option.
+    let (status, body) = http(&server.http, "POST", "/api/jobs", Some(("application/json", &big)), None);
+    assert_eq!(status, 413, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
+    assert!(error["error"].as_str().unwrap().contains("--max-request-bytes"), "{error}");
+
+    // Past the submission limit: refused, naming its option, nothing stored.
+    let bigger = dir.path().join("too-big.json");
+    std::fs::write(&bigger, parked_job("too-big", 50_000)).unwrap();
+    let output = server.cli(&["submit", bigger.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("file too large") && stderr.contains("--max-job-bytes"), "{stderr}");
+    assert!(!stderr.contains("transport"), "a transport message leaked: {stderr}");
+    let jobs = server.cli_json(&["jobs", "--json"]);
+    assert_eq!(jobs.as_array().map(Vec::len), Some(1), "only the first job is stored: {jobs}");
+}

@@ -166,7 +166,9 @@ async fn bench(
         children.0.push(worker);
     }
     let channel = Channel::from_shared(format!("http://{grpc}"))?.connect().await?;
-    let mut client = JobServiceClient::new(channel).max_encoding_message_size(512 * 1024 * 1024);
+    let mut client = JobServiceClient::new(channel)
+        .max_encoding_message_size(512 * 1024 * 1024)
+        .max_decoding_message_size(1024 * 1024 * 1024);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let mut connected = 0;
@@ -182,9 +184,13 @@ async fn bench(
     let transactions_before = transactions(scratch).await;
 
     let started = Instant::now();
-    let request =
-        api::SubmitJobRequest { content, format: format.into(), source_name: args.file.display().to_string() };
-    let job_id = client.submit_job(request).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?.into_inner().job_id;
+    let chunks = super::client::submit_chunks(content, format, &args.file.display().to_string());
+    let job_id = client
+        .submit_job_stream(tokio_stream::iter(chunks))
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+        .into_inner()
+        .job_id;
     let mut events = client.watch_job(api::JobRef { job_id: job_id.clone() }).await?.into_inner();
     let mut state = String::new();
     while let Some(event) = events.message().await? {

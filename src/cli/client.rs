@@ -135,9 +135,8 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         Format::Yaml => "yaml",
     };
     let mut client = args.connection.connect().await?;
-    let request =
-        api::SubmitJobRequest { content, format: format.into(), source_name: args.file.display().to_string() };
-    let job_id = match client.submit_job(request).await {
+    let chunks = submit_chunks(content, format, &args.file.display().to_string());
+    let job_id = match client.submit_job_stream(tokio_stream::iter(chunks)).await {
         Ok(response) => response.into_inner().job_id,
         Err(status) if status.code() == tonic::Code::InvalidArgument => {
             eprintln!("{}", status.message());
@@ -161,6 +160,24 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let job = wait(&args.connection, &job_id).await?;
     print_final(&job, args.json);
     Ok(if job.state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(EXIT_JOB_FAILED) })
+}
+
+/// How much of a job file one message of `SubmitJobStream` carries.
+const SUBMIT_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// A job file as the messages of `SubmitJobStream`: the first names its
+/// format and source.
+pub fn submit_chunks(content: Vec<u8>, format: &str, source_name: &str) -> Vec<api::SubmitJobChunk> {
+    let mut chunks: Vec<api::SubmitJobChunk> = content
+        .chunks(SUBMIT_CHUNK_BYTES)
+        .map(|part| api::SubmitJobChunk { content: part.to_vec(), ..api::SubmitJobChunk::default() })
+        .collect();
+    if chunks.is_empty() {
+        chunks.push(api::SubmitJobChunk::default());
+    }
+    chunks[0].format = format.to_string();
+    chunks[0].source_name = source_name.to_string();
+    chunks
 }
 
 /// How long `wait` keeps trying while no admin answers.

@@ -54,6 +54,17 @@ pub struct ServerArgs {
     /// it) is taken back (recovery rule R2-undelivered).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub delivery_grace: Duration,
+    /// The largest job file a client may submit, in bytes (`submit` streams
+    /// it in chunks; the HTTP API takes at most --max-request-bytes at once).
+    #[arg(long, default_value_t = 512 * 1024 * 1024)]
+    pub max_job_bytes: u64,
+    /// The most tasks a submitted job may hold.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub max_tasks: usize,
+    /// The largest single request the API takes, in bytes: a job file sent
+    /// in one piece (HTTP, or gRPC `SubmitJob`).
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub max_request_bytes: usize,
     /// With several admins on one database: how often this one writes its heartbeat.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub cluster_heartbeat: Duration,
@@ -148,6 +159,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         progress_timeout: args.progress_timeout,
         delivery_grace: args.delivery_grace,
         cluster: server::cluster::Timing { heartbeat: args.cluster_heartbeat, lag: args.lag_threshold },
+        limits: crate::jobfile::Limits {
+            max_file_bytes: args.max_job_bytes,
+            max_tasks: args.max_tasks,
+            ..crate::jobfile::Limits::default()
+        },
+        max_request_bytes: args.max_request_bytes,
         ..ServerOptions::default()
     };
     server::run(store, options, http, grpc, shutdown_signal()).await?;

@@ -20,6 +20,9 @@ use crate::store::JobFilter;
 pub enum Error {
     #[error("{0}")]
     Invalid(String),
+    /// A request past a size limit, naming the option that raises it.
+    #[error("{0}")]
+    TooLarge(String),
     /// A job file that breaks the rules: every problem, for the caller to show.
     #[error("{0}")]
     Rejected(jobfile::Error),
@@ -39,6 +42,7 @@ impl Error {
     pub fn http_status(&self) -> u16 {
         match self {
             Error::Invalid(_) | Error::Rejected(_) => 400,
+            Error::TooLarge(_) => 413,
             Error::NotFound(_) => 404,
             Error::Conflict(_) => 409,
             Error::Unavailable(_) => 503,
@@ -53,6 +57,7 @@ impl From<Error> for Status {
         match e {
             Error::Invalid(m) => Status::invalid_argument(m),
             Error::Rejected(e) => Status::invalid_argument(e.to_string()),
+            Error::TooLarge(m) => Status::invalid_argument(m),
             Error::NotFound(m) => Status::not_found(m),
             Error::Conflict(m) => Status::failed_precondition(m),
             Error::Unavailable(m) => Status::unavailable(m),
@@ -559,6 +564,31 @@ impl JobService for JobServiceImpl {
         self.check(&request)?;
         let r = request.into_inner();
         let job_id = self.api.submit(r.content, &r.format, &r.source_name).await?;
+        Ok(Response::new(api::SubmitJobResponse { job_id }))
+    }
+
+    async fn submit_job_stream(
+        &self,
+        request: Request<tonic::Streaming<api::SubmitJobChunk>>,
+    ) -> Result<Response<api::SubmitJobResponse>, Status> {
+        self.check(&request)?;
+        let limit = self.api.shared.options.limits.max_file_bytes;
+        let mut chunks = request.into_inner();
+        let (mut content, mut format, mut source_name) = (Vec::new(), String::new(), String::new());
+        while let Some(chunk) = chunks.message().await? {
+            if content.is_empty() && format.is_empty() && source_name.is_empty() {
+                (format, source_name) = (chunk.format, chunk.source_name);
+            }
+            if (content.len() + chunk.content.len()) as u64 > limit {
+                let name = if source_name.is_empty() { "the submitted job" } else { source_name.as_str() };
+                return Err(Status::invalid_argument(format!(
+                    "invalid job {name}: file too large: more than {limit} bytes, the server's limit \
+                     (its --max-job-bytes raises it)"
+                )));
+            }
+            content.extend_from_slice(&chunk.content);
+        }
+        let job_id = self.api.submit(content, &format, &source_name).await?;
         Ok(Response::new(api::SubmitJobResponse { job_id }))
     }
 

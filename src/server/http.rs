@@ -132,7 +132,19 @@ async fn list_jobs(State(s): State<AppState>, Query(q): Query<HashMap<String, St
     Ok(Json(json!({ "jobs": page.jobs, "next": next })).into_response())
 }
 
-async fn submit_job(State(s): State<AppState>, Query(q): Query<HashMap<String, String>>, body: Bytes) -> Reply {
+async fn submit_job(
+    State(s): State<AppState>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Reply {
+    let body = body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => Error::TooLarge(format!(
+            "the job file is larger than {} bytes, the most one request takes (the server's --max-request-bytes \
+             raises it; `jobcenter submit` sends a file of any size in chunks)",
+            s.shared.options.max_request_bytes
+        )),
+        _ => Error::Invalid(format!("the job file could not be read: {e}")),
+    })?;
     let format = q.get("format").map(String::as_str).unwrap_or("json");
     let name = q.get("name").map(String::as_str).unwrap_or("");
     let job_id = s.api.submit(body.to_vec(), format, name).await?;

@@ -235,8 +235,9 @@ pub async fn run(
     let worker_service = PluginControlServiceServer::new(worker_stream::WorkerStreamService::new(shared.clone()))
         .max_decoding_message_size(options.max_worker_message_bytes)
         .max_encoding_message_size(options.max_worker_message_bytes);
+    // A streamed submission's chunks (1 MiB) always fit in one message.
     let job_service = JobServiceServer::new(api::JobServiceImpl::new(api.clone()))
-        .max_decoding_message_size(options.max_request_bytes)
+        .max_decoding_message_size(options.max_request_bytes.max(2 * 1024 * 1024))
         .max_encoding_message_size(options.max_request_bytes.max(64 * 1024 * 1024));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
