@@ -1,4 +1,5 @@
-//! Job file validation, rule by rule: each test feeds `jobfile::parse` or
+//! Job file validation, rule by rule (and the CLI ending quietly when its
+//! output pipe closes early): each test feeds `jobfile::parse` or
 //! `jobfile::read_file` a file that breaks one rule (or keeps to it at the
 //! boundary) and checks the exact `Problem` and the message a user reads.
 
@@ -1093,4 +1094,20 @@ fn hundred_thousand_task_cycle_is_reported() {
     assert!(message.starts_with("invalid job job.json: cycle: "), "{}", &message[..200]);
     assert!(message.contains(" depends on ... (99990 more) depends on "), "{message}");
     assert!(message.ends_with(&format!(" depends on {:?} (100000 tasks)", path[0])), "{message}");
+}
+
+#[test]
+fn output_into_a_pipe_closed_early_ends_quietly() {
+    // `jobcenter validate FILE | head -0`: the reader is gone before the first line.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_jobcenter"))
+        .args(["validate", concat!(env!("CARGO_MANIFEST_DIR"), "/examples/nine-tasks.json")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(output.status.code(), Some(141), "ends as a shell expects of a closed pipe: {stderr}");
 }
