@@ -507,36 +507,13 @@ fn most_at_once(log: &std::path::Path, jobs: &[String]) -> (i32, usize) {
 
 /// A detector for `noop` that proposes one piece of work, dedupe key `noop:volume-7`.
 async fn proposing_detector(server: &Server) {
-    use jobcenter::proto::plugin::{DetectionProposals, JobProposal};
-    let (tx, mut inbound) = common::noop_detector(server, "proposer").await;
-    tokio::spawn(async move {
-        while let Ok(Some(message)) = inbound.message().await {
-            if let Some(admin_to_worker_message::Body::RunDetectionRequest(request)) = message.body {
-                let send = |body| WorkerToAdminMessage { body: Some(body), ..Default::default() };
-                let proposal = JobProposal {
-                    proposal_id: "volume-7".into(),
-                    dedupe_key: "noop:volume-7".into(),
-                    job_type: "noop".into(),
-                    ..JobProposal::default()
-                };
-                let batch = DetectionProposals {
-                    request_id: message.request_id.clone(),
-                    job_type: request.job_type.clone(),
-                    proposals: vec![proposal],
-                    has_more: false,
-                };
-                let _ = tx.send(send(Body::DetectionProposals(batch))).await;
-                let done = DetectionComplete {
-                    request_id: message.request_id,
-                    job_type: request.job_type,
-                    success: true,
-                    total_proposals: 1,
-                    ..DetectionComplete::default()
-                };
-                let _ = tx.send(send(Body::DetectionComplete(done))).await;
-            }
-        }
-    });
+    let proposal = jobcenter::proto::plugin::JobProposal {
+        proposal_id: "volume-7".into(),
+        dedupe_key: "noop:volume-7".into(),
+        job_type: "noop".into(),
+        ..Default::default()
+    };
+    common::proposing_detector(server, "proposer", vec![proposal]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

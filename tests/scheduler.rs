@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use common::{start_worker, wait_until, Server};
 use jobcenter::proto::plugin::{
-    admin_to_worker_message, plugin_control_service_client::PluginControlServiceClient, worker_to_admin_message::Body,
-    ConfigValue, DetectionComplete, DetectionProposals, JobPriority, JobProposal, JobTypeCapability, WorkerHello,
-    WorkerToAdminMessage,
+    plugin_control_service_client::PluginControlServiceClient, worker_to_admin_message::Body, ConfigValue, JobPriority,
+    JobProposal, JobTypeCapability, WorkerHello, WorkerToAdminMessage,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -43,32 +42,7 @@ fn proposals(sleep_ms: i64) -> Vec<JobProposal> {
 
 /// A detector for `noop`: answers every detection request with `proposals`.
 async fn detector(server: &Server, sleep_ms: i64) -> tokio::task::JoinHandle<u32> {
-    let (tx, mut inbound) = common::noop_detector(server, "detector").await;
-    tokio::spawn(async move {
-        let mut detections = 0;
-        while let Ok(Some(message)) = inbound.message().await {
-            if let Some(admin_to_worker_message::Body::RunDetectionRequest(request)) = message.body {
-                detections += 1;
-                let send = |body| WorkerToAdminMessage { body: Some(body), ..Default::default() };
-                let batch = DetectionProposals {
-                    request_id: message.request_id.clone(),
-                    job_type: request.job_type.clone(),
-                    proposals: proposals(sleep_ms),
-                    has_more: false,
-                };
-                let _ = tx.send(send(Body::DetectionProposals(batch))).await;
-                let done = DetectionComplete {
-                    request_id: message.request_id,
-                    job_type: request.job_type,
-                    success: true,
-                    total_proposals: 3,
-                    ..DetectionComplete::default()
-                };
-                let _ = tx.send(send(Body::DetectionComplete(done))).await;
-            }
-        }
-        detections
-    })
+    common::proposing_detector(server, "detector", proposals(sleep_ms)).await
 }
 
 fn scheduler_jobs(server: &Server) -> Vec<serde_json::Value> {

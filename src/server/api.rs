@@ -101,6 +101,14 @@ fn status_error(status: &Status) -> Error {
     }
 }
 
+/// A submitted job file past the server's limit, naming the option that raises it.
+fn job_too_large(source_name: &str, limit: u64) -> Error {
+    let name = if source_name.is_empty() { "the submitted job" } else { source_name };
+    Error::TooLarge(format!(
+        "invalid job {name}: file too large: more than {limit} bytes, the server's limit (its --max-job-bytes raises it)"
+    ))
+}
+
 type JobServiceClientOf = api::job_service_client::JobServiceClient<tonic::transport::Channel>;
 
 fn parse_job_id(text: &str) -> Result<JobId, Error> {
@@ -124,8 +132,11 @@ impl Api {
             "yaml" | "yml" => Format::Yaml,
             other => return Err(Error::Invalid(format!("unknown job file format {other:?}: use json, toml or yaml"))),
         };
-        let name = if source_name.is_empty() { "the submitted job".to_string() } else { source_name.to_string() };
         let limits = self.shared.options.limits.clone();
+        if content.len() as u64 > limits.max_file_bytes {
+            return Err(job_too_large(source_name, limits.max_file_bytes));
+        }
+        let name = if source_name.is_empty() { "the submitted job".to_string() } else { source_name.to_string() };
         let spec = tokio::task::spawn_blocking(move || jobfile::parse(&content, format, &name, &limits))
             .await
             .map_err(|e| Error::Internal(e.to_string()))?
@@ -580,11 +591,7 @@ impl JobService for JobServiceImpl {
                 (format, source_name) = (chunk.format, chunk.source_name);
             }
             if (content.len() + chunk.content.len()) as u64 > limit {
-                let name = if source_name.is_empty() { "the submitted job" } else { source_name.as_str() };
-                return Err(Status::invalid_argument(format!(
-                    "invalid job {name}: file too large: more than {limit} bytes, the server's limit \
-                     (its --max-job-bytes raises it)"
-                )));
+                return Err(job_too_large(&source_name, limit).into());
             }
             content.extend_from_slice(&chunk.content);
         }

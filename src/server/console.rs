@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 
@@ -33,11 +34,11 @@ pub fn asset(name: &str) -> Response {
     let Some((name, content_type, embedded)) = ASSETS.iter().find(|(n, _, _)| *n == name) else {
         return (StatusCode::NOT_FOUND, "no such file\n").into_response();
     };
-    let body = match std::env::var_os("JOBCENTER_CONSOLE_DIR") {
-        Some(dir) => {
-            std::fs::read_to_string(std::path::Path::new(&dir).join(name)).unwrap_or_else(|_| (*embedded).to_string())
-        }
-        None => (*embedded).to_string(),
+    let from_disk = std::env::var_os("JOBCENTER_CONSOLE_DIR")
+        .and_then(|dir| std::fs::read_to_string(std::path::Path::new(&dir).join(name)).ok());
+    let body = match from_disk {
+        Some(text) => Body::from(text),
+        None => Body::from(*embedded),
     };
     let headers = [
         (header::CONTENT_TYPE, *content_type),

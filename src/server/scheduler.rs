@@ -443,24 +443,25 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
         proposals: proposals.len(),
         ..Run::default()
     };
-    if let Err(e) = result {
-        record(shared, job_type, format!("detection {sequence} failed: {e}"));
-        run_record.error = Some(e.to_string());
-        save_run(shared, job_type, run_record).await;
-        return Err(e);
-    }
-    shared.metrics.record_proposals(job_type, proposals.len() as u64);
-    let now = shared.clock.now();
-    let proposals: Vec<Proposal> = proposals.iter().map(|p| to_proposal(job_type, p)).collect();
-    let active = match active_dedupe_keys(shared).await {
+    // What the other jobs already do is asked only of a detection that succeeded.
+    let active = match result {
+        Ok(()) => {
+            shared.metrics.record_proposals(job_type, proposals.len() as u64);
+            active_dedupe_keys(shared).await.map_err(|e| ("set aside", e))
+        }
+        Err(e) => Err(("failed", e)),
+    };
+    let active = match active {
         Ok(active) => active,
-        Err(e) => {
-            record(shared, job_type, format!("detection {sequence} set aside: {e}"));
+        Err((what, e)) => {
+            record(shared, job_type, format!("detection {sequence} {what}: {e}"));
             run_record.error = Some(e.to_string());
             save_run(shared, job_type, run_record).await;
             return Err(e);
         }
     };
+    let now = shared.clock.now();
+    let proposals: Vec<Proposal> = proposals.iter().map(|p| to_proposal(job_type, p)).collect();
     let (kept, dropped) = filter(proposals, &active, now);
     for d in &dropped {
         record(shared, job_type, format!("proposal {} dropped: {}", d.proposal_id, d.reason));

@@ -284,3 +284,43 @@ pub async fn noop_detector(
     let inbound = client.worker_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
     (tx, inbound)
 }
+
+/// A `noop` detector (see `noop_detector`) that answers every detection
+/// request with `proposals`; the task ends with the stream, giving how many
+/// requests it answered.
+pub async fn proposing_detector(
+    server: &Server,
+    name: &str,
+    proposals: Vec<jobcenter::proto::plugin::JobProposal>,
+) -> tokio::task::JoinHandle<u32> {
+    use jobcenter::proto::plugin::{
+        admin_to_worker_message, worker_to_admin_message::Body, DetectionComplete, DetectionProposals,
+        WorkerToAdminMessage,
+    };
+    let (tx, mut inbound) = noop_detector(server, name).await;
+    tokio::spawn(async move {
+        let mut detections = 0;
+        while let Ok(Some(message)) = inbound.message().await {
+            if let Some(admin_to_worker_message::Body::RunDetectionRequest(request)) = message.body {
+                detections += 1;
+                let send = |body| WorkerToAdminMessage { body: Some(body), ..Default::default() };
+                let batch = DetectionProposals {
+                    request_id: message.request_id.clone(),
+                    job_type: request.job_type.clone(),
+                    proposals: proposals.clone(),
+                    has_more: false,
+                };
+                let _ = tx.send(send(Body::DetectionProposals(batch))).await;
+                let done = DetectionComplete {
+                    request_id: message.request_id,
+                    job_type: request.job_type,
+                    success: true,
+                    total_proposals: proposals.len() as i32,
+                    ..DetectionComplete::default()
+                };
+                let _ = tx.send(send(Body::DetectionComplete(done))).await;
+            }
+        }
+        detections
+    })
+}
