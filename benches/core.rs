@@ -25,7 +25,7 @@ use jobcenter::store::{PasswordSources, ScratchDatabase, SledStore, Store};
 use jobcenter::worker::{builtin_handlers, LocalExecutor, Registry};
 
 const RUNS: usize = 3;
-const SCENARIOS: [&str; 6] = ["flush", "transitions", "submit", "propagate", "restart", "orphans"];
+const SCENARIOS: [&str; 7] = ["flush", "floor", "transitions", "submit", "propagate", "restart", "orphans"];
 
 /// A seeded layered DAG in the job file format, like `gen_dag.py --shape layered`.
 fn layered(n: usize, width: usize, fanin: usize, extra: &str) -> String {
@@ -232,6 +232,36 @@ async fn flush(dir: &Path) -> serde_json::Value {
     serde_json::json!({ "write_and_flush_ms": median(tail) })
 }
 
+/// The floor under a dependent step through worker processes: one small
+/// batch flushed (as `flush`) plus one message to the server and one back
+/// on loopback gRPC (a unary call to a running server that does next to
+/// no work for it).
+async fn floor(dir: &Path) -> serde_json::Value {
+    let flush_ms = flush(dir).await["write_and_flush_ms"].as_f64().unwrap();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = grpc.local_addr().unwrap();
+    let store: Arc<dyn jobcenter::store::Store> = Arc::new(jobcenter::store::MemoryStore::new());
+    let options = jobcenter::server::ServerOptions::default();
+    tokio::spawn(jobcenter::server::run(store, options, http, grpc, std::future::pending()));
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap();
+    let channel = loop {
+        match endpoint.connect().await {
+            Ok(channel) => break channel,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let mut client = jobcenter::proto::api::job_service_client::JobServiceClient::new(channel);
+    let mut latencies = Vec::new();
+    for _ in 0..3000 {
+        let started = Instant::now();
+        client.list_workers(jobcenter::proto::api::ListWorkersRequest {}).await.unwrap();
+        latencies.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    let round_trip_ms = median(latencies[1000..].to_vec());
+    serde_json::json!({ "flush_ms": flush_ms, "round_trip_ms": round_trip_ms, "floor_ms": flush_ms + round_trip_ms })
+}
+
 /// 1,000 attempts held by a handler of a previous run, with 1,000,000 tasks
 /// stored: the time from the restart to the recovery check having
 /// resubmitted them all (snapshot, rules, actions, flush).
@@ -297,6 +327,7 @@ fn run_one(name: &str) {
     let result = runtime.block_on(async {
         match name {
             "flush" => flush(dir.path()).await,
+            "floor" => floor(dir.path()).await,
             "transitions" => transitions(dir.path()).await,
             "submit" => submit(dir.path()).await,
             "propagate" => propagate(dir.path()).await,

@@ -12,6 +12,7 @@ pub mod leader;
 pub mod model;
 pub mod policy;
 pub mod proto;
+pub mod retention;
 pub mod scheduler;
 pub mod server;
 pub mod store;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{Map, Number, Value};
 
 use crate::model::{JobId, Priority, TaskIdx, TaskRef};
+use crate::proto::api;
 use crate::proto::plugin::{config_value::Kind, ConfigValue, JobPriority};
 
 /// A label the admin sets on a `JobSpec` to give the task's id in its job
@@ -271,6 +272,109 @@ pub async fn http_get_json(address: &str, path: &str) -> anyhow::Result<Value> {
     Ok(serde_json::from_str(body.trim())?)
 }
 
+/// Tasks per part when a job travels in parts (`ReadJob`, a watch snapshot).
+pub const TASKS_PER_PART: usize = 10_000;
+
+/// Puts a job sent in parts back together: a part from task 0 starts a
+/// job again, each next one must follow on where the last ended.
+#[derive(Debug, Default)]
+pub struct JobAssembly {
+    job: Option<api::Job>,
+}
+
+impl JobAssembly {
+    /// Takes the next part; answers the whole job once its last part is in.
+    pub fn push(&mut self, part: api::Job) -> Result<Option<api::Job>, String> {
+        if part.first_task == 0 {
+            self.job = Some(part);
+        } else {
+            let Some(job) = self.job.as_mut() else {
+                return Err(format!(
+                    "a part of job {} from task {} came before its first part",
+                    part.id, part.first_task
+                ));
+            };
+            if part.id != job.id || part.first_task as usize != job.tasks.len() {
+                return Err(format!(
+                    "a part of job {} from task {} does not follow on job {} at task {}",
+                    part.id,
+                    part.first_task,
+                    job.id,
+                    job.tasks.len()
+                ));
+            }
+            job.tasks.extend(part.tasks);
+        }
+        let whole = self.job.as_ref().is_some_and(|job| job.tasks.len() >= job.task_count as usize);
+        Ok(if whole { self.job.take() } else { None })
+    }
+
+    /// The fields of the job being put together (from its first part).
+    pub fn pending(&self) -> Option<&api::Job> {
+        self.job.as_ref()
+    }
+}
+
+/// Writes a job that comes in parts as one JSON object, part by part: the
+/// job's fields, then `"tasks":[…]`, each part's tasks as they come, so a
+/// job of any size is never held whole. `short` keeps what `jobcenter run
+/// --json` prints: the job's id, name and state, and each task's id,
+/// job type, state, attempt and error.
+#[derive(Debug, Default)]
+pub struct JobJson {
+    short: bool,
+    written: usize,
+}
+
+impl JobJson {
+    pub fn new(short: bool) -> JobJson {
+        JobJson { short, written: 0 }
+    }
+
+    /// The JSON text of the next part (the object's opening with the first).
+    pub fn part(&mut self, mut part: api::Job) -> String {
+        let mut out = String::new();
+        let tasks = std::mem::take(&mut part.tasks);
+        if part.first_task == 0 {
+            let fields = if self.short {
+                serde_json::json!({ "id": part.id, "name": part.name, "state": part.state })
+            } else {
+                let mut fields = serde_json::to_value(&part).unwrap_or_default();
+                if let Value::Object(fields) = &mut fields {
+                    fields.remove("tasks");
+                    fields.remove("first_task");
+                }
+                fields
+            };
+            let text = fields.to_string();
+            out.push_str(text.strip_suffix('}').unwrap_or("{"));
+            out.push_str(if text.len() > 2 { ",\"tasks\":[" } else { "\"tasks\":[" });
+        }
+        for task in &tasks {
+            if self.written > 0 {
+                out.push(',');
+            }
+            self.written += 1;
+            let text = if self.short {
+                serde_json::json!({
+                    "id": task.id, "job_type": task.job_type, "state": task.state, "attempt": task.attempt,
+                    "error": (!task.error.is_empty()).then_some(&task.error),
+                })
+                .to_string()
+            } else {
+                serde_json::to_string(task).unwrap_or_else(|_| "null".into())
+            };
+            out.push_str(&text);
+        }
+        out
+    }
+
+    /// The object's closing.
+    pub fn end(&self) -> &'static str {
+        "]}"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,5 +433,58 @@ mod tests {
         assert_eq!(split_host_port("127.0.0.1:23646").unwrap(), ("127.0.0.1".to_string(), 23646));
         assert_eq!(split_host_port("[::1]:80").unwrap(), ("::1".to_string(), 80));
         assert!(split_host_port("localhost").is_err());
+    }
+
+    fn part(first_task: u32, ids: &[&str], count: u32) -> api::Job {
+        let tasks = ids.iter().map(|id| api::Task { id: id.to_string(), ..api::Task::default() }).collect();
+        api::Job { id: "j".into(), first_task, task_count: count, tasks, ..api::Job::default() }
+    }
+
+    #[test]
+    fn a_job_in_parts_comes_back_whole_and_in_order() {
+        let mut assembly = JobAssembly::default();
+        let mut first = part(0, &["a", "b"], 5);
+        first.state = "running".into();
+        assert_eq!(assembly.push(first).unwrap(), None);
+        assert_eq!(assembly.push(part(2, &["c", "d"], 5)).unwrap(), None);
+        let job = assembly.push(part(4, &["e"], 5)).unwrap().expect("the last part completes the job");
+        assert_eq!(job.state, "running");
+        assert_eq!(job.tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["a", "b", "c", "d", "e"]);
+        assert!(assembly.pending().is_none());
+        // A job in one part (or from a server that sends no count) is whole at once.
+        assert!(assembly.push(part(0, &["a"], 0)).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_part_out_of_place_is_an_error_and_a_new_first_part_starts_again() {
+        let mut assembly = JobAssembly::default();
+        let err = assembly.push(part(2, &["c"], 3)).unwrap_err();
+        assert!(err.contains("came before its first part"), "{err}");
+        assembly.push(part(0, &["a"], 3)).unwrap();
+        let err = assembly.push(part(2, &["c"], 3)).unwrap_err();
+        assert!(err.contains("from task 2 does not follow on job j at task 1"), "{err}");
+        // A fresh snapshot in the middle replaces what was gathered.
+        assembly.push(part(0, &["x", "y"], 3)).unwrap();
+        let job = assembly.push(part(2, &["z"], 3)).unwrap().unwrap();
+        assert_eq!(job.tasks.len(), 3);
+        assert_eq!(job.tasks[0].id, "x");
+    }
+
+    #[test]
+    fn a_job_in_parts_is_written_as_one_json_object() {
+        for short in [false, true] {
+            let mut writer = JobJson::new(short);
+            let mut first = part(0, &["a", "b"], 3);
+            first.name = "nine".into();
+            let mut text = writer.part(first);
+            text += &writer.part(part(2, &["c"], 3));
+            text += writer.end();
+            let job: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert_eq!(job["name"], "nine");
+            let ids: Vec<&str> = job["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
+            assert_eq!(ids, ["a", "b", "c"]);
+            assert!(job.get("first_task").is_none());
+            assert_eq!(job.get("task_count").is_some(), !short);
+        }
     }
 }

@@ -176,23 +176,12 @@ async fn detector(server: &Server, name: &str, count: Arc<AtomicU32>) {
     });
 }
 
-/// Runs a program with its clock an hour ahead (libfaketime, preloaded in
-/// the same process, so that killing it kills the program).
-fn an_hour_ahead() -> Vec<String> {
-    let library = ["x86_64-linux-gnu", "aarch64-linux-gnu"]
-        .iter()
-        .map(|arch| format!("/usr/lib/{arch}/faketime/libfaketimeMT.so.1"))
-        .find(|path| std::path::Path::new(path).exists())
-        .expect("libfaketime is installed (Debian's faketime package)");
-    vec!["env".into(), format!("LD_PRELOAD={library}"), "FAKETIME=+1h".into()]
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_interval_is_detected_once_across_a_kill_and_a_clock_an_hour_ahead() {
     let dir = tempfile::tempdir().unwrap();
     let database = pg().new_database();
     let url = pg().url(&database);
-    let ahead = an_hour_ahead();
+    let ahead = common::clock_ahead("+1h");
     let ahead: Vec<&str> = ahead.iter().map(String::as_str).collect();
     let servers = vec![
         start(dir.path(), "a", &url, &[]),

@@ -402,3 +402,70 @@ fn a_job_file_larger_than_one_request_is_streamed_and_the_limits_left_name_their
     let jobs = server.cli_json(&["jobs", "--json"]);
     assert_eq!(jobs.as_array().map(Vec::len), Some(1), "only the first job is stored: {jobs}");
 }
+
+/// Waits for a child's output to be written to its file and returns it.
+fn read_when(path: &std::path::Path, what: &str, mut done: impl FnMut(&str) -> bool) -> String {
+    wait_until(Duration::from_secs(60), || {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        done(&text).then_some(text)
+    })
+    .unwrap_or_else(|| panic!("{what}: {}", std::fs::read_to_string(path).unwrap_or_default()))
+}
+
+#[test]
+fn a_job_of_more_tasks_than_one_part_is_read_watched_and_waited_for_whole_and_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    // Three parts of at most 10,000 tasks.
+    let n = 25_000;
+    let file = dir.path().join("wide.json");
+    std::fs::write(&file, parked_job("wide", n)).unwrap();
+    let ids: Vec<String> = (0..n).map(|i| format!("task-{i:06}")).collect();
+    let task_ids = |job: &Value| -> Vec<String> {
+        job["tasks"].as_array().expect("tasks").iter().map(|t| t["id"].as_str().unwrap().to_string()).collect()
+    };
+
+    // `submit --wait --json` and `watch --plain`, running until the job ends.
+    let (wait_out, watch_out) = (dir.path().join("wait.out"), dir.path().join("watch.out"));
+    let mut submit = std::process::Command::new(common::binary());
+    submit.args(["submit", file.to_str().unwrap(), "--wait", "--json", "--admin", &server.http]);
+    submit.stdout(std::fs::File::create(&wait_out).unwrap()).stderr(std::process::Stdio::piped());
+    let mut submit = submit.spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(submit.stderr.take().unwrap()), &mut line).unwrap();
+    let id = line.trim().strip_prefix("submitted job ").unwrap_or_else(|| panic!("{line}")).to_string();
+    let mut watch = std::process::Command::new(common::binary());
+    watch.args(["watch", &id, "--plain", "--admin", &server.http]);
+    watch.stdout(std::fs::File::create(&watch_out).unwrap()).stderr(std::process::Stdio::null());
+    let watch = watch.spawn().unwrap();
+    let first = read_when(&watch_out, "the watch's snapshot", |t| t.contains("watching job"));
+    assert!(first.contains(&format!("{n} tasks")), "the whole snapshot was put together: {first}");
+
+    // `jobcenter job --json` and `/api/jobs/{id}`: every task, in order.
+    let job = server.cli_json(&["job", &id, "--json"]);
+    assert_eq!(job["task_count"], n);
+    assert_eq!(task_ids(&job), ids);
+    assert_eq!(job["tasks"][n - 1]["state"], "ready");
+    let (status, job) = json(&server.http, "GET", &format!("/api/jobs/{id}"), None);
+    assert_eq!(status, 200);
+    assert_eq!((job["name"].as_str(), job["state"].as_str()), (Some("wide"), Some("pending")));
+    assert_eq!(task_ids(&job), ids);
+    let table = server.cli(&["job", &id]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert_eq!(table.lines().count(), n + 2, "a header line, the column names, a row per task");
+    assert!(table.lines().nth(n + 1).unwrap().starts_with(&ids[n - 1]));
+
+    let output = server.cli(&["cancel", &id]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let waited = common::wait_with_timeout(submit, Duration::from_secs(60)).expect("submit --wait ended");
+    assert_eq!(waited.status.code(), Some(1), "a canceled job is not a success");
+    let text = std::fs::read_to_string(&wait_out).unwrap();
+    let job: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not one JSON object ({e})"));
+    assert_eq!(job["state"], "canceled");
+    assert_eq!(task_ids(&job), ids);
+    assert!(job["tasks"].as_array().unwrap().iter().all(|t| t["state"] == "canceled"));
+    let watched = common::wait_with_timeout(watch, Duration::from_secs(60)).expect("watch ended");
+    assert_eq!(watched.status.code(), Some(1));
+    let text = std::fs::read_to_string(&watch_out).unwrap();
+    assert!(text.contains("job canceled"), "{text}");
+}

@@ -105,6 +105,12 @@ macro_rules! suite {
             }
 
             #[test]
+            fn removes_ended_jobs_with_all_they_own() {
+                let subject = super::$backend();
+                conformance::removes_ended_jobs_with_all_they_own(subject.store, &*subject.reopen);
+            }
+
+            #[test]
             fn flushed_writes_survive_a_reopen() {
                 let subject = super::$backend();
                 conformance::flushed_writes_survive_a_reopen(subject.store, &*subject.reopen);

@@ -192,14 +192,16 @@ async fn bench(
         .into_inner()
         .job_id;
     let mut events = client.watch_job(api::JobRef { job_id: job_id.clone() }).await?.into_inner();
-    let mut state = String::new();
+    let (mut state, mut tasks) = (String::new(), 0);
     while let Some(event) = events.message().await? {
         let ended = match &event.event {
             Some(job_event::Event::Job(t)) if !matches!(t.state.as_str(), "pending" | "running") => {
                 Some(t.state.clone())
             }
-            Some(job_event::Event::Snapshot(j)) if !matches!(j.state.as_str(), "pending" | "running") => {
-                Some(j.state.clone())
+            // A snapshot's first part carries the job's state and size.
+            Some(job_event::Event::Snapshot(j)) if j.first_task == 0 => {
+                tasks = j.task_count as usize;
+                Some(j.state.clone()).filter(|s| !matches!(s.as_str(), "pending" | "running"))
             }
             _ => None,
         };
@@ -209,9 +211,7 @@ async fn bench(
         }
     }
     let makespan = started.elapsed().as_secs_f64();
-    let job = client.get_job(api::JobRef { job_id }).await?.into_inner();
     let stats = wire::http_get_json(&http, "/api/stats").await?;
-    let tasks = job.tasks.len();
     let result = serde_json::json!({
         "tasks": tasks,
         "state": state,

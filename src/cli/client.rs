@@ -157,9 +157,8 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     eprintln!("submitted job {job_id}");
-    let job = wait(&args.connection, &job_id).await?;
-    print_final(&job, args.json);
-    Ok(if job.state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(EXIT_JOB_FAILED) })
+    wait(&args.connection, &job_id).await?;
+    print_final(&args.connection, &job_id, args.json).await
 }
 
 /// How much of a job file one message of `SubmitJobStream` carries.
@@ -183,15 +182,15 @@ pub fn submit_chunks(content: Vec<u8>, format: &str, source_name: &str) -> Vec<a
 /// How long `wait` keeps trying while no admin answers.
 const WAIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// Follows the job's watch stream until it ends, then fetches it whole.
+/// Follows the job's watch stream until it ends.
 /// When its admin goes away, it carries on with another (`--admin A,B`)
 /// or the same one back, for up to two minutes without an answer.
-pub async fn wait(connection: &Connection, job_id: &str) -> anyhow::Result<api::Job> {
+pub async fn wait(connection: &Connection, job_id: &str) -> anyhow::Result<()> {
     let terminal = |state: &str| matches!(state, "succeeded" | "failed" | "canceled");
     let mut backoff = std::time::Duration::from_millis(200);
     let mut answered = std::time::Instant::now();
     loop {
-        let attempt: Result<Option<api::Job>, tonic::Status> = async {
+        let attempt: Result<bool, tonic::Status> = async {
             let mut client = connection.connect().await.map_err(|e| tonic::Status::unavailable(format!("{e:#}")))?;
             let mut stream = client.watch_job(api::JobRef { job_id: job_id.into() }).await?.into_inner();
             while let Some(event) = stream.message().await? {
@@ -202,16 +201,16 @@ pub async fn wait(connection: &Connection, job_id: &str) -> anyhow::Result<api::
                     _ => false,
                 };
                 if ended {
-                    return Ok(Some(client.get_job(api::JobRef { job_id: job_id.into() }).await?.into_inner()));
+                    return Ok(true);
                 }
             }
-            Ok(None)
+            Ok(false)
         }
         .await;
         match attempt {
-            Ok(Some(job)) => return Ok(job),
+            Ok(true) => return Ok(()),
             // The stream ended with the job still running: ask again.
-            Ok(None) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+            Ok(false) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
             Err(status)
                 if matches!(
                     status.code(),
@@ -230,37 +229,74 @@ pub async fn wait(connection: &Connection, job_id: &str) -> anyhow::Result<api::
     }
 }
 
-/// The final job as `jobcenter run` prints it.
-pub fn job_json(job: &api::Job) -> serde_json::Value {
-    let tasks: Vec<serde_json::Value> = job
-        .tasks
-        .iter()
-        .map(|t| {
-            serde_json::json!({
-                "id": t.id, "job_type": t.job_type, "state": t.state, "attempt": t.attempt,
-                "error": (!t.error.is_empty()).then_some(&t.error),
-            })
-        })
-        .collect();
-    serde_json::json!({ "id": job.id, "name": job.name, "state": job.state, "tasks": tasks })
+/// A job of any size, read in parts and put back together.
+pub async fn read_job(client: &mut Client, job_id: &str) -> Result<api::Job, tonic::Status> {
+    let mut parts = client.read_job(api::JobRef { job_id: job_id.into() }).await?.into_inner();
+    let mut assembly = wire::JobAssembly::default();
+    while let Some(part) = parts.message().await? {
+        if let Some(job) = assembly.push(part).map_err(tonic::Status::data_loss)? {
+            return Ok(job);
+        }
+    }
+    Err(tonic::Status::data_loss(format!("the parts of job {job_id} ended before its last task")))
 }
 
-fn print_final(job: &api::Job, json: bool) {
-    if json {
-        println!("{}", job_json(job));
-    } else {
-        print_job(job);
-    }
+/// How `print_parts` shows a job.
+#[derive(Clone, Copy, PartialEq)]
+enum Style {
+    Table,
+    /// Every field, as `/api/jobs/{id}` gives it.
+    Json,
+    /// What `jobcenter run --json` prints.
+    ShortJson,
 }
 
-fn print_job(job: &api::Job) {
-    println!("job {} {:?}: {}", job.id, job.name, job.state);
-    let width = job.tasks.iter().map(|t| t.id.len()).max().unwrap_or(2).clamp(2, 40);
-    println!("{:<width$}  {:<16}  {:<16}  {:>7}  ERROR", "ID", "JOB TYPE", "STATE", "ATTEMPT");
-    for t in &job.tasks {
-        let error = if t.state == "succeeded" { "" } else { t.error.as_str() };
-        println!("{:<width$}  {:<16}  {:<16}  {:>7}  {}", t.id, t.job_type, t.state, t.attempt, error);
+/// Reads a job in parts and prints each as it comes, so that a job of any
+/// size is never held whole; answers the job's state.
+async fn print_parts(client: &mut Client, job_id: &str, style: Style) -> Result<String, tonic::Status> {
+    let mut parts = client.read_job(api::JobRef { job_id: job_id.into() }).await?.into_inner();
+    let mut json = wire::JobJson::new(style == Style::ShortJson);
+    let (mut state, mut width) = (String::new(), 2);
+    while let Some(part) = parts.message().await? {
+        let last = part.first_task as usize + part.tasks.len() >= part.task_count as usize;
+        if part.first_task == 0 {
+            state = part.state.clone();
+        }
+        let text = match style {
+            Style::Json | Style::ShortJson => json.part(part) + if last { json.end() } else { "" },
+            Style::Table => {
+                let mut text = String::new();
+                if part.first_task == 0 {
+                    width = part.tasks.iter().map(|t| t.id.len()).max().unwrap_or(2).clamp(2, 40);
+                    text += &format!("job {} {:?}: {}\n", part.id, part.name, part.state);
+                    text +=
+                        &format!("{:<width$}  {:<16}  {:<16}  {:>7}  ERROR\n", "ID", "JOB TYPE", "STATE", "ATTEMPT");
+                }
+                for t in &part.tasks {
+                    let error = if t.state == "succeeded" { "" } else { t.error.as_str() };
+                    text += &format!(
+                        "{:<width$}  {:<16}  {:<16}  {:>7}  {}\n",
+                        t.id, t.job_type, t.state, t.attempt, error
+                    );
+                }
+                text.pop();
+                text
+            }
+        };
+        println!("{text}");
+        if last {
+            return Ok(state);
+        }
     }
+    Err(tonic::Status::data_loss(format!("the parts of job {job_id} ended before its last task")))
+}
+
+/// Prints an ended job (short JSON with `json`); exit 0 if it succeeded, 1 otherwise.
+async fn print_final(connection: &Connection, job_id: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let mut client = connection.connect().await?;
+    let style = if json { Style::ShortJson } else { Style::Table };
+    let state = print_parts(&mut client, job_id, style).await.map_err(status_error)?;
+    Ok(if state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(EXIT_JOB_FAILED) })
 }
 
 fn time(millis: i64) -> String {
@@ -279,9 +315,13 @@ pub struct JobsArgs {
     /// Only jobs whose name contains this.
     #[arg(long, conflicts_with_all = ["data_dir", "database_url", "watch"])]
     pub name: Option<String>,
-    /// Only jobs submitted by users (`submitted`) or made by the scheduler (`scheduler`).
-    #[arg(long, conflicts_with_all = ["data_dir", "database_url", "watch"])]
+    /// Only jobs submitted by users (`submitted`), made by the scheduler
+    /// (`scheduler`) or by the recovery check (`recovery`; left out otherwise).
+    #[arg(long, conflicts_with_all = ["data_dir", "database_url", "watch", "all"])]
     pub origin: Option<String>,
+    /// Every job, the recovery check's own included.
+    #[arg(long, conflicts_with_all = ["data_dir", "database_url", "watch"])]
+    pub all: bool,
     /// Only jobs created before this job id (the next page).
     #[arg(long, conflicts_with_all = ["data_dir", "database_url", "watch"])]
     pub before: Option<String>,
@@ -315,7 +355,7 @@ pub async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
         state: args.state.unwrap_or_default(),
         limit: args.limit,
         name: args.name.unwrap_or_default(),
-        origin: args.origin.unwrap_or_default(),
+        origin: if args.all { "all".into() } else { args.origin.unwrap_or_default() },
         before: args.before.unwrap_or_default(),
     };
     let jobs = client.list_jobs(request).await.map_err(status_error)?.into_inner().jobs;
@@ -347,19 +387,14 @@ pub struct JobArgs {
 
 pub async fn job(args: JobArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
-    let job = match client.get_job(api::JobRef { job_id: args.id.clone() }).await {
-        Ok(r) => r.into_inner(),
+    let style = if args.json { Style::Json } else { Style::Table };
+    match print_parts(&mut client, &args.id, style).await {
+        Ok(_) => Ok(ExitCode::SUCCESS),
         Err(status) => {
             eprintln!("jobcenter: {}", status.message());
-            return Ok(ExitCode::from(EXIT_USAGE));
+            Ok(ExitCode::from(EXIT_USAGE))
         }
-    };
-    if args.json {
-        println!("{}", serde_json::to_string(&job)?);
-    } else {
-        print_job(&job);
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(clap::Args, Debug)]
@@ -651,6 +686,47 @@ pub async fn recover(args: RecoverArgs) -> anyhow::Result<ExitCode> {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct PruneArgs {
+    /// Name the jobs that would go, remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+pub async fn prune(args: PruneArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let response = match client.prune(api::PruneRequest { dry_run: args.dry_run }).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            eprintln!("jobcenter: {}", status.message());
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&response)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for pruned in &response.jobs {
+        let Some(j) = &pruned.job else { continue };
+        println!(
+            "{:<36}  {:<10}  {:>8}  {:<24}  {}: {}",
+            j.id,
+            j.state,
+            j.tasks,
+            time(j.finished_at_ms),
+            j.name,
+            pruned.reason
+        );
+    }
+    let verb = if args.dry_run { "would remove" } else { "removed" };
+    println!("{verb} {} ended jobs ({})", response.jobs.len(), response.rules);
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
 pub struct DetectArgs {
     pub job_type: String,
     /// Make the proposals a job and run it now.
@@ -676,9 +752,8 @@ pub async fn detect(args: DetectArgs) -> anyhow::Result<ExitCode> {
         }
     };
     if args.wait && !response.job_id.is_empty() {
-        let job = wait(&args.connection, &response.job_id).await?;
-        print_final(&job, args.json);
-        return Ok(if job.state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(EXIT_JOB_FAILED) });
+        wait(&args.connection, &response.job_id).await?;
+        return print_final(&args.connection, &response.job_id, args.json).await;
     }
     if args.json {
         println!("{}", serde_json::to_string(&response)?);

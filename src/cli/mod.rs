@@ -67,6 +67,9 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Run the recovery check now and print each finding.
     Recover(client::RecoverArgs),
+    /// Remove now the ended jobs past the server's retention rules
+    /// (--keep-ended-for, --keep-ended, --keep-recovery-checks-for).
+    Prune(client::PruneArgs),
     /// Ask a detector what a job type needs now (`--run` makes it a job).
     Detect(client::DetectArgs),
     /// The scheduler's activity log.
@@ -81,6 +84,10 @@ pub enum Command {
     Export(transfer::ExportArgs),
     /// Read what `export` wrote into a data directory or a database.
     Import(transfer::ImportArgs),
+    /// Write a consistent copy of a running server's jobs and settings to a file.
+    Backup(transfer::BackupArgs),
+    /// Bring a backup back into an empty data directory (or database).
+    Restore(transfer::RestoreArgs),
 }
 
 /// Runs a parsed command line; returns the process exit code.
@@ -114,6 +121,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Policy(args) => client::policy(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Recover(args) => client::recover(args).await,
+            Command::Prune(args) => client::prune(args).await,
             Command::Detect(args) => client::detect(args).await,
             Command::Activities(args) => client::activities(args).await,
             Command::Runs(args) => client::runs(args).await,
@@ -121,6 +129,8 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Watch(args) => watch::run(args).await,
             Command::Export(args) => transfer::export(args).await,
             Command::Import(args) => transfer::import(args).await,
+            Command::Backup(args) => transfer::backup(args).await,
+            Command::Restore(args) => transfer::restore(args).await,
         }
     });
     match result {

@@ -72,6 +72,18 @@ pub struct ServerArgs {
     /// the database's clock) is deactivated and its jobs taken over.
     #[arg(long, default_value = "20s", value_parser = parse_duration)]
     pub lag_threshold: Duration,
+    /// An ended job is removed once it ended longer ago than this.
+    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    pub keep_ended_for: Duration,
+    /// At most this many ended jobs are kept (the newest); older ones are removed.
+    #[arg(long, default_value_t = 10_000)]
+    pub keep_ended: usize,
+    /// The recovery check's own jobs (one per --recovery-interval) are kept this long once ended.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub keep_recovery_checks_for: Duration,
+    /// How often ended jobs past those rules are removed (in bounded batches).
+    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    pub prune_interval: Duration,
     /// Attempts a task may lose with its worker before it fails.
     #[arg(long, default_value_t = 3)]
     pub lost_attempt_limit: u32,
@@ -86,7 +98,7 @@ pub struct ServerArgs {
     pub tls: crate::tls::ServerTls,
 }
 
-/// `15s`, `500ms`, `2m`, `1h`, or plain seconds.
+/// `15s`, `500ms`, `2m`, `1h`, `7d`, or plain seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len()));
@@ -96,7 +108,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "ms" => value / 1000.0,
         "m" => value * 60.0,
         "h" => value * 3600.0,
-        _ => return Err(format!("{text:?}: unknown unit {unit:?}; use ms, s, m or h")),
+        "d" => value * 86_400.0,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?}; use ms, s, m, h or d")),
     };
     Ok(Duration::from_secs_f64(seconds))
 }
@@ -165,6 +178,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
             ..crate::jobfile::Limits::default()
         },
         max_request_bytes: args.max_request_bytes,
+        retention: crate::retention::Retention {
+            age: args.keep_ended_for,
+            count: args.keep_ended,
+            recovery_checks: args.keep_recovery_checks_for,
+        },
+        prune_interval: args.prune_interval,
         ..ServerOptions::default()
     };
     server::run(store, options, http, grpc, shutdown_signal()).await?;
@@ -196,6 +215,7 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
         assert!(parse_duration("3 days").is_err());
         assert!(parse_duration("fast").is_err());
     }

@@ -60,9 +60,18 @@ pub(super) enum Command {
         job: JobId,
         reply: Reply<Result<(), Error>>,
     },
+    /// `removals`: how many removals were durable before the caller read the
+    /// job; `None` answers that it must be read again (one became durable since).
     Retry {
         job: StoredJob,
-        reply: Reply<Result<(), Error>>,
+        removals: u64,
+        reply: Reply<Option<Result<(), Error>>>,
+    },
+    /// Removes ended jobs (retention) that are not led here; answers, once
+    /// durable, how many were asked for removal.
+    Remove {
+        jobs: Vec<JobId>,
+        reply: Reply<usize>,
     },
     Progress {
         task: TaskRef,
@@ -125,6 +134,10 @@ pub(super) enum Command {
     Get {
         job: JobId,
         reply: Reply<Option<StoredJob>>,
+    },
+    /// Every job led here, whole, as of one step (answered once it is durable), and that step's time.
+    Snapshot {
+        reply: Reply<(Timestamp, Vec<StoredJob>)>,
     },
     Summary {
         job: JobId,
@@ -247,6 +260,12 @@ pub(super) struct Core {
     resource_permits: Option<HashSet<String>>,
     /// Whether a job has tasks on a resource, as first looked up.
     resource_jobs: HashMap<JobId, bool>,
+    /// Removals of ended jobs taken (each numbered), and how many of them
+    /// are durable, so that a retry never brings back a job being removed.
+    removals: u64,
+    removals_durable: Arc<std::sync::atomic::AtomicU64>,
+    /// Jobs of removals not known to be durable yet, with the removal's number.
+    removing: HashMap<JobId, u64>,
 }
 
 impl Core {
@@ -264,7 +283,15 @@ impl Core {
             peer_handlers: HashSet::new(),
             resource_permits: None,
             resource_jobs: HashMap::new(),
+            removals: 0,
+            removals_durable: Arc::default(),
+            removing: HashMap::new(),
         }
+    }
+
+    /// How many removals are durable, shared with the handle.
+    pub fn removals(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.removals_durable.clone()
     }
 
     /// What this instance asks of the cluster's permits: its limited job
@@ -422,8 +449,18 @@ impl Core {
                 };
                 step.reply(reply, result);
             }
-            Command::Retry { job, reply } => {
+            Command::Retry { job, removals, reply } => {
                 let id = job.record.id;
+                let durable = self.removals_durable.load(std::sync::atomic::Ordering::Acquire);
+                self.removing.retain(|_, number| *number > durable);
+                if self.removing.contains_key(&id) {
+                    step.reply(reply, Some(Err(Error::UnknownJob(id))));
+                    return;
+                }
+                if durable != removals {
+                    step.reply(reply, None);
+                    return;
+                }
                 let result = if self.jobs.contains_key(&id) || !job.record.state.is_terminal() {
                     Err(Error::JobNotEnded(id))
                 } else if job.record.state == JobState::Succeeded {
@@ -435,7 +472,20 @@ impl Core {
                     self.queue_ready(id, &ready, now);
                     Ok(())
                 };
-                step.reply(reply, result);
+                step.reply(reply, Some(result));
+            }
+            Command::Remove { jobs, reply } => {
+                let jobs: Vec<JobId> = jobs.into_iter().filter(|id| !self.jobs.contains_key(id)).collect();
+                self.removals += 1;
+                let number = self.removals;
+                self.removing.extend(jobs.iter().map(|&id| (id, number)));
+                let count = jobs.len();
+                step.batch.removed.extend(jobs);
+                let durable = self.removals_durable.clone();
+                step.actions.push(Action::Reply(Box::new(move || {
+                    durable.fetch_max(number, std::sync::atomic::Ordering::AcqRel);
+                    let _ = reply.send(count);
+                })));
             }
             Command::Progress { task, attempt, handler, progress } => {
                 let Some(job) = self.jobs.get_mut(&task.job) else { return };
@@ -530,6 +580,9 @@ impl Core {
             // now and given once every step so far is flushed. A job that is
             // not active is read from the store by the caller, after that too.
             Command::Get { job, reply } => step.reply(reply, self.jobs.get(&job).map(ActiveJob::to_stored)),
+            Command::Snapshot { reply } => {
+                step.reply(reply, (now, self.jobs.values().map(ActiveJob::to_stored).collect()))
+            }
             Command::Summary { job, reply } => {
                 let summary = self.jobs.get(&job).map(|a| Summary { record: a.record.clone(), counts: a.counts });
                 step.reply(reply, summary);

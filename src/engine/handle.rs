@@ -3,7 +3,7 @@
 //! durable. Reads of jobs that have ended go to the store.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +41,7 @@ pub struct EngineHandle {
     events: broadcast::Sender<Event>,
     commit_observer: Arc<std::sync::OnceLock<CommitObserver>>,
     ready: Arc<AtomicBool>,
+    removals: Arc<AtomicU64>,
 }
 
 impl EngineHandle {
@@ -49,9 +50,9 @@ impl EngineHandle {
         store: Arc<dyn Store>,
         events: broadcast::Sender<Event>,
         commit_observer: Arc<std::sync::OnceLock<CommitObserver>>,
-        ready: Arc<AtomicBool>,
+        (ready, removals): (Arc<AtomicBool>, Arc<AtomicU64>),
     ) -> EngineHandle {
-        EngineHandle { commands, store, events, commit_observer, ready }
+        EngineHandle { commands, store, events, commit_observer, ready, removals }
     }
 
     /// False while the store is away and nothing can be acknowledged.
@@ -150,8 +151,21 @@ impl EngineHandle {
 
     /// Retries the failed part of an ended job.
     pub async fn retry(&self, job: JobId) -> Result<(), Error> {
-        let stored = self.stored(job).await?.ok_or(Error::UnknownJob(job))?;
-        self.call(|reply| Command::Retry { job: stored, reply }).await?
+        loop {
+            // A removal taken between the read and the retry may have been this job's.
+            let removals = self.removals.load(Ordering::Acquire);
+            let stored = self.stored(job).await?.ok_or(Error::UnknownJob(job))?;
+            if let Some(result) = self.call(|reply| Command::Retry { job: stored, removals, reply }).await? {
+                return result;
+            }
+        }
+    }
+
+    /// Removes ended jobs with everything they own (retention); jobs led
+    /// here, or not ended in the store by then, are left alone. Answers
+    /// once the removal is durable.
+    pub async fn remove(&self, jobs: Vec<JobId>) -> Result<usize, Error> {
+        self.call(|reply| Command::Remove { jobs, reply }).await
     }
 
     /// Reports the timing of every group commit from now on; the first observer set stays.
@@ -250,6 +264,12 @@ impl EngineHandle {
             Some(active) => Ok(Some(active)),
             None => self.stored(job).await,
         }
+    }
+
+    /// Every job led here, each whole, as of one step that is durable when
+    /// this answers, and that step's time.
+    pub async fn snapshot(&self) -> Result<(Timestamp, Vec<StoredJob>), Error> {
+        self.call(|reply| Command::Snapshot { reply }).await
     }
 
     pub async fn summary(&self, job: JobId) -> Result<Option<Summary>, Error> {

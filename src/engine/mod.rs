@@ -155,8 +155,9 @@ impl Engine {
         if !step.actions.is_empty() {
             let _ = steps_tx.send(step).await;
         }
+        let removals = core.removals();
         tokio::spawn(core::run_loop(core, clock, commands_rx, steps_tx));
-        Ok(EngineHandle::new(commands_tx, store, events, commit_observer, ready))
+        Ok(EngineHandle::new(commands_tx, store, events, commit_observer, (ready, removals)))
     }
 }
 

@@ -14,7 +14,11 @@ use crate::engine::{self, Event};
 use crate::jobfile::{self, Format};
 use crate::model::{JobId, JobOrigin, JobState};
 use crate::proto::api::{self, job_event, job_service_server::JobService};
-use crate::store::JobFilter;
+use crate::store::{JobFilter, StoredJob};
+use crate::wire;
+
+/// The most one unary answer carries (the clients' decoding limit).
+const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -151,14 +155,44 @@ impl Api {
         Ok(id.to_string())
     }
 
-    pub async fn job(&self, id: &str) -> Result<api::Job, Error> {
-        let id = parse_job_id(id)?;
-        let stored = self.shared.engine.job(id).await?.ok_or_else(|| Error::NotFound(format!("no job {id}")))?;
-        let mut job = convert::job(&stored);
-        for task in job.tasks.iter_mut().filter(|t| !t.handler.is_empty()) {
+    /// A job as stored (or as its leader holds it now).
+    async fn stored(&self, id: JobId) -> Result<StoredJob, Error> {
+        self.shared.engine.job(id).await?.ok_or_else(|| Error::NotFound(format!("no job {id}")))
+    }
+
+    /// The tasks in `range` of a job as one part, with the worker behind each handler.
+    fn part(&self, stored: &StoredJob, range: std::ops::Range<usize>) -> api::Job {
+        let mut part = convert::part(stored, range);
+        for task in part.tasks.iter_mut().filter(|t| !t.handler.is_empty()) {
             task.worker_id = self.shared.registry.worker_id(&task.handler).unwrap_or_default();
         }
+        part
+    }
+
+    /// A job whole, in one message: refused past what one answer may carry.
+    pub async fn job(&self, id: &str) -> Result<api::Job, Error> {
+        let id = parse_job_id(id)?;
+        let stored = self.stored(id).await?;
+        let job = self.part(&stored, 0..stored.spec.len());
+        let size = prost::Message::encoded_len(&job);
+        if size > MAX_ANSWER_BYTES {
+            return Err(Error::TooLarge(format!(
+                "job {id} has {} tasks ({size} bytes), more than one answer carries ({MAX_ANSWER_BYTES} bytes): read it in parts with ReadJob (as `jobcenter job` does), or GET /api/jobs/{id}",
+                stored.spec.len()
+            )));
+        }
         Ok(job)
+    }
+
+    /// A job of any size in parts of `wire::TASKS_PER_PART` tasks, each
+    /// built only when the reader is ready for it.
+    pub async fn read(&self, id: &str) -> Result<impl Stream<Item = api::Job> + Send, Error> {
+        let id = parse_job_id(id)?;
+        let stored = Arc::new(self.stored(id).await?);
+        let (api, len) = (self.clone(), stored.spec.len());
+        let starts = (0..len.max(1)).step_by(wire::TASKS_PER_PART);
+        Ok(tokio_stream::iter(starts)
+            .map(move |start| api.part(&stored, start..(start + wire::TASKS_PER_PART).min(len))))
     }
 
     pub async fn list(&self, request: &api::ListJobsRequest) -> Result<api::ListJobsResponse, Error> {
@@ -166,11 +200,16 @@ impl Api {
             "" => None,
             s => Some(s.parse::<JobState>().map_err(Error::Invalid)?),
         };
-        let scheduled = match request.origin.as_str() {
-            "" => None,
-            "submitted" | "user" => Some(false),
-            "scheduler" => Some(true),
-            other => return Err(Error::Invalid(format!("origin {other:?}: use submitted or scheduler"))),
+        // The recovery check's own jobs (one a minute) are left out unless asked for.
+        let (scheduled, recovery_checks) = match request.origin.as_str() {
+            "" => (None, Some(false)),
+            "all" => (None, None),
+            "submitted" | "user" => (Some(false), Some(false)),
+            "scheduler" => (Some(true), Some(false)),
+            "recovery" => (Some(true), Some(true)),
+            other => {
+                return Err(Error::Invalid(format!("origin {other:?}: use submitted, scheduler, recovery or all")))
+            }
         };
         let before = match request.before.as_str() {
             "" => None,
@@ -181,6 +220,7 @@ impl Api {
             state,
             name_contains: Some(request.name.clone()).filter(|n| !n.is_empty()),
             scheduled,
+            recovery_checks,
             before,
             // One more than asked tells whether another page follows.
             limit: Some(limit + 1),
@@ -433,40 +473,54 @@ impl Api {
         Ok(api::RecoverResponse { findings, dry_run })
     }
 
-    /// A snapshot, then the job's transitions, until it has ended.
+    /// Removes the ended jobs past the retention rules now (or only names them).
+    pub async fn prune(&self, dry_run: bool) -> Result<api::PruneResponse, Error> {
+        super::retention::prune(&self.shared, dry_run).await.map_err(|e| Error::Conflict(format!("{e:#}")))
+    }
+
+    /// A snapshot (in parts), then the job's transitions, until it has ended.
     pub async fn watch(&self, id: &str) -> Result<impl Stream<Item = Result<api::JobEvent, Status>> + Send, Error> {
         let id = parse_job_id(id)?;
         let events = self.shared.engine.subscribe();
-        let snapshot = self.job(&id.to_string()).await?;
-        let task_ids: Vec<String> = snapshot.tasks.iter().map(|t| t.id.clone()).collect();
-        let ended = snapshot.state != "pending" && snapshot.state != "running";
-        let first = api::JobEvent { event: Some(job_event::Event::Snapshot(snapshot)) };
-        let api = self.clone();
-        let stream = async_stream(first, ended, id, task_ids, events, api);
-        Ok(stream)
+        let snapshot = self.stored(id).await?;
+        Ok(watch_stream(snapshot, events, self.clone()))
+    }
+
+    /// Sends a job's snapshot part by part; false once the watcher has gone.
+    async fn send_snapshot(&self, stored: &StoredJob, tx: &Sender<Result<api::JobEvent, Status>>) -> bool {
+        let len = stored.spec.len();
+        for start in (0..len.max(1)).step_by(wire::TASKS_PER_PART) {
+            let part = self.part(stored, start..(start + wire::TASKS_PER_PART).min(len));
+            if tx.send(Ok(api::JobEvent { event: Some(job_event::Event::Snapshot(part)) })).await.is_err() {
+                return false;
+            }
+        }
+        true
     }
 }
 
-fn async_stream(
-    first: api::JobEvent,
-    ended: bool,
-    id: JobId,
-    task_ids: Vec<String>,
+type Sender<T> = tokio::sync::mpsc::Sender<T>;
+
+fn watch_stream(
+    snapshot: StoredJob,
     events: tokio::sync::broadcast::Receiver<Event>,
     api: Api,
 ) -> impl Stream<Item = Result<api::JobEvent, Status>> + Send {
-    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    // Small: a snapshot's parts are built as the watcher takes them.
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(async move {
-        if tx.send(Ok(first)).await.is_err() || ended {
+        let (id, spec) = (snapshot.record.id, snapshot.spec.clone());
+        if !api.send_snapshot(&snapshot, &tx).await || snapshot.record.state.is_terminal() {
             return;
         }
+        let task_id = |idx: u32| spec.tasks.get(idx as usize).map(|t| t.id.to_string()).unwrap_or_default();
         let mut events = tokio_stream::wrappers::BroadcastStream::new(events);
         // In a cluster, a job led by another instance (from the start, or
         // since it moved) sends no events here: its durable state is read
         // every second instead, and sent as a fresh snapshot when it changed.
         let cluster = api.shared.cluster.is_some();
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-        let mut last: Option<api::Job> = None;
+        let mut last = Some((snapshot.record, snapshot.tasks));
         loop {
             let event = tokio::select! {
                 event = events.next() => match event {
@@ -477,26 +531,29 @@ fn async_stream(
                     if matches!(api.shared.engine.summary(id).await, Ok(Some(_))) {
                         continue;
                     }
-                    let snapshot = match api.job(&id.to_string()).await {
-                        Ok(snapshot) => snapshot,
+                    let stored = match api.stored(id).await {
+                        Ok(stored) => stored,
                         Err(e) => {
                             let _ = tx.send(Err(Status::from(e))).await;
                             return;
                         }
                     };
-                    if last.as_ref() == Some(&snapshot) {
+                    if last.as_ref().is_some_and(|(record, tasks)| *record == stored.record && *tasks == stored.tasks) {
                         continue;
                     }
-                    let ended = snapshot.state != "pending" && snapshot.state != "running";
-                    let transition = api::JobTransition { state: snapshot.state.clone(), at_ms: snapshot.finished_at_ms };
-                    last = Some(snapshot.clone());
-                    if tx.send(Ok(api::JobEvent { event: Some(job_event::Event::Snapshot(snapshot)) })).await.is_err() {
+                    let ended = stored.record.state.is_terminal();
+                    let transition = api::JobTransition {
+                        state: stored.record.state.as_str().into(),
+                        at_ms: stored.record.finished_at.map(|t| t.as_millis()).unwrap_or(0),
+                    };
+                    if !api.send_snapshot(&stored, &tx).await {
                         return;
                     }
                     if ended {
                         let _ = tx.send(Ok(api::JobEvent { event: Some(job_event::Event::Job(transition)) })).await;
                         return;
                     }
+                    last = Some((stored.record, stored.tasks));
                     continue;
                 }
             };
@@ -506,7 +563,7 @@ fn async_stream(
                 {
                     api::JobEvent {
                         event: Some(job_event::Event::Task(api::TaskTransition {
-                            task_id: task_ids.get(idx as usize).cloned().unwrap_or_default(),
+                            task_id: task_id(idx),
                             state: state.as_str().into(),
                             attempt,
                             error: error.unwrap_or_default(),
@@ -531,9 +588,15 @@ fn async_stream(
                     continue;
                 }
                 Ok(_) => continue,
-                Err(_lagged) => match api.job(&id.to_string()).await {
-                    // Fell behind: start again from a fresh snapshot.
-                    Ok(snapshot) => api::JobEvent { event: Some(job_event::Event::Snapshot(snapshot)) },
+                // Fell behind: start again from a fresh snapshot.
+                Err(_lagged) => match api.stored(id).await {
+                    Ok(stored) => {
+                        if !api.send_snapshot(&stored, &tx).await {
+                            return;
+                        }
+                        last = None;
+                        continue;
+                    }
                     Err(e) => {
                         let _ = tx.send(Err(Status::from(e))).await;
                         return;
@@ -567,6 +630,8 @@ impl JobServiceImpl {
 #[tonic::async_trait]
 impl JobService for JobServiceImpl {
     type WatchJobStream = Pin<Box<dyn Stream<Item = Result<api::JobEvent, Status>> + Send + 'static>>;
+    type ReadJobStream = Pin<Box<dyn Stream<Item = Result<api::Job, Status>> + Send + 'static>>;
+    type BackupStream = tokio_stream::wrappers::ReceiverStream<Result<api::BackupChunk, Status>>;
 
     async fn submit_job(
         &self,
@@ -602,6 +667,12 @@ impl JobService for JobServiceImpl {
     async fn get_job(&self, request: Request<api::JobRef>) -> Result<Response<api::Job>, Status> {
         self.check(&request)?;
         Ok(Response::new(self.api.job(&request.into_inner().job_id).await?))
+    }
+
+    async fn read_job(&self, request: Request<api::JobRef>) -> Result<Response<Self::ReadJobStream>, Status> {
+        self.check(&request)?;
+        let parts = self.api.read(&request.into_inner().job_id).await?;
+        Ok(Response::new(Box::pin(parts.map(Ok))))
     }
 
     async fn list_jobs(
@@ -688,6 +759,16 @@ impl JobService for JobServiceImpl {
         self.check(&request)?;
         let r = request.into_inner();
         Ok(Response::new(self.api.recover(r.dry_run, r.here_only).await?))
+    }
+
+    async fn backup(&self, request: Request<api::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
+        self.check(&request)?;
+        Ok(Response::new(super::backup::stream(self.api.shared.clone())))
+    }
+
+    async fn prune(&self, request: Request<api::PruneRequest>) -> Result<Response<api::PruneResponse>, Status> {
+        self.check(&request)?;
+        Ok(Response::new(self.api.prune(request.into_inner().dry_run).await?))
     }
 
     async fn set_policy(&self, request: Request<api::SetPolicyRequest>) -> Result<Response<api::Policy>, Status> {

@@ -19,18 +19,31 @@ pub fn origin(origin: &JobOrigin) -> String {
     }
 }
 
-pub fn job(stored: &StoredJob) -> api::Job {
-    let tasks = (0..stored.spec.len()).map(|idx| task(stored, idx)).collect();
-    api::Job {
-        id: stored.record.id.to_string(),
-        name: stored.record.name.clone(),
-        state: stored.record.state.as_str().into(),
-        origin: origin(&stored.record.origin),
-        created_at_ms: stored.record.created_at.as_millis(),
-        finished_at_ms: millis(stored.record.finished_at),
-        cancel_requested: stored.record.cancel_requested,
+/// The tasks in `range` as one part of the job: the first part (from task
+/// 0) carries the job's own fields as well.
+pub fn part(stored: &StoredJob, range: std::ops::Range<usize>) -> api::Job {
+    let first_task = range.start as u32;
+    let tasks = range.map(|idx| task(stored, idx)).collect();
+    let record = &stored.record;
+    let base = api::Job {
+        id: record.id.to_string(),
+        task_count: stored.spec.len() as u32,
+        first_task,
         tasks,
-        handler: stored.record.handler.map(|h| h.to_string()).unwrap_or_default(),
+        ..api::Job::default()
+    };
+    if first_task > 0 {
+        return base;
+    }
+    api::Job {
+        name: record.name.clone(),
+        state: record.state.as_str().into(),
+        origin: origin(&record.origin),
+        created_at_ms: record.created_at.as_millis(),
+        finished_at_ms: millis(record.finished_at),
+        cancel_requested: record.cancel_requested,
+        handler: record.handler.map(|h| h.to_string()).unwrap_or_default(),
+        ..base
     }
 }
 

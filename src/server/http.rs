@@ -101,6 +101,7 @@ pub fn router(shared: Arc<Shared>, api: Api) -> Router {
         .route("/api/scheduler/resume", post(resume_scheduler))
         .route("/api/stats", get(stats))
         .route("/api/recover", post(recover))
+        .route("/api/prune", post(prune))
         .route("/api/detect/{job_type}", post(detect))
         .route("/api/activities", get(activities))
         .route("/api/runs/{job_type}", get(runs))
@@ -151,8 +152,16 @@ async fn submit_job(
     Ok((StatusCode::CREATED, Json(json!({ "job_id": job_id }))).into_response())
 }
 
+/// A job of any size: its JSON is written part by part as the reader takes it.
 async fn get_job(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
-    Ok(Json(s.api.job(&id).await?).into_response())
+    let parts = s.api.read(&id).await?;
+    let mut writer = crate::wire::JobJson::new(false);
+    let chunks = parts
+        .map(move |part| Bytes::from(writer.part(part)))
+        .chain(tokio_stream::once(Bytes::from_static(b"]}")))
+        .map(Ok::<_, std::convert::Infallible>);
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], axum::body::Body::from_stream(chunks))
+        .into_response())
 }
 
 async fn cancel_job(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
@@ -187,6 +196,11 @@ async fn runs(State(s): State<AppState>, Path(job_type): Path<String>) -> Reply 
 async fn recover(State(s): State<AppState>, Query(q): Query<HashMap<String, String>>) -> Reply {
     let flag = |name: &str| q.get(name).is_some_and(|v| v == "true" || v == "1");
     Ok(Json(s.api.recover(flag("dry_run"), flag("here_only")).await?).into_response())
+}
+
+async fn prune(State(s): State<AppState>, Query(q): Query<HashMap<String, String>>) -> Reply {
+    let dry_run = q.get("dry_run").is_some_and(|v| v == "true" || v == "1");
+    Ok(Json(s.api.prune(dry_run).await?).into_response())
 }
 
 async fn stats(State(s): State<AppState>) -> Reply {

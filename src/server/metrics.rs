@@ -58,6 +58,7 @@ pub struct Metrics {
     detections: IntCounterVec,
     proposals: IntCounterVec,
     deactivations: prometheus::IntCounter,
+    pruned: prometheus::IntCounter,
     /// Whether the committer reports its timings (see `commit_observer`).
     committer_reports: Arc<AtomicBool>,
 }
@@ -78,6 +79,12 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     let gauge = IntGauge::new(name, help).expect("valid metric");
     registry.register(Box::new(gauge.clone())).expect("metric registered once");
     gauge
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> prometheus::IntCounter {
+    let counter = prometheus::IntCounter::new(name, help).expect("valid metric");
+    registry.register(Box::new(counter.clone())).expect("metric registered once");
+    counter
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, label: &str) -> IntCounterVec {
@@ -137,15 +144,16 @@ impl Metrics {
                 "Jobs proposed by detection runs, by job type.",
                 "job_type",
             ),
-            deactivations: {
-                let counter = prometheus::IntCounter::new(
-                    "jobcenter_instances_deactivated_total",
-                    "Silent admin instances this instance deactivated.",
-                )
-                .expect("valid metric");
-                registry.register(Box::new(counter.clone())).expect("metric registered once");
-                counter
-            },
+            deactivations: counter(
+                &registry,
+                "jobcenter_instances_deactivated_total",
+                "Silent admin instances this instance deactivated.",
+            ),
+            pruned: counter(
+                &registry,
+                "jobcenter_jobs_pruned_total",
+                "Ended jobs removed by the retention rules (background and `prune`).",
+            ),
             registry,
             committer_reports: Arc::new(AtomicBool::new(false)),
         }
@@ -165,6 +173,10 @@ impl Metrics {
 
     pub fn note_deactivation(&self) {
         self.deactivations.inc();
+    }
+
+    pub fn jobs_pruned(&self, n: u64) {
+        self.pruned.inc_by(n);
     }
 
     pub fn record_detection(&self, job_type: &str) {

@@ -4,6 +4,7 @@
 
 mod api;
 mod auth;
+mod backup;
 pub mod cluster;
 mod console;
 mod convert;
@@ -14,6 +15,7 @@ pub mod peer;
 mod policies;
 pub mod recovery;
 mod registry;
+pub mod retention;
 pub mod scheduler;
 mod views;
 mod worker_stream;
@@ -72,6 +74,10 @@ pub struct ServerOptions {
     pub delivery_grace: Duration,
     /// Heartbeat and lag threshold of the instances sharing a database.
     pub cluster: cluster::Timing,
+    /// How long and how many ended jobs are kept.
+    pub retention: crate::retention::Retention,
+    /// How often ended jobs past the retention rules are removed.
+    pub prune_interval: Duration,
 }
 
 impl Default for ServerOptions {
@@ -95,6 +101,8 @@ impl Default for ServerOptions {
             progress_timeout: Duration::from_secs(24 * 3600),
             delivery_grace: Duration::from_secs(30),
             cluster: cluster::Timing::default(),
+            retention: crate::retention::Retention::default(),
+            prune_interval: Duration::from_secs(60),
         }
     }
 }
@@ -131,6 +139,7 @@ pub struct Shared {
     pub cluster_lock: master::ClusterLock,
     pub scheduler: scheduler::SchedulerState,
     pub recovery_gate: recovery::Gate,
+    pub prune_gate: retention::Gate,
     pub metrics: metrics::Metrics,
     pub engine: EngineHandle,
     pub registry: Registry,
@@ -193,6 +202,7 @@ pub async fn run(
         cluster_lock: master::ClusterLock::default(),
         scheduler: scheduler::SchedulerState::default(),
         recovery_gate: recovery::Gate::default(),
+        prune_gate: retention::Gate::default(),
         metrics: metrics::Metrics::new(),
         engine: engine.clone(),
         registry: Registry::default(),
@@ -228,6 +238,7 @@ pub async fn run(
     peer::spawn_borrower(shared.clone());
     peer::spawn_foreign_orders(shared.clone(), foreign_receiver);
     recovery::spawn_loop(shared.clone());
+    retention::spawn_loop(shared.clone());
     scheduler::spawn_loop(shared.clone());
     master::spawn_duties(shared.clone());
 

@@ -285,8 +285,10 @@ pub type SseItem = (&'static str, Value);
 pub async fn events(api: &Api, id: &str) -> Result<impl Stream<Item = SseItem> + Send, Error> {
     let watch = api.watch(id).await?;
     let mut index: HashMap<String, usize> = HashMap::new();
+    let mut assembly = crate::wire::JobAssembly::default();
     Ok(watch.map_while(Result::ok).filter_map(move |event| match event.event? {
-        job_event::Event::Snapshot(job) => {
+        job_event::Event::Snapshot(part) => {
+            let job = assembly.push(part).ok()??;
             index = job.tasks.iter().enumerate().map(|(i, t)| (t.id.clone(), i)).collect();
             let states: Vec<&str> = job.tasks.iter().map(|t| t.state.as_str()).collect();
             Some(("states", json!({ "state": job.state, "states": states })))

@@ -238,3 +238,58 @@ pub fn flushed_writes_survive_a_reopen(store: Arc<dyn Store>, reopen: Reopen) {
     assert_eq!(active[0].tasks[1].state, TaskState::Pending);
     assert_eq!(reopened.settings("policy/").unwrap(), vec![("policy/noop".to_string(), b"p".to_vec())]);
 }
+
+pub fn removes_ended_jobs_with_all_they_own(store: Arc<dyn Store>, reopen: Reopen) {
+    let (big, small) = (spec(40), spec(3));
+    let mut ended = record(&big, JobState::Running);
+    let running = record(&small, JobState::Running);
+    let mut kept = record(&small, JobState::Running);
+    let failed = |attempt| TaskRecord {
+        state: TaskState::Failed,
+        attempt,
+        error: Some("boom".into()),
+        ..TaskRecord::initial(false, Timestamp(1_000))
+    };
+    let tasks: Vec<(JobId, TaskIdx, TaskRecord)> = (0..40).map(|i| (ended.id, TaskIdx(i), failed(2))).collect();
+    commit(
+        &*store,
+        Batch {
+            new_jobs: vec![
+                (ended.clone(), big.clone()),
+                (running.clone(), small.clone()),
+                (kept.clone(), small.clone()),
+            ],
+            tasks,
+            ..Batch::default()
+        },
+    );
+    ended.state = JobState::Failed;
+    kept.state = JobState::Succeeded;
+    commit(&*store, Batch { jobs: vec![ended.clone(), kept.clone()], ..Batch::default() });
+
+    // A job that has not ended is never removed, even when asked.
+    commit(&*store, Batch { removed: vec![ended.id, running.id], ..Batch::default() });
+    let check = |store: &dyn Store| {
+        assert!(store.get_job(ended.id).unwrap().is_none(), "the ended job is gone");
+        assert!(store.get_job(running.id).unwrap().is_some(), "the running job stays");
+        let listed: Vec<JobId> = store.list_jobs(&JobFilter::default()).unwrap().iter().map(|j| j.id).collect();
+        assert_eq!(listed, vec![kept.id, running.id]);
+        let active: Vec<JobId> = store.load_active().unwrap().iter().map(|j| j.record.id).collect();
+        assert_eq!(active, vec![running.id]);
+    };
+    check(&*store);
+    drop(store);
+    let store = reopen();
+    check(&*store);
+    // Nothing of it is left behind: a new job under the same id starts clean.
+    let again = JobRecord { state: JobState::Pending, n_tasks: 3, ..ended.clone() };
+    commit(&*store, Batch { new_jobs: vec![(again.clone(), small.clone())], ..Batch::default() });
+    let stored = store.get_job(again.id).unwrap().expect("stored again");
+    assert_eq!(*stored.spec, *small, "no chunk of the old spec remains");
+    assert_eq!(stored.tasks.len(), 3);
+    assert!(
+        stored.tasks.iter().all(|t| matches!(t.state, TaskState::Ready | TaskState::Pending) && t.attempt == 0),
+        "no task record of the old job remains: {:?}",
+        stored.tasks
+    );
+}

@@ -17,6 +17,13 @@ struct Tables {
 
 impl Tables {
     fn apply(&mut self, batch: &Batch) {
+        for id in &batch.removed {
+            if self.jobs.get(id).is_some_and(|r| r.state.is_terminal()) {
+                self.jobs.remove(id);
+                self.specs.remove(id);
+                self.tasks.remove(id);
+            }
+        }
         for (record, spec) in &batch.new_jobs {
             self.jobs.insert(record.id, record.clone());
             self.specs.insert(record.id, spec.clone());

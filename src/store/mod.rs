@@ -109,6 +109,9 @@ pub struct Batch {
     /// Jobs this instance stops leading (several instances on one store):
     /// once written, another instance may claim them.
     pub released: Vec<JobId>,
+    /// Ended jobs removed (retention), with their spec and task records. A
+    /// job that is not ended in the store by then is left alone.
+    pub removed: Vec<JobId>,
 }
 
 impl Batch {
@@ -118,6 +121,7 @@ impl Batch {
             && self.tasks.is_empty()
             && self.settings.is_empty()
             && self.released.is_empty()
+            && self.removed.is_empty()
     }
 
     pub fn append(&mut self, other: Batch) {
@@ -126,6 +130,7 @@ impl Batch {
         self.tasks.extend(other.tasks);
         self.settings.extend(other.settings);
         self.released.extend(other.released);
+        self.removed.extend(other.removed);
     }
 }
 
@@ -166,6 +171,8 @@ pub struct JobFilter {
     pub name_contains: Option<String>,
     /// Submitted by a user (`Some(false)`) or made by the scheduler (`Some(true)`).
     pub scheduled: Option<bool>,
+    /// Only the periodic recovery check's jobs (`Some(true)`), or none of them.
+    pub recovery_checks: Option<bool>,
     /// Only jobs created before this one (ids grow with time): the next page.
     pub before: Option<JobId>,
     pub fingerprint: Option<[u8; 32]>,
@@ -178,6 +185,7 @@ impl JobFilter {
             && self.name.as_ref().is_none_or(|n| *n == job.name)
             && self.name_contains.as_ref().is_none_or(|n| job.name.contains(n.as_str()))
             && self.scheduled.is_none_or(|s| s == matches!(job.origin, JobOrigin::Scheduler { .. }))
+            && self.recovery_checks.is_none_or(|r| r == crate::retention::is_recovery_check(job))
             && self.before.is_none_or(|b| job.id.0 < b.0)
             && self.fingerprint.is_none_or(|f| f == job.fingerprint)
     }

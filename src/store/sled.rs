@@ -238,6 +238,20 @@ fn open_guarded(path: &Path, display: &str) -> Result<sled::Db, Error> {
 impl Store for SledStore {
     fn write(&self, batch: &Batch) -> Result<(), Error> {
         let mut writes = sled::Batch::default();
+        for &id in &batch.removed {
+            let Some(bytes) = self.data.get(key(JOB, id)).map_err(|e| self.io(e))? else { continue };
+            if !self.job_record(&bytes)?.state.is_terminal() {
+                continue;
+            }
+            writes.remove(&key(JOB, id)[..]);
+            writes.remove(&key(ACTIVE, id)[..]);
+            for space in [SPEC, TASK] {
+                for entry in self.data.scan_prefix(key(space, id)) {
+                    let (owned, _) = entry.map_err(|e| self.io(e))?;
+                    writes.remove(owned);
+                }
+            }
+        }
         for (record, spec) in &batch.new_jobs {
             for (number, bytes) in encode_spec(spec) {
                 writes.insert(&key_with(SPEC, record.id, number)[..], bytes);

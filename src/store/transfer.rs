@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Batch, Error, JobFilter, Store};
+use super::{Batch, Error, JobFilter, Store, StoredJob};
 use crate::dag::Dag;
 use crate::model::{hex, JobId, JobRecord, JobSpec, TaskRecord, TaskSpec};
 
@@ -73,12 +73,32 @@ fn write_line(out: &mut dyn Write, line: &Line) -> Result<(), TransferError> {
 
 /// Writes every job and setting of `store` to `out`.
 pub fn export(store: &dyn Store, out: &mut dyn Write) -> Result<Summary, TransferError> {
-    let mut summary = Summary::default();
-    write_line(out, &Line::Header { format: FORMAT.into(), version: VERSION })?;
+    let mut writer = ExportWriter::start(out)?;
     let mut records = store.list_jobs(&JobFilter::default())?;
     records.reverse();
     for record in records {
-        let Some(job) = store.get_job(record.id)? else { continue };
+        if let Some(job) = store.get_job(record.id)? {
+            writer.job(&job)?;
+        }
+    }
+    writer.finish(store.settings("")?)
+}
+
+/// Writes an export job by job: the header first, each job whole, the
+/// settings last. `jobcenter backup` builds its copy with it.
+pub struct ExportWriter<'a> {
+    out: &'a mut dyn Write,
+    summary: Summary,
+}
+
+impl<'a> ExportWriter<'a> {
+    pub fn start(out: &'a mut dyn Write) -> Result<ExportWriter<'a>, TransferError> {
+        write_line(out, &Line::Header { format: FORMAT.into(), version: VERSION })?;
+        Ok(ExportWriter { out, summary: Summary::default() })
+    }
+
+    pub fn job(&mut self, job: &StoredJob) -> Result<(), TransferError> {
+        let out = &mut *self.out;
         let id = job.record.id;
         write_line(out, &Line::Job { record: job.record.clone() })?;
         for from in (0..job.spec.len()).step_by(PER_LINE) {
@@ -102,15 +122,21 @@ pub fn export(store: &dyn Store, out: &mut dyn Write) -> Result<Summary, Transfe
             write_line(out, &Line::Records { job: id, records: chunk.to_vec() })?;
         }
         write_line(out, &Line::End { job: id })?;
-        summary.jobs += 1;
-        summary.tasks += job.spec.len();
+        self.summary.jobs += 1;
+        self.summary.tasks += job.spec.len();
+        Ok(())
     }
-    for (key, value) in store.settings("")? {
-        write_line(out, &Line::Setting { key, value: hex(&value) })?;
-        summary.settings += 1;
+
+    /// Writes the settings and ends the export.
+    pub fn finish(self, settings: Vec<(String, Vec<u8>)>) -> Result<Summary, TransferError> {
+        let mut summary = self.summary;
+        for (key, value) in settings {
+            write_line(self.out, &Line::Setting { key, value: hex(&value) })?;
+            summary.settings += 1;
+        }
+        self.out.flush()?;
+        Ok(summary)
     }
-    out.flush()?;
-    Ok(summary)
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {

@@ -169,6 +169,18 @@ pub fn wait_with_timeout(child: Child, limit: Duration) -> Option<Output> {
     }
 }
 
+/// A wrapper for `Server::start_wrapped` that runs the program with its
+/// clock shifted by `offset` (`+1h`), with libfaketime preloaded in the same
+/// process, so that killing it kills the program.
+pub fn clock_ahead(offset: &str) -> Vec<String> {
+    let library = ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+        .iter()
+        .map(|arch| format!("/usr/lib/{arch}/faketime/libfaketimeMT.so.1"))
+        .find(|path| std::path::Path::new(path).exists())
+        .expect("libfaketime is installed (Debian's faketime package)");
+    vec!["env".into(), format!("LD_PRELOAD={library}"), format!("FAKETIME={offset}")]
+}
+
 /// Polls `check` every 100 ms until it gives a value or `limit` passes.
 pub fn wait_until<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
     let started = Instant::now();

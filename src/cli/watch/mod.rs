@@ -151,9 +151,18 @@ async fn watch_once(connection: &Connection, job_id: &str, updates: &mpsc::Sende
     };
     let mut live = false;
     let mut ended = false;
+    let mut assembly = crate::wire::JobAssembly::default();
     loop {
         match stream.message().await {
-            Ok(Some(event)) => {
+            Ok(Some(mut event)) => {
+                // A snapshot comes in parts: it goes on whole.
+                if let Some(job_event::Event::Snapshot(part)) = &mut event.event {
+                    match assembly.push(std::mem::take(part)) {
+                        Ok(Some(job)) => event.event = Some(job_event::Event::Snapshot(job)),
+                        Ok(None) => continue,
+                        Err(e) => return Outcome::Lost { error: e, live },
+                    }
+                }
                 if !live {
                     live = true;
                     if updates.send(Update::Live).await.is_err() {
@@ -179,9 +188,7 @@ async fn watch_once(connection: &Connection, job_id: &str, updates: &mpsc::Sende
 /// Reads the whole job once (for output lines and errors that transitions do not carry).
 async fn read_job(connection: &Connection, job_id: &str) -> anyhow::Result<api::Job> {
     let mut client = connection.connect().await?;
-    let job =
-        client.get_job(api::JobRef { job_id: job_id.into() }).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?;
-    Ok(job.into_inner())
+    super::client::read_job(&mut client, job_id).await.map_err(|s| anyhow::anyhow!("{}", s.message()))
 }
 
 fn clock_time(at_ms: i64) -> String {

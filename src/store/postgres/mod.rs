@@ -291,6 +291,7 @@ struct Merged {
     tasks: Vec<TaskRow>,
     settings: Vec<(String, Option<Vec<u8>>)>,
     released: Vec<Uuid>,
+    removed: Vec<Uuid>,
 }
 
 fn merge(batches: &[Batch]) -> Merged {
@@ -335,6 +336,7 @@ fn merge(batches: &[Batch]) -> Merged {
             }
         }
         merged.released.extend(batch.released.iter().map(|job| job.0));
+        merged.removed.extend(batch.removed.iter().map(|job| job.0));
         for (key, value) in &batch.settings {
             match settings.get(key.as_str()) {
                 Some(&at) => merged.settings[at] = (key.clone(), value.clone()),
@@ -359,6 +361,11 @@ const UPSERT_JOBS: &str = "INSERT INTO jobcenter.jobs (id, name, state, active, 
 /// Stops leading jobs that this flush wrote no record of.
 const RELEASE_JOBS: &str =
     "UPDATE jobcenter.jobs SET owner = NULL WHERE id = ANY($1::uuid[]) AND owner = $2 AND NOT (id = ANY($3::uuid[]))";
+/// Removes ended jobs with their spec and task rows; a job active again is left alone.
+const REMOVE_JOBS: &str =
+    "WITH gone AS (DELETE FROM jobcenter.jobs WHERE id = ANY($1::uuid[]) AND NOT active RETURNING id), \
+     specs AS (DELETE FROM jobcenter.job_specs WHERE job_id IN (SELECT id FROM gone)) \
+     DELETE FROM jobcenter.tasks WHERE job_id IN (SELECT id FROM gone)";
 /// Refuses the transaction once this instance is deactivated.
 const FENCE: &str = "SELECT jobcenter.fence($1)";
 const UPSERT_TASKS: &str = "INSERT INTO jobcenter.tasks (job_id, idx, state, attempt, handler, record) \
@@ -404,12 +411,13 @@ struct Writer {
     write_all: tokio_postgres::Statement,
     fence: tokio_postgres::Statement,
     release: tokio_postgres::Statement,
+    remove: tokio_postgres::Statement,
 }
 
 impl Writer {
     async fn connect(target: &Target) -> Result<Writer, tokio_postgres::Error> {
         let client = target.connect().await?;
-        let (begin, commit, specs, jobs, tasks, put_settings, delete_settings, write_all, fence, release) = tokio::try_join!(
+        let (begin, commit, specs, jobs, tasks, put_settings, delete_settings, write_all, fence, release, remove) = tokio::try_join!(
             client.prepare("BEGIN"),
             client.prepare("COMMIT"),
             client.prepare(INSERT_SPECS),
@@ -420,6 +428,7 @@ impl Writer {
             client.prepare(WRITE_ALL),
             client.prepare(FENCE),
             client.prepare(RELEASE_JOBS),
+            client.prepare(REMOVE_JOBS),
         )?;
         Ok(Writer {
             client,
@@ -433,6 +442,7 @@ impl Writer {
             write_all,
             fence,
             release,
+            remove,
         })
     }
 }
@@ -562,7 +572,7 @@ async fn write_transaction(writer: &mut Writer, batch: &Merged, me: Option<Uuid>
     let fits_one_statement = [Rows::is_specs, Rows::is_jobs, Rows::is_tasks]
         .iter()
         .all(|kind| rows.iter().filter(|row| kind(row)).count() <= 1);
-    if fits_one_statement {
+    if fits_one_statement && batch.removed.is_empty() {
         return write_at_once(writer, rows, &batch.released, &me).await;
     }
     let job_ids: Vec<Uuid> = batch.jobs.iter().map(|j| j.id.0).collect();
@@ -571,6 +581,9 @@ async fn write_transaction(writer: &mut Writer, batch: &Merged, me: Option<Uuid>
     let none: [&(dyn ToSql + Sync); 0] = [];
     statements.push(Box::pin(client.execute_raw(&writer.begin, none)));
     statements.push(Box::pin(client.execute_raw(&writer.fence, [&me as &(dyn ToSql + Sync)])));
+    if !batch.removed.is_empty() {
+        statements.push(Box::pin(client.execute_raw(&writer.remove, [&batch.removed as &(dyn ToSql + Sync)])));
+    }
     for row in &rows {
         type Param<'p> = &'p (dyn ToSql + Sync);
         let (statement, params): (&tokio_postgres::Statement, Vec<Param>) = match row {

@@ -1,0 +1,112 @@
+//! Retention on the server: every `--prune-interval` the ended jobs past the
+//! rules (`crate::retention`) are removed, through the engine, in bounded
+//! batches, so that the store holds what is kept and no more however long
+//! the server runs. `jobcenter prune` does the same now, or only names them.
+//! With several admins on one database, the live instance with the lowest
+//! id prunes for all.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::{convert, Shared};
+use crate::model::{JobId, JobRecord};
+use crate::proto::api;
+use crate::retention::{expired, human, Reason};
+use crate::store::JobFilter;
+
+/// At most this many jobs, and this many of their tasks, per removal step.
+const BATCH_JOBS: usize = 500;
+const BATCH_TASKS: u64 = 200_000;
+/// The pause between two removal steps, so that a large prune leaves the
+/// committer to the jobs running meanwhile.
+const BATCH_PAUSE: Duration = Duration::from_millis(20);
+
+/// Keeps pruning single-flight on an instance.
+#[derive(Default)]
+pub struct Gate {
+    running: AtomicBool,
+}
+
+/// The rules in a line, for `prune` and the log.
+pub fn rules(shared: &Shared) -> String {
+    let r = &shared.options.retention;
+    format!("ended jobs are kept {}, at most {}; recovery checks {}", human(r.age), r.count, human(r.recovery_checks))
+}
+
+/// The ended jobs the rules remove now, newest first.
+async fn due(shared: &Shared) -> anyhow::Result<Vec<(JobRecord, Reason)>> {
+    let records = shared.engine.list(JobFilter::default()).await?;
+    let now = shared.clock.now();
+    let mut gone: std::collections::HashMap<JobId, Reason> =
+        expired(&records, now, &shared.options.retention).into_iter().collect();
+    Ok(records.into_iter().filter_map(|r| gone.remove(&r.id).map(|reason| (r, reason))).collect())
+}
+
+/// Finds what the rules remove and, unless `dry_run`, removes it.
+pub async fn prune(shared: &Shared, dry_run: bool) -> anyhow::Result<api::PruneResponse> {
+    let gate = &shared.prune_gate;
+    if gate.running.swap(true, Ordering::AcqRel) {
+        anyhow::bail!("a prune is already running; try again when it has ended");
+    }
+    let result = prune_inner(shared, dry_run).await;
+    gate.running.store(false, Ordering::Release);
+    result
+}
+
+async fn prune_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<api::PruneResponse> {
+    let due = due(shared).await?;
+    let retention = &shared.options.retention;
+    let jobs = due
+        .iter()
+        .map(|(record, reason)| api::PrunedJob {
+            job: Some(convert::summary(record)),
+            reason: reason.describe(retention),
+        })
+        .collect();
+    if !dry_run {
+        let mut removed = 0;
+        let (mut batch, mut tasks) = (Vec::new(), 0u64);
+        // Oldest first: a prune cut short leaves the newest.
+        for (record, _) in due.iter().rev() {
+            batch.push(record.id);
+            tasks += u64::from(record.n_tasks);
+            if batch.len() >= BATCH_JOBS || tasks >= BATCH_TASKS {
+                removed += shared.engine.remove(std::mem::take(&mut batch)).await?;
+                tasks = 0;
+                tokio::time::sleep(BATCH_PAUSE).await;
+            }
+        }
+        if !batch.is_empty() {
+            removed += shared.engine.remove(batch).await?;
+        }
+        if removed > 0 {
+            shared.metrics.jobs_pruned(removed as u64);
+            tracing::info!(removed, rules = %rules(shared), "ended jobs removed");
+        }
+    }
+    Ok(api::PruneResponse { jobs, dry_run, rules: rules(shared) })
+}
+
+/// Whether this instance prunes: alone always; in a cluster, the live
+/// instance with the lowest id.
+fn prunes_here(shared: &Shared) -> bool {
+    match &shared.cluster {
+        None => true,
+        Some(node) => node.live().iter().map(|i| i.id).min().is_none_or(|lowest| lowest == node.id),
+    }
+}
+
+/// Prunes every `--prune-interval`.
+pub fn spawn_loop(shared: std::sync::Arc<Shared>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(shared.options.prune_interval).await;
+            if !prunes_here(&shared) {
+                continue;
+            }
+            if let Err(e) = prune(&shared, false).await {
+                tracing::warn!(error = %e, "pruning ended jobs failed; trying again at the next interval");
+            }
+        }
+    });
+}

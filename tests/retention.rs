@@ -1,0 +1,148 @@
+//! Retention on a real server: ended jobs past the rules (count, age, the
+//! recovery check's own jobs) are removed, by `jobcenter prune` and in the
+//! background, with everything they own and across a SIGKILL; jobs that
+//! have not ended are never removed; `jobs` leaves recovery checks out.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{start_worker, wait_until, Server};
+use serde_json::Value;
+
+fn submit(server: &Server, dir: &std::path::Path, name: &str, job_type: &str, wait: bool) -> String {
+    let file = dir.join(format!("{name}.json"));
+    std::fs::write(&file, format!(r#"{{"name":"{name}","tasks":[{{"id":"a","job_type":"{job_type}"}}]}}"#)).unwrap();
+    let mut args = vec!["submit", file.to_str().unwrap(), "--json"];
+    if wait {
+        args.push("--wait");
+    }
+    let job = server.cli_json(&args);
+    let id = if wait { &job["id"] } else { &job["job_id"] };
+    id.as_str().unwrap_or_else(|| panic!("{job}")).to_string()
+}
+
+/// The body of a GET (HTTP/1.0: neither kept open nor chunked).
+fn get(address: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
+
+fn ids(list: &Value) -> Vec<String> {
+    list.as_array().unwrap().iter().map(|j| j["id"].as_str().unwrap().to_string()).collect()
+}
+
+fn exists(server: &Server, id: &str) -> bool {
+    let output = server.cli(&["job", id, "--json"]);
+    match output.status.code() {
+        Some(0) => true,
+        Some(2) if String::from_utf8_lossy(&output.stderr).contains("no job") => false,
+        _ => panic!("job {id}: {}", String::from_utf8_lossy(&output.stderr)),
+    }
+}
+
+#[test]
+fn prune_removes_what_the_rules_say_and_nothing_that_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let rules = ["--keep-ended", "2", "--keep-recovery-checks-for", "1s", "--prune-interval", "1h"];
+    let mut args = rules.to_vec();
+    args.extend(["--recovery-interval", "300ms"]);
+    let server = Server::start(&data, &args);
+    let _worker = start_worker(&server, "w1", &[], None);
+    server.wait_for_workers(1);
+
+    let done: Vec<String> = (0..4).map(|n| submit(&server, dir.path(), &format!("small-{n}"), "noop", true)).collect();
+    let parked = submit(&server, dir.path(), "parked", "parked", false);
+    let checks = wait_until(Duration::from_secs(30), || {
+        let list = server.cli_json(&["jobs", "--origin", "recovery", "--state", "succeeded", "--json"]);
+        (list.as_array().unwrap().len() >= 2).then_some(ids(&list))
+    })
+    .expect("the recovery check ran as jobs");
+
+    // `jobs` leaves the recovery check's jobs out; `--all` shows them.
+    let listed = ids(&server.cli_json(&["jobs", "--json"]));
+    let mut expected: Vec<String> = done.iter().rev().cloned().collect();
+    expected.insert(0, parked.clone());
+    assert_eq!(listed, expected, "newest first, no recovery check");
+    let all = ids(&server.cli_json(&["jobs", "--all", "--json", "--limit", "1000"]));
+    assert!(checks.iter().all(|c| all.contains(c)), "--all shows the recovery checks");
+
+    // Dry: named with their reasons, nothing removed.
+    std::thread::sleep(Duration::from_millis(1500));
+    let dry = server.cli_json(&["prune", "--dry-run", "--json"]);
+    assert_eq!(dry["dry_run"], true);
+    let named: Vec<(String, String)> = dry["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["job"]["id"].as_str().unwrap().to_string(), p["reason"].as_str().unwrap().to_string()))
+        .collect();
+    let reason = |id: &str| named.iter().find(|(n, _)| n == id).map(|(_, r)| r.as_str());
+    assert_eq!(reason(&done[0]), Some("older than the newest 2 ended jobs"), "{named:?}");
+    assert_eq!(reason(&done[1]), Some("older than the newest 2 ended jobs"));
+    assert_eq!(reason(&checks[checks.len() - 1]), Some("a recovery check that ended more than 1s ago"));
+    for kept in [&done[2], &done[3], &parked] {
+        assert_eq!(reason(kept), None, "{kept} is kept");
+    }
+    assert!(exists(&server, &done[0]), "a dry run removes nothing");
+
+    // For real: gone with all they own, the rest untouched.
+    let pruned = server.cli_json(&["prune", "--json"]);
+    let removed: Vec<&str> =
+        pruned["jobs"].as_array().unwrap().iter().map(|p| p["job"]["id"].as_str().unwrap()).collect();
+    assert!(removed.contains(&done[0].as_str()) && removed.contains(&done[1].as_str()), "{pruned}");
+    for id in &done[..2] {
+        assert!(!exists(&server, id));
+        let retry = server.cli(&["retry", id]);
+        assert_eq!(retry.status.code(), Some(2), "a removed job cannot be retried");
+    }
+    for id in [&done[2], &done[3], &parked] {
+        assert!(exists(&server, id));
+    }
+    let metrics = get(&server.http, "/metrics");
+    let counted = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("jobcenter_jobs_pruned_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("the pruned counter");
+    assert!(counted >= removed.len() as f64, "{counted} < {}", removed.len());
+
+    // Durable: after a SIGKILL the removed jobs stay removed.
+    drop(server);
+    let server = Server::start(&data, &args);
+    for id in &done[..2] {
+        assert!(!exists(&server, id), "{id} came back after a restart");
+    }
+    for id in [&done[2], &done[3], &parked] {
+        assert!(exists(&server, id));
+    }
+}
+
+#[test]
+fn the_server_removes_jobs_older_than_the_age_kept_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = ["--local-workers", "1", "--keep-ended-for", "1h", "--prune-interval", "200ms"];
+    let server = Server::start(&data, &args);
+    let done: Vec<String> = (0..3).map(|n| submit(&server, dir.path(), &format!("small-{n}"), "noop", true)).collect();
+    let parked = submit(&server, dir.path(), "parked", "parked", false);
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(done.iter().all(|id| exists(&server, id)), "younger than the age kept");
+    drop(server);
+
+    // Two hours later, by the server's clock.
+    let ahead = common::clock_ahead("+2h");
+    let ahead: Vec<&str> = ahead.iter().map(String::as_str).collect();
+    let server = Server::start_wrapped(&ahead, &data, "127.0.0.1:0", &args);
+    let gone = wait_until(Duration::from_secs(20), || done.iter().all(|id| !exists(&server, id)).then_some(()));
+    assert!(gone.is_some(), "the background prune removed the old jobs");
+    assert!(exists(&server, &parked), "a job that has not ended is never removed");
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    assert!(log.contains("ended jobs removed"), "the log says so");
+}
