@@ -623,9 +623,11 @@
       h("option", { value: "" }, "all states"),
       JOB_STATES.map((s) => h("option", { value: s }, stateLabel(s))));
     const origin = h("select", { id: "filter-origin", name: "origin" },
-      h("option", { value: "" }, "any origin"),
+      h("option", { value: "" }, "any origin but recovery checks"),
       h("option", { value: "submitted" }, "submitted"),
-      h("option", { value: "scheduler" }, "scheduler"));
+      h("option", { value: "scheduler" }, "scheduler"),
+      h("option", { value: "recovery" }, "recovery checks"),
+      h("option", { value: "all" }, "all, recovery checks too"));
     const name = h("input", { id: "filter-name", name: "name", type: "search", placeholder: "part of the name", autocomplete: "off" });
     state.value = view.state;
     origin.value = view.origin;

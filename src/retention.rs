@@ -149,4 +149,54 @@ mod tests {
         assert_eq!(Reason::RecoveryCheck.describe(&retention), "a recovery check that ended more than 1h ago");
         assert_eq!(human(Duration::from_secs(90)), "90s");
     }
+
+    proptest::proptest! {
+        /// Whatever the jobs: nothing that runs goes, everything that goes
+        /// has its reason, and what stays is within every rule.
+        #[test]
+        fn what_goes_has_a_reason_and_what_stays_keeps_the_rules(
+            jobs in proptest::collection::vec((0u8..6, 0i64..100, proptest::bool::ANY), 0..60),
+            count in 0usize..10,
+            age_hours in 1u64..80,
+        ) {
+            let retention = Retention {
+                age: Duration::from_secs(age_hours * 3600),
+                count,
+                recovery_checks: Duration::from_secs(2 * 3600),
+            };
+            let now = Timestamp(1_000 * HOUR);
+            let states = [JobState::Pending, JobState::Running, JobState::Succeeded, JobState::Failed, JobState::Canceled, JobState::Succeeded];
+            // Newest first, as the store lists them.
+            let records: Vec<JobRecord> = jobs
+                .iter()
+                .enumerate()
+                .map(|(n, (state, hours, is_check))| {
+                    let origin = if *is_check { check() } else { JobOrigin::User };
+                    record(1_000 - n as u128, states[*state as usize], *hours, origin)
+                })
+                .collect();
+            let gone: std::collections::HashMap<JobId, Reason> = expired(&records, now, &retention).into_iter().collect();
+            let hours_ago = |r: &JobRecord| (now.as_millis() - r.finished_at.unwrap_or(r.updated_at).as_millis()) / HOUR;
+            let mut kept_ended = 0;
+            for r in &records {
+                match gone.get(&r.id) {
+                    Some(reason) => {
+                        proptest::prop_assert!(r.state.is_terminal());
+                        match reason {
+                            Reason::RecoveryCheck => proptest::prop_assert!(is_recovery_check(r) && hours_ago(r) > 2),
+                            Reason::Age => proptest::prop_assert!(!is_recovery_check(r) && hours_ago(r) > age_hours as i64),
+                            Reason::Count => proptest::prop_assert!(!is_recovery_check(r) && kept_ended >= count),
+                        }
+                    }
+                    None if r.state.is_terminal() && is_recovery_check(r) => proptest::prop_assert!(hours_ago(r) <= 2),
+                    None if r.state.is_terminal() => {
+                        proptest::prop_assert!(hours_ago(r) <= age_hours as i64);
+                        kept_ended += 1;
+                    }
+                    None => {}
+                }
+            }
+            proptest::prop_assert!(kept_ended <= count);
+        }
+    }
 }

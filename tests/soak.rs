@@ -1,7 +1,8 @@
 //! The long-life soak, behind a flag: a day of an admin compressed into
 //! minutes. Detections every second, the recovery check every second, and
-//! `JOBCENTER_SOAK_JOBS` (100,000) small jobs submitted and ended, with the
-//! server's default retention pruning every second. It checks that every job
+//! `JOBCENTER_SOAK_JOBS` (100,000) small jobs submitted evenly over
+//! `JOBCENTER_SOAK_MINUTES` (10) and ended, with the server's default
+//! retention (10,000 ended jobs) pruning every second. It checks that every job
 //! ended and that the scheduler still detects on time at the end, and
 //! prints what docs/PERFORMANCE.md records: the data directory beside a
 //! fresh copy of the same data, the admin's memory over the second half,
@@ -86,6 +87,8 @@ async fn soak_jobs_active(client: &mut JobServiceClient<tonic::transport::Channe
 #[ignore = "a soak of minutes: cargo test --release --test soak -- --ignored"]
 async fn a_day_compressed_into_minutes() {
     let total: usize = std::env::var("JOBCENTER_SOAK_JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+    let minutes: f64 = std::env::var("JOBCENTER_SOAK_MINUTES").ok().and_then(|v| v.parse().ok()).unwrap_or(10.0);
+    let pace = Duration::from_secs_f64(minutes * 60.0 / total as f64);
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let args = ["--recovery-interval", "1s", "--prune-interval", "1s", "--keep-recovery-checks-for", "1m"];
@@ -111,7 +114,9 @@ async fn a_day_compressed_into_minutes() {
     let in_flight = Arc::new(Semaphore::new(32));
     let mut samples = Vec::new();
     let mut first_latency = None;
+    let paced = tokio::time::Instant::now();
     for n in 0..total {
+        tokio::time::sleep_until(paced + pace * n as u32).await;
         let permit = in_flight.clone().acquire_owned().await.unwrap();
         let mut submitter = client.clone();
         tokio::spawn(async move {
@@ -179,6 +184,7 @@ async fn a_day_compressed_into_minutes() {
         "soak: {}",
         serde_json::json!({
             "jobs_submitted": total,
+            "minutes_paced": minutes,
             "elapsed_s": elapsed,
             "jobs_kept_at_end": kept,
             "data_dir_mib": data_mib,

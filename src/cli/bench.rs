@@ -14,7 +14,7 @@ use anyhow::Context;
 use tonic::transport::Channel;
 
 use crate::jobfile::Format;
-use crate::proto::api::{self, job_event, job_service_client::JobServiceClient};
+use crate::proto::api::{self, job_service_client::JobServiceClient};
 use crate::store::{PasswordSources, ScratchDatabase};
 use crate::wire;
 
@@ -191,25 +191,9 @@ async fn bench(
         .map_err(|s| anyhow::anyhow!("{}", s.message()))?
         .into_inner()
         .job_id;
-    let mut events = client.watch_job(api::JobRef { job_id: job_id.clone() }).await?.into_inner();
-    let (mut state, mut tasks) = (String::new(), 0);
-    while let Some(event) = events.message().await? {
-        let ended = match &event.event {
-            Some(job_event::Event::Job(t)) if !matches!(t.state.as_str(), "pending" | "running") => {
-                Some(t.state.clone())
-            }
-            // A snapshot's first part carries the job's state and size.
-            Some(job_event::Event::Snapshot(j)) if j.first_task == 0 => {
-                tasks = j.task_count as usize;
-                Some(j.state.clone()).filter(|s| !matches!(s.as_str(), "pending" | "running"))
-            }
-            _ => None,
-        };
-        if let Some(s) = ended {
-            state = s;
-            break;
-        }
-    }
+    let ended = client.wait_job(api::JobRef { job_id }).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+    let ended = ended.into_inner();
+    let (state, tasks) = (ended.state, ended.tasks as usize);
     let makespan = started.elapsed().as_secs_f64();
     let stats = wire::http_get_json(&http, "/api/stats").await?;
     let result = serde_json::json!({

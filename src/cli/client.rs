@@ -12,7 +12,7 @@ use tonic::transport::Channel;
 
 use super::{EXIT_JOB_FAILED, EXIT_USAGE};
 use crate::jobfile::Format;
-use crate::proto::api::{self, job_event, job_service_client::JobServiceClient};
+use crate::proto::api::{self, job_service_client::JobServiceClient};
 use crate::wire;
 
 /// Where the admin is and how to prove who we are.
@@ -182,45 +182,31 @@ pub fn submit_chunks(content: Vec<u8>, format: &str, source_name: &str) -> Vec<a
 /// How long `wait` keeps trying while no admin answers.
 const WAIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// Follows the job's watch stream until it ends.
+/// Waits until the job has ended (`WaitJob`, which follows no task).
 /// When its admin goes away, it carries on with another (`--admin A,B`)
-/// or the same one back, for up to two minutes without an answer.
-pub async fn wait(connection: &Connection, job_id: &str) -> anyhow::Result<()> {
-    let terminal = |state: &str| matches!(state, "succeeded" | "failed" | "canceled");
+/// or the same one back, for up to two minutes without one.
+pub async fn wait(connection: &Connection, job_id: &str) -> anyhow::Result<api::JobSummary> {
     let mut backoff = std::time::Duration::from_millis(200);
-    let mut answered = std::time::Instant::now();
+    let mut reached = std::time::Instant::now();
     loop {
-        let attempt: Result<bool, tonic::Status> = async {
+        let attempt: Result<api::JobSummary, tonic::Status> = async {
             let mut client = connection.connect().await.map_err(|e| tonic::Status::unavailable(format!("{e:#}")))?;
-            let mut stream = client.watch_job(api::JobRef { job_id: job_id.into() }).await?.into_inner();
-            while let Some(event) = stream.message().await? {
-                answered = std::time::Instant::now();
-                let ended = match event.event {
-                    Some(job_event::Event::Snapshot(job)) => terminal(&job.state),
-                    Some(job_event::Event::Job(transition)) => terminal(&transition.state),
-                    _ => false,
-                };
-                if ended {
-                    return Ok(true);
-                }
-            }
-            Ok(false)
+            reached = std::time::Instant::now();
+            Ok(client.wait_job(api::JobRef { job_id: job_id.into() }).await?.into_inner())
         }
         .await;
         match attempt {
-            Ok(true) => return Ok(()),
-            // The stream ended with the job still running: ask again.
-            Ok(false) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+            Ok(summary) => return Ok(summary),
             Err(status)
                 if matches!(
                     status.code(),
                     tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
                 ) =>
             {
-                if answered.elapsed() > WAIT_PATIENCE {
+                if reached.elapsed() > WAIT_PATIENCE {
                     return Err(status_error(status));
                 }
-                tracing::debug!(job.id = job_id, error = status.message(), "watch lost; trying again");
+                tracing::debug!(job.id = job_id, error = status.message(), "wait lost; trying again");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
             }

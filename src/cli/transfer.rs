@@ -27,14 +27,13 @@ pub struct ImportArgs {
     pub store: StoreArgs,
 }
 
+/// Opens the store, or says on stderr why it cannot.
+async fn open_or_say(store: &StoreArgs) -> Option<std::sync::Arc<dyn crate::store::Store>> {
+    store.open().await.map_err(|e| eprintln!("jobcenter: {e:#}")).ok()
+}
+
 pub async fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
-    let store = match args.store.open().await {
-        Ok(store) => store,
-        Err(e) => {
-            eprintln!("jobcenter: {e:#}");
-            return Ok(ExitCode::from(EXIT_USAGE));
-        }
-    };
+    let Some(store) = open_or_say(&args.store).await else { return Ok(ExitCode::from(EXIT_USAGE)) };
     let output = args.output.clone();
     let summary = tokio::task::spawn_blocking(move || -> anyhow::Result<transfer::Summary> {
         match &output {
@@ -62,13 +61,7 @@ pub async fn import(args: ImportArgs) -> anyhow::Result<ExitCode> {
         eprintln!("jobcenter: {} is not a file", args.file.display());
         return Ok(ExitCode::from(EXIT_USAGE));
     }
-    let store = match args.store.open().await {
-        Ok(store) => store,
-        Err(e) => {
-            eprintln!("jobcenter: {e:#}");
-            return Ok(ExitCode::from(EXIT_USAGE));
-        }
-    };
+    let Some(store) = open_or_say(&args.store).await else { return Ok(ExitCode::from(EXIT_USAGE)) };
     let file = args.file.clone();
     match tokio::task::spawn_blocking(move || transfer::import(&*store, &file)).await? {
         Ok(summary) => {
@@ -185,13 +178,7 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
             Some(dir.clone())
         }
     };
-    let store = match args.store.open().await {
-        Ok(store) => store,
-        Err(e) => {
-            eprintln!("jobcenter: {e:#}");
-            return Ok(ExitCode::from(EXIT_USAGE));
-        }
-    };
+    let Some(store) = open_or_say(&args.store).await else { return Ok(ExitCode::from(EXIT_USAGE)) };
     let file = args.file.clone();
     let result = tokio::task::spawn_blocking(move || {
         let limit_one = crate::store::JobFilter { limit: Some(1), ..Default::default() };

@@ -473,6 +473,12 @@ impl Api {
         Ok(api::RecoverResponse { findings, dry_run })
     }
 
+    /// The job's summary once it has ended.
+    pub async fn wait(&self, id: &str) -> Result<api::JobSummary, Error> {
+        let id = parse_job_id(id)?;
+        Ok(convert::summary(&self.shared.engine.wait(id).await?))
+    }
+
     /// Removes the ended jobs past the retention rules now (or only names them).
     pub async fn prune(&self, dry_run: bool) -> Result<api::PruneResponse, Error> {
         super::retention::prune(&self.shared, dry_run).await.map_err(|e| Error::Conflict(format!("{e:#}")))
@@ -486,13 +492,16 @@ impl Api {
         Ok(watch_stream(snapshot, events, self.clone()))
     }
 
-    /// Sends a job's snapshot part by part; false once the watcher has gone.
+    /// Sends a job's snapshot part by part, each built once the watcher
+    /// has taken nearly all that was queued before it, so that a huge job
+    /// is never held converted; false once the watcher has gone.
     async fn send_snapshot(&self, stored: &StoredJob, tx: &Sender<Result<api::JobEvent, Status>>) -> bool {
         let len = stored.spec.len();
         for start in (0..len.max(1)).step_by(wire::TASKS_PER_PART) {
+            let Ok(mut room) = tx.reserve_many(WATCH_BUFFER - 4).await else { return false };
             let part = self.part(stored, start..(start + wire::TASKS_PER_PART).min(len));
-            if tx.send(Ok(api::JobEvent { event: Some(job_event::Event::Snapshot(part)) })).await.is_err() {
-                return false;
+            if let Some(slot) = room.next() {
+                slot.send(Ok(api::JobEvent { event: Some(job_event::Event::Snapshot(part)) }));
             }
         }
         true
@@ -501,26 +510,29 @@ impl Api {
 
 type Sender<T> = tokio::sync::mpsc::Sender<T>;
 
+/// Events queued for one watcher: slack for a burst of transitions.
+const WATCH_BUFFER: usize = 1024;
+
 fn watch_stream(
     snapshot: StoredJob,
-    events: tokio::sync::broadcast::Receiver<Event>,
+    subscribed: tokio::sync::broadcast::Receiver<Event>,
     api: Api,
 ) -> impl Stream<Item = Result<api::JobEvent, Status>> + Send {
-    // Small: a snapshot's parts are built as the watcher takes them.
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
     tokio::spawn(async move {
         let (id, spec) = (snapshot.record.id, snapshot.spec.clone());
         if !api.send_snapshot(&snapshot, &tx).await || snapshot.record.state.is_terminal() {
             return;
         }
         let task_id = |idx: u32| spec.tasks.get(idx as usize).map(|t| t.id.to_string()).unwrap_or_default();
-        let mut events = tokio_stream::wrappers::BroadcastStream::new(events);
+        let mut events = tokio_stream::wrappers::BroadcastStream::new(subscribed);
         // In a cluster, a job led by another instance (from the start, or
         // since it moved) sends no events here: its durable state is read
         // every second instead, and sent as a fresh snapshot when it changed.
         let cluster = api.shared.cluster.is_some();
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-        let mut last = Some((snapshot.record, snapshot.tasks));
+        // What was last sent, to compare with (kept only where it is needed).
+        let mut last = cluster.then_some((snapshot.record, snapshot.tasks));
         loop {
             let event = tokio::select! {
                 event = events.next() => match event {
@@ -588,20 +600,23 @@ fn watch_stream(
                     continue;
                 }
                 Ok(_) => continue,
-                // Fell behind: start again from a fresh snapshot.
-                Err(_lagged) => match api.stored(id).await {
-                    Ok(stored) => {
-                        if !api.send_snapshot(&stored, &tx).await {
+                // Fell behind: start again from the transitions after a
+                // fresh subscription, and a snapshot taken after it.
+                Err(_lagged) => {
+                    events = tokio_stream::wrappers::BroadcastStream::new(api.shared.engine.subscribe());
+                    let stored = match api.stored(id).await {
+                        Ok(stored) => stored,
+                        Err(e) => {
+                            let _ = tx.send(Err(Status::from(e))).await;
                             return;
                         }
-                        last = None;
-                        continue;
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(Status::from(e))).await;
+                    };
+                    if !api.send_snapshot(&stored, &tx).await {
                         return;
                     }
-                },
+                    last = None;
+                    continue;
+                }
             };
             if tx.send(Ok(out)).await.is_err() {
                 return;
@@ -667,6 +682,11 @@ impl JobService for JobServiceImpl {
     async fn get_job(&self, request: Request<api::JobRef>) -> Result<Response<api::Job>, Status> {
         self.check(&request)?;
         Ok(Response::new(self.api.job(&request.into_inner().job_id).await?))
+    }
+
+    async fn wait_job(&self, request: Request<api::JobRef>) -> Result<Response<api::JobSummary>, Status> {
+        self.check(&request)?;
+        Ok(Response::new(self.api.wait(&request.into_inner().job_id).await?))
     }
 
     async fn read_job(&self, request: Request<api::JobRef>) -> Result<Response<Self::ReadJobStream>, Status> {

@@ -214,10 +214,17 @@ fn open_guarded(path: &Path, display: &str) -> Result<sled::Db, Error> {
         .cache_capacity(128 * 1024 * 1024)
         .mode(sled::Mode::HighThroughput)
         .flush_every_ms(None);
-    let previous_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()));
-    std::panic::set_hook(previous_hook);
+    // The panic hook is the process's: one open at a time swaps it, or two
+    // at once could leave it silenced for good.
+    static HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let opened = {
+        let _one = HOOK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let previous_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()));
+        std::panic::set_hook(previous_hook);
+        opened
+    };
     match opened {
         Ok(Ok(db)) => Ok(db),
         Ok(Err(sled::Error::Io(e))) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("lock") => {
