@@ -312,3 +312,56 @@ fn export_and_import_move_everything_between_a_data_directory_and_a_database() {
     assert!(policy.contains("retry_limit") && policy.contains('2'), "{policy}");
     let _ = Instant::now();
 }
+
+#[test]
+fn on_postgres_prune_removes_rows_and_a_backup_restores_into_a_data_directory() {
+    let cluster = pg::shared();
+    let database = cluster.new_database();
+    let url = cluster.url(&database);
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--database-url", url.as_str(), "--local-workers", "1", "--keep-ended", "1", "--prune-interval", "1h"];
+    let server = Server::start(&dir.path().join("unused"), &args);
+    let job_file = dir.path().join("nine.json");
+    std::fs::write(&job_file, common::nine_tasks(None, 0)).unwrap();
+    let ids: Vec<String> = (0..3)
+        .map(|_| {
+            let output = server.cli(&["submit", job_file.to_str().unwrap(), "--wait", "--json"]);
+            let job: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+            job["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let rows = |table: &str, id: &str| {
+        cluster.psql(
+            &database,
+            &format!(
+                "SELECT count(*) FROM jobcenter.{table} WHERE {} = '{id}'",
+                if table == "jobs" { "id" } else { "job_id" }
+            ),
+        )
+    };
+    assert_eq!(rows("tasks", &ids[0]).trim(), "9", "the task rows are there before");
+
+    let pruned = server.cli(&["prune", "--json"]);
+    let pruned: serde_json::Value = serde_json::from_slice(&pruned.stdout).unwrap();
+    assert_eq!(pruned["jobs"].as_array().map(Vec::len), Some(2), "{pruned}");
+    for id in &ids[..2] {
+        for table in ["jobs", "job_specs", "tasks"] {
+            assert_eq!(rows(table, id).trim(), "0", "{table} rows of {id} are gone");
+        }
+    }
+    assert_eq!(rows("tasks", &ids[2]).trim(), "9", "the newest ended job is kept");
+
+    // A copy of the database's server, restored into a data directory.
+    let copy = dir.path().join("copy.jsonl");
+    let output = server.cli(&["backup", copy.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    drop(server);
+    let restored = dir.path().join("restored");
+    let output = cli(&["restore", copy.to_str().unwrap(), "--data-dir", restored.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let job: serde_json::Value =
+        serde_json::from_slice(&cli(&["job", &ids[2], "--json", "--data-dir", restored.to_str().unwrap()]).stdout)
+            .unwrap();
+    assert_eq!(job["state"], "succeeded");
+    assert_eq!(job["tasks"].as_array().map(Vec::len), Some(9));
+}
