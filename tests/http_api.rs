@@ -220,6 +220,17 @@ fn the_openapi_description_names_every_route_and_the_api_answers_as_it_says() {
     let (status, created) = json(address, "POST", "/api/jobs?format=toml", Some(("application/toml", toml)));
     assert_eq!(status, 201, "{created}");
     let slow = created["job_id"].as_str().unwrap().to_string();
+    // While it runs: its worker lists the attempt, and the task answers alone.
+    let attempt = wait_until(Duration::from_secs(20), || {
+        let (_, workers) = json(address, "GET", "/api/workers", None);
+        let first = workers["workers"][0]["running"].as_array().and_then(|r| r.first().cloned());
+        first.filter(|a| a["state"] == "running")
+    })
+    .expect("the worker lists what it runs");
+    assert_eq!((attempt["job_id"].as_str(), attempt["task_id"].as_str()), (Some(slow.as_str()), Some("sleep")));
+    let (status, task) = json(address, "GET", &format!("/api/jobs/{slow}/tasks/sleep"), None);
+    assert_eq!((status, task["state"].as_str(), task["worker_id"].as_str()), (200, Some("running"), Some("worker-1")));
+    assert_eq!(json(address, "GET", &format!("/api/jobs/{slow}/tasks/nothing"), None).0, 404);
     let (status, canceled) = json(address, "POST", &format!("/api/jobs/{slow}/cancel"), None);
     assert_eq!((status, &canceled["canceled"]), (200, &Value::Bool(true)));
     wait_for_state(address, &slow, "canceled");

@@ -135,6 +135,17 @@ pub(super) enum Command {
         job: JobId,
         reply: Reply<Option<StoredJob>>,
     },
+    /// Every attempt held now (answered once the step is durable).
+    Attempts {
+        reply: Reply<Vec<super::HeldAttempt>>,
+    },
+    /// One task of a job led here by its id: `None` when the job is not led
+    /// here, `Some(None)` when it has no such task.
+    Task {
+        job: JobId,
+        task: String,
+        reply: Reply<Option<Option<super::OneTask>>>,
+    },
     /// Every job led here, whole, as of one step (answered once it is durable), and that step's time.
     Snapshot {
         reply: Reply<(Timestamp, Vec<StoredJob>)>,
@@ -580,6 +591,32 @@ impl Core {
             // now and given once every step so far is flushed. A job that is
             // not active is read from the store by the caller, after that too.
             Command::Get { job, reply } => step.reply(reply, self.jobs.get(&job).map(ActiveJob::to_stored)),
+            Command::Attempts { reply } => {
+                let attempts = self
+                    .held
+                    .iter()
+                    .filter_map(|(task, held)| {
+                        let job = self.jobs.get(&task.job)?;
+                        let record = &job.tasks[task.idx.index()];
+                        Some(super::HeldAttempt {
+                            job: task.job,
+                            task_id: job.spec.tasks[task.idx.index()].id.to_string(),
+                            attempt: held.attempt,
+                            handler: held.handler,
+                            running: record.state == TaskState::Running,
+                            started_at: record.started_at,
+                        })
+                    })
+                    .collect();
+                step.reply(reply, attempts);
+            }
+            Command::Task { job, task, reply } => {
+                let found = self.jobs.get(&job).map(|active| {
+                    let idx = active.spec.tasks.iter().position(|t| *t.id == *task)?;
+                    Some((active.spec.clone(), idx, active.tasks[idx].clone()))
+                });
+                step.reply(reply, found);
+            }
             Command::Snapshot { reply } => {
                 step.reply(reply, (now, self.jobs.values().map(ActiveJob::to_stored).collect()))
             }

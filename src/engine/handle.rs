@@ -266,6 +266,24 @@ impl EngineHandle {
         }
     }
 
+    /// Every attempt held now, for jobs led here.
+    pub async fn attempts(&self) -> Result<Vec<super::HeldAttempt>, Error> {
+        self.call(|reply| Command::Attempts { reply }).await
+    }
+
+    /// One task of a job by its id, without copying the rest of the job
+    /// when it is led here; `None` when the job or the task is unknown.
+    pub async fn task(&self, job: JobId, task: &str) -> Result<Option<super::OneTask>, Error> {
+        let owned = task.to_string();
+        if let Some(found) = self.call(|reply| Command::Task { job, task: owned, reply }).await? {
+            return Ok(found);
+        }
+        Ok(self.stored(job).await?.and_then(|stored| {
+            let idx = stored.spec.tasks.iter().position(|t| &*t.id == task)?;
+            Some((stored.spec.clone(), idx, stored.tasks[idx].clone()))
+        }))
+    }
+
     /// Every job led here, each whole, as of one step that is durable when
     /// this answers, and that step's time.
     pub async fn snapshot(&self) -> Result<(Timestamp, Vec<StoredJob>), Error> {

@@ -64,6 +64,11 @@ impl HeldTable {
         self.by_task.len()
     }
 
+    /// Every held attempt.
+    pub fn iter(&self) -> impl Iterator<Item = (&TaskRef, &Held)> {
+        self.by_task.iter()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.by_task.is_empty()
     }

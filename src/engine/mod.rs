@@ -87,6 +87,21 @@ impl Default for Options {
     }
 }
 
+/// An attempt a handler holds now, as the views of workers show it.
+#[derive(Clone, Debug)]
+pub struct HeldAttempt {
+    pub job: JobId,
+    pub task_id: String,
+    pub attempt: u32,
+    pub handler: HandlerId,
+    /// Started on its worker (else only assigned).
+    pub running: bool,
+    pub started_at: Option<Timestamp>,
+}
+
+/// One task of a job led here: the job's spec, its index and its record.
+pub type OneTask = (Arc<crate::model::JobSpec>, usize, crate::model::TaskRecord);
+
 /// A summary of a job for progress displays.
 #[derive(Clone, Debug)]
 pub struct Summary {

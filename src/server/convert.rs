@@ -49,8 +49,12 @@ pub fn part(stored: &StoredJob, range: std::ops::Range<usize>) -> api::Job {
 
 /// The task at `idx` of a job, as the client API carries it.
 pub fn task(stored: &StoredJob, idx: usize) -> api::Task {
-    let spec = &stored.spec;
-    let (task_spec, task) = (&spec.tasks[idx], &stored.tasks[idx]);
+    task_of(&stored.spec, idx, &stored.tasks[idx])
+}
+
+/// The task at `idx` of a job's spec, with its record.
+pub fn task_of(spec: &crate::model::JobSpec, idx: usize, task: &crate::model::TaskRecord) -> api::Task {
+    let task_spec = &spec.tasks[idx];
     api::Task {
         id: task_spec.id.to_string(),
         job_type: task_spec.job_type.to_string(),

@@ -13,7 +13,6 @@ use crate::model::JobId;
 use crate::proto::api::job_event;
 use crate::proto::plugin::{config_value::Kind, ConfigField, ConfigForm, ConfigValue, JobTypeDescriptor};
 use crate::store::JobFilter;
-use jobcenter_recovery::TaskState;
 
 fn job_id(text: &str) -> Result<JobId, Error> {
     text.parse().map_err(|_| Error::Invalid(format!("{text:?} is not a job id (a UUID)")))
@@ -62,14 +61,13 @@ pub async fn graph(shared: &Shared, id: &str) -> Result<Value, Error> {
 
 /// One task of a job, by its id.
 pub async fn task(shared: &Shared, id: &str, task_id: &str) -> Result<crate::proto::api::Task, Error> {
-    let job = stored(shared, id).await?;
-    let idx = job
-        .spec
-        .tasks
-        .iter()
-        .position(|t| &*t.id == task_id)
-        .ok_or_else(|| Error::NotFound(format!("job {id} has no task {task_id:?}")))?;
-    let mut task = convert::task(&job, idx);
+    let job = job_id(id)?;
+    let (spec, idx, record) = shared
+        .engine
+        .task(job, task_id)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no task {task_id:?} in a job {id}")))?;
+    let mut task = convert::task_of(&spec, idx, &record);
     if !task.handler.is_empty() {
         task.worker_id = shared.registry.worker_id(&task.handler).unwrap_or_default();
     }
@@ -78,16 +76,13 @@ pub async fn task(shared: &Shared, id: &str, task_id: &str) -> Result<crate::pro
 
 /// The attempts each connected worker runs now, by handler.
 pub async fn running(shared: &Shared) -> Result<HashMap<String, Vec<Value>>, Error> {
-    let (jobs, _) = shared.engine.recovery_snapshot().await?;
     let mut by_handler: HashMap<String, Vec<Value>> = HashMap::new();
-    for job in &jobs {
-        for task in job.tasks.iter().filter(|t| matches!(t.state, TaskState::Assigned | TaskState::Running)) {
-            let Some(handler) = &task.handler else { continue };
-            by_handler.entry(handler.clone()).or_default().push(json!({
-                "job_id": job.id, "task_id": task.id, "attempt": task.attempt,
-                "state": if task.state == TaskState::Running { "running" } else { "assigned" }, "started_at_ms": task.started_at.unwrap_or(0),
-            }));
-        }
+    for held in shared.engine.attempts().await? {
+        by_handler.entry(held.handler.to_string()).or_default().push(json!({
+            "job_id": held.job.to_string(), "task_id": held.task_id, "attempt": held.attempt,
+            "state": if held.running { "running" } else { "assigned" },
+            "started_at_ms": held.started_at.map(|t| t.as_millis()).unwrap_or(0),
+        }));
     }
     Ok(by_handler)
 }
