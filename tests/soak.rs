@@ -2,7 +2,8 @@
 //! minutes. Detections every second, the recovery check every second, and
 //! `JOBCENTER_SOAK_JOBS` (100,000) small jobs submitted evenly over
 //! `JOBCENTER_SOAK_MINUTES` (10) and ended, with the server's default
-//! retention (10,000 ended jobs) pruning every second. It checks that every job
+//! retention (10,000 ended jobs; `JOBCENTER_SOAK_KEEP` sets another)
+//! pruning every second. It checks that every job
 //! ended and that the scheduler still detects on time at the end, and
 //! prints what docs/PERFORMANCE.md records: the data directory beside a
 //! fresh copy of the same data, the admin's memory over the second half,
@@ -91,8 +92,9 @@ async fn a_day_compressed_into_minutes() {
     let pace = Duration::from_secs_f64(minutes * 60.0 / total as f64);
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
+    let keep = std::env::var("JOBCENTER_SOAK_KEEP").unwrap_or_else(|_| "10000".into());
     let args = ["--recovery-interval", "1s", "--prune-interval", "1s", "--keep-recovery-checks-for", "1m"];
-    let server = Server::start(&data, &args);
+    let server = Server::start(&data, &[&args[..], &["--keep-ended", keep.as_str()]].concat());
     let pid = server.process.child.id();
     let _workers: Vec<_> =
         (0..2).map(|n| start_worker(&server, &format!("w{n}"), &["--max-execute", "16"], None)).collect();
