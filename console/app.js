@@ -225,12 +225,14 @@
       });
     }
 
+    /** Runs `fn` after `ms` unless the page has been left; answers the timer. */
     later(ms, fn) {
       const timer = setTimeout(() => {
         this.timers.delete(timer);
         if (this.alive) fn();
       }, ms);
       this.timers.add(timer);
+      return timer;
     }
 
     onLeave(fn) {
@@ -752,6 +754,7 @@
       formatAge,
       stateLabel,
       loaded: () => markLoaded(scope),
+      later: (ms, fn) => scope.later(ms, fn),
     };
     try {
       const mounted = jobPage.mount(pageEl, jobId, ctx);

@@ -739,7 +739,8 @@
 
   /**
    * One shown job: its data, its drawing and its live updates. Everything
-   * it owns (the event stream, timers, listeners) ends in `destroy`.
+   * it owns (the event stream, listeners) ends in `destroy`; its timers are
+   * the page's, stopped when the page is left.
    */
   class JobView {
     constructor(page, jobId, ctx) {
@@ -755,7 +756,6 @@
       this.elItem = new WeakMap();
       this.dirty = new Set();
       this.frame = 0;
-      this.timers = new Set();
       this.source = null;
       this.zoom = 1;
       this.panelRequest = 0;
@@ -786,18 +786,12 @@
       this.alive = false;
       this.closeEvents();
       if (this.frame) cancelAnimationFrame(this.frame);
-      for (const timer of this.timers) clearTimeout(timer);
-      this.timers.clear();
       document.removeEventListener("keydown", this.onDocKey);
     }
 
+    /** The page's timer (stopped when the page is left), skipped once this view is gone. */
     later(ms, fn) {
-      const timer = setTimeout(() => {
-        this.timers.delete(timer);
-        if (this.alive) fn();
-      }, ms);
-      this.timers.add(timer);
-      return timer;
+      return this.ctx.later(ms, () => this.alive && fn());
     }
 
     /** Takes a fresh graph: rebuilds the model unless only states changed. */

@@ -275,6 +275,12 @@ pub async fn http_get_json(address: &str, path: &str) -> anyhow::Result<Value> {
 /// Tasks per part when a job travels in parts (`ReadJob`, a watch snapshot).
 pub const TASKS_PER_PART: usize = 10_000;
 
+/// The task ranges of a job of `len` tasks sent in parts: at least one part,
+/// so that even a job without tasks sends its own fields.
+pub fn part_ranges(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..len.max(1)).step_by(TASKS_PER_PART).map(move |start| start..(start + TASKS_PER_PART).min(len))
+}
+
 /// Puts a job sent in parts back together: a part from task 0 starts a
 /// job again, each next one must follow on where the last ended.
 #[derive(Debug, Default)]

@@ -189,10 +189,8 @@ impl Api {
     pub async fn read(&self, id: &str) -> Result<impl Stream<Item = api::Job> + Send, Error> {
         let id = parse_job_id(id)?;
         let stored = Arc::new(self.stored(id).await?);
-        let (api, len) = (self.clone(), stored.spec.len());
-        let starts = (0..len.max(1)).step_by(wire::TASKS_PER_PART);
-        Ok(tokio_stream::iter(starts)
-            .map(move |start| api.part(&stored, start..(start + wire::TASKS_PER_PART).min(len))))
+        let api = self.clone();
+        Ok(tokio_stream::iter(wire::part_ranges(stored.spec.len())).map(move |range| api.part(&stored, range)))
     }
 
     pub async fn list(&self, request: &api::ListJobsRequest) -> Result<api::ListJobsResponse, Error> {
@@ -496,10 +494,9 @@ impl Api {
     /// has taken nearly all that was queued before it, so that a huge job
     /// is never held converted; false once the watcher has gone.
     async fn send_snapshot(&self, stored: &StoredJob, tx: &Sender<Result<api::JobEvent, Status>>) -> bool {
-        let len = stored.spec.len();
-        for start in (0..len.max(1)).step_by(wire::TASKS_PER_PART) {
+        for range in wire::part_ranges(stored.spec.len()) {
             let Ok(mut room) = tx.reserve_many(WATCH_BUFFER - 4).await else { return false };
-            let part = self.part(stored, start..(start + wire::TASKS_PER_PART).min(len));
+            let part = self.part(stored, range);
             if let Some(slot) = room.next() {
                 slot.send(Ok(api::JobEvent { event: Some(job_event::Event::Snapshot(part)) }));
             }
