@@ -1,13 +1,15 @@
 //! Real maintenance through jobcenter: a SeaweedFS cluster on loopback
 //! (`tests/common/seaweedfs.rs`), a `jobcenter server --master` pointing at
 //! it, and a real `weed worker` executing hand-submitted vacuum and erasure
-//! coding tasks. Each test checks the effect on the cluster as the master and
-//! the volume servers report it, not only the job's state.
+//! coding tasks, and the job types of SeaweedFS's default lane as the
+//! scheduler detects them. Each test checks the effect on the cluster as the
+//! master and the volume servers report it, not only the job's state.
 
 mod common;
 #[path = "common/seaweedfs.rs"]
 mod seaweedfs;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,11 +27,15 @@ struct Setup {
     dir: tempfile::TempDir,
 }
 
-const JOB_TYPES: [&str; 3] = ["vacuum", "erasure_coding", "volume_balance"];
+/// The job types of SeaweedFS's default lane, which a `weed worker` here runs.
+const JOB_TYPES: [&str; 5] = ["vacuum", "erasure_coding", "volume_balance", "ec_balance", "admin_script"];
 
 impl Setup {
     fn start(options: ClusterOptions) -> Setup {
-        let cluster = Cluster::start(options);
+        Setup::on(Cluster::start(options))
+    }
+
+    fn on(cluster: Cluster) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let server = Server::start(&dir.path().join("data"), &["--master", &cluster.master_address()]);
         // Only the tasks these tests submit touch the cluster: no detection
@@ -45,9 +51,15 @@ impl Setup {
         self.dir.path().join(format!("{id}.log"))
     }
 
-    /// Starts `weed worker` with the three maintenance job types and waits
+    /// Starts `weed worker` with the default lane's job types and waits
     /// until jobcenter lists it.
     fn start_weed_worker(&self, id: &str) -> Process {
+        self.start_weed_worker_with(id, &JOB_TYPES)
+    }
+
+    /// Starts `weed worker` with `job_types` and waits until jobcenter
+    /// lists it with every one of them.
+    fn start_weed_worker_with(&self, id: &str, job_types: &[&str]) -> Process {
         let working = self.dir.path().join(id);
         std::fs::create_dir_all(&working).unwrap();
         let log = std::fs::File::create(self.worker_log(id)).unwrap();
@@ -56,7 +68,7 @@ impl Setup {
                 "worker",
                 &format!("-admin={}", self.server.http),
                 &format!("-id={id}"),
-                &format!("-jobType={}", JOB_TYPES.join(",")),
+                &format!("-jobType={}", job_types.join(",")),
                 "-heartbeat=1s",
                 &format!("-workingDir={}", working.display()),
             ])
@@ -69,7 +81,7 @@ impl Setup {
         let process = Process { child, name: id.to_string() };
         let registered = wait_until(WAIT, || {
             let workers = self.server.workers();
-            workers.iter().any(|w| w["worker_id"] == id && capability_types(w).len() == JOB_TYPES.len()).then_some(())
+            workers.iter().any(|w| w["worker_id"] == id && capability_types(w).len() == job_types.len()).then_some(())
         });
         assert!(
             registered.is_some(),
@@ -490,4 +502,317 @@ fn the_scheduler_detects_and_runs_vacuum_on_its_own() {
         executing,
         started.elapsed()
     );
+}
+
+/// Turns a job type's detection on (every 2 s) or off, with `changes` beside it.
+fn detection(setup: &Setup, job_type: &str, on: bool, changes: &[&str]) {
+    let enabled = format!("detection_enabled={}", u8::from(on));
+    let mut args = vec!["policy", "set", job_type, enabled.as_str(), "detection_interval_seconds=2"];
+    args.extend_from_slice(changes);
+    let output = setup.server.cli(&args);
+    assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// The first job the scheduler made for `job_type` that succeeded, in full.
+fn scheduled_success(setup: &Setup, job_type: &str, patience: Duration) -> Value {
+    let prefix = format!("{job_type}-");
+    let found = wait_until(patience, || {
+        let jobs = setup.server.cli_json(&["jobs", "--json", "--origin", "scheduler"]);
+        jobs.as_array()?
+            .iter()
+            .find(|j| j["name"].as_str().unwrap_or("").starts_with(&prefix) && j["state"] == "succeeded")
+            .cloned()
+    });
+    let job = found.unwrap_or_else(|| {
+        let jobs = setup.server.cli_json(&["jobs", "--json", "--origin", "scheduler"]);
+        let activity = setup.server.cli(&["activity"]);
+        panic!(
+            "no scheduled {job_type} job succeeded: {jobs}\n{}\n{}",
+            String::from_utf8_lossy(&activity.stdout),
+            setup.context(&["weed-all"])
+        )
+    });
+    let job = setup.job(job["id"].as_str().unwrap());
+    assert!(job["origin"].as_str().unwrap().starts_with(&format!("scheduler:{job_type}:")), "{}", job["origin"]);
+    job
+}
+
+/// Every shard id of the EC volume once, and how many shards each server holds.
+fn shard_spread(cluster: &Cluster, id: u32) -> Option<BTreeMap<String, usize>> {
+    let volumes = cluster.ec_shards();
+    let volume = volumes.get(&id)?;
+    let mut all: Vec<u32> = volume.shards.values().flatten().copied().collect();
+    all.sort_unstable();
+    (all == (0..14).collect::<Vec<u32>>())
+        .then(|| volume.shards.iter().map(|(s, ids)| (s.clone(), ids.len())).collect())
+}
+
+#[test]
+fn the_scheduler_detects_and_runs_erasure_coding_ec_balance_and_an_admin_script() {
+    let started = Instant::now();
+    let mut setup = Setup::start(ClusterOptions {
+        volume_servers: 5,
+        volume_size_limit_mb: 16,
+        on_tmpfs: true,
+        ..ClusterOptions::default()
+    });
+    let _worker = setup.start_weed_worker("weed-all");
+
+    // The fifth server is down while the volume is written and encoded: the
+    // fourteen shards land on the other four, which leaves work for ec_balance.
+    setup.cluster.stop_volume_server(4);
+    let fifth = setup.cluster.volume_servers[4].address();
+    let files = setup.cluster.write_files_to_one_volume(40, 64, "ecs");
+    let id = files[0].volume_id;
+    setup.cluster.wait_for("the volume's size reaches the master", |t| {
+        t.volume(id).filter(|v| v.size > 2 * 1024 * 1024).cloned()
+    });
+
+    // erasure_coding: quiet at once, and small volumes count as full.
+    detection(
+        &setup,
+        "erasure_coding",
+        true,
+        &[
+            "worker.quiet_for_seconds=0",
+            "worker.fullness_ratio=0.01",
+            "worker.min_size_mb=1",
+            "admin.collection_filter=ecs",
+        ],
+    );
+    let encoded = scheduled_success(&setup, "erasure_coding", Duration::from_secs(120));
+    detection(&setup, "erasure_coding", false, &[]);
+    let encoded_tasks = encoded["tasks"].as_array().unwrap();
+    assert_eq!(encoded_tasks.len(), 1, "{encoded}");
+    assert_eq!(encoded_tasks[0]["labels"]["volume_id"], id.to_string(), "{encoded}");
+    let spread = setup.cluster.wait_for(&format!("volume {id} as 14 EC shards"), |t| {
+        t.volume(id).is_none().then(|| shard_spread(&setup.cluster, id)).flatten()
+    });
+    assert_eq!(spread.len(), 4, "{spread:?}");
+    assert!(!spread.contains_key(&fifth), "{spread:?}");
+    assert_readable(&setup.cluster, &files, id);
+    eprintln!("erasure_coding through the scheduler: volume {id} as {spread:?} ({:?})", started.elapsed());
+
+    // ec_balance: with the fifth server back, shards move to it.
+    setup.cluster.restart_volume_server(4);
+    detection(&setup, "ec_balance", true, &[]);
+    let balanced = scheduled_success(&setup, "ec_balance", Duration::from_secs(120));
+    let spread = setup.cluster.wait_for(&format!("shards of volume {id} on the fifth server"), |_| {
+        shard_spread(&setup.cluster, id).filter(|s| s.contains_key(&fifth))
+    });
+    detection(&setup, "ec_balance", false, &[]);
+    assert!(spread.values().all(|&n| n <= 4), "{spread:?}");
+    assert_readable(&setup.cluster, &files, id);
+    eprintln!(
+        "ec_balance through the scheduler: {} move(s), now {spread:?} ({:?})",
+        balanced["tasks"].as_array().unwrap().len(),
+        started.elapsed()
+    );
+
+    // admin_script: shell commands, run by the worker under jobcenter's
+    // cluster lock, with their effect on the master.
+    let plain = setup.cluster.write_files_to_one_volume(2, 4, "");
+    let plain_id = plain[0].volume_id;
+    let holder = setup.cluster.topology().volume(plain_id).expect("the plain volume").server.clone();
+    let script = format!("volume.mark -node={holder} -volumeId={plain_id} -readonly;cluster.status");
+    detection(&setup, "admin_script", true, &[&format!("admin.script={script}"), "admin.run_interval_minutes=60"]);
+    let scripted = scheduled_success(&setup, "admin_script", Duration::from_secs(120));
+    detection(&setup, "admin_script", false, &[]);
+    let output = scripted["tasks"][0]["output"].as_array().map(|o| format!("{o:?}")).unwrap_or_default();
+    assert!(output.contains("LOCKED by jobcenter"), "{output}");
+    setup
+        .cluster
+        .wait_for(&format!("volume {plain_id} read-only"), |t| t.volume(plain_id).filter(|v| v.read_only).cloned());
+    // One run per interval: the detections after it propose nothing.
+    let runs = setup.server.cli_json(&["runs", "admin_script", "--json"]);
+    let with_job = runs["succeeded"].as_array().unwrap().iter().filter(|r| !r["job_id"].is_null()).count();
+    assert_eq!(with_job, 1, "{runs}");
+    eprintln!("admin_script through the scheduler: done ({:?})", started.elapsed());
+}
+
+#[test]
+fn the_scheduler_balances_volumes_piled_on_one_server() {
+    let started = Instant::now();
+    let setup = Setup::start(ClusterOptions { on_tmpfs: true, ..ClusterOptions::default() });
+    let cluster = &setup.cluster;
+    let _worker = setup.start_weed_worker("weed-all");
+    // Four volumes of one collection, all grown on the first server.
+    let crowded = cluster.volume_servers[0].address();
+    let grow = format!("/vol/grow?count=4&collection=bal&dataCenter=dc1&rack=rack1&dataNode={crowded}&replication=000");
+    let grown = seaweedfs::http("GET", &cluster.master_address(), &grow, None).expect("vol/grow");
+    assert!(grown.is_success(), "{}", grown.text());
+    let files = cluster.write_files(24, 16, "bal");
+    let on = |t: &seaweedfs::Topology, server: &str| {
+        t.volumes.iter().filter(|v| v.collection == "bal" && v.server == server).count()
+    };
+    let before = cluster.wait_for("the four volumes on one server", |t| (on(t, &crowded) == 4).then(|| t.clone()));
+    assert!(before.volumes.iter().filter(|v| v.collection == "bal").all(|v| v.server == crowded), "{before:#?}");
+
+    detection(&setup, "volume_balance", true, &["admin.collection_filter=bal"]);
+    // A move waits for its source to be idle a while: about two minutes each.
+    let job = scheduled_success(&setup, "volume_balance", Duration::from_secs(400));
+    detection(&setup, "volume_balance", false, &[]);
+    let servers = cluster.volume_server_addresses();
+    let spread = cluster.wait_for("volumes moved off the crowded server", |t| {
+        let spread: BTreeMap<String, usize> = servers.iter().map(|s| (s.clone(), on(t, s))).collect();
+        (spread[&crowded] < 4 && spread.values().sum::<usize>() == 4).then_some(spread)
+    });
+    assert!(spread.values().all(|&n| n <= 2), "{spread:?}\n{job}");
+    for id in files.iter().map(|f| f.volume_id).collect::<std::collections::BTreeSet<_>>() {
+        assert_readable(cluster, &files, id);
+    }
+    let tasks = job["tasks"].as_array().unwrap();
+    let moved: i64 = tasks
+        .iter()
+        .map(|t| t["finished_at_ms"].as_i64().unwrap() - t["started_at_ms"].as_i64().unwrap())
+        .max()
+        .unwrap();
+    eprintln!(
+        "volume_balance through the scheduler: {} task(s), {spread:?}, longest {moved} ms ({:?})",
+        tasks.len(),
+        started.elapsed()
+    );
+}
+
+/// The names of a descriptor form's fields, from `/api/job-types/TYPE`.
+fn form_fields(job_type: &Value, form: &str) -> Vec<String> {
+    job_type["descriptor"][form]["sections"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["fields"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| f["name"].as_str().map(String::from))
+        .collect()
+}
+
+#[test]
+fn lifecycle_and_iceberg_workers_register_and_lifecycle_runs_on_its_share_of_the_delete_budget() {
+    let started = Instant::now();
+    let mut cluster = Cluster::start(ClusterOptions { volume_servers: 1, ..ClusterOptions::default() });
+    cluster.start_filer();
+    let setup = Setup::on(cluster);
+    // No detection before the budget is set (s3_lifecycle's descriptor turns it on).
+    for job_type in ["s3_lifecycle", "iceberg_maintenance"] {
+        detection(&setup, job_type, false, &[]);
+    }
+    let _first = setup.start_weed_worker_with("lifecycle-1", &["s3_lifecycle", "iceberg_maintenance"]);
+    let _second = setup.start_weed_worker_with("lifecycle-2", &["s3_lifecycle"]);
+
+    // Their descriptors are stored, with their forms, and shown.
+    let lifecycle = seaweedfs::get_json(&setup.server.http, "/api/job-types/s3_lifecycle");
+    let admin_fields = form_fields(&lifecycle, "admin_config_form");
+    assert!(admin_fields.iter().any(|f| f == "cluster_deletes_per_second"), "{lifecycle}");
+    assert!(admin_fields.iter().any(|f| f == "cluster_deletes_burst"), "{lifecycle}");
+    let iceberg = seaweedfs::get_json(&setup.server.http, "/api/job-types/iceberg_maintenance");
+    assert!(!form_fields(&iceberg, "worker_config_form").is_empty(), "{iceberg}");
+    assert!(!form_fields(&iceberg, "admin_config_form").is_empty(), "{iceberg}");
+    let listed = seaweedfs::get_json(&setup.server.http, "/api/job-types");
+    let entry = |t: &str| listed["job_types"].as_array().unwrap().iter().find(|j| j["job_type"] == t).cloned();
+    assert_eq!(entry("s3_lifecycle").map(|e| e["executors"].clone()), Some(json!(2)), "{listed}");
+    assert_eq!(entry("iceberg_maintenance").map(|e| e["has_descriptor"].clone()), Some(json!(true)), "{listed}");
+    let described = setup.server.cli(&["policy", "get", "s3_lifecycle"]);
+    assert!(String::from_utf8_lossy(&described.stdout).contains("admin.cluster_deletes_per_second"), "{described:?}");
+
+    // An operator holds the cluster's `shell` lock throughout: the lifecycle
+    // lane never waits for it (only the default lane does).
+    let operator = OperatorLock::take(&setup.cluster.master_address());
+
+    // 100 deletes/s and a burst of 10 for the cluster, two executors, at
+    // most two jobs a detection: each execution gets half.
+    detection(
+        &setup,
+        "s3_lifecycle",
+        true,
+        &["admin.cluster_deletes_per_second=100", "admin.cluster_deletes_burst=10", "max_jobs_per_detection=2"],
+    );
+    let job = scheduled_success(&setup, "s3_lifecycle", Duration::from_secs(120));
+    detection(&setup, "s3_lifecycle", false, &[]);
+    let task = &job["tasks"][0];
+    let stage = task["stage"].as_str().unwrap_or_default();
+    assert!(stage.contains("rate=50/s burst=5"), "{task}\n{}", setup.context(&["lifecycle-1", "lifecycle-2"]));
+    let output = task["output"].as_array().map(|o| format!("{o:?}")).unwrap_or_default();
+    assert!(output.contains("s3 lifecycle daily replay completed"), "{output}");
+    assert_eq!(operator.holder(), "operator", "the operator's lock was never let go meanwhile");
+    drop(operator);
+    eprintln!("s3_lifecycle through the scheduler: stage {stage:?} ({:?})", started.elapsed());
+}
+
+/// The cluster's `shell` lock, held by an operator as `weed shell` holds it
+/// (renewed every 2 s, the master's lease being 10 s) until dropped.
+struct OperatorLock {
+    runtime: tokio::runtime::Runtime,
+    master: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl OperatorLock {
+    fn take(master: &str) -> OperatorLock {
+        use jobcenter::proto::master::{seaweed_client::SeaweedClient, LeaseAdminTokenRequest};
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let address = format!("http://{}", jobcenter::server::master::grpc_address(master).unwrap());
+        let request = |token: i64, lock_time: i64| LeaseAdminTokenRequest {
+            previous_token: token,
+            previous_lock_time: lock_time,
+            lock_name: "shell".into(),
+            client_name: "operator".into(),
+            message: "weed shell".into(),
+        };
+        let mut client = runtime.block_on(async {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            loop {
+                match SeaweedClient::connect(address.clone()).await {
+                    Ok(client) => break client,
+                    Err(e) if tokio::time::Instant::now() < deadline => {
+                        let _ = e;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => panic!("cannot reach the master: {e}"),
+                }
+            }
+        });
+        let mut lease = runtime.block_on(async {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            loop {
+                match client.lease_admin_token(request(0, 0)).await {
+                    Ok(lease) => break lease.into_inner(),
+                    Err(e) if tokio::time::Instant::now() < deadline => {
+                        let _ = e;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => panic!("the operator could not take the lock: {e}"),
+                }
+            }
+        });
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        runtime.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+                if let Ok(renewed) = client.lease_admin_token(request(lease.token, lease.lock_ts_ns)).await {
+                    lease = renewed.into_inner();
+                }
+            }
+        });
+        OperatorLock { runtime, master: address, stop: Some(stop) }
+    }
+
+    /// Who holds the lock now, by the master's word.
+    fn holder(&self) -> String {
+        use jobcenter::proto::master::{seaweed_client::SeaweedClient, GetAdminLockStatusRequest};
+        self.runtime.block_on(async {
+            let mut client = SeaweedClient::connect(self.master.clone()).await.unwrap();
+            let status = client.get_admin_lock_status(GetAdminLockStatusRequest { lock_name: "shell".into() }).await;
+            status.map(|s| s.into_inner()).map(|s| if s.is_locked { s.client_name } else { String::new() }).unwrap()
+        })
+    }
+}
+
+impl Drop for OperatorLock {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
 }

@@ -624,6 +624,10 @@ pub async fn policy(args: PolicyArgs) -> anyhow::Result<ExitCode> {
     for (name, value) in worker {
         println!("  worker.{name:<27} {value:>8}");
     }
+    let admin: BTreeMap<&String, &String> = policy.admin_config.iter().collect();
+    for (name, value) in admin {
+        println!("  admin.{name:<28} {value:>8}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -503,7 +503,7 @@ impl Core {
                 if follower::start(job, task.idx.0, attempt, handler, now).is_ok() {
                     let record = &mut job.tasks[task.idx.index()];
                     record.progress_percent = progress.percent;
-                    record.stage = progress.stage;
+                    record.stage = progress.stage_line();
                     record.updated_at = now;
                     if self.events.receiver_count() > 0 {
                         step.actions.push(Action::Event(task_event(task.job, task.idx.0, record)));

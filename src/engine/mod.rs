@@ -138,6 +138,31 @@ pub struct Progress {
     pub message: String,
 }
 
+/// The longest stage line a task keeps, in bytes.
+pub const MAX_STAGE_LEN: usize = 512;
+
+impl Progress {
+    /// The line a task keeps as its stage: the stage and the message beside
+    /// it (`starting: rate=50/s`), either alone when the other is empty,
+    /// cut at [`MAX_STAGE_LEN`] bytes.
+    pub fn stage_line(&self) -> String {
+        let (stage, message) = (self.stage.trim(), self.message.trim());
+        let mut line = match (stage.is_empty(), message.is_empty() || message == stage) {
+            (_, true) => stage.to_string(),
+            (true, false) => message.to_string(),
+            (false, false) => format!("{stage}: {message}"),
+        };
+        if line.len() > MAX_STAGE_LEN {
+            let mut end = MAX_STAGE_LEN;
+            while !line.is_char_boundary(end) {
+                end -= 1;
+            }
+            line.truncate(end);
+        }
+        line
+    }
+}
+
 /// The engine itself; `start` loads the store and returns its handle.
 pub struct Engine;
 
@@ -178,3 +203,23 @@ impl Engine {
 
 /// The waiters of each job, answered when it ends.
 type Waiters = HashMap<JobId, Vec<tokio::sync::oneshot::Sender<Option<JobRecord>>>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(stage: &str, message: &str) -> String {
+        Progress { percent: 0.0, stage: stage.into(), message: message.into() }.stage_line()
+    }
+
+    #[test]
+    fn a_stage_line_keeps_the_stage_and_its_message() {
+        assert_eq!(line("starting", "rate=50/s burst=5"), "starting: rate=50/s burst=5");
+        assert_eq!(line("copying", ""), "copying");
+        assert_eq!(line("", "half way"), "half way");
+        assert_eq!(line("done", "done"), "done");
+        assert_eq!(line("", ""), "");
+        let long = line("stage", &"é".repeat(600));
+        assert!(long.len() <= MAX_STAGE_LEN && long.starts_with("stage: é"), "{}", long.len());
+    }
+}

@@ -384,6 +384,13 @@ impl Api {
             .into_iter()
             .map(|(k, v)| (k, crate::wire::value_to_json(&v).to_string()))
             .collect();
+        out.admin_config = self
+            .shared
+            .policies
+            .admin_values(job_type)
+            .into_iter()
+            .map(|(k, v)| (k, crate::wire::value_to_json(&v).to_string()))
+            .collect();
         Ok(out)
     }
 

@@ -106,6 +106,7 @@ pub fn policy(job_type: &str, policy: &Policy, sources: &BTreeMap<String, Source
         max_jobs_per_detection: policy.max_jobs_per_detection,
         detection_enabled: policy.detection_enabled != 0,
         worker_config: Default::default(),
+        admin_config: Default::default(),
         sources: sources.iter().map(|(k, v)| (k.clone(), v.as_str().to_string())).collect(),
     }
 }

@@ -13,7 +13,7 @@ use tonic::transport::Channel;
 use super::Shared;
 use crate::proto::master::{
     seaweed_client::SeaweedClient, DisableVacuumRequest, EnableVacuumRequest, LeaseAdminTokenRequest,
-    ReleaseAdminTokenRequest,
+    ListClusterNodesRequest, ReleaseAdminTokenRequest,
 };
 use crate::wire;
 
@@ -114,6 +114,24 @@ pub async fn release(masters: &[String], lease: &Lease) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The filers and S3 servers the masters list (`ListClusterNodes`), each
+/// address as the master gives it.
+pub async fn cluster_nodes(masters: &[String]) -> anyhow::Result<super::context::Nodes> {
+    let mut master = client(masters).await?;
+    let mut lists = Vec::new();
+    for client_type in ["filer", "s3"] {
+        let request = ListClusterNodesRequest { client_type: client_type.into(), ..Default::default() };
+        let answer = tokio::time::timeout(CALL_TIMEOUT, master.list_cluster_nodes(request)).await??;
+        let mut addresses: Vec<String> =
+            answer.into_inner().cluster_nodes.into_iter().map(|n| n.address).filter(|a| !a.is_empty()).collect();
+        addresses.sort();
+        lists.push(addresses);
+    }
+    let s3 = lists.pop().unwrap_or_default();
+    let filers = lists.pop().unwrap_or_default();
+    Ok(super::context::Nodes { filers, s3 })
+}
+
 async fn set_vacuum(masters: &[String], enabled: bool) -> anyhow::Result<()> {
     let mut master = client(masters).await?;
     if enabled {
@@ -124,9 +142,21 @@ async fn set_vacuum(masters: &[String], enabled: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Job types that act on the cluster: their attempts run only while
-/// jobcenter holds the cluster's admin lock.
-pub const CLUSTER_JOB_TYPES: [&str; 4] = ["vacuum", "erasure_coding", "volume_balance", "admin_script"];
+/// Job types that act on the cluster (SeaweedFS's default lane): their
+/// attempts run only while jobcenter holds the cluster's admin lock.
+pub const CLUSTER_JOB_TYPES: [&str; 5] = ["vacuum", "erasure_coding", "volume_balance", "ec_balance", "admin_script"];
+
+/// The lane SeaweedFS runs a job type in. Only the `default` lane (the
+/// cluster job types, and any job type not named here) acts on volumes and
+/// detects under the cluster lock; the others never wait for it.
+pub fn lane(job_type: &str) -> &'static str {
+    match job_type {
+        "iceberg_maintenance" => "iceberg",
+        "s3_lifecycle" => "lifecycle",
+        "lance_compact" | "lance_optimize_indices" | "lance_cleanup_versions" => "lance",
+        _ => "default",
+    }
+}
 
 /// One lease on the cluster's `shell` lock, shared by every detection and by
 /// the running maintenance: taken by the first user, renewed while any
@@ -224,6 +254,7 @@ pub fn spawn_duties(shared: Arc<Shared>) {
     }
     let keeper = shared.clone();
     tokio::spawn(async move { keeper.cluster_lock.keep(keeper.options.masters.clone()).await });
+    super::context::spawn_refresh(shared.clone());
     tokio::spawn(execution_lock(shared.clone()));
     let presence = shared.clone();
     tokio::spawn(async move {
@@ -271,6 +302,17 @@ pub fn spawn_duties(shared: Arc<Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_default_lane_takes_the_cluster_lock() {
+        for job_type in CLUSTER_JOB_TYPES {
+            assert_eq!(lane(job_type), "default", "{job_type}");
+        }
+        assert_eq!(lane("my_own_type"), "default");
+        assert_eq!(lane("iceberg_maintenance"), "iceberg");
+        assert_eq!(lane("s3_lifecycle"), "lifecycle");
+        assert_eq!(lane("lance_compact"), "lance");
+    }
 
     #[test]
     fn master_grpc_addresses() {

@@ -7,6 +7,7 @@ mod auth;
 mod backup;
 pub mod cluster;
 mod console;
+mod context;
 mod convert;
 mod http;
 pub mod master;
@@ -137,6 +138,8 @@ impl Stats {
 pub struct Shared {
     pub stats: Stats,
     pub cluster_lock: master::ClusterLock,
+    /// The filers and S3 servers the masters listed last.
+    pub cluster_nodes: context::Known,
     pub scheduler: scheduler::SchedulerState,
     pub recovery_gate: recovery::Gate,
     pub prune_gate: retention::Gate,
@@ -200,6 +203,7 @@ pub async fn run(
     let shared = Arc::new(Shared {
         stats: Stats::default(),
         cluster_lock: master::ClusterLock::default(),
+        cluster_nodes: context::Known::default(),
         scheduler: scheduler::SchedulerState::default(),
         recovery_gate: recovery::Gate::default(),
         prune_gate: retention::Gate::default(),

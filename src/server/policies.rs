@@ -30,15 +30,53 @@ use crate::store::{self, Store};
 const DESCRIPTOR_PREFIX: &str = "descriptor/";
 const POLICY_PREFIX: &str = "policy/";
 const WORKER_CONFIG_PREFIX: &str = "worker-config/";
+const ADMIN_CONFIG_PREFIX: &str = "admin-config/";
 /// `policy set TYPE worker.NAME=VALUE` sets a worker configuration value.
 pub const WORKER_KEY_PREFIX: &str = "worker.";
+/// `policy set TYPE admin.NAME=VALUE` sets an admin configuration value.
+pub const ADMIN_KEY_PREFIX: &str = "admin.";
+
+type Values = BTreeMap<String, serde_json::Map<String, serde_json::Value>>;
 
 #[derive(Default, PartialEq)]
 struct Book {
     descriptors: BTreeMap<String, JobTypeDescriptor>,
     overrides: BTreeMap<String, Overrides>,
     /// Worker configuration values an operator set, by job type.
-    worker_values: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
+    worker_values: Values,
+    /// Admin configuration values an operator set, by job type.
+    admin_values: Values,
+}
+
+/// Applies `prefix.NAME=VALUE` changes (`default` removes one) to what is set.
+fn change_values(
+    set: Option<&serde_json::Map<String, serde_json::Value>>,
+    prefix: &str,
+    changes: BTreeMap<String, String>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut values = set.cloned().unwrap_or_default();
+    for (key, text) in changes {
+        let name = key[prefix.len()..].to_string();
+        if text == "default" {
+            values.remove(&name);
+        } else {
+            values.insert(name, parse_value(&text));
+        }
+    }
+    values
+}
+
+/// Form defaults with the values an operator set on top.
+fn with_set(
+    mut values: std::collections::HashMap<String, ConfigValue>,
+    set: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> std::collections::HashMap<String, ConfigValue> {
+    for (k, v) in set.into_iter().flatten() {
+        if let Some(value) = crate::wire::json_to_value(v) {
+            values.insert(k.clone(), value);
+        }
+    }
+    values
 }
 
 #[derive(Clone)]
@@ -69,14 +107,17 @@ impl Policies {
             .keys()
             .chain(book.overrides.keys())
             .chain(book.worker_values.keys())
+            .chain(book.admin_values.keys())
             .chain(fresh.descriptors.keys())
             .chain(fresh.overrides.keys())
             .chain(fresh.worker_values.keys())
+            .chain(fresh.admin_values.keys())
             .collect();
         for job_type in types {
             if book.descriptors.get(job_type) != fresh.descriptors.get(job_type)
                 || book.overrides.get(job_type) != fresh.overrides.get(job_type)
                 || book.worker_values.get(job_type) != fresh.worker_values.get(job_type)
+                || book.admin_values.get(job_type) != fresh.admin_values.get(job_type)
             {
                 changed.push(job_type.clone());
             }
@@ -125,27 +166,28 @@ impl Policies {
     ) -> Result<Result<(), policy::Error>, engine::Error> {
         let (worker_changes, changes): (BTreeMap<String, String>, BTreeMap<String, String>) =
             changes.clone().into_iter().partition(|(k, _)| k.starts_with(WORKER_KEY_PREFIX));
+        let (admin_changes, changes): (BTreeMap<String, String>, BTreeMap<String, String>) =
+            changes.into_iter().partition(|(k, _)| k.starts_with(ADMIN_KEY_PREFIX));
         let current = self.book.lock().expect("policy lock").overrides.get(job_type).cloned().unwrap_or_default();
         let updated = match policy::apply_changes(&current, &changes) {
             Ok(updated) => updated,
             Err(e) => return Ok(Err(e)),
         };
         let mut settings = Vec::new();
-        let mut worker_values = None;
+        let (mut worker_values, mut admin_values) = (None, None);
         if !worker_changes.is_empty() {
-            let mut values =
-                self.book.lock().expect("policy lock").worker_values.get(job_type).cloned().unwrap_or_default();
-            for (key, text) in worker_changes {
-                let name = key[WORKER_KEY_PREFIX.len()..].to_string();
-                if text == "default" {
-                    values.remove(&name);
-                } else {
-                    values.insert(name, parse_value(&text));
-                }
-            }
+            let book = self.book.lock().expect("policy lock");
+            let values = change_values(book.worker_values.get(job_type), WORKER_KEY_PREFIX, worker_changes);
             let bytes = serde_json::to_vec(&values).expect("values serialize");
             settings.push((format!("{WORKER_CONFIG_PREFIX}{job_type}"), Some(bytes)));
             worker_values = Some(values);
+        }
+        if !admin_changes.is_empty() {
+            let book = self.book.lock().expect("policy lock");
+            let values = change_values(book.admin_values.get(job_type), ADMIN_KEY_PREFIX, admin_changes);
+            let bytes = serde_json::to_vec(&values).expect("values serialize");
+            settings.push((format!("{ADMIN_CONFIG_PREFIX}{job_type}"), Some(bytes)));
+            admin_values = Some(values);
         }
         let bytes = serde_json::to_vec(&updated).expect("overrides serialize");
         settings.push((format!("{POLICY_PREFIX}{job_type}"), Some(bytes)));
@@ -154,15 +196,19 @@ impl Policies {
         if let Some(values) = worker_values {
             book.worker_values.insert(job_type.to_string(), values);
         }
+        if let Some(values) = admin_values {
+            book.admin_values.insert(job_type.to_string(), values);
+        }
         book.overrides.insert(job_type.to_string(), updated);
         Ok(Ok(()))
     }
 
-    /// The admin configuration values of a job type: its descriptor's defaults.
+    /// The admin configuration values of a job type: its descriptor's
+    /// defaults, with what an operator set on top.
     pub fn admin_values(&self, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
         let book = self.book.lock().expect("policy lock");
         let form = book.descriptors.get(job_type).and_then(|d| d.admin_config_form.as_ref());
-        form.map(|f| f.default_values.clone()).unwrap_or_default()
+        with_set(form.map(|f| f.default_values.clone()).unwrap_or_default(), book.admin_values.get(job_type))
     }
 
     /// The worker configuration values of a job type: the descriptor's
@@ -178,14 +224,7 @@ impl Policies {
                 }
             }
         }
-        if let Some(set) = book.worker_values.get(job_type) {
-            for (k, v) in set {
-                if let Some(value) = crate::wire::json_to_value(v) {
-                    values.insert(k.clone(), value);
-                }
-            }
-        }
-        values
+        with_set(values, book.worker_values.get(job_type))
     }
 
     /// Tells the engine the dispatch limits of a job type.
@@ -218,6 +257,11 @@ fn read_book(store: &dyn Store) -> Result<Book, store::Error> {
     for (key, bytes) in store.settings(WORKER_CONFIG_PREFIX)? {
         if let Ok(values) = serde_json::from_slice(&bytes) {
             book.worker_values.insert(key[WORKER_CONFIG_PREFIX.len()..].to_string(), values);
+        }
+    }
+    for (key, bytes) in store.settings(ADMIN_CONFIG_PREFIX)? {
+        if let Ok(values) = serde_json::from_slice(&bytes) {
+            book.admin_values.insert(key[ADMIN_CONFIG_PREFIX.len()..].to_string(), values);
         }
     }
     Ok(book)

@@ -16,9 +16,7 @@ use tokio::sync::{mpsc, Notify};
 use super::Shared;
 use crate::clock::Timestamp;
 use crate::model::{HandlerId, JobId, JobOrigin};
-use crate::proto::plugin::{
-    admin_to_worker_message, AdminToWorkerMessage, ClusterContext, JobProposal, RunDetectionRequest,
-};
+use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, JobProposal, RunDetectionRequest};
 use crate::scheduler::{build_job, filter, Dropped, Due, Proposal};
 use crate::store::cluster::Role;
 use crate::wire;
@@ -387,10 +385,7 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
         admin_runtime: Some(policy.to_runtime()),
         admin_config_values: shared.policies.admin_values(job_type),
         worker_config_values: shared.policies.worker_values(job_type),
-        cluster_context: Some(ClusterContext {
-            master_grpc_addresses: shared.options.masters.clone(),
-            ..ClusterContext::default()
-        }),
+        cluster_context: Some(super::context::cluster_context(shared, job_type, false)),
         last_successful_run: runs(shared, job_type).succeeded.front().map(|r| prost_types::Timestamp {
             seconds: r.at_ms.div_euclid(1000),
             nanos: (r.at_ms.rem_euclid(1000) * 1_000_000) as i32,
@@ -421,8 +416,10 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
             }
         }
     };
-    // With SeaweedFS masters, a detection holds the cluster's admin lock.
-    let result: anyhow::Result<()> = if shared.options.masters.is_empty() {
+    // With SeaweedFS masters, a detection of the default lane holds the
+    // cluster's admin lock; the other lanes never wait for it.
+    let result: anyhow::Result<()> = if shared.options.masters.is_empty() || super::master::lane(job_type) != "default"
+    {
         detection.await
     } else {
         let patience = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)));

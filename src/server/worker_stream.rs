@@ -26,8 +26,8 @@ use crate::model::{HandlerId, TaskRef};
 use crate::proto::peer::peer_report;
 use crate::proto::plugin::{
     admin_to_worker_message, plugin_control_service_server::PluginControlService, worker_to_admin_message, AdminHello,
-    AdminToWorkerMessage, CancelRequest, ClusterContext, ExecuteJobRequest, JobCompleted, JobSpec, RequestConfigSchema,
-    WorkKind, WorkerHeartbeat, WorkerHello, WorkerToAdminMessage,
+    AdminToWorkerMessage, CancelRequest, ExecuteJobRequest, JobCompleted, JobSpec, RequestConfigSchema, WorkKind,
+    WorkerHeartbeat, WorkerHello, WorkerToAdminMessage,
 };
 use crate::wire;
 
@@ -411,10 +411,7 @@ impl Session {
             admin_runtime: Some(policy.to_runtime()),
             admin_config_values,
             worker_config_values,
-            cluster_context: Some(ClusterContext {
-                master_grpc_addresses: self.shared.options.masters.clone(),
-                ..ClusterContext::default()
-            }),
+            cluster_context: Some(super::context::cluster_context(&self.shared, &assignment.job_type, true)),
             attempt: i32::try_from(assignment.attempt).unwrap_or(i32::MAX),
         }
     }

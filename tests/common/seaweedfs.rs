@@ -401,13 +401,24 @@ pub struct ClusterOptions {
     pub volume_size_limit_mb: u64,
     /// Extra flags for every volume server, e.g. `-index=leveldb`.
     pub volume_args: Vec<String>,
+    /// Keep the cluster's files on `/dev/shm` when there is one. SeaweedFS
+    /// places no EC shard on a disk over 90% used, which a build machine's
+    /// disk often is; a nearly empty tmpfs never is.
+    pub on_tmpfs: bool,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
         // Four servers: erasure coding wants at least as many nodes as parity shards.
-        ClusterOptions { volume_servers: 4, volume_size_limit_mb: 64, volume_args: Vec::new() }
+        ClusterOptions { volume_servers: 4, volume_size_limit_mb: 64, volume_args: Vec::new(), on_tmpfs: false }
     }
+}
+
+/// A filer and its S3 gateway.
+pub struct Filer {
+    pub port: u16,
+    pub s3_port: u16,
+    pub process: Process,
 }
 
 /// A volume server of the cluster.
@@ -415,6 +426,9 @@ pub struct VolumeServer {
     pub port: u16,
     pub dir: PathBuf,
     pub process: Process,
+    /// What it was started with, to start it again the same way.
+    name: String,
+    args: Vec<String>,
 }
 
 impl VolumeServer {
@@ -446,6 +460,8 @@ pub struct Cluster {
     pub master_port: u16,
     pub volume_servers: Vec<VolumeServer>,
     pub options: ClusterOptions,
+    /// A filer with an S3 gateway, once [`Cluster::start_filer`] started one.
+    pub filer: Option<Filer>,
     master: Process,
     dir: tempfile::TempDir,
 }
@@ -455,7 +471,7 @@ pub struct Cluster {
 fn start_weed(name: &str, dir: &Path, args: &[String], port: u16) -> Result<Process, String> {
     std::fs::create_dir_all(dir).unwrap();
     let log_path = dir.join(format!("{name}.log"));
-    let log = std::fs::File::create(&log_path).unwrap();
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).unwrap();
     let child = Command::new(weed())
         .args(args)
         .current_dir(dir)
@@ -503,7 +519,12 @@ impl Cluster {
     /// Starts a master and `options.volume_servers` volume servers and waits
     /// until the master is leader and sees every volume server.
     pub fn start(options: ClusterOptions) -> Cluster {
-        let dir = tempfile::Builder::new().prefix("swfs-").tempdir().unwrap();
+        let shm = Path::new("/dev/shm");
+        let dir = if options.on_tmpfs && shm.is_dir() {
+            tempfile::Builder::new().prefix("swfs-").tempdir_in(shm).unwrap()
+        } else {
+            tempfile::Builder::new().prefix("swfs-").tempdir().unwrap()
+        };
         let master_dir = dir.path().join("master");
         let limit = options.volume_size_limit_mb;
         let (master, master_port) = start_on_free_port("master", &master_dir, |port| {
@@ -532,8 +553,8 @@ impl Cluster {
         let mut volume_servers = Vec::new();
         for i in 1..=options.volume_servers {
             let volume_dir = dir.path().join(format!("volume{i}"));
-            let (process, port) = start_on_free_port(&format!("volume{i}"), &volume_dir, |port| {
-                let mut args = vec![
+            let args_for = |port: u16| {
+                let mut args: Vec<String> = vec![
                     "volume".into(),
                     "-ip=127.0.0.1".into(),
                     "-ip.bind=127.0.0.1".into(),
@@ -550,17 +571,68 @@ impl Cluster {
                 ];
                 args.extend(options.volume_args.iter().cloned());
                 args
-            });
-            volume_servers.push(VolumeServer { port, dir: volume_dir, process });
+            };
+            let name = format!("volume{i}");
+            let (process, port) = start_on_free_port(&name, &volume_dir, args_for);
+            let args = args_for(port);
+            volume_servers.push(VolumeServer { port, dir: volume_dir, process, name, args });
         }
-        let cluster = Cluster { master_port, volume_servers, options, master, dir };
-        let expected = cluster.volume_servers.len();
-        let seen = wait_until(WAIT, || {
-            let status = http("GET", &cluster.master_address(), "/dir/status", None).ok()?;
-            (data_nodes(&status.try_json()?).len() >= expected).then_some(())
-        });
-        assert!(seen.is_some(), "the master does not see {expected} volume servers");
+        let cluster = Cluster { master_port, volume_servers, options, filer: None, master, dir };
+        cluster.wait_for_volume_servers(cluster.volume_servers.len());
         cluster
+    }
+
+    /// Starts a filer with an S3 gateway beside it (`weed filer -s3`), on
+    /// fresh port pairs, and waits until both listen.
+    pub fn start_filer(&mut self) {
+        let dir = self.dir.path().join("filer");
+        let master = self.master_address();
+        let s3_port = free_port_pair();
+        let (process, port) = start_on_free_port("filer", &dir, |port| {
+            vec![
+                "filer".into(),
+                "-ip=127.0.0.1".into(),
+                "-ip.bind=127.0.0.1".into(),
+                format!("-port={port}"),
+                format!("-port.grpc={}", port + GRPC_OFFSET),
+                format!("-master={master}"),
+                format!("-defaultStoreDir={}", dir.display()),
+                "-s3".into(),
+                format!("-s3.port={s3_port}"),
+                format!("-s3.port.grpc={}", s3_port + GRPC_OFFSET),
+                "-s3.port.iceberg=0".into(),
+                "-s3.port.lance=0".into(),
+            ]
+        });
+        let listening = wait_until(WAIT, || (port_open(s3_port) && port_open(s3_port + GRPC_OFFSET)).then_some(()));
+        assert!(listening.is_some(), "the S3 gateway did not listen: {}", log_tail(&dir.join("filer.log")));
+        self.filer = Some(Filer { port, s3_port, process });
+    }
+
+    /// Waits until the master lists exactly `expected` volume servers.
+    pub fn wait_for_volume_servers(&self, expected: usize) {
+        let seen = wait_until(WAIT, || {
+            let status = http("GET", &self.master_address(), "/dir/status", None).ok()?;
+            (data_nodes(&status.try_json()?).len() == expected).then_some(())
+        });
+        assert!(seen.is_some(), "the master does not list {expected} volume servers");
+    }
+
+    /// SIGKILLs volume server `index` (from 0) and waits until the master
+    /// has dropped it.
+    pub fn stop_volume_server(&mut self, index: usize) {
+        self.volume_servers[index].process.kill();
+        let running = self.volume_servers.iter_mut().map(|v| v.process.is_running()).filter(|&r| r).count();
+        self.wait_for_volume_servers(running);
+    }
+
+    /// Starts volume server `index` again, on its port and directory, and
+    /// waits until the master lists every volume server.
+    pub fn restart_volume_server(&mut self, index: usize) {
+        let server = &mut self.volume_servers[index];
+        server.process = start_weed(&server.name, &server.dir, &server.args, server.port)
+            .unwrap_or_else(|e| panic!("{} did not start again: {e}", server.name));
+        self.wait_for_volume_servers(self.volume_servers.len());
     }
 
     /// `127.0.0.1:PORT`: what `jobcenter server --master` and `weed shell -master` take.
