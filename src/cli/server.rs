@@ -25,6 +25,17 @@ pub struct ServerArgs {
     /// Master gRPC addresses handed to workers (repeat or comma-separate).
     #[arg(long, value_delimiter = ',')]
     pub master: Vec<String>,
+    /// PEM CA that signed the masters' gRPC certificates (SeaweedFS's
+    /// `grpc.ca`): reaches the masters with TLS.
+    #[arg(long, requires = "master")]
+    pub master_tls_ca: Option<PathBuf>,
+    /// PEM certificate to present to the masters (mutual TLS), e.g. the one
+    /// of `grpc.client` in SeaweedFS's `security.toml`.
+    #[arg(long, requires_all = ["master_tls_key", "master_tls_ca"])]
+    pub master_tls_cert: Option<PathBuf>,
+    /// PEM private key of --master-tls-cert.
+    #[arg(long, requires = "master_tls_cert")]
+    pub master_tls_key: Option<PathBuf>,
     /// In-process workers running the built-in job types.
     #[arg(long, default_value_t = 0)]
     pub local_workers: u32,
@@ -158,7 +169,14 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     let http = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
     let grpc = tokio::net::TcpListener::bind(grpc_addr).await.with_context(|| format!("binding {grpc_addr}"))?;
     let options = ServerOptions {
-        masters: args.master,
+        masters: crate::server::master::Masters {
+            addresses: args.master,
+            tls: crate::tls::ClientTls {
+                tls_ca: args.master_tls_ca,
+                tls_cert: args.master_tls_cert,
+                tls_key: args.master_tls_key,
+            },
+        },
         heartbeat_interval: args.heartbeat,
         orphan_grace: args.orphan_grace,
         local_workers: args.local_workers,

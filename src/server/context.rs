@@ -46,7 +46,7 @@ impl Known {
 pub fn cluster_context(shared: &Shared, job_type: &str, execution: bool) -> ClusterContext {
     let nodes = shared.cluster_nodes.get();
     let mut context = ClusterContext {
-        master_grpc_addresses: shared.options.masters.clone(),
+        master_grpc_addresses: shared.options.masters.addresses.clone(),
         filer_addresses: nodes.filers,
         s3_grpc_addresses: nodes.s3,
         metadata: HashMap::from([("source".to_string(), "jobcenter".to_string())]),

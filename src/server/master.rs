@@ -35,6 +35,22 @@ pub struct Lease {
     lock_ts_ns: i64,
 }
 
+/// The masters jobcenter acts on, and the TLS it reaches them with (none by
+/// default; with a SeaweedFS `security.toml`, its `grpc.ca` and a
+/// certificate the masters accept).
+#[derive(Clone, Debug, Default)]
+pub struct Masters {
+    /// As given: `host:port` (gRPC on port + 10000) or `host:port.grpcport`.
+    pub addresses: Vec<String>,
+    pub tls: crate::tls::ClientTls,
+}
+
+impl Masters {
+    pub fn is_empty(&self) -> bool {
+        self.addresses.is_empty()
+    }
+}
+
 /// The gRPC address of a master given as `host:port` (gRPC on port + 10000)
 /// or `host:port.grpcport`.
 pub fn grpc_address(master: &str) -> anyhow::Result<String> {
@@ -48,11 +64,11 @@ pub fn grpc_address(master: &str) -> anyhow::Result<String> {
     Ok(format!("{host}:{port}"))
 }
 
-async fn client(masters: &[String]) -> anyhow::Result<SeaweedClient<Channel>> {
+async fn client(masters: &Masters) -> anyhow::Result<SeaweedClient<Channel>> {
     let mut last = anyhow::anyhow!("no master address given");
-    for master in masters {
+    for master in &masters.addresses {
         let address = grpc_address(master)?;
-        match tokio::time::timeout(CALL_TIMEOUT, Channel::from_shared(format!("http://{address}"))?.connect()).await {
+        match tokio::time::timeout(CALL_TIMEOUT, masters.tls.endpoint(&address)?.connect()).await {
             Ok(Ok(channel)) => return Ok(SeaweedClient::new(channel)),
             Ok(Err(e)) => last = anyhow::anyhow!("master {master} ({address}): {e}"),
             Err(_) => last = anyhow::anyhow!("master {master} ({address}): no answer within {CALL_TIMEOUT:?}"),
@@ -62,7 +78,7 @@ async fn client(masters: &[String]) -> anyhow::Result<SeaweedClient<Channel>> {
 }
 
 /// Takes a lock, trying every second until `patience` runs out.
-pub async fn acquire(masters: &[String], name: &str, message: &str, patience: Duration) -> anyhow::Result<Lease> {
+pub async fn acquire(masters: &Masters, name: &str, message: &str, patience: Duration) -> anyhow::Result<Lease> {
     let deadline = tokio::time::Instant::now() + patience;
     loop {
         let attempt = async {
@@ -88,7 +104,7 @@ pub async fn acquire(masters: &[String], name: &str, message: &str, patience: Du
 }
 
 /// Renews a held lease (the master hands out a new token each time).
-pub async fn renew(masters: &[String], lease: &mut Lease, message: &str) -> anyhow::Result<()> {
+pub async fn renew(masters: &Masters, lease: &mut Lease, message: &str) -> anyhow::Result<()> {
     let mut master = client(masters).await?;
     let request = LeaseAdminTokenRequest {
         previous_token: lease.token,
@@ -103,7 +119,7 @@ pub async fn renew(masters: &[String], lease: &mut Lease, message: &str) -> anyh
     Ok(())
 }
 
-pub async fn release(masters: &[String], lease: &Lease) -> anyhow::Result<()> {
+pub async fn release(masters: &Masters, lease: &Lease) -> anyhow::Result<()> {
     let mut master = client(masters).await?;
     let request = ReleaseAdminTokenRequest {
         previous_token: lease.token,
@@ -116,7 +132,7 @@ pub async fn release(masters: &[String], lease: &Lease) -> anyhow::Result<()> {
 
 /// The filers and S3 servers the masters list (`ListClusterNodes`), each
 /// address as the master gives it.
-pub async fn cluster_nodes(masters: &[String]) -> anyhow::Result<super::context::Nodes> {
+pub async fn cluster_nodes(masters: &Masters) -> anyhow::Result<super::context::Nodes> {
     let mut master = client(masters).await?;
     let mut lists = Vec::new();
     for client_type in ["filer", "s3"] {
@@ -132,7 +148,7 @@ pub async fn cluster_nodes(masters: &[String]) -> anyhow::Result<super::context:
     Ok(super::context::Nodes { filers, s3 })
 }
 
-async fn set_vacuum(masters: &[String], enabled: bool) -> anyhow::Result<()> {
+async fn set_vacuum(masters: &Masters, enabled: bool) -> anyhow::Result<()> {
     let mut master = client(masters).await?;
     if enabled {
         tokio::time::timeout(CALL_TIMEOUT, master.enable_vacuum(EnableVacuumRequest { by_plugin: true })).await??;
@@ -178,7 +194,7 @@ impl Drop for Hold<'_> {
 
 impl ClusterLock {
     /// Holds the lock, taking it from the master if nobody here holds it yet.
-    pub async fn hold(&self, masters: &[String], message: &str, patience: Duration) -> anyhow::Result<Hold<'_>> {
+    pub async fn hold(&self, masters: &Masters, message: &str, patience: Duration) -> anyhow::Result<Hold<'_>> {
         self.users.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let hold = Hold(self);
         let mut lease = self.lease.lock().await;
@@ -189,7 +205,7 @@ impl ClusterLock {
     }
 
     /// Renews while held; releases once nobody has held it for 2 s.
-    async fn keep(&self, masters: Vec<String>) {
+    async fn keep(&self, masters: Masters) {
         let mut idle_since: Option<tokio::time::Instant> = None;
         loop {
             tokio::time::sleep(RENEW_EVERY / 2).await;

@@ -44,8 +44,9 @@ use crate::worker::{builtin_handlers, LocalExecutor, Registry as HandlerRegistry
 
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
-    /// Master gRPC addresses given to workers in the cluster context.
-    pub masters: Vec<String>,
+    /// The SeaweedFS masters: given to workers in the cluster context, and
+    /// acted on (locks, the master's vacuum, its filers and S3 servers).
+    pub masters: master::Masters,
     pub heartbeat_interval: Duration,
     /// How long after a start attempts held by workers of the previous run
     /// wait for their worker to come back before they run again elsewhere.
@@ -84,7 +85,7 @@ pub struct ServerOptions {
 impl Default for ServerOptions {
     fn default() -> ServerOptions {
         ServerOptions {
-            masters: Vec::new(),
+            masters: master::Masters::default(),
             heartbeat_interval: Duration::from_secs(15),
             orphan_grace: Duration::from_secs(30),
             local_workers: 0,

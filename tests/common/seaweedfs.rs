@@ -405,12 +405,21 @@ pub struct ClusterOptions {
     /// places no EC shard on a disk over 90% used, which a build machine's
     /// disk often is; a nearly empty tmpfs never is.
     pub on_tmpfs: bool,
+    /// A SeaweedFS `security.toml` for the master and every volume server
+    /// (read from their working directories): gRPC with TLS between them.
+    pub security: Option<PathBuf>,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
         // Four servers: erasure coding wants at least as many nodes as parity shards.
-        ClusterOptions { volume_servers: 4, volume_size_limit_mb: 64, volume_args: Vec::new(), on_tmpfs: false }
+        ClusterOptions {
+            volume_servers: 4,
+            volume_size_limit_mb: 64,
+            volume_args: Vec::new(),
+            on_tmpfs: false,
+            security: None,
+        }
     }
 }
 
@@ -526,6 +535,13 @@ impl Cluster {
             tempfile::Builder::new().prefix("swfs-").tempdir().unwrap()
         };
         let master_dir = dir.path().join("master");
+        let secure = |dir: &Path| {
+            if let Some(security) = &options.security {
+                std::fs::create_dir_all(dir).unwrap();
+                std::fs::copy(security, dir.join("security.toml")).expect("copy security.toml");
+            }
+        };
+        secure(&master_dir);
         let limit = options.volume_size_limit_mb;
         let (master, master_port) = start_on_free_port("master", &master_dir, |port| {
             vec![
@@ -553,6 +569,7 @@ impl Cluster {
         let mut volume_servers = Vec::new();
         for i in 1..=options.volume_servers {
             let volume_dir = dir.path().join(format!("volume{i}"));
+            secure(&volume_dir);
             let args_for = |port: u16| {
                 let mut args: Vec<String> = vec![
                     "volume".into(),
