@@ -35,8 +35,14 @@ for tool in weed curl jq; do
 done
 [ -x "$JOBCENTER" ] || { echo "no $JOBCENTER: cargo build --release first" >&2; exit 2; }
 
+stop() { # PID...: SIGKILL, quietly
+  for pid in "$@"; do
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+}
 cleanup() {
-  for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  stop "${PIDS[@]}"
   rm -rf "$DIR"
 }
 trap cleanup EXIT
@@ -108,6 +114,7 @@ load_garbage() {
   wait_for "the deletions of $collection at the master" sh -c \
     "curl -fsS http://$MASTER/vol/status | jq -e '[.Volumes.DataCenters[][][] | .[]? | select(.Collection == \"$collection\" and .DeleteCount > 0)] | length > 0'"
   sleep 6 # every volume server's next heartbeat
+  echo "  $collection: $(garbage "$collection") deleted bytes before" >&2
 }
 
 # load_ec COLLECTION: 4 volumes of COLLECTION, each with about 2 MB.
@@ -123,9 +130,24 @@ load_ec() {
   sleep 6
 }
 
-ec_volumes() { # COLLECTION -> number of its volumes the master knows as EC shards
-  curl -fsS "http://$MASTER/dir/status" |
-    jq "[.Topology.DataCenters[].Racks[].DataNodes[].EcShards[]? | select(.Collection == \"$1\") | .Id] | unique | length"
+plain_volumes() { # COLLECTION -> its volumes the master still knows as plain volumes
+  curl -fsS "http://$MASTER/vol/status" |
+    jq "[.Volumes.DataCenters[][][] | .[]? | select(.Collection == \"$1\")] | length"
+}
+
+garbage() { # COLLECTION -> deleted bytes the master knows of in its volumes
+  curl -fsS "http://$MASTER/vol/status" |
+    jq "[.Volumes.DataCenters[][][] | .[]? | select(.Collection == \"$1\") | .DeletedByteCount] | add // 0"
+}
+
+# check_vacuum COLLECTION / check_ec COLLECTION: what the cluster says after a run.
+check_vacuum() {
+  sleep 6
+  echo "  $1: $(garbage "$1") deleted bytes left" >&2
+}
+check_ec() {
+  sleep 6
+  echo "  $1: $(plain_volumes "$1") plain volumes left of 4" >&2
 }
 
 declare -A RESULT
@@ -168,12 +190,13 @@ admin_run() { # JOB_TYPE -> prints milliseconds
 for run in $(seq 1 "$RUNS"); do
   load_garbage "va$run"
   RESULT[admin_vacuum]+="$(admin_run vacuum) "
+  check_vacuum "va$run"
   load_ec "ea$run"
   admin_config erasure_coding ".admin_config_values.collection_filter = {\"string_value\":\"ea$run\"}"
   RESULT[admin_ec]+="$(admin_run erasure_coding) "
-  echo "  ea$run: $(ec_volumes "ea$run") volumes encoded" >&2
+  check_ec "ea$run"
 done
-kill -9 "$PID_wadmin" "$PID_admin" 2>/dev/null || true
+stop "$PID_wadmin" "$PID_admin"
 sleep 2
 
 # --- jobcenter ----------------------------------------------------------
@@ -202,10 +225,11 @@ jc_run() { # JOB_TYPE -> prints milliseconds
 for run in $(seq 1 "$RUNS"); do
   load_garbage "vj$run"
   RESULT[jc_vacuum]+="$(jc_run vacuum) "
+  check_vacuum "vj$run"
   load_ec "ej$run"
   jc policy set erasure_coding "admin.collection_filter=ej$run" >/dev/null
   RESULT[jc_ec]+="$(jc_run erasure_coding) "
-  echo "  ej$run: $(ec_volumes "ej$run") volumes encoded" >&2
+  check_ec "ej$run"
 done
 
 # --- figures ------------------------------------------------------------
