@@ -525,7 +525,7 @@ fn scheduled_success(setup: &Setup, job_type: &str, patience: Duration) -> Value
     });
     let job = found.unwrap_or_else(|| {
         let jobs = setup.server.cli_json(&["jobs", "--json", "--origin", "scheduler"]);
-        let activity = setup.server.cli(&["activity"]);
+        let activity = setup.server.cli(&["activities"]);
         panic!(
             "no scheduled {job_type} job succeeded: {jobs}\n{}\n{}",
             String::from_utf8_lossy(&activity.stdout),
@@ -815,4 +815,156 @@ impl Drop for OperatorLock {
             let _ = stop.send(());
         }
     }
+}
+
+#[test]
+fn a_weed_worker_killed_halfway_through_an_encode_leaves_the_volume_encoded_exactly_once() {
+    let started = Instant::now();
+    let setup = Setup::start(ClusterOptions { volume_servers: 5, on_tmpfs: true, ..ClusterOptions::default() });
+    let cluster = &setup.cluster;
+    let mut first = setup.start_weed_worker("weed-first");
+    // About 30 MB, so that copying and encoding it take a while.
+    let files = cluster.write_files_to_one_volume(480, 64, "eck");
+    let id = files[0].volume_id;
+    let source = cluster.wait_for("the volume at the master", |t| t.volume(id).cloned()).server;
+    let targets = cluster.volume_server_addresses();
+    let params = task_params::erasure_coding(id, "eck", &source, &targets);
+    let job_id = setup.submit(&json!({
+        "name": format!("interrupted-ec-{id}"),
+        "tasks": [{"id": "ec", "job_type": "erasure_coding", "labels": {"volume_id": id.to_string()},
+                   "parameters": {"volume_id": id, "source_server": source, "collection": "eck",
+                                  "task_params_pb": bytes_param(&params)}}]
+    }));
+    let progress = || {
+        let t = seaweedfs::get_json(&setup.server.http, &format!("/api/jobs/{job_id}/tasks/ec"));
+        (t["progress_percent"].as_f64().unwrap_or(0.0), t["stage"].as_str().unwrap_or("").to_string())
+    };
+    // Once the worker has cleared stale state and copies the volume, one
+    // target is stopped: the shards then go out to the others and wait on it.
+    let copying = wait_until(WAIT, || (progress().0 >= 25.0).then_some(()));
+    assert!(copying.is_some(), "{}\n{}", setup.job(&job_id), setup.context(&["weed-first"]));
+    let stuck = targets.iter().find(|t| **t != source).unwrap().clone();
+    let frozen = cluster.volume_server(&stuck).freeze();
+    let halfway = wait_until(WAIT, || {
+        let (_, stage) = progress();
+        stage.contains("Distributing").then_some(stage)
+    });
+    let halfway = halfway.unwrap_or_else(|| panic!("{}\n{}", setup.job(&job_id), setup.context(&["weed-first"])));
+    std::thread::sleep(Duration::from_millis(500));
+    first.kill();
+    drop(frozen);
+    eprintln!("killed weed-first during {halfway:?} at {:?}", started.elapsed());
+    let lost = wait_until(WAIT, || {
+        let job = setup.job(&job_id);
+        (task(&job, "ec")["lost"] == 1).then_some(())
+    });
+    assert!(lost.is_some(), "the attempt was not lost: {}", setup.job(&job_id));
+
+    // Another worker encodes it again, as attempt 2.
+    let _second = setup.start_weed_worker("weed-second");
+    let second_handler = setup.handler_of("weed-second");
+    let ended = wait_until(Duration::from_secs(120), || {
+        let job = setup.job(&job_id);
+        matches!(job["state"].as_str(), Some("succeeded" | "failed" | "canceled")).then_some(job)
+    });
+    let job = ended.unwrap_or_else(|| panic!("the job did not end: {}", setup.job(&job_id)));
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-first", "weed-second"]));
+    let t = task(&job, "ec");
+    assert_eq!((t["attempt"].clone(), t["lost"].clone()), (json!(2), json!(1)), "{t}");
+    assert_eq!(t["handler"], second_handler.as_str(), "{t}");
+
+    // Encoded exactly once: the volume is gone, each of the 14 shards is on
+    // exactly one server, and the files read back.
+    let spread = cluster.wait_for(&format!("volume {id} as 14 EC shards"), |t| {
+        t.volume(id).is_none().then(|| shard_spread(cluster, id)).flatten()
+    });
+    assert_eq!(spread.values().sum::<usize>(), 14, "{spread:?}");
+    // On disk too: no shard file of the interrupted run left beside them.
+    let mut on_disk: Vec<u32> = Vec::new();
+    for server in &cluster.volume_servers {
+        for entry in std::fs::read_dir(&server.dir).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            // Shard files are .ec00 to .ec13 (beside them: .ecx, .ecj, .vif).
+            let shard = name.strip_prefix(&format!("eck_{id}.ec")).filter(|s| s.len() == 2);
+            if let Some(shard) = shard.and_then(|s| s.parse::<u32>().ok()) {
+                on_disk.push(shard);
+            }
+        }
+    }
+    on_disk.sort_unstable();
+    assert_eq!(on_disk, (0..14).collect::<Vec<u32>>(), "shard files on the servers' disks");
+    assert_readable(cluster, &files, id);
+    eprintln!("volume {id} encoded once after the kill: {spread:?} ({:?})", started.elapsed());
+}
+
+#[test]
+fn the_same_encode_from_a_submitted_job_and_the_scheduler_runs_once() {
+    let started = Instant::now();
+    let setup = Setup::start(ClusterOptions { volume_servers: 5, on_tmpfs: true, ..ClusterOptions::default() });
+    let cluster = &setup.cluster;
+    let _worker = setup.start_weed_worker("weed-all");
+    let files = cluster.write_files_to_one_volume(40, 64, "dup");
+    let id = files[0].volume_id;
+    let source = cluster.wait_for("the volume at the master", |t| t.volume(id).cloned()).server;
+    let targets = cluster.volume_server_addresses();
+    let params = task_params::erasure_coding(id, "dup", &source, &targets);
+
+    // A submitted encode, carrying the dedupe key the detector gives the
+    // same volume, held halfway by a stopped target.
+    let key = format!("erasure_coding:{id}:dup");
+    let stuck = targets.iter().find(|t| **t != source).unwrap().clone();
+    let frozen = cluster.volume_server(&stuck).freeze();
+    let job_id = setup.submit(&json!({
+        "name": format!("submitted-ec-{id}"),
+        "tasks": [{"id": "ec", "job_type": "erasure_coding", "labels": {"volume_id": id.to_string(), "dedupe_key": key},
+                   "parameters": {"volume_id": id, "source_server": source, "collection": "dup",
+                                  "task_params_pb": bytes_param(&params)}}]
+    }));
+    let running = wait_until(WAIT, || (task(&setup.job(&job_id), "ec")["state"] == "running").then_some(()));
+    assert!(running.is_some(), "{}", setup.job(&job_id));
+
+    // The scheduler's detection proposes the same volume meanwhile: dropped.
+    detection(
+        &setup,
+        "erasure_coding",
+        true,
+        &[
+            "worker.quiet_for_seconds=0",
+            "worker.fullness_ratio=0.01",
+            "worker.min_size_mb=1",
+            "admin.collection_filter=dup",
+        ],
+    );
+    let dropped = wait_until(Duration::from_secs(60), || {
+        let activities = setup.server.cli_json(&["activities", "--json", "--limit", "500"]);
+        let messages = activities.as_array()?.iter().filter_map(|a| a["message"].as_str().map(String::from));
+        messages.into_iter().find(|m| m.contains("dropped") && m.contains(&key))
+    });
+    let dropped = dropped.unwrap_or_else(|| {
+        let activity = setup.server.cli(&["activities"]);
+        panic!("no detection dropped {key}:\n{}", String::from_utf8_lossy(&activity.stdout))
+    });
+    detection(&setup, "erasure_coding", false, &[]);
+    drop(frozen);
+    let ended = wait_until(Duration::from_secs(120), || {
+        let job = setup.job(&job_id);
+        matches!(job["state"].as_str(), Some("succeeded" | "failed" | "canceled")).then_some(job)
+    });
+    let job = ended.unwrap_or_else(|| panic!("the submitted job did not end: {}", setup.job(&job_id)));
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-all"]));
+
+    // One encode ran: the scheduler made no job of its own for the volume,
+    // and the 14 shards are there once each.
+    let scheduled = setup.server.cli_json(&["jobs", "--json", "--origin", "scheduler"]);
+    let runs: Vec<&Value> = scheduled.as_array().into_iter().flatten().collect();
+    for run in &runs {
+        let full = setup.job(run["id"].as_str().unwrap());
+        let tasks = full["tasks"].as_array().unwrap();
+        assert!(tasks.iter().all(|t| t["labels"]["dedupe_key"] != key.as_str()), "{full}");
+    }
+    let spread = cluster.wait_for(&format!("volume {id} as 14 EC shards"), |t| {
+        t.volume(id).is_none().then(|| shard_spread(cluster, id)).flatten()
+    });
+    assert_readable(cluster, &files, id);
+    eprintln!("{dropped}\nvolume {id} encoded once: {spread:?} ({:?})", started.elapsed());
 }
