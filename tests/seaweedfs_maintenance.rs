@@ -36,8 +36,14 @@ impl Setup {
     }
 
     fn on(cluster: Cluster) -> Setup {
+        Setup::with_args(cluster, &[])
+    }
+
+    /// A setup whose server also takes `args`.
+    fn with_args(cluster: Cluster, args: &[&str]) -> Setup {
         let dir = tempfile::tempdir().unwrap();
-        let server = Server::start(&dir.path().join("data"), &["--master", &cluster.master_address()]);
+        let master = cluster.master_address();
+        let server = Server::start(&dir.path().join("data"), &[&["--master", master.as_str()], args].concat());
         // Only the tasks these tests submit touch the cluster: no detection
         // proposes work of its own while they look.
         for job_type in JOB_TYPES {
@@ -967,4 +973,59 @@ fn the_same_encode_from_a_submitted_job_and_the_scheduler_runs_once() {
     });
     assert_readable(cluster, &files, id);
     eprintln!("{dropped}\nvolume {id} encoded once: {spread:?} ({:?})", started.elapsed());
+}
+
+#[test]
+fn a_hung_vacuum_worker_is_taken_for_silent_and_another_worker_vacuums_the_volume() {
+    let started = Instant::now();
+    let cluster = Cluster::start(ClusterOptions::default());
+    let setup =
+        Setup::with_args(cluster, &["--heartbeat", "1s", "--silence-timeout", "4s", "--recovery-interval", "1s"]);
+    let cluster = &setup.cluster;
+    let hung = setup.start_weed_worker("weed-hung");
+    let files = cluster.write_files_to_one_volume(40, 64, "hung");
+    let id = files[0].volume_id;
+    let (_, kept) = cluster.delete_percent(&files, 50);
+    let volume =
+        cluster.wait_for("the deletions reach the master", |t| t.volume(id).filter(|v| v.delete_count == 20).cloned());
+    let server = cluster.volume_server(&volume.server);
+
+    // The vacuum is under way (its volume server answers slowly), then its
+    // worker hangs (SIGSTOP): no heartbeat, no progress, its stream still open.
+    let slow = server.freeze();
+    let job_id = setup.submit(&json!({
+        "name": format!("hung-vacuum-{id}"),
+        "tasks": [{"id": "vacuum", "job_type": "vacuum", "labels": {"volume_id": id.to_string()},
+                   "parameters": {"volume_id": id, "server": volume.server, "collection": "hung"}}]
+    }));
+    let running = wait_until(WAIT, || (task(&setup.job(&job_id), "vacuum")["state"] == "running").then_some(()));
+    assert!(running.is_some(), "{}\n{}", setup.job(&job_id), setup.context(&["weed-hung"]));
+    let stopped = seaweedfs::freeze(&hung);
+    drop(slow);
+    let _second = setup.start_weed_worker("weed-second");
+    let second_handler = setup.handler_of("weed-second");
+
+    // Silent past the timeout: its attempt is lost, and the other worker runs it.
+    let ended = wait_until(Duration::from_secs(90), || {
+        let job = setup.job(&job_id);
+        matches!(job["state"].as_str(), Some("succeeded" | "failed" | "canceled")).then_some(job)
+    });
+    let job = ended.unwrap_or_else(|| panic!("the job did not end: {}", setup.job(&job_id)));
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-second"]));
+    let t = task(&job, "vacuum");
+    assert_eq!((t["attempt"].clone(), t["lost"].clone()), (json!(2), json!(1)), "{t}");
+    assert_eq!(t["handler"], second_handler.as_str(), "{t}");
+    let silent_for = t["finished_at_ms"].as_i64().unwrap_or(0) - t["created_at_ms"].as_i64().unwrap_or(0);
+
+    // The hung worker wakes up; whatever it finishes late changes nothing:
+    // the task stays the second worker's, the volume is clean and whole.
+    drop(stopped);
+    std::thread::sleep(Duration::from_secs(3));
+    let after = setup.job(&job_id);
+    assert_eq!(task(&after, "vacuum")["handler"], second_handler.as_str(), "{after}");
+    assert_eq!(after["state"], "succeeded", "{after}");
+    let clean = wait_until(WAIT, || server.volumes().into_iter().find(|v| v.id == id && v.deleted_bytes == 0));
+    assert!(clean.is_some(), "volume {id} kept its garbage");
+    assert_readable(cluster, &kept, id);
+    eprintln!("hung worker: job ended {silent_for} ms after it was submitted ({:?})", started.elapsed());
 }

@@ -44,7 +44,7 @@ pub enum Command {
     /// Check a job file and print what it holds, storing nothing.
     Validate { file: PathBuf },
     /// Run the admin server: engine, worker stream, client API.
-    Server(server::ServerArgs),
+    Server(Box<server::ServerArgs>),
     /// Submit a job file to an admin server.
     Submit(client::SubmitArgs),
     /// List jobs, newest first.
@@ -103,7 +103,7 @@ pub fn main(cli: Cli) -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Validate { file } => run::validate(&file).await,
-            Command::Server(args) => server::run(args).await,
+            Command::Server(args) => server::run(*args).await,
             Command::Submit(args) => client::submit(args).await,
             Command::Jobs(args) => match inspect::location(&args.data_dir, &args.database_url) {
                 Some(place) => inspect::jobs(place, args.state.as_deref(), args.limit as usize, args.json).await,

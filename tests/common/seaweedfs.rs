@@ -449,9 +449,7 @@ impl VolumeServer {
     /// Stops the process (SIGSTOP) until the guard is dropped (SIGCONT):
     /// whoever calls it meanwhile waits, as on a server stuck in I/O.
     pub fn freeze(&self) -> Frozen {
-        let pid = nix::unistd::Pid::from_raw(self.process.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP the volume server");
-        Frozen { pid }
+        freeze(&self.process)
     }
 
     /// The volumes this server holds, from its own `/status` (no heartbeat delay).
@@ -859,6 +857,13 @@ impl Cluster {
 /// server run again.
 pub struct Frozen {
     pid: nix::unistd::Pid,
+}
+
+/// Stops a process (SIGSTOP) until the guard is dropped (SIGCONT).
+pub fn freeze(process: &Process) -> Frozen {
+    let pid = nix::unistd::Pid::from_raw(process.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    Frozen { pid }
 }
 
 impl Drop for Frozen {
