@@ -152,6 +152,22 @@ check_ec() {
 
 declare -A RESULT
 
+# measure SIDE RUN FILTER LETTER: RUNS vacuum and erasure-coding runs of
+# one side, each on fresh data in collections vLETTER1, eLETTER1, …; RUN
+# times one run of a job type, FILTER points erasure coding at a collection.
+measure() {
+  local side=$1 run_fn=$2 filter_fn=$3 letter=$4 run
+  for run in $(seq 1 "$RUNS"); do
+    load_garbage "v$letter$run"
+    RESULT[${side}_vacuum]+="$($run_fn vacuum) "
+    check_vacuum "v$letter$run"
+    load_ec "e$letter$run"
+    $filter_fn "e$letter$run"
+    RESULT[${side}_ec]+="$($run_fn erasure_coding) "
+    check_ec "e$letter$run"
+  done
+}
+
 # --- weed admin ---------------------------------------------------------
 start admin "$DIR/admin" weed admin -port=$ADMIN_PORT -port.grpc=$((ADMIN_PORT + 10000)) -master=$MASTER \
   -dataDir="$DIR/admin"
@@ -187,15 +203,8 @@ admin_run() { # JOB_TYPE -> prints milliseconds
   echo $((t1 - t0))
 }
 
-for run in $(seq 1 "$RUNS"); do
-  load_garbage "va$run"
-  RESULT[admin_vacuum]+="$(admin_run vacuum) "
-  check_vacuum "va$run"
-  load_ec "ea$run"
-  admin_config erasure_coding ".admin_config_values.collection_filter = {\"string_value\":\"ea$run\"}"
-  RESULT[admin_ec]+="$(admin_run erasure_coding) "
-  check_ec "ea$run"
-done
+admin_filter() { admin_config erasure_coding ".admin_config_values.collection_filter = {\"string_value\":\"$1\"}"; }
+measure admin admin_run admin_filter a
 stop "$PID_wadmin" "$PID_admin"
 sleep 2
 
@@ -222,15 +231,8 @@ jc_run() { # JOB_TYPE -> prints milliseconds
   echo $((t1 - t0))
 }
 
-for run in $(seq 1 "$RUNS"); do
-  load_garbage "vj$run"
-  RESULT[jc_vacuum]+="$(jc_run vacuum) "
-  check_vacuum "vj$run"
-  load_ec "ej$run"
-  jc policy set erasure_coding "admin.collection_filter=ej$run" >/dev/null
-  RESULT[jc_ec]+="$(jc_run erasure_coding) "
-  check_ec "ej$run"
-done
+jc_filter() { jc policy set erasure_coding "admin.collection_filter=$1" >/dev/null; }
+measure jc jc_run jc_filter j
 
 # --- figures ------------------------------------------------------------
 echo

@@ -143,6 +143,26 @@ impl Setup {
     }
 }
 
+/// Waits until the job has ended (succeeded, failed or canceled) and returns it.
+fn wait_for_end(setup: &Setup, job_id: &str, patience: Duration) -> Value {
+    let ended = wait_until(patience, || {
+        let job = setup.job(job_id);
+        matches!(job["state"].as_str(), Some("succeeded" | "failed" | "canceled")).then_some(job)
+    });
+    ended.unwrap_or_else(|| panic!("the job did not end: {}\n{}", setup.job(job_id), setup.context(&[])))
+}
+
+/// One volume of `collection` with 40 files of 64 KiB, half of them
+/// deleted, once the master knows of the deletions: the volume and the files kept.
+fn half_garbage(cluster: &Cluster, collection: &str) -> (seaweedfs::Volume, Vec<StoredFile>) {
+    let files = cluster.write_files_to_one_volume(40, 64, collection);
+    let id = files[0].volume_id;
+    let (_, kept) = cluster.delete_percent(&files, 50);
+    let volume =
+        cluster.wait_for("the deletions reach the master", |t| t.volume(id).filter(|v| v.delete_count == 20).cloned());
+    (volume, kept)
+}
+
 fn capability_types(worker: &Value) -> Vec<String> {
     worker["capabilities"]
         .as_array()
@@ -369,11 +389,8 @@ fn a_weed_worker_killed_during_a_vacuum_loses_its_attempt_and_a_second_worker_ru
     let mut first = setup.start_weed_worker("weed-first");
     let first_handler = setup.handler_of("weed-first");
 
-    let files = cluster.write_files_to_one_volume(40, 64, "kill");
-    let id = files[0].volume_id;
-    let (_, kept) = cluster.delete_percent(&files, 50);
-    let volume =
-        cluster.wait_for("the deletions reach the master", |t| t.volume(id).filter(|v| v.delete_count == 20).cloned());
+    let (volume, kept) = half_garbage(cluster, "kill");
+    let id = volume.id;
     let server = cluster.volume_server(&volume.server);
 
     // The volume server is stopped: the worker's vacuum check waits on it,
@@ -415,12 +432,7 @@ fn a_weed_worker_killed_during_a_vacuum_loses_its_attempt_and_a_second_worker_ru
     // A second worker runs it again, as attempt 2, to the end.
     let _second = setup.start_weed_worker("weed-second");
     let second_handler = setup.handler_of("weed-second");
-    let ended = wait_until(WAIT, || {
-        let job = setup.job(&job_id);
-        matches!(job["state"].as_str(), Some("succeeded" | "failed" | "canceled")).then_some(job)
-    });
-    let job = ended
-        .unwrap_or_else(|| panic!("the job did not end: {}\n{}", setup.job(&job_id), setup.context(&["weed-second"])));
+    let job = wait_for_end(&setup, &job_id, WAIT);
     assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-first", "weed-second"]));
     let t = task(&job, &task_id);
     assert_eq!(t["attempt"], 2, "{t}");
@@ -869,11 +881,7 @@ fn a_weed_worker_killed_halfway_through_an_encode_leaves_the_volume_encoded_exac
     // Another worker encodes it again, as attempt 2.
     let _second = setup.start_weed_worker("weed-second");
     let second_handler = setup.handler_of("weed-second");
-    let ended = wait_until(Duration::from_secs(120), || {
-        let job = setup.job(&job_id);
-        matches!(job["state"].as_str(), Some("succeeded" | "failed" | "canceled")).then_some(job)
-    });
-    let job = ended.unwrap_or_else(|| panic!("the job did not end: {}", setup.job(&job_id)));
+    let job = wait_for_end(&setup, &job_id, Duration::from_secs(120));
     assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-first", "weed-second"]));
     let t = task(&job, "ec");
     assert_eq!((t["attempt"].clone(), t["lost"].clone()), (json!(2), json!(1)), "{t}");
@@ -952,11 +960,7 @@ fn the_same_encode_from_a_submitted_job_and_the_scheduler_runs_once() {
     });
     detection(&setup, "erasure_coding", false, &[]);
     drop(frozen);
-    let ended = wait_until(Duration::from_secs(120), || {
-        let job = setup.job(&job_id);
-        matches!(job["state"].as_str(), Some("succeeded" | "failed" | "canceled")).then_some(job)
-    });
-    let job = ended.unwrap_or_else(|| panic!("the submitted job did not end: {}", setup.job(&job_id)));
+    let job = wait_for_end(&setup, &job_id, Duration::from_secs(120));
     assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-all"]));
 
     // One encode ran: the scheduler made no job of its own for the volume,
@@ -983,11 +987,8 @@ fn a_hung_vacuum_worker_is_taken_for_silent_and_another_worker_vacuums_the_volum
         Setup::with_args(cluster, &["--heartbeat", "1s", "--silence-timeout", "4s", "--recovery-interval", "1s"]);
     let cluster = &setup.cluster;
     let hung = setup.start_weed_worker("weed-hung");
-    let files = cluster.write_files_to_one_volume(40, 64, "hung");
-    let id = files[0].volume_id;
-    let (_, kept) = cluster.delete_percent(&files, 50);
-    let volume =
-        cluster.wait_for("the deletions reach the master", |t| t.volume(id).filter(|v| v.delete_count == 20).cloned());
+    let (volume, kept) = half_garbage(cluster, "hung");
+    let id = volume.id;
     let server = cluster.volume_server(&volume.server);
 
     // The vacuum is under way (its volume server answers slowly), then its
@@ -1006,11 +1007,7 @@ fn a_hung_vacuum_worker_is_taken_for_silent_and_another_worker_vacuums_the_volum
     let second_handler = setup.handler_of("weed-second");
 
     // Silent past the timeout: its attempt is lost, and the other worker runs it.
-    let ended = wait_until(Duration::from_secs(90), || {
-        let job = setup.job(&job_id);
-        matches!(job["state"].as_str(), Some("succeeded" | "failed" | "canceled")).then_some(job)
-    });
-    let job = ended.unwrap_or_else(|| panic!("the job did not end: {}", setup.job(&job_id)));
+    let job = wait_for_end(&setup, &job_id, Duration::from_secs(90));
     assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-second"]));
     let t = task(&job, "vacuum");
     assert_eq!((t["attempt"].clone(), t["lost"].clone()), (json!(2), json!(1)), "{t}");
