@@ -818,13 +818,17 @@ impl OperatorLock {
 
     /// Who holds the lock now, by the master's word.
     fn holder(&self) -> String {
-        use jobcenter::proto::master::{seaweed_client::SeaweedClient, GetAdminLockStatusRequest};
-        self.runtime.block_on(async {
-            let mut client = SeaweedClient::connect(self.master.clone()).await.unwrap();
-            let status = client.get_admin_lock_status(GetAdminLockStatusRequest { lock_name: "shell".into() }).await;
-            status.map(|s| s.into_inner()).map(|s| if s.is_locked { s.client_name } else { String::new() }).unwrap()
-        })
+        self.runtime.block_on(shell_lock_holder(&self.master))
     }
+}
+
+/// Who holds the master's `shell` lock ("" when nobody does); `master` is
+/// its gRPC URL.
+async fn shell_lock_holder(master: &str) -> String {
+    use jobcenter::proto::master::{seaweed_client::SeaweedClient, GetAdminLockStatusRequest};
+    let Ok(mut client) = SeaweedClient::connect(master.to_string()).await else { return String::new() };
+    let status = client.get_admin_lock_status(GetAdminLockStatusRequest { lock_name: "shell".into() }).await;
+    status.map(|s| s.into_inner()).map(|s| if s.is_locked { s.client_name } else { String::new() }).unwrap_or_default()
 }
 
 impl Drop for OperatorLock {
@@ -1025,4 +1029,62 @@ fn a_hung_vacuum_worker_is_taken_for_silent_and_another_worker_vacuums_the_volum
     assert!(clean.is_some(), "volume {id} kept its garbage");
     assert_readable(cluster, &kept, id);
     eprintln!("hung worker: job ended {silent_for} ms after it was submitted ({:?})", started.elapsed());
+}
+
+#[test]
+fn a_master_restarted_during_an_encode_gets_its_lock_back_and_the_volume_is_encoded_once() {
+    let started = Instant::now();
+    let mut setup = Setup::start(ClusterOptions { volume_servers: 5, on_tmpfs: true, ..ClusterOptions::default() });
+    let _worker = setup.start_weed_worker("weed-all");
+    let files = setup.cluster.write_files_to_one_volume(480, 64, "mre");
+    let id = files[0].volume_id;
+    let source = setup.cluster.wait_for("the volume at the master", |t| t.volume(id).cloned()).server;
+    let targets = setup.cluster.volume_server_addresses();
+    let params = task_params::erasure_coding(id, "mre", &source, &targets);
+    let job_id = setup.submit(&json!({
+        "name": format!("ec-across-a-master-restart-{id}"),
+        "tasks": [{"id": "ec", "job_type": "erasure_coding", "labels": {"volume_id": id.to_string()},
+                   "parameters": {"volume_id": id, "source_server": source, "collection": "mre",
+                                  "task_params_pb": bytes_param(&params)}}]
+    }));
+    let master_grpc =
+        format!("http://{}", jobcenter::server::master::grpc_address(&setup.cluster.master_address()).unwrap());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let progress = || {
+        let t = seaweedfs::get_json(&setup.server.http, &format!("/api/jobs/{job_id}/tasks/ec"));
+        (t["progress_percent"].as_f64().unwrap_or(0.0), t["stage"].as_str().unwrap_or("").to_string())
+    };
+    // Held while its shards go out (one target stopped), under jobcenter's lock.
+    let copying = wait_until(WAIT, || (progress().0 >= 25.0).then_some(()));
+    assert!(copying.is_some(), "{}\n{}", setup.job(&job_id), setup.context(&["weed-all"]));
+    let stuck = targets.iter().find(|t| **t != source).unwrap().clone();
+    let frozen = setup.cluster.volume_server(&stuck).freeze();
+    let halfway = wait_until(WAIT, || progress().1.contains("Distributing").then_some(()));
+    assert!(halfway.is_some(), "{}\n{}", setup.job(&job_id), setup.context(&["weed-all"]));
+    assert_eq!(runtime.block_on(shell_lock_holder(&master_grpc)), "jobcenter");
+
+    // The master restarts and has forgotten every lock: jobcenter's next
+    // renewal of its lease is granted afresh, while the encode is still
+    // under way (an operator's `weed shell` could have taken it first).
+    setup.cluster.restart_master();
+    let back = wait_until(Duration::from_secs(30), || {
+        (runtime.block_on(shell_lock_holder(&master_grpc)) == "jobcenter").then_some(())
+    });
+    assert!(back.is_some(), "jobcenter did not take the lock again\n{}", setup.context(&[]));
+    assert_eq!(task(&setup.job(&job_id), "ec")["state"], "running");
+    eprintln!("lock taken again after the master's restart ({:?})", started.elapsed());
+    drop(frozen);
+    setup.cluster.wait_for_volume_servers(5);
+
+    // Nothing ran twice: one attempt, and each shard once.
+    let job = wait_for_end(&setup, &job_id, Duration::from_secs(120));
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-all"]));
+    let t = task(&job, "ec");
+    assert_eq!((t["attempt"].clone(), t["lost"].clone()), (json!(1), json!(0)), "{t}");
+    let cluster = &setup.cluster;
+    let spread = cluster.wait_for(&format!("volume {id} as 14 EC shards"), |t| {
+        t.volume(id).is_none().then(|| shard_spread(cluster, id)).flatten()
+    });
+    assert_readable(cluster, &files, id);
+    eprintln!("volume {id} encoded once across a master restart: {spread:?} ({:?})", started.elapsed());
 }

@@ -470,6 +470,7 @@ pub struct Cluster {
     /// A filer with an S3 gateway, once [`Cluster::start_filer`] started one.
     pub filer: Option<Filer>,
     master: Process,
+    master_args: Vec<String>,
     dir: tempfile::TempDir,
 }
 
@@ -541,7 +542,7 @@ impl Cluster {
         };
         secure(&master_dir);
         let limit = options.volume_size_limit_mb;
-        let (master, master_port) = start_on_free_port("master", &master_dir, |port| {
+        let master_args_for = |port: u16| -> Vec<String> {
             vec![
                 "master".into(),
                 "-ip=127.0.0.1".into(),
@@ -556,7 +557,9 @@ impl Cluster {
                 "-vacuumIntervalSeconds=3600".into(),
                 "-garbageThreshold=0.99".into(),
             ]
-        });
+        };
+        let (master, master_port) = start_on_free_port("master", &master_dir, master_args_for);
+        let master_args = master_args_for(master_port);
         let master_address = format!("127.0.0.1:{master_port}");
         let leader = wait_until(WAIT, || {
             let status = http("GET", &master_address, "/cluster/status", None).ok()?;
@@ -592,7 +595,7 @@ impl Cluster {
             let args = args_for(port);
             volume_servers.push(VolumeServer { port, dir: volume_dir, process, name, args });
         }
-        let cluster = Cluster { master_port, volume_servers, options, filer: None, master, dir };
+        let cluster = Cluster { master_port, volume_servers, options, filer: None, master, master_args, dir };
         cluster.wait_for_volume_servers(cluster.volume_servers.len());
         cluster
     }
@@ -622,6 +625,21 @@ impl Cluster {
         let listening = wait_until(WAIT, || (port_open(s3_port) && port_open(s3_port + GRPC_OFFSET)).then_some(()));
         assert!(listening.is_some(), "the S3 gateway did not listen: {}", log_tail(&dir.join("filer.log")));
         self.filer = Some(Filer { port, s3_port, process });
+    }
+
+    /// SIGKILLs the master and starts it again on its port and directory;
+    /// waits until it is leader again (its volume servers come back on
+    /// their own, at their next heartbeat).
+    pub fn restart_master(&mut self) {
+        self.master.kill();
+        let dir = self.dir.path().join("master");
+        self.master = start_weed("master", &dir, &self.master_args, self.master_port)
+            .unwrap_or_else(|e| panic!("the master did not start again: {e}"));
+        let leader = wait_until(WAIT, || {
+            let status = http("GET", &self.master_address(), "/cluster/status", None).ok()?;
+            (status.is_success() && status.try_json()?["IsLeader"] == true).then_some(())
+        });
+        assert!(leader.is_some(), "the master never became leader again: {}", log_tail(&dir.join("master.log")));
     }
 
     /// Waits until the master lists exactly `expected` volume servers.
