@@ -401,9 +401,9 @@ pub struct ClusterOptions {
     pub volume_size_limit_mb: u64,
     /// Extra flags for every volume server, e.g. `-index=leveldb`.
     pub volume_args: Vec<String>,
-    /// Keep the cluster's files on `/dev/shm` when there is one. SeaweedFS
-    /// places no EC shard on a disk over 90% used, which a build machine's
-    /// disk often is; a nearly empty tmpfs never is.
+    /// Keep the cluster's files on `/dev/shm` when there is one with 1 GiB
+    /// free. SeaweedFS places no EC shard on a disk over 90% used, which a
+    /// build machine's disk often is; a nearly empty tmpfs never is.
     pub on_tmpfs: bool,
     /// A SeaweedFS `security.toml` for the master and every volume server
     /// (read from their working directories): gRPC with TLS between them.
@@ -502,6 +502,13 @@ fn start_weed(name: &str, dir: &Path, args: &[String], port: u16) -> Result<Proc
     }
 }
 
+/// The space left on the file system of `path`, in KiB (`df -Pk`); 0 when unknown.
+fn free_kib(path: &Path) -> u64 {
+    let output = Command::new("df").arg("-Pk").arg(path).output();
+    let text = output.map(|o| String::from_utf8_lossy(&o.stdout).to_string()).unwrap_or_default();
+    text.lines().nth(1).and_then(|l| l.split_whitespace().nth(3)).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
 /// The last lines of a log, for failure messages.
 pub fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -528,7 +535,7 @@ impl Cluster {
     /// until the master is leader and sees every volume server.
     pub fn start(options: ClusterOptions) -> Cluster {
         let shm = Path::new("/dev/shm");
-        let dir = if options.on_tmpfs && shm.is_dir() {
+        let dir = if options.on_tmpfs && shm.is_dir() && free_kib(shm) >= 1024 * 1024 {
             tempfile::Builder::new().prefix("swfs-").tempdir_in(shm).unwrap()
         } else {
             tempfile::Builder::new().prefix("swfs-").tempdir().unwrap()
