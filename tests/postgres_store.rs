@@ -11,7 +11,7 @@ mod pg;
 
 use std::collections::BTreeMap;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{binary, exec_events, run_with_timeout, start_worker, wait_until, Server};
 
@@ -310,7 +310,6 @@ fn export_and_import_move_everything_between_a_data_directory_and_a_database() {
     let server = Server::start(&back, &[]);
     let policy = String::from_utf8_lossy(&server.cli(&["policy", "get", "noop"]).stdout).to_string();
     assert!(policy.contains("retry_limit") && policy.contains('2'), "{policy}");
-    let _ = Instant::now();
 }
 
 #[test]

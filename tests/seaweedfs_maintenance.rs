@@ -692,6 +692,55 @@ fn the_scheduler_balances_volumes_piled_on_one_server() {
     );
 }
 
+/// An encode submitted by hand: one volume of `collection` with `count`
+/// files of 64 KiB, encoded by `task_params_pb` over every server; its one
+/// task `ec` is labelled with the volume and with the dedupe key the
+/// detector gives it (`erasure_coding:VOLUME:COLLECTION`).
+struct Encode {
+    job_id: String,
+    id: u32,
+    source: String,
+    files: Vec<StoredFile>,
+}
+
+fn submit_encode(setup: &Setup, collection: &str, count: usize) -> Encode {
+    let cluster = &setup.cluster;
+    let files = cluster.write_files_to_one_volume(count, 64, collection);
+    let id = files[0].volume_id;
+    let source = cluster.wait_for("the volume at the master", |t| t.volume(id).cloned()).server;
+    let params = task_params::erasure_coding(id, collection, &source, &cluster.volume_server_addresses());
+    let labels = json!({"volume_id": id.to_string(), "dedupe_key": format!("erasure_coding:{id}:{collection}")});
+    let job_id = setup.submit(&json!({
+        "name": format!("ec-{collection}-{id}"),
+        "tasks": [{"id": "ec", "job_type": "erasure_coding", "labels": labels,
+                   "parameters": {"volume_id": id, "source_server": source, "collection": collection,
+                                  "task_params_pb": bytes_param(&params)}}]
+    }));
+    Encode { job_id, id, source, files }
+}
+
+/// Holds a running encode while it distributes its shards: once the worker
+/// has cleared stale state and copies the volume (25%), one target other
+/// than the source is stopped, and the shards then wait on it. Returns the
+/// stopped server's guard (SIGCONT when dropped) and the stage reached.
+fn hold_while_distributing(setup: &Setup, encode: &Encode, worker: &str) -> (seaweedfs::Frozen, String) {
+    let progress = || {
+        let t = seaweedfs::get_json(&setup.server.http, &format!("/api/jobs/{}/tasks/ec", encode.job_id));
+        (t["progress_percent"].as_f64().unwrap_or(0.0), t["stage"].as_str().unwrap_or("").to_string())
+    };
+    let context = || format!("{}\n{}", setup.job(&encode.job_id), setup.context(&[worker]));
+    let copying = wait_until(WAIT, || (progress().0 >= 25.0).then_some(()));
+    assert!(copying.is_some(), "{}", context());
+    let targets = setup.cluster.volume_server_addresses();
+    let stuck = targets.iter().find(|t| **t != encode.source).unwrap();
+    let frozen = setup.cluster.volume_server(stuck).freeze();
+    let halfway = wait_until(WAIT, || {
+        let (_, stage) = progress();
+        stage.contains("Distributing").then_some(stage)
+    });
+    (frozen, halfway.unwrap_or_else(|| panic!("{}", context())))
+}
+
 /// The names of a descriptor form's fields, from `/api/job-types/TYPE`.
 fn form_fields(job_type: &Value, form: &str) -> Vec<String> {
     job_type["descriptor"][form]["sections"]
@@ -765,42 +814,11 @@ struct OperatorLock {
 
 impl OperatorLock {
     fn take(master: &str) -> OperatorLock {
-        use jobcenter::proto::master::{seaweed_client::SeaweedClient, LeaseAdminTokenRequest};
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let address = format!("http://{}", jobcenter::server::master::grpc_address(master).unwrap());
-        let request = |token: i64, lock_time: i64| LeaseAdminTokenRequest {
-            previous_token: token,
-            previous_lock_time: lock_time,
-            lock_name: "shell".into(),
-            client_name: "operator".into(),
-            message: "weed shell".into(),
-        };
-        let mut client = runtime.block_on(async {
-            let deadline = tokio::time::Instant::now() + WAIT;
-            loop {
-                match SeaweedClient::connect(address.clone()).await {
-                    Ok(client) => break client,
-                    Err(e) if tokio::time::Instant::now() < deadline => {
-                        let _ = e;
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                    Err(e) => panic!("cannot reach the master: {e}"),
-                }
-            }
-        });
-        let mut lease = runtime.block_on(async {
-            let deadline = tokio::time::Instant::now() + WAIT;
-            loop {
-                match client.lease_admin_token(request(0, 0)).await {
-                    Ok(lease) => break lease.into_inner(),
-                    Err(e) if tokio::time::Instant::now() < deadline => {
-                        let _ = e;
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                    Err(e) => panic!("the operator could not take the lock: {e}"),
-                }
-            }
-        });
+        let connect = jobcenter::proto::master::seaweed_client::SeaweedClient::connect(address.clone());
+        let mut client = runtime.block_on(connect).expect("reach the master");
+        let mut lease = runtime.block_on(seaweedfs::operator_lease(&mut client));
         let (stop, mut stopped) = tokio::sync::oneshot::channel();
         runtime.spawn(async move {
             loop {
@@ -808,7 +826,8 @@ impl OperatorLock {
                     _ = &mut stopped => break,
                     _ = tokio::time::sleep(Duration::from_secs(2)) => {}
                 }
-                if let Ok(renewed) = client.lease_admin_token(request(lease.token, lease.lock_ts_ns)).await {
+                let renewal = seaweedfs::operator_lease_request(Some(&lease));
+                if let Ok(renewed) = client.lease_admin_token(renewal).await {
                     lease = renewed.into_inner();
                 }
             }
@@ -818,17 +837,8 @@ impl OperatorLock {
 
     /// Who holds the lock now, by the master's word.
     fn holder(&self) -> String {
-        self.runtime.block_on(shell_lock_holder(&self.master))
+        self.runtime.block_on(seaweedfs::shell_lock_holder(&self.master))
     }
-}
-
-/// Who holds the master's `shell` lock ("" when nobody does); `master` is
-/// its gRPC URL.
-async fn shell_lock_holder(master: &str) -> String {
-    use jobcenter::proto::master::{seaweed_client::SeaweedClient, GetAdminLockStatusRequest};
-    let Ok(mut client) = SeaweedClient::connect(master.to_string()).await else { return String::new() };
-    let status = client.get_admin_lock_status(GetAdminLockStatusRequest { lock_name: "shell".into() }).await;
-    status.map(|s| s.into_inner()).map(|s| if s.is_locked { s.client_name } else { String::new() }).unwrap_or_default()
 }
 
 impl Drop for OperatorLock {
@@ -846,32 +856,9 @@ fn a_weed_worker_killed_halfway_through_an_encode_leaves_the_volume_encoded_exac
     let cluster = &setup.cluster;
     let mut first = setup.start_weed_worker("weed-first");
     // About 30 MB, so that copying and encoding it take a while.
-    let files = cluster.write_files_to_one_volume(480, 64, "eck");
-    let id = files[0].volume_id;
-    let source = cluster.wait_for("the volume at the master", |t| t.volume(id).cloned()).server;
-    let targets = cluster.volume_server_addresses();
-    let params = task_params::erasure_coding(id, "eck", &source, &targets);
-    let job_id = setup.submit(&json!({
-        "name": format!("interrupted-ec-{id}"),
-        "tasks": [{"id": "ec", "job_type": "erasure_coding", "labels": {"volume_id": id.to_string()},
-                   "parameters": {"volume_id": id, "source_server": source, "collection": "eck",
-                                  "task_params_pb": bytes_param(&params)}}]
-    }));
-    let progress = || {
-        let t = seaweedfs::get_json(&setup.server.http, &format!("/api/jobs/{job_id}/tasks/ec"));
-        (t["progress_percent"].as_f64().unwrap_or(0.0), t["stage"].as_str().unwrap_or("").to_string())
-    };
-    // Once the worker has cleared stale state and copies the volume, one
-    // target is stopped: the shards then go out to the others and wait on it.
-    let copying = wait_until(WAIT, || (progress().0 >= 25.0).then_some(()));
-    assert!(copying.is_some(), "{}\n{}", setup.job(&job_id), setup.context(&["weed-first"]));
-    let stuck = targets.iter().find(|t| **t != source).unwrap().clone();
-    let frozen = cluster.volume_server(&stuck).freeze();
-    let halfway = wait_until(WAIT, || {
-        let (_, stage) = progress();
-        stage.contains("Distributing").then_some(stage)
-    });
-    let halfway = halfway.unwrap_or_else(|| panic!("{}\n{}", setup.job(&job_id), setup.context(&["weed-first"])));
+    let encode = submit_encode(&setup, "eck", 480);
+    let (job_id, id) = (encode.job_id.clone(), encode.id);
+    let (frozen, halfway) = hold_while_distributing(&setup, &encode, "weed-first");
     std::thread::sleep(Duration::from_millis(500));
     first.kill();
     drop(frozen);
@@ -911,7 +898,7 @@ fn a_weed_worker_killed_halfway_through_an_encode_leaves_the_volume_encoded_exac
     }
     on_disk.sort_unstable();
     assert_eq!(on_disk, (0..14).collect::<Vec<u32>>(), "shard files on the servers' disks");
-    assert_readable(cluster, &files, id);
+    assert_readable(cluster, &encode.files, id);
     eprintln!("volume {id} encoded once after the kill: {spread:?} ({:?})", started.elapsed());
 }
 
@@ -921,25 +908,12 @@ fn the_same_encode_from_a_submitted_job_and_the_scheduler_runs_once() {
     let setup = Setup::start(ClusterOptions { volume_servers: 5, on_tmpfs: true, ..ClusterOptions::default() });
     let cluster = &setup.cluster;
     let _worker = setup.start_weed_worker("weed-all");
-    let files = cluster.write_files_to_one_volume(40, 64, "dup");
-    let id = files[0].volume_id;
-    let source = cluster.wait_for("the volume at the master", |t| t.volume(id).cloned()).server;
-    let targets = cluster.volume_server_addresses();
-    let params = task_params::erasure_coding(id, "dup", &source, &targets);
-
     // A submitted encode, carrying the dedupe key the detector gives the
-    // same volume, held halfway by a stopped target.
+    // same volume (about 30 MB, to be held halfway).
+    let encode = submit_encode(&setup, "dup", 480);
+    let (job_id, id) = (encode.job_id.clone(), encode.id);
     let key = format!("erasure_coding:{id}:dup");
-    let stuck = targets.iter().find(|t| **t != source).unwrap().clone();
-    let frozen = cluster.volume_server(&stuck).freeze();
-    let job_id = setup.submit(&json!({
-        "name": format!("submitted-ec-{id}"),
-        "tasks": [{"id": "ec", "job_type": "erasure_coding", "labels": {"volume_id": id.to_string(), "dedupe_key": key},
-                   "parameters": {"volume_id": id, "source_server": source, "collection": "dup",
-                                  "task_params_pb": bytes_param(&params)}}]
-    }));
-    let running = wait_until(WAIT, || (task(&setup.job(&job_id), "ec")["state"] == "running").then_some(()));
-    assert!(running.is_some(), "{}", setup.job(&job_id));
+    let (frozen, _) = hold_while_distributing(&setup, &encode, "weed-all");
 
     // The scheduler's detection proposes the same volume meanwhile: dropped.
     detection(
@@ -979,7 +953,7 @@ fn the_same_encode_from_a_submitted_job_and_the_scheduler_runs_once() {
     let spread = cluster.wait_for(&format!("volume {id} as 14 EC shards"), |t| {
         t.volume(id).is_none().then(|| shard_spread(cluster, id)).flatten()
     });
-    assert_readable(cluster, &files, id);
+    assert_readable(cluster, &encode.files, id);
     eprintln!("{dropped}\nvolume {id} encoded once: {spread:?} ({:?})", started.elapsed());
 }
 
@@ -1036,39 +1010,21 @@ fn a_master_restarted_during_an_encode_gets_its_lock_back_and_the_volume_is_enco
     let started = Instant::now();
     let mut setup = Setup::start(ClusterOptions { volume_servers: 5, on_tmpfs: true, ..ClusterOptions::default() });
     let _worker = setup.start_weed_worker("weed-all");
-    let files = setup.cluster.write_files_to_one_volume(480, 64, "mre");
-    let id = files[0].volume_id;
-    let source = setup.cluster.wait_for("the volume at the master", |t| t.volume(id).cloned()).server;
-    let targets = setup.cluster.volume_server_addresses();
-    let params = task_params::erasure_coding(id, "mre", &source, &targets);
-    let job_id = setup.submit(&json!({
-        "name": format!("ec-across-a-master-restart-{id}"),
-        "tasks": [{"id": "ec", "job_type": "erasure_coding", "labels": {"volume_id": id.to_string()},
-                   "parameters": {"volume_id": id, "source_server": source, "collection": "mre",
-                                  "task_params_pb": bytes_param(&params)}}]
-    }));
+    let encode = submit_encode(&setup, "mre", 480);
+    let (job_id, id) = (encode.job_id.clone(), encode.id);
     let master_grpc =
         format!("http://{}", jobcenter::server::master::grpc_address(&setup.cluster.master_address()).unwrap());
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let progress = || {
-        let t = seaweedfs::get_json(&setup.server.http, &format!("/api/jobs/{job_id}/tasks/ec"));
-        (t["progress_percent"].as_f64().unwrap_or(0.0), t["stage"].as_str().unwrap_or("").to_string())
-    };
-    // Held while its shards go out (one target stopped), under jobcenter's lock.
-    let copying = wait_until(WAIT, || (progress().0 >= 25.0).then_some(()));
-    assert!(copying.is_some(), "{}\n{}", setup.job(&job_id), setup.context(&["weed-all"]));
-    let stuck = targets.iter().find(|t| **t != source).unwrap().clone();
-    let frozen = setup.cluster.volume_server(&stuck).freeze();
-    let halfway = wait_until(WAIT, || progress().1.contains("Distributing").then_some(()));
-    assert!(halfway.is_some(), "{}\n{}", setup.job(&job_id), setup.context(&["weed-all"]));
-    assert_eq!(runtime.block_on(shell_lock_holder(&master_grpc)), "jobcenter");
+    // Held while its shards go out, under jobcenter's lock.
+    let (frozen, _) = hold_while_distributing(&setup, &encode, "weed-all");
+    assert_eq!(runtime.block_on(seaweedfs::shell_lock_holder(&master_grpc)), "jobcenter");
 
     // The master restarts and has forgotten every lock: jobcenter's next
     // renewal of its lease is granted afresh, while the encode is still
     // under way (an operator's `weed shell` could have taken it first).
     setup.cluster.restart_master();
     let back = wait_until(Duration::from_secs(30), || {
-        (runtime.block_on(shell_lock_holder(&master_grpc)) == "jobcenter").then_some(())
+        (runtime.block_on(seaweedfs::shell_lock_holder(&master_grpc)) == "jobcenter").then_some(())
     });
     assert!(back.is_some(), "jobcenter did not take the lock again\n{}", setup.context(&[]));
     assert_eq!(task(&setup.job(&job_id), "ec")["state"], "running");
@@ -1085,6 +1041,6 @@ fn a_master_restarted_during_an_encode_gets_its_lock_back_and_the_volume_is_enco
     let spread = cluster.wait_for(&format!("volume {id} as 14 EC shards"), |t| {
         t.volume(id).is_none().then(|| shard_spread(cluster, id)).flatten()
     });
-    assert_readable(cluster, &files, id);
+    assert_readable(cluster, &encode.files, id);
     eprintln!("volume {id} encoded once across a master restart: {spread:?} ({:?})", started.elapsed());
 }

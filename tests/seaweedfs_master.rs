@@ -4,14 +4,14 @@
 //! and jobcenter never act on the cluster at once.
 
 mod common;
+#[path = "common/seaweedfs.rs"]
+mod seaweedfs;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{wait_until, Process, Server};
-use jobcenter::proto::master::{
-    seaweed_client::SeaweedClient, GetAdminLockStatusRequest, LeaseAdminTokenRequest, ReleaseAdminTokenRequest,
-};
+use jobcenter::proto::master::{seaweed_client::SeaweedClient, GetAdminLockStatusRequest, ReleaseAdminTokenRequest};
 
 fn free_port() -> u16 {
     loop {
@@ -50,30 +50,6 @@ fn start_master(dir: &std::path::Path) -> (Process, SeaweedClient<tonic::transpo
     })
     .expect("the master starts");
     (process, client, port)
-}
-
-/// An operator takes the cluster lock, as `weed shell` does; retried while
-/// the master elects itself or the lock is briefly held by someone else.
-async fn operator_lease(
-    master: &mut SeaweedClient<tonic::transport::Channel>,
-) -> jobcenter::proto::master::LeaseAdminTokenResponse {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let request = LeaseAdminTokenRequest {
-            lock_name: "shell".into(),
-            client_name: "operator".into(),
-            message: "weed shell".into(),
-            ..LeaseAdminTokenRequest::default()
-        };
-        match master.lease_admin_token(request).await {
-            Ok(response) => return response.into_inner(),
-            Err(status) if tokio::time::Instant::now() < deadline => {
-                let _ = status;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(status) => panic!("the operator could not take the lock: {status:?}"),
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,12 +100,7 @@ async fn presence_lock_held_and_detection_waits_for_the_shell_lock() {
 
     // An operator holds the shell lock: the detection waits for it, then gives up.
     let lease = master
-        .lease_admin_token(LeaseAdminTokenRequest {
-            lock_name: "shell".into(),
-            client_name: "operator".into(),
-            message: "weed shell".into(),
-            ..LeaseAdminTokenRequest::default()
-        })
+        .lease_admin_token(seaweedfs::operator_lease_request(None))
         .await
         .expect("the operator takes the lock")
         .into_inner();
@@ -218,7 +189,7 @@ async fn maintenance_runs_only_under_the_cluster_lock() {
     server.wait_for_workers(1);
 
     // An operator holds the cluster lock: a submitted vacuum waits.
-    let lease = operator_lease(&mut master).await;
+    let lease = seaweedfs::operator_lease(&mut master).await;
     let file = dir.path().join("vacuum.json");
     std::fs::write(
         &file,

@@ -377,20 +377,12 @@ impl Api {
         }
         let (policy, sources) = self.shared.policies.effective(job_type);
         let mut out = convert::policy(job_type, &policy, &sources);
-        out.worker_config = self
-            .shared
-            .policies
-            .worker_values(job_type)
-            .into_iter()
-            .map(|(k, v)| (k, crate::wire::value_to_json(&v).to_string()))
-            .collect();
-        out.admin_config = self
-            .shared
-            .policies
-            .admin_values(job_type)
-            .into_iter()
-            .map(|(k, v)| (k, crate::wire::value_to_json(&v).to_string()))
-            .collect();
+        // Each value as JSON text.
+        let texts = |values: std::collections::HashMap<String, crate::proto::plugin::ConfigValue>| {
+            values.into_iter().map(|(k, v)| (k, crate::wire::value_to_json(&v).to_string())).collect()
+        };
+        out.worker_config = texts(self.shared.policies.worker_values(job_type));
+        out.admin_config = texts(self.shared.policies.admin_values(job_type));
         Ok(out)
     }
 

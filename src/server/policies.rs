@@ -174,30 +174,30 @@ impl Policies {
             Err(e) => return Ok(Err(e)),
         };
         let mut settings = Vec::new();
-        let (mut worker_values, mut admin_values) = (None, None);
-        if !worker_changes.is_empty() {
+        let [worker_values, admin_values] = {
             let book = self.book.lock().expect("policy lock");
-            let values = change_values(book.worker_values.get(job_type), WORKER_KEY_PREFIX, worker_changes);
-            let bytes = serde_json::to_vec(&values).expect("values serialize");
-            settings.push((format!("{WORKER_CONFIG_PREFIX}{job_type}"), Some(bytes)));
-            worker_values = Some(values);
-        }
-        if !admin_changes.is_empty() {
-            let book = self.book.lock().expect("policy lock");
-            let values = change_values(book.admin_values.get(job_type), ADMIN_KEY_PREFIX, admin_changes);
-            let bytes = serde_json::to_vec(&values).expect("values serialize");
-            settings.push((format!("{ADMIN_CONFIG_PREFIX}{job_type}"), Some(bytes)));
-            admin_values = Some(values);
-        }
+            [
+                (&book.worker_values, WORKER_KEY_PREFIX, WORKER_CONFIG_PREFIX, worker_changes),
+                (&book.admin_values, ADMIN_KEY_PREFIX, ADMIN_CONFIG_PREFIX, admin_changes),
+            ]
+            .map(|(set, prefix, setting, changes)| {
+                (!changes.is_empty()).then(|| {
+                    let values = change_values(set.get(job_type), prefix, changes);
+                    let bytes = serde_json::to_vec(&values).expect("values serialize");
+                    settings.push((format!("{setting}{job_type}"), Some(bytes)));
+                    values
+                })
+            })
+        };
         let bytes = serde_json::to_vec(&updated).expect("overrides serialize");
         settings.push((format!("{POLICY_PREFIX}{job_type}"), Some(bytes)));
         self.engine.put_settings(settings).await?;
-        let mut book = self.book.lock().expect("policy lock");
-        if let Some(values) = worker_values {
-            book.worker_values.insert(job_type.to_string(), values);
-        }
-        if let Some(values) = admin_values {
-            book.admin_values.insert(job_type.to_string(), values);
+        let mut guard = self.book.lock().expect("policy lock");
+        let book = &mut *guard;
+        for (values, set) in [(worker_values, &mut book.worker_values), (admin_values, &mut book.admin_values)] {
+            if let Some(values) = values {
+                set.insert(job_type.to_string(), values);
+            }
         }
         book.overrides.insert(job_type.to_string(), updated);
         Ok(Ok(()))

@@ -502,11 +502,65 @@ fn start_weed(name: &str, dir: &Path, args: &[String], port: u16) -> Result<Proc
     }
 }
 
+/// Waits until the master at `address` says it is leader; its log is in `dir`.
+fn wait_for_leader(address: &str, dir: &Path) {
+    let leader = wait_until(WAIT, || {
+        let status = http("GET", address, "/cluster/status", None).ok()?;
+        (status.is_success() && status.try_json()?["IsLeader"] == true).then_some(())
+    });
+    assert!(leader.is_some(), "the master never became leader: {}", log_tail(&dir.join("master.log")));
+}
+
 /// The space left on the file system of `path`, in KiB (`df -Pk`); 0 when unknown.
 fn free_kib(path: &Path) -> u64 {
     let output = Command::new("df").arg("-Pk").arg(path).output();
     let text = output.map(|o| String::from_utf8_lossy(&o.stdout).to_string()).unwrap_or_default();
     text.lines().nth(1).and_then(|l| l.split_whitespace().nth(3)).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------
+// The master's `shell` lock, as an operator holds it
+
+/// The request `weed shell` makes for the `shell` lock (client `operator`):
+/// a fresh lease, or the renewal of `previous`.
+pub fn operator_lease_request(
+    previous: Option<&jobcenter::proto::master::LeaseAdminTokenResponse>,
+) -> jobcenter::proto::master::LeaseAdminTokenRequest {
+    jobcenter::proto::master::LeaseAdminTokenRequest {
+        previous_token: previous.map_or(0, |p| p.token),
+        previous_lock_time: previous.map_or(0, |p| p.lock_ts_ns),
+        lock_name: "shell".into(),
+        client_name: "operator".into(),
+        message: "weed shell".into(),
+    }
+}
+
+/// An operator takes the cluster lock, as `weed shell` does; retried for up
+/// to [`WAIT`] while the master elects itself or the lock is briefly held by
+/// someone else.
+pub async fn operator_lease(
+    master: &mut jobcenter::proto::master::seaweed_client::SeaweedClient<tonic::transport::Channel>,
+) -> jobcenter::proto::master::LeaseAdminTokenResponse {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match master.lease_admin_token(operator_lease_request(None)).await {
+            Ok(response) => return response.into_inner(),
+            Err(status) if tokio::time::Instant::now() < deadline => {
+                let _ = status;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(status) => panic!("the operator could not take the lock: {status:?}"),
+        }
+    }
+}
+
+/// Who holds the master's `shell` lock ("" when nobody does, or the master
+/// does not answer); `master_url` is its gRPC URL, `http://HOST:PORT`.
+pub async fn shell_lock_holder(master_url: &str) -> String {
+    use jobcenter::proto::master::{seaweed_client::SeaweedClient, GetAdminLockStatusRequest};
+    let Ok(mut client) = SeaweedClient::connect(master_url.to_string()).await else { return String::new() };
+    let status = client.get_admin_lock_status(GetAdminLockStatusRequest { lock_name: "shell".into() }).await;
+    status.map(|s| s.into_inner()).map(|s| if s.is_locked { s.client_name } else { String::new() }).unwrap_or_default()
 }
 
 /// The last lines of a log, for failure messages.
@@ -568,11 +622,7 @@ impl Cluster {
         let (master, master_port) = start_on_free_port("master", &master_dir, master_args_for);
         let master_args = master_args_for(master_port);
         let master_address = format!("127.0.0.1:{master_port}");
-        let leader = wait_until(WAIT, || {
-            let status = http("GET", &master_address, "/cluster/status", None).ok()?;
-            (status.is_success() && status.try_json()?["IsLeader"] == true).then_some(())
-        });
-        assert!(leader.is_some(), "the master never became leader: {}", log_tail(&master_dir.join("master.log")));
+        wait_for_leader(&master_address, &master_dir);
 
         let mut volume_servers = Vec::new();
         for i in 1..=options.volume_servers {
@@ -642,11 +692,7 @@ impl Cluster {
         let dir = self.dir.path().join("master");
         self.master = start_weed("master", &dir, &self.master_args, self.master_port)
             .unwrap_or_else(|e| panic!("the master did not start again: {e}"));
-        let leader = wait_until(WAIT, || {
-            let status = http("GET", &self.master_address(), "/cluster/status", None).ok()?;
-            (status.is_success() && status.try_json()?["IsLeader"] == true).then_some(())
-        });
-        assert!(leader.is_some(), "the master never became leader again: {}", log_tail(&dir.join("master.log")));
+        wait_for_leader(&self.master_address(), &dir);
     }
 
     /// Waits until the master lists exactly `expected` volume servers.
