@@ -1044,3 +1044,113 @@ fn a_master_restarted_during_an_encode_gets_its_lock_back_and_the_volume_is_enco
     assert_readable(cluster, &encode.files, id);
     eprintln!("volume {id} encoded once across a master restart: {spread:?} ({:?})", started.elapsed());
 }
+
+/// Milliseconds since the epoch, on the clock the server stamps tasks with.
+fn now_ms() -> i64 {
+    jobcenter::clock::Clock::now(&jobcenter::clock::SystemClock).as_millis()
+}
+
+/// A real `weed shell` an operator types into.
+struct WeedShell {
+    process: Process,
+    stdin: std::process::ChildStdin,
+}
+
+impl WeedShell {
+    fn start(setup: &Setup, log: &str) -> WeedShell {
+        let log = std::fs::File::create(setup.dir.path().join(log)).unwrap();
+        let mut child = Command::new(seaweedfs::weed())
+            .args(["shell", &format!("-master={}", setup.cluster.master_address())])
+            .stdin(Stdio::piped())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start weed shell");
+        let stdin = child.stdin.take().unwrap();
+        WeedShell { process: Process { child, name: "weed shell".into() }, stdin }
+    }
+
+    fn type_line(&mut self, line: &str) {
+        use std::io::Write;
+        writeln!(self.stdin, "{line}").and_then(|()| self.stdin.flush()).expect("type into weed shell");
+    }
+}
+
+#[test]
+fn an_operators_weed_shell_gets_the_lock_between_jobs_while_maintenance_is_busy() {
+    let started = Instant::now();
+    let cluster = Cluster::start(ClusterOptions::default());
+    let setup = Setup::with_args(cluster, &["--cluster-lock-turn", "1s"]);
+    let cluster = &setup.cluster;
+    let _worker = setup.start_weed_worker("weed-turns");
+    let files = cluster.write_files(120, 64, "");
+    let (deleted, kept) = cluster.delete_percent(&files, 60);
+    let n_deleted_on = |id: u32| deleted.iter().filter(|f| f.volume_id == id).count() as u64;
+    let topology = cluster.wait_for("the deletions reach the master", |t| {
+        t.volumes.iter().all(|v| v.delete_count == n_deleted_on(v.id)).then(|| t.clone())
+    });
+    let volumes = &topology.volumes;
+
+    // A chain of vacuums over the cluster's volumes, one after another: more
+    // work than one turn with the lock.
+    const STEPS: usize = 300;
+    let tasks: Vec<Value> = (0..STEPS)
+        .map(|i| {
+            let v = &volumes[i % volumes.len()];
+            let mut task = json!({"id": format!("vacuum-{i}"), "job_type": "vacuum",
+                "parameters": {"volume_id": v.id, "server": v.server, "collection": v.collection}});
+            if i > 0 {
+                task["depends_on"] = json!([format!("vacuum-{}", i - 1)]);
+            }
+            task
+        })
+        .collect();
+    let job_id = setup.submit(&json!({"name": "vacuum-chain", "tasks": tasks}));
+    let master_grpc = format!("http://{}", jobcenter::server::master::grpc_address(&cluster.master_address()).unwrap());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let holder = || runtime.block_on(seaweedfs::shell_lock_holder(&master_grpc));
+    let busy = wait_until(WAIT, || (holder() == "jobcenter").then_some(()));
+    assert!(busy.is_some(), "jobcenter never held the lock\n{}", setup.context(&["weed-turns"]));
+
+    // The operator asks for the lock while the chain runs.
+    let mut shell = WeedShell::start(&setup, "weed-shell.log");
+    shell.type_line("lock");
+    let asked = Instant::now();
+    let operator = wait_until(Duration::from_secs(60), || {
+        let h = holder();
+        (!h.is_empty() && h != "jobcenter").then_some(h)
+    })
+    .unwrap_or_else(|| panic!("the operator never got the lock\n{}", setup.context(&["weed-turns"])));
+    let got_ms = now_ms();
+    let waited = asked.elapsed();
+    let job = setup.job(&job_id);
+    let unassigned = job["tasks"].as_array().unwrap().iter().filter(|t| t["assigned_at_ms"] == 0).count();
+    assert_eq!(job["state"], "running", "the operator got the lock only once the chain had ended: {job}");
+    assert!(unassigned > 0, "every step was already dispatched: {job}");
+    eprintln!("{operator} got the lock after {waited:?}, with {unassigned} of {STEPS} steps still to go");
+
+    // The operator works for 3 s; meanwhile no step is dispatched.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(holder(), operator, "the operator lost the lock while holding it");
+    let unlock_ms = now_ms();
+    shell.type_line("unlock");
+    shell.type_line("exit");
+    let job = wait_for_end(&setup, &job_id, Duration::from_secs(120));
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-turns"]));
+    let mut after = 0;
+    for t in job["tasks"].as_array().unwrap() {
+        let (assigned, finished) = (t["assigned_at_ms"].as_i64().unwrap(), t["finished_at_ms"].as_i64().unwrap());
+        assert!(
+            finished <= got_ms || assigned >= unlock_ms,
+            "{} ran from {assigned} to {finished} while the operator held the lock ({got_ms}..{unlock_ms})",
+            t["id"]
+        );
+        after += usize::from(assigned >= unlock_ms);
+    }
+    assert!(after > 0, "no step ran after the operator let go");
+    for id in kept.iter().map(|f| f.volume_id).collect::<std::collections::BTreeSet<_>>() {
+        assert_readable(cluster, &kept, id);
+    }
+    drop(shell.process);
+    eprintln!("chain of {STEPS} vacuums: {after} ran after the operator's turn ({:?})", started.elapsed());
+}

@@ -36,6 +36,11 @@ pub struct ServerArgs {
     /// PEM private key of --master-tls-cert.
     #[arg(long, requires = "master_tls_cert")]
     pub master_tls_key: Option<PathBuf>,
+    /// With --master: jobcenter holds the cluster's `shell` lock at most
+    /// this long at a stretch while maintenance runs, then lets it go once
+    /// the running attempts end, so an operator's `weed shell` gets in.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub cluster_lock_turn: Duration,
     /// In-process workers running the built-in job types.
     #[arg(long, default_value_t = 0)]
     pub local_workers: u32,
@@ -202,6 +207,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
             recovery_checks: args.keep_recovery_checks_for,
         },
         prune_interval: args.prune_interval,
+        cluster_lock_turn: args.cluster_lock_turn,
         ..ServerOptions::default()
     };
     server::run(store, options, http, grpc, shutdown_signal()).await?;

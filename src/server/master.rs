@@ -174,12 +174,57 @@ pub fn lane(job_type: &str) -> &'static str {
     }
 }
 
+/// How jobcenter shares the cluster's `shell` lock with an operator's
+/// `weed shell`, which asks the master for it once a second.
+#[derive(Clone, Copy, Debug)]
+pub struct Turns {
+    /// Held continuously this long, the lock is let go as soon as what holds
+    /// it ends: new detections and new maintenance attempts wait for that.
+    pub turn: Duration,
+    /// Once let go, jobcenter does not ask for it again for this long, so a
+    /// waiting operator gets it first.
+    pub yield_window: Duration,
+    /// Let go this long after the last user, even within a turn.
+    pub idle: Duration,
+}
+
+impl Default for Turns {
+    fn default() -> Turns {
+        Turns { turn: Duration::from_secs(60), yield_window: Duration::from_secs(2), idle: Duration::from_secs(2) }
+    }
+}
+
+impl Turns {
+    /// Whether a lease taken at `held_since` has had its turn by `now`.
+    pub fn turn_over(&self, held_since: tokio::time::Instant, now: tokio::time::Instant) -> bool {
+        now.saturating_duration_since(held_since) >= self.turn
+    }
+
+    /// How long to wait before asking for the lock again after letting it go
+    /// at `released_at` (zero: ask now).
+    pub fn wait_to_ask(&self, released_at: Option<tokio::time::Instant>, now: tokio::time::Instant) -> Duration {
+        released_at.map_or(Duration::ZERO, |at| self.yield_window.saturating_sub(now.saturating_duration_since(at)))
+    }
+}
+
+/// The lease and when it was taken and let go.
+#[derive(Default)]
+struct LockState {
+    lease: Option<Lease>,
+    held_since: Option<tokio::time::Instant>,
+    released_at: Option<tokio::time::Instant>,
+    renewed_at: Option<tokio::time::Instant>,
+}
+
 /// One lease on the cluster's `shell` lock, shared by every detection and by
-/// the running maintenance: taken by the first user, renewed while any
-/// holds it, released 2 s after the last let go (so `weed shell` gets a turn).
+/// the running maintenance: taken by the first user, renewed while any holds
+/// it, let go when its turn is over and its users ended, or 2 s after the
+/// last user otherwise; then not asked for again for the yield window. So an
+/// operator's `weed shell` gets in between jobs even while maintenance is busy.
 #[derive(Default)]
 pub struct ClusterLock {
-    lease: tokio::sync::Mutex<Option<Lease>>,
+    turns: Turns,
+    state: tokio::sync::Mutex<LockState>,
     users: std::sync::atomic::AtomicUsize,
 }
 
@@ -193,34 +238,80 @@ impl Drop for Hold<'_> {
 }
 
 impl ClusterLock {
-    /// Holds the lock, taking it from the master if nobody here holds it yet.
-    pub async fn hold(&self, masters: &Masters, message: &str, patience: Duration) -> anyhow::Result<Hold<'_>> {
-        self.users.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        let hold = Hold(self);
-        let mut lease = self.lease.lock().await;
-        if lease.is_none() {
-            *lease = Some(acquire(masters, SHELL_LOCK, message, patience).await?);
-        }
-        Ok(hold)
+    pub fn new(turns: Turns) -> ClusterLock {
+        ClusterLock { turns, ..ClusterLock::default() }
     }
 
-    /// Renews while held; releases once nobody has held it for 2 s.
+    /// Holds the lock, taking it from the master if nobody here holds it
+    /// yet. While the lease's turn is over, waits for it to be let go and
+    /// for the yield window to pass first.
+    pub async fn hold(&self, masters: &Masters, message: &str, patience: Duration) -> anyhow::Result<Hold<'_>> {
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            let mut state = self.state.lock().await;
+            let now = tokio::time::Instant::now();
+            let wait = match state.held_since {
+                Some(since) if !self.turns.turn_over(since, now) => {
+                    self.users.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    return Ok(Hold(self));
+                }
+                // The turn is over: wait for the lease to be let go.
+                Some(_) => Duration::from_millis(250),
+                None => self.turns.wait_to_ask(state.released_at, now),
+            };
+            if wait.is_zero() {
+                let lease = acquire(masters, SHELL_LOCK, message, deadline.saturating_duration_since(now)).await?;
+                let taken = tokio::time::Instant::now();
+                *state = LockState { lease: Some(lease), held_since: Some(taken), renewed_at: Some(taken), ..*state };
+                self.users.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                return Ok(Hold(self));
+            }
+            drop(state);
+            if now + wait > deadline {
+                anyhow::bail!(
+                    "the master's {SHELL_LOCK:?} lock was not free within {patience:?}: \
+                     jobcenter's turn with it is over and it waits to be let go"
+                );
+            }
+            tokio::time::sleep(wait.min(Duration::from_millis(250))).await;
+        }
+    }
+
+    /// Whether the held lease has had its turn: whoever holds it should let
+    /// go once what it runs has ended.
+    pub async fn turn_over(&self) -> bool {
+        let state = self.state.lock().await;
+        state.held_since.is_some_and(|since| self.turns.turn_over(since, tokio::time::Instant::now()))
+    }
+
+    /// Renews while held; lets go once nobody holds it and its turn is over
+    /// or it has been idle for a while.
     async fn keep(&self, masters: Masters) {
         let mut idle_since: Option<tokio::time::Instant> = None;
         loop {
-            tokio::time::sleep(RENEW_EVERY / 2).await;
-            let mut lease = self.lease.lock().await;
-            let Some(held) = lease.as_mut() else { continue };
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let mut state = self.state.lock().await;
+            let now = tokio::time::Instant::now();
+            let (Some(since), Some(renewed)) = (state.held_since, state.renewed_at) else { continue };
             if self.users.load(std::sync::atomic::Ordering::Acquire) > 0 {
                 idle_since = None;
-                if let Err(e) = renew(&masters, held, "jobcenter maintenance").await {
-                    tracing::warn!(error = %e, "cannot renew the cluster lock");
+                if now.saturating_duration_since(renewed) >= RENEW_EVERY / 2 {
+                    let Some(held) = state.lease.as_mut() else { continue };
+                    match renew(&masters, held, "jobcenter maintenance").await {
+                        Ok(()) => state.renewed_at = Some(now),
+                        Err(e) => tracing::warn!(error = %e, "cannot renew the cluster lock"),
+                    }
                 }
-            } else if idle_since.get_or_insert_with(tokio::time::Instant::now).elapsed() >= Duration::from_secs(2) {
-                if let Err(e) = release(&masters, held).await {
-                    tracing::warn!(error = %e, "cannot release the cluster lock");
+                continue;
+            }
+            let idle = now.saturating_duration_since(*idle_since.get_or_insert(now));
+            if self.turns.turn_over(since, now) || idle >= self.turns.idle {
+                if let Some(held) = state.lease.take() {
+                    if let Err(e) = release(&masters, &held).await {
+                        tracing::warn!(error = %e, "cannot release the cluster lock");
+                    }
                 }
-                *lease = None;
+                *state = LockState { released_at: Some(tokio::time::Instant::now()), ..LockState::default() };
                 idle_since = None;
             }
         }
@@ -228,14 +319,17 @@ impl ClusterLock {
 }
 
 /// Attempts of cluster job types are dispatched only while the cluster lock
-/// is held: it is held as long as any waits or runs.
+/// is held: it is held as long as any waits or runs, within a turn. When the
+/// turn is over the gate closes, and the lock is let go once the running
+/// attempts end (an operator's `weed shell` gets in then).
 async fn execution_lock(shared: Arc<Shared>) {
     let masters = shared.options.masters.clone();
     let gated: Vec<Arc<str>> = CLUSTER_JOB_TYPES.iter().map(|t| Arc::from(*t)).collect();
     let mut hold: Option<Hold<'_>> = None;
     let mut idle_since: Option<tokio::time::Instant> = None;
     loop {
-        let Ok((queued, running)) = shared.engine.gate(gated.clone(), hold.is_some()).await else { return };
+        let open = hold.is_some() && !shared.cluster_lock.turn_over().await;
+        let Ok((queued, running)) = shared.engine.gate(gated.clone(), open).await else { return };
         if hold.is_none() && queued > 0 {
             match shared.cluster_lock.hold(&masters, "jobcenter maintenance", Duration::from_secs(30)).await {
                 Ok(h) => {
@@ -244,6 +338,12 @@ async fn execution_lock(shared: Arc<Shared>) {
                     continue;
                 }
                 Err(e) => tracing::info!(error = %e, "maintenance waits for the cluster lock"),
+            }
+        } else if hold.is_some() && !open {
+            // The turn is over and the gate closed: let go once nothing runs.
+            if running == 0 {
+                tracing::info!(queued, "maintenance lets the cluster lock go: its turn is over");
+                hold = None;
             }
         } else if hold.is_some() && queued == 0 && running == 0 {
             if idle_since.get_or_insert_with(tokio::time::Instant::now).elapsed() >= Duration::from_secs(2) {
@@ -328,6 +428,17 @@ mod tests {
         assert_eq!(lane("iceberg_maintenance"), "iceberg");
         assert_eq!(lane("s3_lifecycle"), "lifecycle");
         assert_eq!(lane("lance_compact"), "lance");
+    }
+
+    #[test]
+    fn a_turn_ends_after_its_length_and_the_lock_is_not_asked_for_within_the_yield_window() {
+        let turns = Turns { turn: Duration::from_secs(60), yield_window: Duration::from_secs(2), idle: Duration::ZERO };
+        let t0 = tokio::time::Instant::now();
+        assert!(!turns.turn_over(t0, t0 + Duration::from_secs(59)));
+        assert!(turns.turn_over(t0, t0 + Duration::from_secs(60)));
+        assert_eq!(turns.wait_to_ask(None, t0), Duration::ZERO);
+        assert_eq!(turns.wait_to_ask(Some(t0), t0 + Duration::from_millis(500)), Duration::from_millis(1500));
+        assert_eq!(turns.wait_to_ask(Some(t0), t0 + Duration::from_secs(3)), Duration::ZERO);
     }
 
     #[test]

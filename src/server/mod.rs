@@ -80,6 +80,8 @@ pub struct ServerOptions {
     pub retention: crate::retention::Retention,
     /// How often ended jobs past the retention rules are removed.
     pub prune_interval: Duration,
+    /// How long jobcenter holds the cluster's `shell` lock at a stretch.
+    pub cluster_lock_turn: Duration,
 }
 
 impl Default for ServerOptions {
@@ -105,6 +107,7 @@ impl Default for ServerOptions {
             cluster: cluster::Timing::default(),
             retention: crate::retention::Retention::default(),
             prune_interval: Duration::from_secs(60),
+            cluster_lock_turn: master::Turns::default().turn,
         }
     }
 }
@@ -203,7 +206,10 @@ pub async fn run(
     }
     let shared = Arc::new(Shared {
         stats: Stats::default(),
-        cluster_lock: master::ClusterLock::default(),
+        cluster_lock: master::ClusterLock::new(master::Turns {
+            turn: options.cluster_lock_turn,
+            ..master::Turns::default()
+        }),
         cluster_nodes: context::Known::default(),
         scheduler: scheduler::SchedulerState::default(),
         recovery_gate: recovery::Gate::default(),
