@@ -2,7 +2,8 @@
 //! compiler, so that building needs no `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/plugin.proto", "proto/jobcenter.proto", "proto/master.proto", "proto/peer.proto"];
+    let files =
+        ["proto/plugin.proto", "proto/jobcenter.proto", "proto/master.proto", "proto/peer.proto", "proto/worker.proto"];
     for file in files {
         println!("cargo:rerun-if-changed={file}");
     }

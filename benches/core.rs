@@ -178,6 +178,7 @@ async fn propagate(dir: &Path) -> serde_json::Value {
             starts_running: true,
             session: 0,
             sink,
+            place: Default::default(),
         })
         .await
         .unwrap();
@@ -281,6 +282,7 @@ async fn orphans(dir: &Path) -> serde_json::Value {
             starts_running: true,
             session: 0,
             sink,
+            place: Default::default(),
         };
         engine.connected(spec).await.unwrap();
         for _ in 0..1000 {

@@ -59,7 +59,57 @@ pub struct HandlerSpec {
     /// Which connection of the handler this is; a later one replaces it.
     pub session: u64,
     pub sink: Sink,
+    /// Where it runs, to prefer it for work on its own host or rack.
+    pub place: Place,
 }
+
+/// Where a handler runs, or where a task's data lives.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Place {
+    /// Host name or IP address, without a port.
+    pub host: Option<Arc<str>>,
+    pub rack: Option<Arc<str>>,
+}
+
+impl Place {
+    /// How far `self` (a handler) is from `data`: 0 on its host, 1 in its
+    /// rack, 2 elsewhere or unknown.
+    pub fn distance(&self, data: &Place) -> u8 {
+        let same = |a: &Option<Arc<str>>, b: &Option<Arc<str>>| a.is_some() && a == b;
+        if same(&self.host, &data.host) {
+            0
+        } else if same(&self.rack, &data.rack) {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// The host of `host:port`, `[v6]:port` or a bare host.
+    pub fn host_of(address: &str) -> Option<Arc<str>> {
+        let address = address.trim();
+        let host = match address.strip_prefix('[') {
+            Some(rest) => rest.split(']').next().unwrap_or_default(),
+            None if address.matches(':').count() == 1 => address.split(':').next().unwrap_or_default(),
+            None => address,
+        };
+        (!host.is_empty()).then(|| Arc::from(host))
+    }
+}
+
+/// How long a handler took for a job type lately: a moving average of its
+/// successful attempts, and when the last one ended.
+#[derive(Clone, Copy, Debug)]
+struct Speed {
+    millis: f64,
+    at: Timestamp,
+}
+
+/// Durations older than this are forgotten: the handler is tried afresh.
+const RECENT_MS: i64 = 10 * 60 * 1000;
+/// Handlers whose recent duration is within this factor of the best count as
+/// equally fast; load and nearness decide between them.
+const AS_FAST: f64 = 1.25;
 
 /// Free slots of one handler, for work led by another instance: the slots
 /// it may take now over all job types, and by each type it executes that
@@ -173,6 +223,8 @@ pub struct Dispatch {
     /// In a cluster: the slots of each job type's global limit this
     /// instance holds (permits); a type not listed has none.
     permits: Option<HashMap<Arc<str>, u32>>,
+    /// Each handler's recent duration by job type (kept across reconnects).
+    speeds: HashMap<HandlerId, BTreeMap<Arc<str>, Speed>>,
 }
 
 impl Dispatch {
@@ -326,9 +378,41 @@ impl Dispatch {
         self.gated.iter().map(|t| self.running(t)).sum()
     }
 
-    /// The handler with the most free slots that accepts this job type,
-    /// within the type's global and per-worker limits.
-    pub fn pick_handler(&self, job_type: &str) -> Option<HandlerId> {
+    /// A successful attempt of `job_type` took `millis` on `handler`.
+    pub fn record_duration(&mut self, handler: HandlerId, job_type: &Arc<str>, millis: i64, now: Timestamp) {
+        let millis = millis.max(0) as f64;
+        // Each worker process has a handler of its own: forget those gone
+        // for good, so the table stays as large as the workers there are.
+        if self.speeds.len() > self.handlers.len() + 64 {
+            let handlers = &self.handlers;
+            self.speeds.retain(|h, speeds| {
+                handlers.contains_key(h) || speeds.values().any(|s| now.as_millis() - s.at.as_millis() < RECENT_MS)
+            });
+        }
+        let speeds = self.speeds.entry(handler).or_default();
+        match speeds.get_mut(&**job_type) {
+            Some(speed) if now.as_millis() - speed.at.as_millis() < RECENT_MS => {
+                speed.millis = 0.7 * speed.millis + 0.3 * millis;
+                speed.at = now;
+            }
+            _ => {
+                speeds.insert(job_type.clone(), Speed { millis, at: now });
+            }
+        }
+    }
+
+    /// A handler's recent duration for a job type, if it has one.
+    fn recent(&self, handler: &HandlerId, job_type: &str, now: Timestamp) -> Option<f64> {
+        let speed = self.speeds.get(handler)?.get(job_type)?;
+        (now.as_millis() - speed.at.as_millis() < RECENT_MS).then_some(speed.millis)
+    }
+
+    /// Which handler runs the next task of this job type, within the type's
+    /// global and per-worker limits: among those with a free slot, the
+    /// fastest lately for the type (a handler not measured lately counts as
+    /// fast, so it is tried), then the least loaded, then the one nearest
+    /// the task's data (`near`), then the one with most free slots.
+    pub fn pick_handler(&self, job_type: &str, near: impl FnOnce() -> Place, now: Timestamp) -> Option<HandlerId> {
         if !self.gate_open && self.gated.contains(job_type) {
             return None;
         }
@@ -337,13 +421,36 @@ impl Dispatch {
             return None;
         }
         let per_worker = limits.map(|l| l.per_worker).unwrap_or(u32::MAX);
-        self.handlers
-            .iter()
-            .filter(|(_, slot)| slot.accepts(job_type))
-            .map(|(id, slot)| (id, slot.free_for(job_type, per_worker, self.held.get(id))))
-            .filter(|(_, free)| *free > 0)
-            .max_by_key(|(_, free)| *free)
-            .map(|(id, _)| *id)
+        let candidates = || {
+            self.handlers
+                .iter()
+                .filter(|(_, slot)| slot.accepts(job_type))
+                .map(|(id, slot)| (id, slot, slot.free_for(job_type, per_worker, self.held.get(id))))
+                .filter(|(_, _, free)| *free > 0)
+        };
+        // Two passes, no allocation: dispatch runs this for every task.
+        let (mut count, mut best) = (0usize, f64::INFINITY);
+        for (id, _, _) in candidates() {
+            count += 1;
+            best = self.recent(id, job_type, now).map_or(best, |ms| best.min(ms));
+        }
+        if count <= 1 {
+            return candidates().next().map(|(id, _, _)| *id);
+        }
+        let near = near();
+        candidates()
+            .min_by_key(|(id, slot, free)| {
+                let slower = self.recent(id, job_type, now).is_some_and(|ms| ms > best * AS_FAST);
+                let capacity = slot.spec.capacity.min(slot.reported_total.unwrap_or(u32::MAX)).max(1);
+                let load = u64::from(self.held.get(id).map_or(0, |h| h.total)) * 1000 / u64::from(capacity);
+                (slower, load, slot.spec.place.distance(&near), std::cmp::Reverse(*free))
+            })
+            .map(|(id, _, _)| *id)
+    }
+
+    /// The task at the head of a job type's queue.
+    pub fn peek(&self, job_type: &str) -> Option<TaskRef> {
+        self.queues.get(job_type)?.peek().map(|e| e.task)
     }
 
     pub fn pop(&mut self, job_type: &str) -> Option<TaskRef> {
@@ -505,6 +612,7 @@ mod tests {
             starts_running: true,
             session: 0,
             sink: sink.clone(),
+            place: Place::default(),
         });
         d.add_handler(HandlerSpec {
             handler: b,
@@ -514,17 +622,92 @@ mod tests {
             starts_running: true,
             session: 0,
             sink,
+            place: Place::default(),
         });
-        assert_eq!(d.pick_handler("noop"), Some(a));
-        assert_eq!(d.pick_handler("shell"), Some(b));
+        assert_eq!(d.pick_handler("noop", Place::default, Timestamp(0)), Some(a));
+        assert_eq!(d.pick_handler("shell", Place::default, Timestamp(0)), Some(b));
         d.take_slot(b, &shell);
         d.take_slot(b, &shell);
-        assert_eq!(d.pick_handler("shell"), Some(a));
+        assert_eq!(d.pick_handler("shell", Place::default, Timestamp(0)), Some(a));
         d.take_slot(a, &noop);
         d.take_slot(a, &noop);
-        assert_eq!(d.pick_handler("noop"), None);
+        assert_eq!(d.pick_handler("noop", Place::default, Timestamp(0)), None);
         d.release_slot(a, "noop");
-        assert_eq!(d.pick_handler("noop"), Some(a));
+        assert_eq!(d.pick_handler("noop", Place::default, Timestamp(0)), Some(a));
+    }
+
+    fn handler_at(d: &mut Dispatch, capacity: u32, host: Option<&str>) -> HandlerId {
+        let (sink, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let handler = HandlerId::new();
+        d.add_handler(HandlerSpec {
+            handler,
+            job_types: None,
+            capacity,
+            type_capacity: BTreeMap::new(),
+            starts_running: true,
+            session: 0,
+            sink,
+            place: Place { host: host.map(Arc::from), rack: None },
+        });
+        handler
+    }
+
+    #[test]
+    fn the_fastest_handler_lately_is_chosen_and_an_unmeasured_one_is_tried() {
+        let mut d = Dispatch::default();
+        let vacuum: Arc<str> = Arc::from("vacuum");
+        let (fast, slow) = (handler_at(&mut d, 2, None), handler_at(&mut d, 2, None));
+        let now = Timestamp(1_000_000);
+        d.record_duration(fast, &vacuum, 100, now);
+        d.record_duration(slow, &vacuum, 300, now);
+        assert_eq!(d.pick_handler("vacuum", Place::default, now), Some(fast));
+        // Busier but faster still wins; full, the slow one gets the task.
+        d.take_slot(fast, &vacuum);
+        assert_eq!(d.pick_handler("vacuum", Place::default, now), Some(fast));
+        d.take_slot(fast, &vacuum);
+        assert_eq!(d.pick_handler("vacuum", Place::default, now), Some(slow));
+        d.release_slot(fast, "vacuum");
+        d.release_slot(fast, "vacuum");
+        // Durations of another job type do not count: for it, the less loaded one.
+        d.take_slot(fast, &vacuum);
+        assert_eq!(d.pick_handler("other", Place::default, now), Some(slow));
+        d.release_slot(fast, "vacuum");
+        // A new handler, not measured yet, counts as fast and is tried.
+        let new = handler_at(&mut d, 2, None);
+        d.take_slot(fast, &vacuum);
+        assert_eq!(d.pick_handler("vacuum", Place::default, now), Some(new));
+        d.release_slot(fast, "vacuum");
+        // Within 25% of the best is as fast: the less loaded one wins.
+        d.record_duration(new, &vacuum, 120, now);
+        d.take_slot(fast, &vacuum);
+        assert_eq!(d.pick_handler("vacuum", Place::default, now), Some(new));
+        // A moving average: one quick run does not make the slow one fast...
+        d.record_duration(slow, &vacuum, 100, now);
+        assert!(d.recent(&slow, "vacuum", now).unwrap() > 200.0);
+        // ...and what was measured ten minutes ago is forgotten.
+        let later = now.plus_millis(RECENT_MS);
+        assert_eq!(d.recent(&slow, "vacuum", later), None);
+        d.record_duration(slow, &vacuum, 90, later);
+        assert_eq!(d.recent(&slow, "vacuum", later), Some(90.0));
+    }
+
+    #[test]
+    fn between_equally_fast_and_loaded_handlers_the_one_near_the_data_wins() {
+        let mut d = Dispatch::default();
+        let far = handler_at(&mut d, 4, Some("10.0.0.1"));
+        let near = handler_at(&mut d, 2, Some("10.0.0.2"));
+        let data = || Place { host: Place::host_of("10.0.0.2:8080"), rack: None };
+        assert_eq!(d.pick_handler("vacuum", data, Timestamp(0)), Some(near));
+        // Without a place, the one with more free slots.
+        assert_eq!(d.pick_handler("vacuum", Place::default, Timestamp(0)), Some(far));
+        // A rack in common is nearer than nothing in common.
+        let rack = Some(Arc::from("r1"));
+        let there = Place { host: Some(Arc::from("10.0.0.9")), rack: rack.clone() };
+        assert_eq!(there.distance(&Place { host: None, rack }), 1);
+        assert_eq!(there.distance(&Place::default()), 2);
+        assert_eq!(Place::host_of("[::1]:8080").as_deref(), Some("::1"));
+        assert_eq!(Place::host_of("volume-3").as_deref(), Some("volume-3"));
+        assert_eq!(Place::host_of(""), None);
     }
 
     #[test]
@@ -541,18 +724,19 @@ mod tests {
             starts_running: false,
             session: 0,
             sink,
+            place: Place::default(),
         });
         d.set_limits(vacuum.clone(), TypeLimits { global: 5, per_worker: 10, execution_timeout_seconds: None });
         d.set_permits(HashMap::new());
-        assert!(d.pick_handler("vacuum").is_none(), "no permit held: nothing runs");
+        assert!(d.pick_handler("vacuum", Place::default, Timestamp(0)).is_none(), "no permit held: nothing runs");
         assert!(!d.may_run("vacuum"));
         d.set_permits(HashMap::from([(vacuum.clone(), 2)]));
-        while let Some(h) = d.pick_handler("vacuum") {
+        while let Some(h) = d.pick_handler("vacuum", Place::default, Timestamp(0)) {
             d.take_slot(h, &vacuum);
         }
         assert_eq!(d.running("vacuum"), 2, "two permits held");
         d.set_permits(HashMap::from([(vacuum.clone(), 9)]));
-        while let Some(h) = d.pick_handler("vacuum") {
+        while let Some(h) = d.pick_handler("vacuum", Place::default, Timestamp(0)) {
             d.take_slot(h, &vacuum);
         }
         assert_eq!(d.running("vacuum"), 5, "never past the global limit itself");
@@ -575,24 +759,29 @@ mod tests {
                 starts_running: false,
                 session: 0,
                 sink: sink.clone(),
+                place: Place::default(),
             });
         }
         d.set_limits(vacuum.clone(), TypeLimits { global: 3, per_worker: 5, execution_timeout_seconds: None });
         let mut taken = Vec::new();
-        while let Some(h) = d.pick_handler("vacuum") {
+        while let Some(h) = d.pick_handler("vacuum", Place::default, Timestamp(0)) {
             d.take_slot(h, &vacuum);
             taken.push(h);
         }
         assert_eq!(taken.len(), 3, "the global limit");
         assert_eq!(d.running("vacuum"), 3);
         d.set_limits(vacuum.clone(), TypeLimits { global: 10, per_worker: 5, execution_timeout_seconds: None });
-        while let Some(h) = d.pick_handler("vacuum") {
+        while let Some(h) = d.pick_handler("vacuum", Place::default, Timestamp(0)) {
             d.take_slot(h, &vacuum);
         }
         assert_eq!(d.running("vacuum"), 4, "each worker declared at most 2 vacuums");
         d.report_slots(handlers[0], 1);
         d.release_slot(handlers[0], "vacuum");
-        assert_eq!(d.pick_handler("vacuum"), None, "the worker reports one slot, and it is in use");
+        assert_eq!(
+            d.pick_handler("vacuum", Place::default, Timestamp(0)),
+            None,
+            "the worker reports one slot, and it is in use"
+        );
         assert!(!d.remove_handler(handlers[1], Some(7)), "only the session named is removed");
         assert!(d.remove_handler(handlers[1], Some(0)));
         assert_eq!(d.running("vacuum"), 3, "a removed handler's attempts hold their slots until they end");
@@ -609,8 +798,13 @@ mod tests {
             starts_running: false,
             session: 1,
             sink: sink.clone(),
+            place: Place::default(),
         });
-        assert_eq!(d.pick_handler("vacuum"), None, "a reconnected handler finds the slot its kept attempt holds");
+        assert_eq!(
+            d.pick_handler("vacuum", Place::default, Timestamp(0)),
+            None,
+            "a reconnected handler finds the slot its kept attempt holds"
+        );
     }
 
     #[test]
@@ -627,14 +821,19 @@ mod tests {
             starts_running: false,
             session: 0,
             sink,
+            place: Place::default(),
         });
         d.push_ready(local.clone(), Priority::Normal, task(1), None, Timestamp(0));
         let offers = d.reserve_free();
         assert_eq!(offers, vec![FreeSlots { handler: h, total: 3, job_types: vec![(remote.clone(), 2)] }]);
-        assert_eq!(d.pick_handler("local"), None, "reserved slots are not dispatched here");
+        assert_eq!(
+            d.pick_handler("local", Place::default, Timestamp(0)),
+            None,
+            "reserved slots are not dispatched here"
+        );
         assert!(d.reserve_free().is_empty(), "nothing is offered twice");
         d.unreserve(h, 3);
-        assert_eq!(d.pick_handler("local"), Some(h));
+        assert_eq!(d.pick_handler("local", Place::default, Timestamp(0)), Some(h));
         d.set_limits(remote.clone(), TypeLimits { global: 0, per_worker: 5, execution_timeout_seconds: None });
         assert!(d.reserve_free().is_empty(), "a type at its global limit is not offered");
     }

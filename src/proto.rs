@@ -1,6 +1,7 @@
 //! Generated protocol code: the worker stream (`plugin`), the client API
 //! (`api`), the calls between admin instances (`peer`), and the calls
-//! jobcenter makes to a SeaweedFS master (`master`).
+//! jobcenter makes to a SeaweedFS master (`master`), and the part of a
+//! SeaweedFS task's parameters it reads (`worker`).
 #![allow(clippy::all, clippy::pedantic, missing_docs)]
 
 pub mod plugin {
@@ -17,4 +18,8 @@ pub mod master {
 
 pub mod peer {
     tonic::include_proto!("jobcenter.peer.v1");
+}
+
+pub mod worker {
+    tonic::include_proto!("worker_pb");
 }

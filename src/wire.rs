@@ -212,7 +212,7 @@ fn encode_hex(bytes: &[u8]) -> String {
     crate::model::hex(bytes)
 }
 
-fn decode_hex(text: &str) -> Option<Vec<u8>> {
+pub fn decode_hex(text: &str) -> Option<Vec<u8>> {
     if text.len() % 2 != 0 {
         return None;
     }

@@ -134,6 +134,7 @@ async fn manual_as(engine: &EngineHandle, handler: HandlerId, capacity: u32, ses
             starts_running: false,
             session,
             sink,
+            place: Default::default(),
         })
         .await
         .unwrap();

@@ -1154,3 +1154,97 @@ fn an_operators_weed_shell_gets_the_lock_between_jobs_while_maintenance_is_busy(
     drop(shell.process);
     eprintln!("chain of {STEPS} vacuums: {after} ran after the operator's turn ({:?})", started.elapsed());
 }
+
+/// `jobcenter capacity --json`.
+fn capacity(setup: &Setup) -> Value {
+    setup.server.cli_json(&["capacity", "--json"])
+}
+
+/// The disks of a capacity view whose server is `server`.
+fn disk_of<'a>(capacity: &'a Value, server: &str) -> &'a Value {
+    capacity["disks"].as_array().unwrap().iter().find(|d| d["server"] == server).unwrap_or_else(|| {
+        panic!("no disk of {server} in {capacity}");
+    })
+}
+
+fn pending_shards(capacity: &Value) -> i64 {
+    capacity["disks"].as_array().unwrap().iter().map(|d| d["pending_shards"].as_i64().unwrap_or(0)).sum()
+}
+
+#[test]
+fn the_capacity_view_counts_an_encode_under_way_across_a_master_restart_until_the_master_shows_it() {
+    let started = Instant::now();
+    let mut setup = Setup::start(ClusterOptions { volume_servers: 5, on_tmpfs: true, ..ClusterOptions::default() });
+    let _worker = setup.start_weed_worker("weed-all");
+
+    // At rest: the master's figures, nothing pending.
+    let files = setup.cluster.write_files(20, 64, "");
+    let topology = setup.cluster.wait_for("the files' volumes at the master", |t| {
+        files.iter().all(|f| t.volume(f.volume_id).is_some()).then(|| t.clone())
+    });
+    let at_rest = capacity(&setup);
+    assert_eq!(at_rest["disks"].as_array().unwrap().len(), 5, "{at_rest}");
+    for server in setup.cluster.volume_server_addresses() {
+        let disk = disk_of(&at_rest, &server);
+        let volumes = topology.volumes.iter().filter(|v| v.server == server).count() as i64;
+        assert_eq!(disk["volumes"].as_i64(), Some(volumes), "{server}: {disk}");
+        assert_eq!(disk["max_volumes"], 20, "{disk}");
+        assert_eq!(disk["free_slots_after"], disk["free_slots"], "{disk}");
+    }
+    assert_eq!(at_rest["changes"].as_array().map_or(0, Vec::len), 0, "{at_rest}");
+
+    // An encode held halfway: its 14 shards are counted on their targets,
+    // its source keeps its volume until it is done.
+    let encode = submit_encode(&setup, "cap", 480);
+    let (frozen, _) = hold_while_distributing(&setup, &encode, "weed-all");
+    let key = format!("{}/ec", encode.job_id);
+    // (Planned as soon as it starts; its bytes once the master knows the
+    // volume's size.)
+    let under_way = wait_until(WAIT, || {
+        Some(capacity(&setup))
+            .filter(|c| pending_shards(c) == 14 && disk_of(c, &encode.source)["pending_bytes"].as_i64() > Some(0))
+    })
+    .unwrap_or_else(|| panic!("the encode is not counted: {}", capacity(&setup)));
+    let change = &under_way["changes"][0];
+    assert_eq!((change["key"].as_str(), change["kind"].as_str()), (Some(key.as_str()), Some("encode")), "{under_way}");
+    assert_eq!((change["volume"].as_u64(), change["finished_at_ms"].as_i64()), (Some(u64::from(encode.id)), Some(0)));
+    let source = disk_of(&under_way, &encode.source);
+    assert_eq!(source["pending_volumes"], 0, "nothing is freed while the encode runs: {source}");
+    assert!(source["work"][0].as_str().unwrap().starts_with(&key), "{source}");
+    eprintln!("encode under way counted: {under_way} ({:?})", started.elapsed());
+
+    // The master restarts: the view is asked of the new one, and still
+    // counts the encode under way.
+    setup.cluster.restart_master();
+    let after_restart = wait_until(WAIT, || {
+        Some(capacity(&setup)).filter(|c| {
+            c["error"].as_str().unwrap_or("").is_empty() && c["disks"].as_array().is_some_and(|d| d.len() >= 4)
+        })
+    })
+    .expect("the capacity view after the master's restart");
+    // Every disk the new master lists counts what it counted before (the
+    // stopped server is not listed until it is back).
+    assert_eq!(after_restart["changes"][0]["key"].as_str(), Some(key.as_str()), "{after_restart}");
+    for disk in after_restart["disks"].as_array().unwrap() {
+        let before = disk_of(&under_way, disk["server"].as_str().unwrap());
+        assert_eq!(disk["pending_shards"], before["pending_shards"], "{disk}");
+        assert!(disk["pending_shards"].as_i64() > Some(0), "{disk}");
+    }
+    drop(frozen);
+    setup.cluster.wait_for_volume_servers(5);
+
+    // Done: counted as done until the master shows the volume as shards
+    // only, then the master's own figures say it.
+    let job = wait_for_end(&setup, &encode.job_id, Duration::from_secs(120));
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-all"]));
+    let settled = wait_until(Duration::from_secs(60), || {
+        Some(capacity(&setup)).filter(|c| c["changes"].as_array().is_some_and(Vec::is_empty))
+    })
+    .unwrap_or_else(|| panic!("the finished encode is still counted: {}", capacity(&setup)));
+    let shards: i64 = settled["disks"].as_array().unwrap().iter().map(|d| d["ec_shards"].as_i64().unwrap()).sum();
+    assert_eq!((shards, pending_shards(&settled)), (14, 0), "{settled}");
+    assert_readable(&setup.cluster, &encode.files, encode.id);
+    let text = setup.server.cli(&["capacity"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("FREE AFTER"), "{text:?}");
+    eprintln!("capacity view after the encode: {settled} ({:?})", started.elapsed());
+}

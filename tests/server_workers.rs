@@ -191,3 +191,82 @@ fn sigterm_stops_the_server_even_with_workers_connected() {
     let status = exited.expect("the server stopped within 15 s of SIGTERM");
     assert!(status.success(), "{status:?}");
 }
+
+/// A worker whose work takes `seconds` a task (`shell` tasks sleep for
+/// `$WORK_SECONDS`, which each worker's environment sets): the same
+/// program on a host where the work is slower.
+fn worker_whose_work_takes(server: &Server, id: &str, seconds: &str) -> common::Process {
+    let child = Command::new(common::binary())
+        .args(["worker", "--id", id, "--heartbeat", "1s", "--max-execute", "2", "--admin", &server.http])
+        .env("WORK_SECONDS", seconds)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start a worker");
+    common::Process { child, name: id.to_string() }
+}
+
+/// Tasks run by each worker id in a job.
+fn tasks_by_worker(server: &Server, job: &serde_json::Value) -> BTreeMap<String, usize> {
+    let ids: BTreeMap<String, String> = server
+        .workers()
+        .iter()
+        .map(|w| (w["handler"].as_str().unwrap().to_string(), w["worker_id"].as_str().unwrap().to_string()))
+        .collect();
+    let mut counts = BTreeMap::new();
+    for task in job["tasks"].as_array().unwrap() {
+        let handler = task["handler"].as_str().unwrap_or_default();
+        *counts.entry(ids.get(handler).cloned().unwrap_or_else(|| format!("unknown {handler}"))).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[test]
+fn a_worker_three_times_slower_gets_clearly_fewer_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let _fast = worker_whose_work_takes(&server, "fast", "0.1");
+    let _slow = worker_whose_work_takes(&server, "slow", "0.3");
+    server.wait_for_workers(2);
+    let work = |id: String, depends_on: Option<String>| {
+        let mut task = serde_json::json!({"id": id, "job_type": "shell",
+                                          "parameters": {"command": "sleep \"$WORK_SECONDS\""}});
+        if let Some(d) = depends_on {
+            task["depends_on"] = serde_json::json!([d]);
+        }
+        task
+    };
+    let submit = |name: &str, tasks: Vec<serde_json::Value>| {
+        let file = dir.path().join(format!("{name}.json"));
+        std::fs::write(&file, serde_json::to_vec(&serde_json::json!({"name": name, "tasks": tasks})).unwrap()).unwrap();
+        let started = std::time::Instant::now();
+        let output = server.cli(&["submit", file.to_str().unwrap(), "--wait", "--json"]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let job: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(job["state"], "succeeded", "{job}");
+        let took = started.elapsed();
+        let job = server.cli_json(&["job", job["id"].as_str().unwrap(), "--json"]);
+        (tasks_by_worker(&server, &job), took)
+    };
+
+    // Two chains of 30: two tasks at a time, while the workers have four
+    // slots. The fast worker, free enough for both, gets nearly all.
+    let chains: Vec<serde_json::Value> = ["a", "b"]
+        .iter()
+        .flat_map(|c| (0..30).map(move |i| (c, i)))
+        .map(|(c, i)| work(format!("{c}{i}"), (i > 0).then(|| format!("{c}{}", i - 1))))
+        .collect();
+    let (split, took) = submit("chains", chains);
+    eprintln!("two chains of 30: {split:?} in {took:?}");
+    assert_eq!(split.values().sum::<usize>(), 60, "{split:?}");
+    let slow = split.get("slow").copied().unwrap_or(0);
+    assert!(slow * 10 <= 60, "the slow worker ran {slow} of 60 chained tasks: {split:?}");
+
+    // 60 tasks at once: every slot stays busy, each worker runs what its
+    // speed allows, the slow one about a quarter.
+    let (split, took) = submit("wide", (0..60).map(|i| work(format!("w{i}"), None)).collect());
+    eprintln!("60 independent tasks: {split:?} in {took:?}");
+    let (fast, slow) = (split.get("fast").copied().unwrap_or(0), split.get("slow").copied().unwrap_or(0));
+    assert_eq!(fast + slow, 60, "{split:?}");
+    assert!(slow > 0 && fast >= 2 * slow, "{split:?}");
+}

@@ -513,6 +513,60 @@ pub async fn instances(args: InstancesArgs) -> anyhow::Result<ExitCode> {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct CapacityArgs {
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+/// Bytes as KiB, MiB or GiB, signed.
+fn size(bytes: i64) -> String {
+    let magnitude = bytes.unsigned_abs() as f64;
+    let sign = if bytes < 0 { "-" } else { "" };
+    match magnitude {
+        m if m >= 1024.0 * 1024.0 * 1024.0 => format!("{sign}{:.1} GiB", m / (1024.0 * 1024.0 * 1024.0)),
+        m if m >= 1024.0 * 1024.0 => format!("{sign}{:.1} MiB", m / (1024.0 * 1024.0)),
+        m => format!("{sign}{:.1} KiB", m / 1024.0),
+    }
+}
+
+pub async fn capacity(args: CapacityArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let capacity = client.get_capacity(api::CapacityRequest {}).await.map_err(status_error)?.into_inner();
+    if args.json {
+        println!("{}", serde_json::to_string(&capacity)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !capacity.error.is_empty() {
+        eprintln!("jobcenter: the master could not be asked; last known figures: {}", capacity.error);
+    }
+    println!(
+        "{:<24}  {:<14}  {:>9}  {:>7}  {:>6}  {:>10}  {:>20}  {:>12}  {:>10}",
+        "SERVER", "DISK", "VOLUMES", "SHARDS", "FREE", "USED", "PENDING", "PENDING SIZE", "FREE AFTER"
+    );
+    for d in &capacity.disks {
+        let pending = format!("{:+} vol {:+} shards", d.pending_volumes, d.pending_shards);
+        println!(
+            "{:<24}  {:<14}  {:>9}  {:>7}  {:>6}  {:>10}  {:>20}  {:>12}  {:>10}",
+            d.server,
+            format!("{} {}", d.disk_type, d.disk_id),
+            format!("{}/{}", d.volumes, d.max_volumes),
+            d.ec_shards,
+            d.free_slots,
+            size(d.used_bytes as i64),
+            pending,
+            size(d.pending_bytes),
+            d.free_slots_after
+        );
+        for work in &d.work {
+            println!("{:<24}    {work}", "");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
 pub struct SchedulerArgs {
     #[command(subcommand)]
     pub command: SchedulerCommand,

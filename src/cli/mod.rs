@@ -59,6 +59,9 @@ pub enum Command {
     Workers(client::WorkersArgs),
     /// List the admin instances sharing the database.
     Instances(client::InstancesArgs),
+    /// The SeaweedFS cluster's capacity per volume server and disk, with
+    /// the maintenance under way counted.
+    Capacity(client::CapacityArgs),
     /// Pause or resume the scheduler loop.
     Scheduler(client::SchedulerArgs),
     /// Show or change a job type's policy.
@@ -117,6 +120,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Retry(args) => client::retry(args).await,
             Command::Workers(args) => client::workers(args).await,
             Command::Instances(args) => client::instances(args).await,
+            Command::Capacity(args) => client::capacity(args).await,
             Command::Scheduler(args) => client::scheduler(args).await,
             Command::Policy(args) => client::policy(args).await,
             Command::Bench(args) => bench::run(args).await,

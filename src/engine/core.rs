@@ -14,7 +14,7 @@ use super::held::{Absent, Held, HeldTable};
 use super::{Answer, Error, Event, Options, Orphans, Progress, Summary, Waiters};
 use crate::active::ActiveJob;
 use crate::clock::{Clock, Timestamp};
-use crate::dispatch::{Assignment, Dispatch, FreeSlots, HandlerSpec, Sink, TypeLimits, WorkOrder};
+use crate::dispatch::{Assignment, Dispatch, FreeSlots, HandlerSpec, Place, Sink, TypeLimits, WorkOrder};
 use crate::follower::{self, Loss, Outcome, Rejection, Released};
 use crate::leader;
 use crate::model::{
@@ -143,7 +143,7 @@ pub(super) enum Command {
     /// here, `Some(None)` when it has no such task.
     Task {
         job: JobId,
-        task: String,
+        task: super::TaskKey,
         reply: Reply<Option<Option<super::OneTask>>>,
     },
     /// Every job led here, whole, as of one step (answered once it is durable), and that step's time.
@@ -612,7 +612,10 @@ impl Core {
             }
             Command::Task { job, task, reply } => {
                 let found = self.jobs.get(&job).map(|active| {
-                    let idx = active.spec.tasks.iter().position(|t| *t.id == *task)?;
+                    let idx = match &task {
+                        super::TaskKey::Id(id) => active.spec.tasks.iter().position(|t| *t.id == **id)?,
+                        super::TaskKey::Index(idx) => Some(*idx).filter(|i| *i < active.tasks.len())?,
+                    };
                     Some((active.spec.clone(), idx, active.tasks[idx].clone()))
                 });
                 step.reply(reply, found);
@@ -750,7 +753,13 @@ impl Core {
         let Some(job) = self.jobs.get_mut(&task.job) else {
             return Err(Rejection::JobEnded { job: task.job });
         };
+        let succeeded = matches!(outcome, Outcome::Succeeded { .. });
+        let since = job.tasks[task.idx.index()].assigned_at;
         let released = follower::complete(job, task.idx.0, attempt, handler, outcome, now, &mut step.batch)?;
+        if let (true, Some(since), Some(held)) = (succeeded, since, self.held.get(task)) {
+            let job_type = held.job_type.clone();
+            self.dispatch.record_duration(handler, &job_type, now.as_millis() - since.as_millis(), now);
+        }
         self.end_attempt(task);
         self.after_release(task.job, released, received, now, step);
         Ok(())
@@ -974,7 +983,10 @@ impl Core {
         self.dispatch.promote_due(now);
         for job_type in self.dispatch.queued_types() {
             let mut blocked: Vec<(TaskRef, crate::model::Priority)> = Vec::new();
-            while let Some(handler) = self.dispatch.pick_handler(&job_type) {
+            loop {
+                let jobs = &self.jobs;
+                let near = || self.dispatch.peek(&job_type).map_or_else(Place::default, |t| place_of(jobs, t));
+                let Some(handler) = self.dispatch.pick_handler(&job_type, near, now) else { break };
                 let running = self.dispatch.starts_running(handler);
                 match self.take_one(&job_type, handler, running, now, step, &mut blocked) {
                     Take::Empty => break,
@@ -1209,6 +1221,19 @@ impl Core {
 }
 
 /// The resource a task locks while it runs: its volume.
+/// Where a task's data lives, by its labels: `source_node` (as SeaweedFS's
+/// detectors set it) or `server`, and `rack`.
+fn place_of(jobs: &HashMap<JobId, ActiveJob>, task: TaskRef) -> Place {
+    let Some(spec) = jobs.get(&task.job).and_then(|j| j.spec.tasks.get(task.idx.index())) else {
+        return Place::default();
+    };
+    let labels = &spec.labels;
+    Place {
+        host: labels.get("source_node").or_else(|| labels.get("server")).and_then(|a| Place::host_of(a)),
+        rack: labels.get("rack").filter(|r| !r.is_empty()).map(|r| Arc::from(r.as_str())),
+    }
+}
+
 fn resource_of(labels: &std::collections::BTreeMap<String, String>) -> Option<String> {
     labels.get("volume_id").map(|v| format!("volume:{v}"))
 }

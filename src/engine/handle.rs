@@ -274,7 +274,7 @@ impl EngineHandle {
     /// One task of a job by its id, without copying the rest of the job
     /// when it is led here; `None` when the job or the task is unknown.
     pub async fn task(&self, job: JobId, task: &str) -> Result<Option<super::OneTask>, Error> {
-        let owned = task.to_string();
+        let owned = super::TaskKey::Id(task.to_string());
         if let Some(found) = self.call(|reply| Command::Task { job, task: owned, reply }).await? {
             return Ok(found);
         }
@@ -282,6 +282,13 @@ impl EngineHandle {
             let idx = stored.spec.tasks.iter().position(|t| &*t.id == task)?;
             Some((stored.spec.clone(), idx, stored.tasks[idx].clone()))
         }))
+    }
+
+    /// One task of a job led here by its index; `None` when the job is not
+    /// led here or has no such task.
+    pub async fn task_at(&self, job: JobId, idx: usize) -> Result<Option<super::OneTask>, Error> {
+        let key = super::TaskKey::Index(idx);
+        Ok(self.call(|reply| Command::Task { job, task: key, reply }).await?.flatten())
     }
 
     /// Every job led here, each whole, as of one step that is durable when

@@ -99,6 +99,13 @@ pub struct HeldAttempt {
     pub started_at: Option<Timestamp>,
 }
 
+/// A task of a job, by its id or its index.
+#[derive(Debug)]
+pub enum TaskKey {
+    Id(String),
+    Index(usize),
+}
+
 /// One task of a job led here: the job's spec, its index and its record.
 pub type OneTask = (Arc<crate::model::JobSpec>, usize, crate::model::TaskRecord);
 

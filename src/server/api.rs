@@ -442,6 +442,56 @@ impl Api {
         picked
     }
 
+    /// The capacity view of the SeaweedFS cluster of `--master`.
+    pub async fn capacity(&self) -> Result<api::Capacity, Error> {
+        let masters = &self.shared.options.masters;
+        if masters.is_empty() {
+            return Err(Error::Invalid(
+                "no SeaweedFS master: start the server with --master to see its capacity".into(),
+            ));
+        }
+        let (topology, error) = self.shared.capacity.topology(masters, true).await;
+        let Some(topology) = topology else {
+            return Err(Error::Unavailable(format!("the master's topology: {}", error.unwrap_or_default())));
+        };
+        let changes = self.shared.capacity.changes();
+        let disks = super::capacity::view(&topology, &changes)
+            .into_iter()
+            .map(|d| api::DiskCapacity {
+                server: d.server,
+                data_center: d.data_center,
+                rack: d.rack,
+                disk_type: d.disk_type,
+                disk_id: d.disk_id,
+                max_volumes: d.max_volumes,
+                volumes: d.volumes,
+                ec_shards: d.ec_shards,
+                free_slots: d.free_slots,
+                used_bytes: d.used_bytes,
+                pending_volumes: d.pending_volumes,
+                pending_shards: d.pending_shards,
+                pending_bytes: d.pending_bytes,
+                free_slots_after: d.free_slots_after,
+                work: d.work,
+            })
+            .collect();
+        let changes = changes
+            .into_iter()
+            .map(|c| api::CapacityChange {
+                key: c.key,
+                kind: serde_json::to_value(c.kind).ok().and_then(|k| k.as_str().map(String::from)).unwrap_or_default(),
+                volume: c.volume,
+                finished_at_ms: c.finished_at_ms.unwrap_or(0),
+            })
+            .collect();
+        Ok(api::Capacity {
+            disks,
+            changes,
+            error: error.unwrap_or_default(),
+            volume_size_limit_bytes: topology.volume_size_limit,
+        })
+    }
+
     pub fn runs(&self, job_type: &str) -> api::RunHistory {
         let runs = super::scheduler::runs(&self.shared, job_type);
         let entry = |r: &super::scheduler::Run| api::RunEntry {
@@ -751,6 +801,11 @@ impl JobService for JobServiceImpl {
     async fn list_runs(&self, request: Request<api::PolicyRef>) -> Result<Response<api::RunHistory>, Status> {
         self.check(&request)?;
         Ok(Response::new(self.api.runs(&request.into_inner().job_type)))
+    }
+
+    async fn get_capacity(&self, request: Request<api::CapacityRequest>) -> Result<Response<api::Capacity>, Status> {
+        self.check(&request)?;
+        Ok(Response::new(self.api.capacity().await?))
     }
 
     async fn list_instances(

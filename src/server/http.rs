@@ -97,6 +97,7 @@ pub fn router(shared: Arc<Shared>, api: Api) -> Router {
         .route("/api/jobs/{id}/retry", post(retry_job))
         .route("/api/workers", get(workers))
         .route("/api/instances", get(instances))
+        .route("/api/capacity", get(capacity))
         .route("/api/scheduler/pause", post(pause_scheduler))
         .route("/api/scheduler/resume", post(resume_scheduler))
         .route("/api/stats", get(stats))
@@ -218,6 +219,10 @@ async fn openapi() -> Response {
 async fn metrics(State(s): State<AppState>) -> Reply {
     let text = s.shared.metrics.render(&s.shared).await;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+}
+
+async fn capacity(State(s): State<AppState>) -> Reply {
+    Ok(Json(s.api.capacity().await?).into_response())
 }
 
 async fn instances(State(s): State<AppState>) -> Reply {

@@ -13,7 +13,7 @@ use tonic::transport::Channel;
 use super::Shared;
 use crate::proto::master::{
     seaweed_client::SeaweedClient, DisableVacuumRequest, EnableVacuumRequest, LeaseAdminTokenRequest,
-    ListClusterNodesRequest, ReleaseAdminTokenRequest,
+    ListClusterNodesRequest, ReleaseAdminTokenRequest, VolumeListRequest,
 };
 use crate::wire;
 
@@ -146,6 +146,14 @@ pub async fn cluster_nodes(masters: &Masters) -> anyhow::Result<super::context::
     let s3 = lists.pop().unwrap_or_default();
     let filers = lists.pop().unwrap_or_default();
     Ok(super::context::Nodes { filers, s3 })
+}
+
+/// The master's topology: data centers, racks, volume servers, their disks
+/// with volumes and EC shards.
+pub async fn volume_list(masters: &Masters) -> anyhow::Result<crate::proto::master::VolumeListResponse> {
+    let mut master = client(masters).await?;
+    let answer = tokio::time::timeout(CALL_TIMEOUT, master.volume_list(VolumeListRequest {})).await??;
+    Ok(answer.into_inner())
 }
 
 async fn set_vacuum(masters: &Masters, enabled: bool) -> anyhow::Result<()> {
@@ -371,6 +379,7 @@ pub fn spawn_duties(shared: Arc<Shared>) {
     let keeper = shared.clone();
     tokio::spawn(async move { keeper.cluster_lock.keep(keeper.options.masters.clone()).await });
     super::context::spawn_refresh(shared.clone());
+    super::capacity::spawn(shared.clone());
     tokio::spawn(execution_lock(shared.clone()));
     let presence = shared.clone();
     tokio::spawn(async move {

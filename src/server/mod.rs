@@ -5,6 +5,7 @@
 mod api;
 mod auth;
 mod backup;
+pub mod capacity;
 pub mod cluster;
 mod console;
 mod context;
@@ -142,6 +143,8 @@ impl Stats {
 pub struct Shared {
     pub stats: Stats,
     pub cluster_lock: master::ClusterLock,
+    /// The maintenance changes under way, for the capacity view.
+    pub capacity: capacity::Tracker,
     /// The filers and S3 servers the masters listed last.
     pub cluster_nodes: context::Known,
     pub scheduler: scheduler::SchedulerState,
@@ -210,6 +213,7 @@ pub async fn run(
             turn: options.cluster_lock_turn,
             ..master::Turns::default()
         }),
+        capacity: capacity::Tracker::default(),
         cluster_nodes: context::Known::default(),
         scheduler: scheduler::SchedulerState::default(),
         recovery_gate: recovery::Gate::default(),

@@ -459,7 +459,8 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
     };
     let now = shared.clock.now();
     let proposals: Vec<Proposal> = proposals.iter().map(|p| to_proposal(job_type, p)).collect();
-    let (kept, dropped) = filter(proposals, &active, now);
+    let (kept, mut dropped) = filter(proposals, &active, now);
+    let kept = place_on_capacity(shared, job_type, kept, &mut dropped).await;
     for d in &dropped {
         record(shared, job_type, format!("proposal {} dropped: {}", d.proposal_id, d.reason));
     }
@@ -490,6 +491,37 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
     }
     save_run(shared, job_type, run_record).await;
     Ok(outcome)
+}
+
+/// With SeaweedFS masters, proposals that change disks are placed one by one
+/// on the capacity view (the master's figures and the maintenance under
+/// way): one whose target disk would be left with no free slot is set aside,
+/// so two proposals never both fill the same nearly full disk.
+async fn place_on_capacity(
+    shared: &Shared,
+    job_type: &str,
+    proposals: Vec<Proposal>,
+    dropped: &mut Vec<Dropped>,
+) -> Vec<Proposal> {
+    use super::capacity::{self, Change, Placement};
+    if shared.options.masters.is_empty() || !capacity::changes_disks(job_type) || proposals.is_empty() {
+        return proposals;
+    }
+    let (Some(topology), _) = shared.capacity.topology(&shared.options.masters, true).await else { return proposals };
+    let mut placement = Placement::new(&topology, shared.capacity.changes());
+    let mut kept = Vec::with_capacity(proposals.len());
+    for proposal in proposals {
+        let change = capacity::where_of_json(&proposal.parameters, &proposal.labels)
+            .and_then(|at| Change::plan(format!("proposal {}", proposal.proposal_id), job_type, &at, &topology));
+        match change.map(|c| placement.place(c)) {
+            Some(Err(why)) => dropped.push(Dropped {
+                proposal_id: proposal.proposal_id.clone(),
+                reason: format!("set aside, its target is too full: {why}"),
+            }),
+            _ => kept.push(proposal),
+        }
+    }
+    kept
 }
 
 /// The dedupe keys of every task not ended in the cluster: the jobs led here

@@ -17,7 +17,7 @@ use super::peer;
 use super::registry::KnownAttempts;
 use super::scheduler;
 use super::Shared;
-use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
+use crate::dispatch::{Assignment, HandlerSpec, Place, WorkOrder};
 use crate::engine::Answer;
 use crate::engine::Progress;
 use crate::follower::{Loss, Outcome, Rejection};
@@ -97,6 +97,7 @@ impl PluginControlService for WorkerStreamService {
         request: Request<Streaming<WorkerToAdminMessage>>,
     ) -> Result<Response<Self::WorkerStreamStream>, Status> {
         self.shared.auth.check(request.metadata())?;
+        let peer = request.remote_addr();
         let mut inbound = request.into_inner();
         let first = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
             Err(_) => return Err(Status::deadline_exceeded("no hello within 10 s: the first message must be hello")),
@@ -147,6 +148,7 @@ impl PluginControlService for WorkerStreamService {
             shared: self.shared.clone(),
             requests: self.requests.clone(),
             handler: handler_of(&hello),
+            place: place_of(&hello, peer),
             hello,
             lease,
             outbound,
@@ -185,10 +187,20 @@ fn lease_refusal(options: &super::ServerOptions, lease: Duration) -> Option<Stri
     })
 }
 
+/// Where a worker runs: the host of the address it gives (else of its
+/// connection) and the rack its metadata names.
+fn place_of(hello: &WorkerHello, peer: Option<std::net::SocketAddr>) -> Place {
+    let host = Place::host_of(&hello.address).or_else(|| peer.map(|p| Arc::from(p.ip().to_string().as_str())));
+    let rack = hello.metadata.get("rack").filter(|r| !r.is_empty()).map(|r| Arc::from(r.as_str()));
+    Place { host, rack }
+}
+
 struct Session {
     shared: Arc<Shared>,
     requests: Arc<AtomicU64>,
     handler: HandlerId,
+    /// Where the worker runs.
+    place: Place,
     hello: WorkerHello,
     /// The worker keeps running its work without an admin for this long
     /// (a jobcenter worker); `None` for a worker that declares none.
@@ -266,6 +278,7 @@ impl Session {
             starts_running: false,
             session: registration.session,
             sink,
+            place: self.place.clone(),
         };
         let hello_reply = message(
             String::new(),

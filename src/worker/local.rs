@@ -66,6 +66,7 @@ impl LocalExecutor {
                 starts_running: true,
                 session: 0,
                 sink,
+                place: Default::default(),
             })
             .await?;
         tokio::spawn(run(engine, registry, handler, orders, exec_log));
