@@ -1171,6 +1171,11 @@ fn pending_shards(capacity: &Value) -> i64 {
     capacity["disks"].as_array().unwrap().iter().map(|d| d["pending_shards"].as_i64().unwrap_or(0)).sum()
 }
 
+/// A disk's EC shards, shown by the master or still to come.
+fn shards_with_pending(disk: &Value) -> i64 {
+    disk["ec_shards"].as_i64().unwrap_or(0) + disk["pending_shards"].as_i64().unwrap_or(0)
+}
+
 #[test]
 fn the_capacity_view_counts_an_encode_under_way_across_a_master_restart_until_the_master_shows_it() {
     let started = Instant::now();
@@ -1193,16 +1198,19 @@ fn the_capacity_view_counts_an_encode_under_way_across_a_master_restart_until_th
     }
     assert_eq!(at_rest["changes"].as_array().map_or(0, Vec::len), 0, "{at_rest}");
 
-    // An encode held halfway: its 14 shards are counted on their targets,
-    // its source keeps its volume until it is done.
+    // An encode held halfway: its 14 shards are counted on their targets
+    // (those the master shows there already, and the rest as pending), its
+    // source keeps its volume until it is done.
     let encode = submit_encode(&setup, "cap", 480);
     let (frozen, _) = hold_while_distributing(&setup, &encode, "weed-all");
     let key = format!("{}/ec", encode.job_id);
     // (Planned as soon as it starts; its bytes once the master knows the
     // volume's size.)
     let under_way = wait_until(WAIT, || {
-        Some(capacity(&setup))
-            .filter(|c| pending_shards(c) == 14 && disk_of(c, &encode.source)["pending_bytes"].as_i64() > Some(0))
+        Some(capacity(&setup)).filter(|c| {
+            let all: i64 = c["disks"].as_array().unwrap().iter().map(shards_with_pending).sum();
+            all == 14 && pending_shards(c) > 0 && disk_of(c, &encode.source)["pending_bytes"].as_i64() > Some(0)
+        })
     })
     .unwrap_or_else(|| panic!("the encode is not counted: {}", capacity(&setup)));
     let change = &under_way["changes"][0];
@@ -1227,8 +1235,7 @@ fn the_capacity_view_counts_an_encode_under_way_across_a_master_restart_until_th
     assert_eq!(after_restart["changes"][0]["key"].as_str(), Some(key.as_str()), "{after_restart}");
     for disk in after_restart["disks"].as_array().unwrap() {
         let before = disk_of(&under_way, disk["server"].as_str().unwrap());
-        assert_eq!(disk["pending_shards"], before["pending_shards"], "{disk}");
-        assert!(disk["pending_shards"].as_i64() > Some(0), "{disk}");
+        assert_eq!(shards_with_pending(disk), shards_with_pending(before), "{disk}");
     }
     drop(frozen);
     setup.cluster.wait_for_volume_servers(5);
@@ -1247,4 +1254,101 @@ fn the_capacity_view_counts_an_encode_under_way_across_a_master_restart_until_th
     let text = setup.server.cli(&["capacity"]);
     assert!(String::from_utf8_lossy(&text.stdout).contains("FREE AFTER"), "{text:?}");
     eprintln!("capacity view after the encode: {settled} ({:?})", started.elapsed());
+}
+
+#[test]
+fn a_detection_sets_aside_an_encode_onto_a_disk_that_the_encode_under_way_fills() {
+    let started = Instant::now();
+    // The fifth server has one volume slot: room for ten EC shards.
+    let mut setup = Setup::start(ClusterOptions {
+        volume_servers: 5,
+        on_tmpfs: true,
+        max_volumes: vec![20, 20, 20, 20, 1],
+        ..ClusterOptions::default()
+    });
+    let _worker = setup.start_weed_worker("weed-all");
+    // It is down while the volumes are written, so it holds none of them.
+    setup.cluster.stop_volume_server(4);
+    let small = setup.cluster.volume_servers[4].address();
+    let first = setup.cluster.write_files_to_one_volume(40, 64, "fill1");
+    let second = setup.cluster.write_files_to_one_volume(40, 64, "fill2");
+    let (a, b) = (first[0].volume_id, second[0].volume_id);
+    let topology = setup.cluster.wait_for("both volumes' sizes at the master", |t| {
+        let sized = |id| t.volume(id).is_some_and(|v| v.size > 2 * 1024 * 1024);
+        (sized(a) && sized(b)).then(|| t.clone())
+    });
+    setup.cluster.restart_volume_server(4);
+    let at_rest =
+        wait_until(WAIT, || Some(capacity(&setup)).filter(|c| c["disks"].as_array().is_some_and(|d| d.len() == 5)))
+            .expect("five disks");
+    assert_eq!(disk_of(&at_rest, &small)["free_slots"], 1, "{at_rest}");
+
+    // An encode of the first volume puts ten shards on the small server. Its
+    // source is stopped first, so the encode waits before any shard moves.
+    let source = topology.volume(a).unwrap().server.clone();
+    let others: Vec<String> =
+        setup.cluster.volume_server_addresses().into_iter().filter(|s| *s != source && *s != small).collect();
+    let targets = vec![
+        (small.clone(), (0..10).collect::<Vec<u32>>()),
+        (others[0].clone(), vec![10, 11]),
+        (others[1].clone(), vec![12, 13]),
+    ];
+    let params = task_params::erasure_coding_onto(a, "fill1", &source, &targets);
+    let frozen = setup.cluster.volume_server(&source).freeze();
+    let job_id = setup.submit(&json!({
+        "name": format!("ec-fill1-{a}"),
+        "tasks": [{"id": "ec", "job_type": "erasure_coding",
+                   "labels": {"volume_id": a.to_string(), "dedupe_key": format!("erasure_coding:{a}:fill1")},
+                   "parameters": {"volume_id": a, "source_server": source, "collection": "fill1",
+                                  "task_params_pb": bytes_param(&params)}}]
+    }));
+    let filled = wait_until(WAIT, || Some(capacity(&setup)).filter(|c| shards_with_pending(disk_of(c, &small)) == 10))
+        .unwrap_or_else(|| panic!("the encode under way is not counted: {}", capacity(&setup)));
+    assert_eq!(disk_of(&filled, &small)["free_slots_after"], 0, "{filled}");
+
+    // The scheduler's detection proposes the second volume with shards on
+    // the small server too; the view has no room left there, so it is set aside.
+    detection(
+        &setup,
+        "erasure_coding",
+        true,
+        &[
+            "worker.quiet_for_seconds=0",
+            "worker.fullness_ratio=0.01",
+            "worker.min_size_mb=1",
+            "admin.collection_filter=fill2",
+        ],
+    );
+    let set_aside = wait_until(Duration::from_secs(60), || {
+        let activities = setup.server.cli_json(&["activities", "--json", "--limit", "500"]);
+        let messages = activities.as_array()?.iter().filter_map(|a| a["message"].as_str().map(String::from));
+        messages.into_iter().find(|m| m.contains("set aside, its target is too full") && m.contains(&small))
+    })
+    .unwrap_or_else(|| {
+        let activity = setup.server.cli(&["activities"]);
+        panic!("no proposal was set aside:\n{}", String::from_utf8_lossy(&activity.stdout))
+    });
+    eprintln!("{set_aside} ({:?})", started.elapsed());
+    let scheduled = setup.server.cli_json(&["jobs", "--json", "--origin", "scheduler"]);
+    assert_eq!(scheduled.as_array().map_or(0, Vec::len), 0, "a job was made while the disk had no room: {scheduled}");
+
+    // The first encode ends; the small server holds its ten shards and no
+    // more, whatever the scheduler does with the second volume meanwhile.
+    drop(frozen);
+    let job = wait_for_end(&setup, &job_id, Duration::from_secs(120));
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-all"]));
+    let second_done = wait_until(Duration::from_secs(60), || {
+        let jobs = setup.server.cli_json(&["jobs", "--json", "--origin", "scheduler"]);
+        jobs.as_array()?.iter().find(|j| j["state"] == "succeeded").cloned()
+    });
+    detection(&setup, "erasure_coding", false, &[]);
+    let shards = setup.cluster.ec_shards();
+    let on_small = |id: u32| shards.get(&id).and_then(|v| v.shards.get(&small)).map_or(0, Vec::len);
+    assert_eq!((on_small(a), on_small(b)), (10, 0), "{shards:?}");
+    assert_readable(&setup.cluster, &first, a);
+    eprintln!(
+        "the second volume {}; the small server holds 10 shards ({:?})",
+        if second_done.is_some() { "was encoded elsewhere" } else { "waits" },
+        started.elapsed()
+    );
 }

@@ -149,6 +149,9 @@ pub struct Delta {
     pub volumes: i64,
     pub shards: i64,
     pub bytes: i64,
+    /// The shard ids `shards` counts, when known.
+    #[serde(skip)]
+    pub shard_ids: Vec<u32>,
 }
 
 /// The kind of change a maintenance task makes.
@@ -237,6 +240,11 @@ impl Change {
             volumes,
             shards,
             bytes,
+            shard_ids: Vec::new(),
+        };
+        let with_ids = |mut d: Delta, ids: &[u32]| {
+            d.shard_ids = ids.to_vec();
+            d
         };
         let (kind, while_running, once_done, revision_before) = match job_type {
             "vacuum" => {
@@ -262,8 +270,8 @@ impl Change {
                 let shard_bytes = size / SHARDS_PER_SLOT;
                 for (server, disk, shards) in &at.targets {
                     let n = if shards.is_empty() { 1 } else { shards.len() as i64 };
-                    running.push(delta(server, *disk, 0, n, n * shard_bytes));
-                    done.push(delta(server, *disk, 0, n, n * shard_bytes));
+                    running.push(with_ids(delta(server, *disk, 0, n, n * shard_bytes), shards));
+                    done.push(with_ids(delta(server, *disk, 0, n, n * shard_bytes), shards));
                 }
                 for (server, disk, _) in &at.sources {
                     // The shards are made beside the volume before they go out.
@@ -289,11 +297,11 @@ impl Change {
                 let mut done = Vec::new();
                 for (server, disk, shards) in &at.targets {
                     let n = shards.len().max(1) as i64;
-                    running.push(delta(server, *disk, 0, n, 0));
-                    done.push(delta(server, *disk, 0, n, 0));
+                    running.push(with_ids(delta(server, *disk, 0, n, 0), shards));
+                    done.push(with_ids(delta(server, *disk, 0, n, 0), shards));
                 }
                 for (server, disk, shards) in &at.sources {
-                    done.push(delta(server, *disk, 0, -(shards.len().max(1) as i64), 0));
+                    done.push(with_ids(delta(server, *disk, 0, -(shards.len().max(1) as i64), 0), shards));
                 }
                 (Kind::MoveShards, running, done, None)
             }
@@ -371,6 +379,26 @@ fn slots_used(volumes: i64, shards: i64) -> i64 {
     volumes + (shards.max(0) + SHARDS_PER_SLOT - 1) / SHARDS_PER_SLOT
 }
 
+/// The part of a delta the master does not show yet on `disk`: a volume
+/// already there (or already gone) and shards already there (or already
+/// gone) are in its own figures, and are not counted twice.
+fn not_yet_shown(delta: &Delta, volume: u32, disk: &Disk) -> (i64, i64) {
+    let holds_volume = disk.volumes.contains_key(&volume);
+    let volumes = match delta.volumes {
+        v if v > 0 && holds_volume => 0,
+        v if v < 0 && !holds_volume => 0,
+        v => v,
+    };
+    let present = disk.shards.get(&volume).map_or(0, |(bits, _)| *bits);
+    let shown = |id: &u32| *id < 32 && present & (1 << id) != 0;
+    let shards = match delta.shards {
+        _ if delta.shard_ids.is_empty() => delta.shards,
+        s if s > 0 => delta.shard_ids.iter().filter(|id| !shown(id)).count() as i64,
+        _ => -(delta.shard_ids.iter().filter(|id| shown(id)).count() as i64),
+    };
+    (volumes, shards)
+}
+
 /// The view: every disk with the changes that land on it counted.
 pub fn view(topology: &Topology, changes: &[Change]) -> Vec<DiskView> {
     let mut disks: Vec<DiskView> = topology
@@ -398,9 +426,10 @@ pub fn view(topology: &Topology, changes: &[Change]) -> Vec<DiskView> {
     for change in changes {
         for delta in change.deltas() {
             let Some(i) = topology.disk_index(&delta.server, delta.disk_id) else { continue };
+            let (volumes, shards) = not_yet_shown(delta, change.volume, &topology.disks[i]);
             let disk = &mut disks[i];
-            disk.pending_volumes += delta.volumes;
-            disk.pending_shards += delta.shards;
+            disk.pending_volumes += volumes;
+            disk.pending_shards += shards;
             disk.pending_bytes += delta.bytes;
             let what = match change.kind {
                 Kind::Vacuum => "vacuum",
@@ -758,6 +787,24 @@ mod tests {
         let mut after = t.clone();
         after.disks[0].volumes.remove(&1);
         assert!(change.shown_by(&after));
+    }
+
+    #[test]
+    fn what_the_master_already_shows_is_not_counted_twice() {
+        let mut t = topology();
+        let at = encode(1, "a:8080", &[("b:8080", &[0, 1, 2, 3, 4, 5, 6]), ("c:8080", &[7, 8, 9, 10, 11, 12, 13])]);
+        let mut change = Change::plan("j/ec".into(), "erasure_coding", &at, &t).unwrap();
+        // Three of c's shards have arrived and the master shows them.
+        t.disks[2].shards.insert(1, ((1 << 7) | (1 << 8) | (1 << 9), 0));
+        t.disks[2].free_slots = 0;
+        let v = view(&t, std::slice::from_ref(&change));
+        assert_eq!((v[2].ec_shards, v[2].pending_shards, v[2].free_slots_after), (3, 4, 0));
+        // Done, and the master no longer lists the volume on its source.
+        change.finished_at_ms = Some(1);
+        t.disks[0].volumes.remove(&1);
+        t.disks[0].free_slots = 9;
+        let v = view(&t, std::slice::from_ref(&change));
+        assert_eq!((v[0].pending_volumes, v[0].free_slots_after), (0, 9));
     }
 
     #[test]

@@ -408,6 +408,9 @@ pub struct ClusterOptions {
     /// A SeaweedFS `security.toml` for the master and every volume server
     /// (read from their working directories): gRPC with TLS between them.
     pub security: Option<PathBuf>,
+    /// Volume slots (`-max`) of the servers, by index from 0; 20 for any
+    /// not listed.
+    pub max_volumes: Vec<u32>,
 }
 
 impl Default for ClusterOptions {
@@ -419,6 +422,7 @@ impl Default for ClusterOptions {
             volume_args: Vec::new(),
             on_tmpfs: false,
             security: None,
+            max_volumes: Vec::new(),
         }
     }
 }
@@ -636,7 +640,7 @@ impl Cluster {
                     format!("-port={port}"),
                     format!("-port.grpc={}", port + GRPC_OFFSET),
                     format!("-dir={}", volume_dir.display()),
-                    "-max=20".into(),
+                    format!("-max={}", options.max_volumes.get(i - 1).copied().unwrap_or(20)),
                     format!("-master={master_address}"),
                     "-preStopSeconds=0".into(),
                     format!("-rack=rack{i}"),
@@ -1035,6 +1039,29 @@ pub mod task_params {
         bytes(&mut out, 7, &location(source, volume_id, &[]));
         for (target, shards) in targets.iter().zip(shard_assignment(targets.len())) {
             bytes(&mut out, 8, &location(target, volume_id, &shards));
+        }
+        let mut ec = Vec::new();
+        uint(&mut ec, 2, u64::from(DATA_SHARDS));
+        uint(&mut ec, 3, u64::from(PARITY_SHARDS));
+        bytes(&mut out, 10, &ec);
+        out
+    }
+
+    /// As [`erasure_coding`], with the shards of each target given.
+    pub fn erasure_coding_onto(
+        volume_id: u32,
+        collection: &str,
+        source: &str,
+        targets: &[(String, Vec<u32>)],
+    ) -> Vec<u8> {
+        let mut out = Vec::new();
+        uint(&mut out, 2, u64::from(volume_id));
+        if !collection.is_empty() {
+            bytes(&mut out, 3, collection.as_bytes());
+        }
+        bytes(&mut out, 7, &location(source, volume_id, &[]));
+        for (target, shards) in targets {
+            bytes(&mut out, 8, &location(target, volume_id, shards));
         }
         let mut ec = Vec::new();
         uint(&mut ec, 2, u64::from(DATA_SHARDS));
