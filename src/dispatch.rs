@@ -107,9 +107,12 @@ struct Speed {
 
 /// Durations older than this are forgotten: the handler is tried afresh.
 const RECENT_MS: i64 = 10 * 60 * 1000;
-/// Handlers whose recent duration is within this factor of the best count as
-/// equally fast; load and nearness decide between them.
+/// Handlers whose recent duration is within this factor of the best, or
+/// within `AS_FAST_MS` of it, count as equally fast; load and nearness
+/// decide between them. (For tasks of a few milliseconds the difference is
+/// the noise of the round trip, and spreading them is worth more.)
 const AS_FAST: f64 = 1.25;
+const AS_FAST_MS: f64 = 20.0;
 
 /// Free slots of one handler, for work led by another instance: the slots
 /// it may take now over all job types, and by each type it executes that
@@ -440,7 +443,8 @@ impl Dispatch {
         let near = near();
         candidates()
             .min_by_key(|(id, slot, free)| {
-                let slower = self.recent(id, job_type, now).is_some_and(|ms| ms > best * AS_FAST);
+                let slower =
+                    self.recent(id, job_type, now).is_some_and(|ms| ms > best * AS_FAST && ms > best + AS_FAST_MS);
                 let capacity = slot.spec.capacity.min(slot.reported_total.unwrap_or(u32::MAX)).max(1);
                 let load = u64::from(self.held.get(id).map_or(0, |h| h.total)) * 1000 / u64::from(capacity);
                 (slower, load, slot.spec.place.distance(&near), std::cmp::Reverse(*free))
@@ -677,7 +681,14 @@ mod tests {
         d.take_slot(fast, &vacuum);
         assert_eq!(d.pick_handler("vacuum", Place::default, now), Some(new));
         d.release_slot(fast, "vacuum");
-        // Within 25% of the best is as fast: the less loaded one wins.
+        // Within 25% of the best is as fast: the less loaded one wins; and
+        // so is a few milliseconds more (round-trip noise on short tasks).
+        let mut quick = Dispatch::default();
+        let (q1, q2) = (handler_at(&mut quick, 2, None), handler_at(&mut quick, 2, None));
+        quick.record_duration(q1, &vacuum, 2, now);
+        quick.record_duration(q2, &vacuum, 6, now);
+        quick.take_slot(q1, &vacuum);
+        assert_eq!(quick.pick_handler("vacuum", Place::default, now), Some(q2));
         d.record_duration(new, &vacuum, 120, now);
         d.take_slot(fast, &vacuum);
         assert_eq!(d.pick_handler("vacuum", Place::default, now), Some(new));

@@ -1352,3 +1352,68 @@ fn a_detection_sets_aside_an_encode_onto_a_disk_that_the_encode_under_way_fills(
         started.elapsed()
     );
 }
+
+#[test]
+fn a_vacuum_without_progress_for_twice_its_estimate_is_canceled_on_its_live_worker_and_run_again() {
+    let started = Instant::now();
+    let cluster = Cluster::start(ClusterOptions::default());
+    let setup = Setup::with_args(cluster, &["--heartbeat", "1s", "--recovery-interval", "1s"]);
+    let cluster = &setup.cluster;
+    let _worker = setup.start_weed_worker("weed-stuck");
+    let (volume, kept) = half_garbage(cluster, "stuck");
+    let id = volume.id;
+    let server = cluster.volume_server(&volume.server);
+
+    // The volume server hangs (SIGSTOP): the worker stays alive and keeps
+    // its heartbeat, but its vacuum makes no progress. The task declares
+    // an estimated runtime of 2 s, as SeaweedFS's detectors do.
+    let frozen = server.freeze();
+    let job_id = setup.submit(&json!({
+        "name": format!("stuck-vacuum-{id}"),
+        "tasks": [{"id": "vacuum", "job_type": "vacuum", "labels": {"volume_id": id.to_string()},
+                   "parameters": {"volume_id": id, "server": volume.server, "collection": "stuck",
+                                  "estimated_runtime_seconds": 2}}]
+    }));
+    let submitted = Instant::now();
+    // After 4 s without progress the attempt is taken back (not counted as
+    // lost: its worker is alive) and the worker is told to cancel it.
+    let again = wait_until(Duration::from_secs(30), || {
+        let t = task(&setup.job(&job_id), "vacuum").clone();
+        (t["attempt"].as_u64() >= Some(2)).then_some(t)
+    })
+    .unwrap_or_else(|| {
+        panic!("the stuck attempt was not taken back: {}\n{}", setup.job(&job_id), setup.context(&["weed-stuck"]))
+    });
+    let taken_back_after = submitted.elapsed();
+    assert_eq!(again["lost"], 0, "{again}");
+    let findings = setup.server.cli(&["activities"]);
+    let log = std::fs::read_to_string(&setup.server.log).unwrap_or_default();
+    let canceled = wait_until(WAIT, || {
+        let log = std::fs::read_to_string(&setup.server.log).unwrap_or_default();
+        log.lines()
+            .any(|l| l.contains("worker answered a cancel") && l.contains("cancel request accepted"))
+            .then_some(())
+    });
+    assert!(canceled.is_some(), "the worker did not accept a cancel:\n{}", seaweedfs::log_tail(&setup.server.log));
+    assert!(
+        log.contains("twice its estimated runtime"),
+        "no R3-progress finding names the estimate:\n{}\n{}",
+        String::from_utf8_lossy(&findings.stdout),
+        seaweedfs::log_tail(&setup.server.log)
+    );
+
+    // The volume server comes back: the attempt now running vacuums the
+    // volume, and the volume is clean and whole.
+    drop(frozen);
+    let job = wait_for_end(&setup, &job_id, Duration::from_secs(60));
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-stuck"]));
+    let clean = wait_until(WAIT, || server.volumes().into_iter().find(|v| v.id == id && v.deleted_bytes == 0));
+    assert!(clean.is_some(), "volume {id} kept its garbage");
+    assert_readable(cluster, &kept, id);
+    let t = task(&job, "vacuum");
+    eprintln!(
+        "stuck vacuum: taken back {taken_back_after:?} after its submission, done as attempt {} ({:?})",
+        t["attempt"],
+        started.elapsed()
+    );
+}

@@ -15,7 +15,7 @@
 //! | `R2-undelivered` not-with-its-handler | a task held by a connected handler whose session neither sent it, nor hears it run, nor carries its outcome, for longer than the delivery grace | resubmit |
 //! | `R3` handler-silent | a task whose handler has written nothing for longer than the silence timeout | resubmit |
 //! | `R3` pinned-node-down | the same, for a task pinned to that node | fail the task |
-//! | `R3-progress` no-progress | a running task whose handler writes but that reported no progress for longer than the progress timeout | resubmit |
+//! | `R3-progress` no-progress | a running task whose handler writes but that reported no progress for longer than the progress timeout (or twice its estimated runtime, when it declares one) | resubmit |
 //! | `R4` ready-not-dispatched | a ready task that is in no dispatch queue | dispatch |
 //! | `R5` job-not-finalized | every task ended, the job not finalized for longer than the grace | finalize |
 //! | `R6` scheduler-job | any resubmission of a task of a scheduler job | fail the job and its unfinished tasks |
@@ -69,6 +69,10 @@ pub struct TaskSnapshot {
     pub finished_at: Option<Millis>,
     /// The node (worker id) the task must run on, if any.
     pub pinned_node: Option<String>,
+    /// The task's own no-progress limit, when it declares an estimated
+    /// runtime: twice that. The shorter of it and the configured one applies.
+    #[serde(default)]
+    pub progress_timeout_ms: Option<Millis>,
     /// It sits in a dispatch queue (or waits for its backoff there).
     pub queued: bool,
 }
@@ -341,8 +345,12 @@ fn check_held(snapshot: &Snapshot, job: &JobSnapshot, task: &TaskSnapshot) -> Op
     let silence = now - last_written;
     if silence <= snapshot.config.silence_timeout_ms {
         let stuck = now - task.updated_at;
-        if stuck > snapshot.config.progress_timeout_ms {
-            let detail = format!("no progress for {stuck} ms although its handler {handler} is alive");
+        let limit = task
+            .progress_timeout_ms
+            .map_or(snapshot.config.progress_timeout_ms, |own| own.min(snapshot.config.progress_timeout_ms));
+        if stuck > limit {
+            let why = if limit < snapshot.config.progress_timeout_ms { " (twice its estimated runtime)" } else { "" };
+            let detail = format!("no progress for {stuck} ms{why} although its handler {handler} is alive");
             return Some(finding(Rule::NoProgress, Some(handler.clone()), stuck, resubmit, detail));
         }
         return None;

@@ -22,6 +22,7 @@ fn task(idx: u32, state: TaskState, handler: Option<&str>, updated_at: Millis) -
         updated_at,
         finished_at: state.is_terminal().then_some(updated_at),
         pinned_node: None,
+        progress_timeout_ms: None,
         queued: state == TaskState::Ready,
     }
 }
@@ -147,6 +148,22 @@ fn r3_a_task_without_progress_for_too_long_is_resubmitted_though_its_handler_liv
 }
 
 #[test]
+fn r3_a_task_with_an_estimated_runtime_is_stuck_after_twice_that() {
+    let estimated = |own: Option<Millis>, millis: Millis| {
+        let mut t = task(0, TaskState::Running, Some("h1"), NOW - millis);
+        t.progress_timeout_ms = own;
+        snapshot(vec![job("j", vec![t])], &[("h1", "node-a", NOW - 1000)])
+    };
+    assert!(check(&estimated(Some(4000), 4000)).is_empty());
+    let findings = check(&estimated(Some(4000), 4001));
+    assert_eq!(rules(&findings), [Rule::NoProgress]);
+    assert!(findings[0].detail.contains("twice its estimated runtime"), "{}", findings[0].detail);
+    // A longer estimate than the configured limit does not lengthen it.
+    let day = 24 * 3600 * 1000;
+    assert_eq!(rules(&check(&estimated(Some(10 * day), day + 1))), [Rule::NoProgress]);
+}
+
+#[test]
 fn r3_a_task_pinned_to_a_silent_node_fails_instead() {
     let mut pinned = task(0, TaskState::Running, Some("h1"), NOW - 10 * MINUTE);
     pinned.pinned_node = Some("node-a".into());
@@ -237,6 +254,7 @@ fn arb_task(idx: u32) -> impl Strategy<Value = TaskSnapshot> {
             updated_at: NOW - age,
             finished_at: state.is_terminal().then_some(NOW - age),
             pinned_node: pinned.map(|n| format!("node{n}")),
+            progress_timeout_ms: None,
             queued,
         })
 }

@@ -835,6 +835,11 @@ impl Core {
                             updated_at: t.updated_at.as_millis(),
                             finished_at: t.finished_at.map(Timestamp::as_millis),
                             pinned_node: spec.labels.get("node").cloned(),
+                            progress_timeout_ms: t
+                                .state
+                                .is_held()
+                                .then(|| estimated_runtime_ms(&spec.parameters).map(|ms| ms.saturating_mul(2)))
+                                .flatten(),
                             queued: self.dispatch.is_queued(TaskRef { job: job.id(), idx: TaskIdx(idx as u32) }),
                         }
                     })
@@ -1221,6 +1226,21 @@ impl Core {
 }
 
 /// The resource a task locks while it runs: its volume.
+/// A task's estimated runtime, from its `estimated_runtime_seconds`
+/// parameter (SeaweedFS's detectors set it), in milliseconds.
+fn estimated_runtime_ms(parameters: &str) -> Option<i64> {
+    if !parameters.contains("estimated_runtime_seconds") {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_str(parameters).ok()?;
+    let seconds = match value.get("estimated_runtime_seconds")? {
+        serde_json::Value::Number(n) => n.as_f64()?,
+        serde_json::Value::String(s) => s.trim().parse().ok()?,
+        _ => return None,
+    };
+    (seconds > 0.0).then(|| (seconds * 1000.0).min(i64::MAX as f64 / 4.0) as i64)
+}
+
 /// Where a task's data lives, by its labels: `source_node` (as SeaweedFS's
 /// detectors set it) or `server`, and `rack`.
 fn place_of(jobs: &HashMap<JobId, ActiveJob>, task: TaskRef) -> Place {

@@ -501,7 +501,10 @@ impl Session {
                 }
             }
             Some(Body::Acknowledge(ack)) => {
-                if !ack.accepted {
+                if ack.request_id.starts_with("cancel") {
+                    let (handler, accepted) = (self.handler, ack.accepted);
+                    tracing::info!(%handler, request_id = ack.request_id, accepted, answer = ack.message, "worker answered a cancel");
+                } else if !ack.accepted {
                     tracing::debug!(request_id = ack.request_id, message = ack.message, "worker declined a request");
                 }
             }
