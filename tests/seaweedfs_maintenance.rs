@@ -741,6 +741,16 @@ fn hold_while_distributing(setup: &Setup, encode: &Encode, worker: &str) -> (sea
     (frozen, halfway.unwrap_or_else(|| panic!("{}", context())))
 }
 
+/// The first of the last 500 activity messages that `wanted` accepts,
+/// waited for up to a minute.
+fn activity_matching(setup: &Setup, wanted: impl Fn(&str) -> bool) -> Option<String> {
+    wait_until(Duration::from_secs(60), || {
+        let activities = setup.server.cli_json(&["activities", "--json", "--limit", "500"]);
+        let messages = activities.as_array()?.iter().filter_map(|a| a["message"].as_str().map(String::from));
+        messages.into_iter().find(|m| wanted(m))
+    })
+}
+
 /// The names of a descriptor form's fields, from `/api/job-types/TYPE`.
 fn form_fields(job_type: &Value, form: &str) -> Vec<String> {
     job_type["descriptor"][form]["sections"]
@@ -927,11 +937,7 @@ fn the_same_encode_from_a_submitted_job_and_the_scheduler_runs_once() {
             "admin.collection_filter=dup",
         ],
     );
-    let dropped = wait_until(Duration::from_secs(60), || {
-        let activities = setup.server.cli_json(&["activities", "--json", "--limit", "500"]);
-        let messages = activities.as_array()?.iter().filter_map(|a| a["message"].as_str().map(String::from));
-        messages.into_iter().find(|m| m.contains("dropped") && m.contains(&key))
-    });
+    let dropped = activity_matching(&setup, |m| m.contains("dropped") && m.contains(&key));
     let dropped = dropped.unwrap_or_else(|| {
         let activity = setup.server.cli(&["activities"]);
         panic!("no detection dropped {key}:\n{}", String::from_utf8_lossy(&activity.stdout))
@@ -1319,15 +1325,12 @@ fn a_detection_sets_aside_an_encode_onto_a_disk_that_the_encode_under_way_fills(
             "admin.collection_filter=fill2",
         ],
     );
-    let set_aside = wait_until(Duration::from_secs(60), || {
-        let activities = setup.server.cli_json(&["activities", "--json", "--limit", "500"]);
-        let messages = activities.as_array()?.iter().filter_map(|a| a["message"].as_str().map(String::from));
-        messages.into_iter().find(|m| m.contains("set aside, its target is too full") && m.contains(&small))
-    })
-    .unwrap_or_else(|| {
-        let activity = setup.server.cli(&["activities"]);
-        panic!("no proposal was set aside:\n{}", String::from_utf8_lossy(&activity.stdout))
-    });
+    let set_aside =
+        activity_matching(&setup, |m| m.contains("set aside, its target is too full") && m.contains(&small))
+            .unwrap_or_else(|| {
+                let activity = setup.server.cli(&["activities"]);
+                panic!("no proposal was set aside:\n{}", String::from_utf8_lossy(&activity.stdout))
+            });
     eprintln!("{set_aside} ({:?})", started.elapsed());
     let scheduled = setup.server.cli_json(&["jobs", "--json", "--origin", "scheduler"]);
     assert_eq!(scheduled.as_array().map_or(0, Vec::len), 0, "a job was made while the disk had no room: {scheduled}");

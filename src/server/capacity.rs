@@ -264,46 +264,39 @@ impl Change {
                 }
                 (Kind::Vacuum, running, done, Some(here.compact_revision))
             }
-            "erasure_coding" => {
-                let mut running = Vec::new();
-                let mut done = Vec::new();
+            "erasure_coding" | "volume_balance" | "ec_balance" => {
+                // What arrives on a target is held while the task runs and
+                // stays; what leaves a source leaves only once it is done.
+                let (mut running, mut done) = (Vec::new(), Vec::new());
                 let shard_bytes = size / SHARDS_PER_SLOT;
                 for (server, disk, shards) in &at.targets {
-                    let n = if shards.is_empty() { 1 } else { shards.len() as i64 };
-                    running.push(with_ids(delta(server, *disk, 0, n, n * shard_bytes), shards));
-                    done.push(with_ids(delta(server, *disk, 0, n, n * shard_bytes), shards));
-                }
-                for (server, disk, _) in &at.sources {
-                    // The shards are made beside the volume before they go out.
-                    running.push(delta(server, *disk, 0, 0, size + size * 4 / 10));
-                    done.push(delta(server, *disk, -1, 0, -size));
-                }
-                (Kind::Encode, running, done, None)
-            }
-            "volume_balance" => {
-                let mut running = Vec::new();
-                let mut done = Vec::new();
-                for (server, disk, _) in &at.targets {
-                    running.push(delta(server, *disk, 1, 0, size));
-                    done.push(delta(server, *disk, 1, 0, size));
-                }
-                for (server, disk, _) in &at.sources {
-                    done.push(delta(server, *disk, -1, 0, -size));
-                }
-                (Kind::Move, running, done, None)
-            }
-            "ec_balance" => {
-                let mut running = Vec::new();
-                let mut done = Vec::new();
-                for (server, disk, shards) in &at.targets {
                     let n = shards.len().max(1) as i64;
-                    running.push(with_ids(delta(server, *disk, 0, n, 0), shards));
-                    done.push(with_ids(delta(server, *disk, 0, n, 0), shards));
+                    let arriving = match job_type {
+                        "erasure_coding" => with_ids(delta(server, *disk, 0, n, n * shard_bytes), shards),
+                        "volume_balance" => delta(server, *disk, 1, 0, size),
+                        _ => with_ids(delta(server, *disk, 0, n, 0), shards),
+                    };
+                    running.push(arriving.clone());
+                    done.push(arriving);
                 }
                 for (server, disk, shards) in &at.sources {
-                    done.push(with_ids(delta(server, *disk, 0, -(shards.len().max(1) as i64), 0), shards));
+                    let leaving = match job_type {
+                        "erasure_coding" => {
+                            // The shards are made beside the volume before they go out.
+                            running.push(delta(server, *disk, 0, 0, size + size * 4 / 10));
+                            delta(server, *disk, -1, 0, -size)
+                        }
+                        "volume_balance" => delta(server, *disk, -1, 0, -size),
+                        _ => with_ids(delta(server, *disk, 0, -(shards.len().max(1) as i64), 0), shards),
+                    };
+                    done.push(leaving);
                 }
-                (Kind::MoveShards, running, done, None)
+                let kind = match job_type {
+                    "erasure_coding" => Kind::Encode,
+                    "volume_balance" => Kind::Move,
+                    _ => Kind::MoveShards,
+                };
+                (kind, running, done, None)
             }
             _ => return None,
         };

@@ -1031,20 +1031,8 @@ pub mod task_params {
     /// erasure_coding_params=10{data_shards=2, parity_shards=3}}: encode
     /// `volume_id` from `source` into 10+4 shards spread over `targets`.
     pub fn erasure_coding(volume_id: u32, collection: &str, source: &str, targets: &[String]) -> Vec<u8> {
-        let mut out = Vec::new();
-        uint(&mut out, 2, u64::from(volume_id));
-        if !collection.is_empty() {
-            bytes(&mut out, 3, collection.as_bytes());
-        }
-        bytes(&mut out, 7, &location(source, volume_id, &[]));
-        for (target, shards) in targets.iter().zip(shard_assignment(targets.len())) {
-            bytes(&mut out, 8, &location(target, volume_id, &shards));
-        }
-        let mut ec = Vec::new();
-        uint(&mut ec, 2, u64::from(DATA_SHARDS));
-        uint(&mut ec, 3, u64::from(PARITY_SHARDS));
-        bytes(&mut out, 10, &ec);
-        out
+        let dealt: Vec<(String, Vec<u32>)> = targets.iter().cloned().zip(shard_assignment(targets.len())).collect();
+        erasure_coding_onto(volume_id, collection, source, &dealt)
     }
 
     /// As [`erasure_coding`], with the shards of each target given.
