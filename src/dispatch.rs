@@ -157,9 +157,13 @@ impl Slot {
         self.spec.job_types.as_ref().is_none_or(|types| types.iter().any(|t| &**t == job_type))
     }
 
+    /// Attempts it runs at once: as declared, or as it last reported if fewer.
+    fn capacity(&self) -> u32 {
+        self.spec.capacity.min(self.reported_total.unwrap_or(u32::MAX))
+    }
+
     fn free(&self, held: Option<&HeldSlots>) -> u32 {
-        let capacity = self.spec.capacity.min(self.reported_total.unwrap_or(u32::MAX));
-        capacity.saturating_sub(held.map_or(0, |h| h.total))
+        self.capacity().saturating_sub(held.map_or(0, |h| h.total))
     }
 
     fn free_for(&self, job_type: &str, per_worker: u32, held: Option<&HeldSlots>) -> u32 {
@@ -445,8 +449,7 @@ impl Dispatch {
             .min_by_key(|(id, slot, free)| {
                 let slower =
                     self.recent(id, job_type, now).is_some_and(|ms| ms > best * AS_FAST && ms > best + AS_FAST_MS);
-                let capacity = slot.spec.capacity.min(slot.reported_total.unwrap_or(u32::MAX)).max(1);
-                let load = u64::from(self.held.get(id).map_or(0, |h| h.total)) * 1000 / u64::from(capacity);
+                let load = u64::from(self.held_by(**id)) * 1000 / u64::from(slot.capacity().max(1));
                 (slower, load, slot.spec.place.distance(&near), std::cmp::Reverse(*free))
             })
             .map(|(id, _, _)| *id)
@@ -681,17 +684,17 @@ mod tests {
         d.take_slot(fast, &vacuum);
         assert_eq!(d.pick_handler("vacuum", Place::default, now), Some(new));
         d.release_slot(fast, "vacuum");
-        // Within 25% of the best is as fast: the less loaded one wins; and
-        // so is a few milliseconds more (round-trip noise on short tasks).
+        // Within 25% of the best is as fast: the less loaded one wins.
+        d.record_duration(new, &vacuum, 120, now);
+        d.take_slot(fast, &vacuum);
+        assert_eq!(d.pick_handler("vacuum", Place::default, now), Some(new));
+        // So is a few milliseconds more (round-trip noise on short tasks).
         let mut quick = Dispatch::default();
         let (q1, q2) = (handler_at(&mut quick, 2, None), handler_at(&mut quick, 2, None));
         quick.record_duration(q1, &vacuum, 2, now);
         quick.record_duration(q2, &vacuum, 6, now);
         quick.take_slot(q1, &vacuum);
         assert_eq!(quick.pick_handler("vacuum", Place::default, now), Some(q2));
-        d.record_duration(new, &vacuum, 120, now);
-        d.take_slot(fast, &vacuum);
-        assert_eq!(d.pick_handler("vacuum", Place::default, now), Some(new));
         // A moving average: one quick run does not make the slow one fast...
         d.record_duration(slow, &vacuum, 100, now);
         assert!(d.recent(&slow, "vacuum", now).unwrap() > 200.0);

@@ -1225,7 +1225,6 @@ impl Core {
     }
 }
 
-/// The resource a task locks while it runs: its volume.
 /// A task's estimated runtime, from its `estimated_runtime_seconds`
 /// parameter (SeaweedFS's detectors set it), in milliseconds.
 fn estimated_runtime_ms(parameters: &str) -> Option<i64> {
@@ -1254,6 +1253,7 @@ fn place_of(jobs: &HashMap<JobId, ActiveJob>, task: TaskRef) -> Place {
     }
 }
 
+/// The resource a task locks while it runs: its volume.
 fn resource_of(labels: &std::collections::BTreeMap<String, String>) -> Option<String> {
     labels.get("volume_id").map(|v| format!("volume:{v}"))
 }

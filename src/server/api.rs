@@ -455,31 +455,12 @@ impl Api {
             return Err(Error::Unavailable(format!("the master's topology: {}", error.unwrap_or_default())));
         };
         let changes = self.shared.capacity.changes();
-        let disks = super::capacity::view(&topology, &changes)
-            .into_iter()
-            .map(|d| api::DiskCapacity {
-                server: d.server,
-                data_center: d.data_center,
-                rack: d.rack,
-                disk_type: d.disk_type,
-                disk_id: d.disk_id,
-                max_volumes: d.max_volumes,
-                volumes: d.volumes,
-                ec_shards: d.ec_shards,
-                free_slots: d.free_slots,
-                used_bytes: d.used_bytes,
-                pending_volumes: d.pending_volumes,
-                pending_shards: d.pending_shards,
-                pending_bytes: d.pending_bytes,
-                free_slots_after: d.free_slots_after,
-                work: d.work,
-            })
-            .collect();
+        let disks = super::capacity::view(&topology, &changes);
         let changes = changes
             .into_iter()
             .map(|c| api::CapacityChange {
                 key: c.key,
-                kind: serde_json::to_value(c.kind).ok().and_then(|k| k.as_str().map(String::from)).unwrap_or_default(),
+                kind: c.kind.name().to_string(),
                 volume: c.volume,
                 finished_at_ms: c.finished_at_ms.unwrap_or(0),
             })

@@ -5,12 +5,12 @@
 //! pure (`Topology`, `Change`, `view`, `Placement`); `Tracker` feeds it from
 //! the master and the engine.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use serde::Serialize;
-
 use crate::clock::Timestamp;
+use crate::model::JobId;
+use crate::proto::api::DiskCapacity;
 use crate::proto::master::VolumeListResponse;
 use crate::proto::worker::TaskParams;
 
@@ -141,22 +141,19 @@ impl Topology {
 }
 
 /// What one task does to one disk.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Delta {
     pub server: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub disk_id: Option<u32>,
     pub volumes: i64,
     pub shards: i64,
     pub bytes: i64,
     /// The shard ids `shards` counts, when known.
-    #[serde(skip)]
     pub shard_ids: Vec<u32>,
 }
 
 /// The kind of change a maintenance task makes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Vacuum,
     Encode,
@@ -164,9 +161,31 @@ pub enum Kind {
     MoveShards,
 }
 
+impl Kind {
+    /// Its name in the API: `vacuum`, `encode`, `move` or `move_shards`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Vacuum => "vacuum",
+            Kind::Encode => "encode",
+            Kind::Move => "move",
+            Kind::MoveShards => "move_shards",
+        }
+    }
+
+    /// How a disk's work list names it.
+    fn described(self) -> &'static str {
+        match self {
+            Kind::Vacuum => "vacuum",
+            Kind::Encode => "erasure coding",
+            Kind::Move => "move",
+            Kind::MoveShards => "shard move",
+        }
+    }
+}
+
 /// One task's change to the cluster: what it holds on disks while it runs,
 /// and what it leaves once done.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Change {
     /// `JOB_ID/TASK_ID`, or a proposal's id.
     pub key: String,
@@ -179,15 +198,11 @@ pub struct Change {
     /// When it finished; `None` while it runs.
     pub finished_at_ms: Option<i64>,
     /// The volume's compaction revision when a vacuum began.
-    #[serde(skip)]
     pub revision_before: Option<u32>,
     /// What it was planned from, to plan again once the master knows the
     /// volume's size (it reports sizes with its servers' heartbeats).
-    #[serde(skip)]
     pub job_type: String,
-    #[serde(skip)]
     pub at: Where,
-    #[serde(skip)]
     pub sized: bool,
 }
 
@@ -207,12 +222,11 @@ impl Where {
     /// `target_server`/`target_node`).
     pub fn of(params: Option<&TaskParams>, loose: &dyn Fn(&str) -> Option<String>) -> Option<Where> {
         if let Some(p) = params.filter(|p| p.volume_id != 0 || !p.sources.is_empty()) {
-            let disk = |id: u32| Some(id);
             let volume = if p.volume_id != 0 { p.volume_id } else { p.sources[0].volume_id };
             return Some(Where {
                 volume,
-                sources: p.sources.iter().map(|s| (s.node.clone(), disk(s.disk_id), s.shard_ids.clone())).collect(),
-                targets: p.targets.iter().map(|t| (t.node.clone(), disk(t.disk_id), t.shard_ids.clone())).collect(),
+                sources: p.sources.iter().map(|s| (s.node.clone(), Some(s.disk_id), s.shard_ids.clone())).collect(),
+                targets: p.targets.iter().map(|t| (t.node.clone(), Some(t.disk_id), t.shard_ids.clone())).collect(),
             });
         }
         let volume: u32 = loose("volume_id")?.trim().parse().ok()?;
@@ -343,31 +357,6 @@ impl Change {
     }
 }
 
-/// One disk in the view: the master's figures, the changes under way or
-/// not yet reported, and what is left once they are counted.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct DiskView {
-    pub server: String,
-    pub data_center: String,
-    pub rack: String,
-    pub disk_type: String,
-    pub disk_id: u32,
-    pub max_volumes: i64,
-    pub volumes: i64,
-    pub ec_shards: i64,
-    /// Free volume slots by the master's word.
-    pub free_slots: i64,
-    pub used_bytes: u64,
-    /// Volumes and shards the changes add (or remove, when negative).
-    pub pending_volumes: i64,
-    pub pending_shards: i64,
-    pub pending_bytes: i64,
-    /// Free volume slots once the changes are counted.
-    pub free_slots_after: i64,
-    /// The changes counted here, as `KEY: kind of volume V`.
-    pub work: Vec<String>,
-}
-
 fn slots_used(volumes: i64, shards: i64) -> i64 {
     volumes + (shards.max(0) + SHARDS_PER_SLOT - 1) / SHARDS_PER_SLOT
 }
@@ -392,15 +381,16 @@ fn not_yet_shown(delta: &Delta, volume: u32, disk: &Disk) -> (i64, i64) {
     (volumes, shards)
 }
 
-/// The view: every disk with the changes that land on it counted.
-pub fn view(topology: &Topology, changes: &[Change]) -> Vec<DiskView> {
-    let mut disks: Vec<DiskView> = topology
+/// The view: every disk with the master's figures, and the changes that
+/// land on it counted (`pending_*`, `free_slots_after`, `work`).
+pub fn view(topology: &Topology, changes: &[Change]) -> Vec<DiskCapacity> {
+    let mut disks: Vec<DiskCapacity> = topology
         .disks
         .iter()
         .map(|d| {
             let volumes = d.volumes.len() as i64;
             let ec_shards = d.shard_count();
-            DiskView {
+            DiskCapacity {
                 server: d.server.clone(),
                 data_center: d.data_center.clone(),
                 rack: d.rack.clone(),
@@ -412,7 +402,7 @@ pub fn view(topology: &Topology, changes: &[Change]) -> Vec<DiskView> {
                 free_slots: d.free_slots,
                 used_bytes: d.used_bytes(),
                 free_slots_after: d.free_slots,
-                ..DiskView::default()
+                ..DiskCapacity::default()
             }
         })
         .collect();
@@ -424,12 +414,7 @@ pub fn view(topology: &Topology, changes: &[Change]) -> Vec<DiskView> {
             disk.pending_volumes += volumes;
             disk.pending_shards += shards;
             disk.pending_bytes += delta.bytes;
-            let what = match change.kind {
-                Kind::Vacuum => "vacuum",
-                Kind::Encode => "erasure coding",
-                Kind::Move => "move",
-                Kind::MoveShards => "shard move",
-            };
+            let what = change.kind.described();
             let when = if change.finished_at_ms.is_some() { ", done, not yet reported" } else { "" };
             let line = format!("{}: {what} of volume {}{when}", change.key, change.volume);
             if !disk.work.contains(&line) {
@@ -496,10 +481,6 @@ pub struct Changes {
 }
 
 impl Changes {
-    pub fn contains(&self, key: &str) -> bool {
-        self.by_key.contains_key(key)
-    }
-
     pub fn start(&mut self, change: Change) {
         self.by_key.entry(change.key.clone()).or_insert(change);
     }
@@ -512,11 +493,6 @@ impl Changes {
 
     pub fn drop_change(&mut self, key: &str) {
         self.by_key.remove(key);
-    }
-
-    /// Keys of the changes still running.
-    pub fn running(&self) -> Vec<String> {
-        self.by_key.values().filter(|c| c.finished_at_ms.is_none()).map(|c| c.key.clone()).collect()
     }
 
     /// Forgets the finished changes the master now shows (or that are old),
@@ -547,11 +523,12 @@ impl Changes {
 #[derive(Default)]
 pub struct Tracker {
     changes: std::sync::Mutex<Changes>,
-    /// The specs of jobs with a task of a changing job type (`None`: none).
-    specs: std::sync::Mutex<std::collections::HashMap<crate::model::JobId, Option<Arc<crate::model::JobSpec>>>>,
+    /// The specs of jobs with a task of a changing job type (`None`: none),
+    /// for the jobs with held attempts.
+    specs: std::sync::Mutex<HashMap<JobId, Option<Arc<crate::model::JobSpec>>>>,
     /// Tracked tasks by (job, index), for the engine's events.
-    keys: std::sync::Mutex<std::collections::HashMap<(crate::model::JobId, u32), String>>,
-    last: tokio::sync::Mutex<Option<(Topology, tokio::time::Instant)>>,
+    keys: std::sync::Mutex<HashMap<(JobId, u32), String>>,
+    last: tokio::sync::Mutex<Option<(Arc<Topology>, tokio::time::Instant)>>,
 }
 
 /// Job types whose tasks change what the disks hold.
@@ -593,7 +570,11 @@ impl Tracker {
     /// The master's topology: asked now when `fresh`, else asked again
     /// when older than 2 s; the last one known when the master cannot be
     /// reached, with the error.
-    pub async fn topology(&self, masters: &super::master::Masters, fresh: bool) -> (Option<Topology>, Option<String>) {
+    pub async fn topology(
+        &self,
+        masters: &super::master::Masters,
+        fresh: bool,
+    ) -> (Option<Arc<Topology>>, Option<String>) {
         let mut last = self.last.lock().await;
         if let Some((topology, at)) = last.as_ref().filter(|_| !fresh) {
             if at.elapsed() < std::time::Duration::from_secs(2) {
@@ -602,7 +583,7 @@ impl Tracker {
         }
         match super::master::volume_list(masters).await {
             Ok(list) => {
-                let topology = Topology::from_master(&list);
+                let topology = Arc::new(Topology::from_master(&list));
                 *last = Some((topology.clone(), tokio::time::Instant::now()));
                 (Some(topology), None)
             }
@@ -616,40 +597,39 @@ impl Tracker {
 
     /// A job's spec when it holds a task of a changing job type (asked of
     /// the engine once per job: most jobs hold none).
-    async fn spec_of(&self, shared: &super::Shared, job: crate::model::JobId) -> Option<Arc<crate::model::JobSpec>> {
+    async fn spec_of(&self, shared: &super::Shared, job: JobId) -> Option<Arc<crate::model::JobSpec>> {
         if let Some(known) = self.specs.lock().expect("capacity lock").get(&job) {
             return known.clone();
         }
         let spec = shared.engine.task_at(job, 0).await.ok().flatten().map(|(spec, _, _)| spec);
-        let spec = spec.filter(|s| s.tasks.iter().any(|t| CHANGING.contains(&&*t.job_type)));
+        let spec = spec.filter(|s| s.tasks.iter().any(|t| changes_disks(&t.job_type)));
         self.specs.lock().expect("capacity lock").insert(job, spec.clone());
         spec
     }
 
-    /// Starts following a task of a changing job type, if not yet followed.
-    async fn follow(&self, shared: &super::Shared, job: crate::model::JobId, idx: usize, topology: &Topology) {
+    /// Starts following task `idx` of a job if it is of a changing job type
+    /// and not yet followed.
+    async fn follow(&self, shared: &super::Shared, job: JobId, idx: usize) {
         if self.keys.lock().expect("capacity lock").contains_key(&(job, idx as u32)) {
             return;
         }
         let Some(spec) = self.spec_of(shared, job).await else { return };
-        let Some(task) = spec.tasks.get(idx) else { return };
-        if !CHANGING.contains(&&*task.job_type) {
-            return;
-        }
-        let key = format!("{job}/{}", task.id);
+        let Some(task) = spec.tasks.get(idx).filter(|t| changes_disks(&t.job_type)) else { return };
         let Some(at) = where_of(&task.parameters, &task.labels) else { return };
-        let Some(change) = Change::plan(key.clone(), &task.job_type, &at, topology) else { return };
+        let (Some(topology), _) = self.topology(&shared.options.masters, false).await else { return };
+        let key = format!("{job}/{}", task.id);
+        let Some(change) = Change::plan(key.clone(), &task.job_type, &at, &topology) else { return };
         self.keys.lock().expect("capacity lock").insert((job, idx as u32), key);
         self.changes.lock().expect("capacity lock").start(change);
     }
 
     /// Whether a job may hold a changing task (unknown jobs may).
-    fn may_change(&self, job: crate::model::JobId) -> bool {
+    fn may_change(&self, job: JobId) -> bool {
         self.specs.lock().expect("capacity lock").get(&job).is_none_or(Option::is_some)
     }
 
     /// A followed task ended: a success is kept until the master shows it.
-    fn ended(&self, job: crate::model::JobId, idx: u32, succeeded: bool, now: Timestamp) {
+    fn ended(&self, job: JobId, idx: u32, succeeded: bool, now: Timestamp) {
         let Some(key) = self.keys.lock().expect("capacity lock").remove(&(job, idx)) else { return };
         let mut changes = self.changes.lock().expect("capacity lock");
         if succeeded {
@@ -659,33 +639,37 @@ impl Tracker {
         }
     }
 
-    /// Brings the followed tasks in line with the attempts the engine holds,
-    /// and forgets the finished changes the master now shows.
+    /// Brings the followed tasks in line with the attempts the engine holds
+    /// (in case events were missed), forgets the specs of jobs that hold
+    /// none, and the finished changes the master now shows.
     async fn resync(&self, shared: &super::Shared) {
-        let (Some(topology), _) = self.topology(&shared.options.masters, false).await else { return };
         let Ok(held) = shared.engine.attempts().await else { return };
-        let mut live = std::collections::HashSet::new();
+        let mut live = HashSet::new();
         for attempt in &held {
-            if let Ok(Some((spec, idx, _))) = shared.engine.task(attempt.job, &attempt.task_id).await {
-                if CHANGING.contains(&&*spec.tasks[idx].job_type) {
-                    live.insert((attempt.job, idx as u32));
-                    self.follow(shared, attempt.job, idx, &topology).await;
-                }
+            let Some(spec) = self.spec_of(shared, attempt.job).await else { continue };
+            let Some(idx) = spec.tasks.iter().position(|t| *t.id == *attempt.task_id) else { continue };
+            if changes_disks(&spec.tasks[idx].job_type) {
+                live.insert((attempt.job, idx as u32));
+                self.follow(shared, attempt.job, idx).await;
             }
         }
+        let holding: HashSet<JobId> = held.iter().map(|a| a.job).collect();
+        self.specs.lock().expect("capacity lock").retain(|job, _| holding.contains(job));
         let now = shared.clock.now();
-        let gone: Vec<(crate::model::JobId, u32)> =
+        let gone: Vec<(JobId, u32)> =
             self.keys.lock().expect("capacity lock").keys().filter(|k| !live.contains(k)).copied().collect();
         for (job, idx) in gone {
             let state = shared.engine.task_at(job, idx as usize).await.ok().flatten().map(|(_, _, r)| r.state);
             self.ended(job, idx, state == Some(crate::model::TaskState::Succeeded), now);
         }
-        self.changes.lock().expect("capacity lock").settle(&topology, now);
+        if let (Some(topology), _) = self.topology(&shared.options.masters, false).await {
+            self.changes.lock().expect("capacity lock").settle(&topology, now);
+        }
     }
 }
 
 /// Follows the engine's events and resyncs every 2 s, while masters are given.
-pub fn spawn(shared: std::sync::Arc<super::Shared>) {
+pub fn spawn(shared: Arc<super::Shared>) {
     use crate::engine::Event;
     use crate::model::TaskState;
     let mut events = shared.engine.subscribe();
@@ -697,18 +681,12 @@ pub fn spawn(shared: std::sync::Arc<super::Shared>) {
                 event = events.recv() => match event {
                     Ok(Event::Task { job, idx, state, at, .. }) => match state {
                         TaskState::Assigned | TaskState::Running if shared.capacity.may_change(job) => {
-                            if let (Some(topology), _) = shared.capacity.topology(&shared.options.masters, false).await {
-                                shared.capacity.follow(&shared, job, idx as usize, &topology).await;
-                            }
+                            shared.capacity.follow(&shared, job, idx as usize).await;
                         }
                         TaskState::Succeeded => shared.capacity.ended(job, idx, true, at),
                         _ => shared.capacity.ended(job, idx, false, at),
                     },
-                    Ok(Event::Job { job, state, .. }) => {
-                        if state.is_terminal() {
-                            shared.capacity.specs.lock().expect("capacity lock").remove(&job);
-                        }
-                    }
+                    Ok(Event::Job { .. }) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => shared.capacity.resync(&shared).await,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 },
@@ -834,13 +812,14 @@ mod tests {
         let at = encode(1, "a:8080", &[("b:8080", &[0])]);
         let mut changes = Changes::default();
         changes.start(Change::plan("j/ec".into(), "erasure_coding", &at, &t).unwrap());
+        let finished = |changes: &Changes| changes.all().iter().map(|c| c.finished_at_ms).collect::<Vec<_>>();
         changes.settle(&t, Timestamp(0));
-        assert_eq!(changes.running(), vec!["j/ec".to_string()]);
+        assert_eq!(finished(&changes), [None]);
         changes.finish("j/ec", Timestamp(1000));
         changes.settle(&t, Timestamp(2000));
-        assert!(changes.contains("j/ec") && changes.running().is_empty());
+        assert_eq!(finished(&changes), [Some(1000)]);
         changes.settle(&t, Timestamp(1000 + UNREPORTED_AT_MOST_MS));
-        assert!(!changes.contains("j/ec"));
+        assert!(changes.all().is_empty());
     }
 
     #[test]

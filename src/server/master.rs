@@ -215,13 +215,18 @@ impl Turns {
     }
 }
 
-/// The lease and when it was taken and let go.
+/// A lease held, with when it was taken and last renewed.
+struct Holding {
+    lease: Lease,
+    since: tokio::time::Instant,
+    renewed_at: tokio::time::Instant,
+}
+
+/// The lease held, if any, and when the last one was let go.
 #[derive(Default)]
 struct LockState {
-    lease: Option<Lease>,
-    held_since: Option<tokio::time::Instant>,
+    holding: Option<Holding>,
     released_at: Option<tokio::time::Instant>,
-    renewed_at: Option<tokio::time::Instant>,
 }
 
 /// One lease on the cluster's `shell` lock, shared by every detection and by
@@ -258,7 +263,7 @@ impl ClusterLock {
         loop {
             let mut state = self.state.lock().await;
             let now = tokio::time::Instant::now();
-            let wait = match state.held_since {
+            let wait = match state.holding.as_ref().map(|h| h.since) {
                 Some(since) if !self.turns.turn_over(since, now) => {
                     self.users.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                     return Ok(Hold(self));
@@ -270,7 +275,7 @@ impl ClusterLock {
             if wait.is_zero() {
                 let lease = acquire(masters, SHELL_LOCK, message, deadline.saturating_duration_since(now)).await?;
                 let taken = tokio::time::Instant::now();
-                *state = LockState { lease: Some(lease), held_since: Some(taken), renewed_at: Some(taken), ..*state };
+                state.holding = Some(Holding { lease, since: taken, renewed_at: taken });
                 self.users.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                 return Ok(Hold(self));
             }
@@ -289,7 +294,7 @@ impl ClusterLock {
     /// go once what it runs has ended.
     pub async fn turn_over(&self) -> bool {
         let state = self.state.lock().await;
-        state.held_since.is_some_and(|since| self.turns.turn_over(since, tokio::time::Instant::now()))
+        state.holding.as_ref().is_some_and(|h| self.turns.turn_over(h.since, tokio::time::Instant::now()))
     }
 
     /// Renews while held; lets go once nobody holds it and its turn is over
@@ -300,26 +305,23 @@ impl ClusterLock {
             tokio::time::sleep(Duration::from_millis(250)).await;
             let mut state = self.state.lock().await;
             let now = tokio::time::Instant::now();
-            let (Some(since), Some(renewed)) = (state.held_since, state.renewed_at) else { continue };
+            let Some(holding) = state.holding.as_mut() else { continue };
             if self.users.load(std::sync::atomic::Ordering::Acquire) > 0 {
                 idle_since = None;
-                if now.saturating_duration_since(renewed) >= RENEW_EVERY / 2 {
-                    let Some(held) = state.lease.as_mut() else { continue };
-                    match renew(&masters, held, "jobcenter maintenance").await {
-                        Ok(()) => state.renewed_at = Some(now),
+                if now.saturating_duration_since(holding.renewed_at) >= RENEW_EVERY / 2 {
+                    match renew(&masters, &mut holding.lease, "jobcenter maintenance").await {
+                        Ok(()) => holding.renewed_at = now,
                         Err(e) => tracing::warn!(error = %e, "cannot renew the cluster lock"),
                     }
                 }
                 continue;
             }
             let idle = now.saturating_duration_since(*idle_since.get_or_insert(now));
-            if self.turns.turn_over(since, now) || idle >= self.turns.idle {
-                if let Some(held) = state.lease.take() {
-                    if let Err(e) = release(&masters, &held).await {
-                        tracing::warn!(error = %e, "cannot release the cluster lock");
-                    }
+            if self.turns.turn_over(holding.since, now) || idle >= self.turns.idle {
+                if let Err(e) = release(&masters, &holding.lease).await {
+                    tracing::warn!(error = %e, "cannot release the cluster lock");
                 }
-                *state = LockState { released_at: Some(tokio::time::Instant::now()), ..LockState::default() };
+                *state = LockState { holding: None, released_at: Some(tokio::time::Instant::now()) };
                 idle_since = None;
             }
         }
