@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::clock::Timestamp;
-use crate::model::{JobId, JobRecord, JobSpec, StateCounts, TaskIdx, TaskRecord, TaskState};
+use crate::model::{JobId, JobRecord, JobSpec, StateCounts, TaskIdx, TaskRecord, TaskState, Texts};
 use crate::store::{Batch, StoredJob};
 
 pub struct ActiveJob {
@@ -14,12 +14,18 @@ pub struct ActiveJob {
     /// For each task, how many of its parents have not succeeded.
     pub unmet: Vec<u32>,
     pub counts: StateCounts,
+    /// The texts its tasks report alike, held once.
+    pub texts: Texts,
 }
 
 impl ActiveJob {
     /// Rebuilds the derived state (unmet counts, state counts) from stored records.
     pub fn from_stored(stored: StoredJob) -> ActiveJob {
-        let StoredJob { record, spec, tasks } = stored;
+        let StoredJob { record, spec, mut tasks } = stored;
+        let mut texts = Texts::default();
+        for task in &mut tasks {
+            texts.share(task);
+        }
         let unmet = (0..spec.len() as u32)
             .map(|t| {
                 spec.dag.parents(t).iter().filter(|&&p| tasks[p as usize].state != TaskState::Succeeded).count() as u32
@@ -29,7 +35,7 @@ impl ActiveJob {
         for task in &tasks {
             counts.add(task.state);
         }
-        ActiveJob { record, spec, tasks, unmet, counts }
+        ActiveJob { record, spec, tasks, unmet, counts, texts }
     }
 
     pub fn id(&self) -> JobId {

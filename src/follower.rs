@@ -7,6 +7,8 @@
 //! a child that would become ready at the same moment is never dispatched.
 //! It reports when it ended the job's last task: the leader then finalizes.
 
+use std::sync::Arc;
+
 use crate::active::ActiveJob;
 use crate::clock::Timestamp;
 use crate::model::{HandlerId, JobId, TaskState};
@@ -97,6 +99,7 @@ pub fn complete(
     let mut released = Released::default();
     match outcome {
         Outcome::Succeeded { output } => {
+            let output = job.texts.lines(&output);
             let task = &mut job.tasks[idx as usize];
             task.output = output;
             task.error = None;
@@ -105,6 +108,7 @@ pub fn complete(
         Outcome::Failed { error, output } => {
             let retry_limit = job.spec.tasks[idx as usize].retry_limit;
             let backoff = job.spec.tasks[idx as usize].retry_backoff_seconds;
+            let (output, error) = (job.texts.lines(&output), job.texts.text(&error));
             let task = &mut job.tasks[idx as usize];
             task.output = output;
             task.error = Some(error);
@@ -123,7 +127,7 @@ pub fn complete(
             }
         }
         Outcome::Canceled { reason } => {
-            job.tasks[idx as usize].error = Some(reason);
+            job.tasks[idx as usize].error = Some(job.texts.text(&reason));
             fail(job, idx, TaskState::Canceled, now, batch);
         }
     }
@@ -175,10 +179,10 @@ pub fn lose(
         task.lost += 1;
     }
     let reason = loss.reason();
-    task.error = Some(reason.to_string());
+    task.error = Some(Arc::from(reason));
     task.handler = None;
     if task.lost > lost_limit {
-        task.error = Some(format!("{reason}; lost {} times, the limit is {lost_limit}", task.lost));
+        task.error = Some(Arc::from(format!("{reason}; lost {} times, the limit is {lost_limit}", task.lost)));
         fail(job, idx, TaskState::Failed, now, batch);
     } else if job.record.cancel_requested {
         fail(job, idx, TaskState::Canceled, now, batch);
@@ -199,7 +203,7 @@ pub fn abandon(job: &mut ActiveJob, idx: u32, reason: &str, now: Timestamp, batc
     if !job.tasks[idx as usize].state.is_held() {
         return released;
     }
-    job.tasks[idx as usize].error = Some(reason.to_string());
+    job.tasks[idx as usize].error = Some(Arc::from(reason));
     fail(job, idx, TaskState::Failed, now, batch);
     released.job_done = job.all_ended();
     released
@@ -226,8 +230,11 @@ fn fail(job: &mut ActiveJob, idx: u32, state: TaskState, now: Timestamp, batch: 
     job.set_state(idx, state, now);
     job.record_task(idx, batch);
     let (descendant_state, error) = match state {
-        TaskState::Canceled => (TaskState::Canceled, "canceled with its job".to_string()),
-        _ => (TaskState::UpstreamFailed, format!("upstream task {:?} failed", &*job.spec.tasks[idx as usize].id)),
+        TaskState::Canceled => (TaskState::Canceled, job.texts.text("canceled with its job")),
+        _ => (
+            TaskState::UpstreamFailed,
+            Arc::from(format!("upstream task {:?} failed", &*job.spec.tasks[idx as usize].id)),
+        ),
     };
     let spec = job.spec.clone();
     let mut stack: Vec<u32> = spec.dag.children(idx).to_vec();

@@ -177,7 +177,7 @@ pub fn fail_job(job: &mut ActiveJob, reason: &str, now: Timestamp, batch: &mut B
         if let (true, Some(handler)) = (task.state.is_held(), task.handler) {
             out.running.push((idx, task.attempt, handler));
         }
-        job.tasks[idx as usize].error = Some(reason.to_string());
+        job.tasks[idx as usize].error = Some(job.texts.text(reason));
         job.set_state(idx, TaskState::Failed, now);
         job.record_task(idx, batch);
     }

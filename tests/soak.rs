@@ -51,6 +51,23 @@ fn dir_mib(path: &std::path::Path) -> f64 {
     walk(path) as f64 / (1024.0 * 1024.0)
 }
 
+/// What the data directory is made of: its log, its snapshots and its blobs.
+fn dir_parts(path: &std::path::Path) -> String {
+    let mut parts = Vec::new();
+    for entry in std::fs::read_dir(path).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let (mib, files) = if entry.path().is_dir() {
+            let files = std::fs::read_dir(entry.path()).map(|d| d.count()).unwrap_or(0);
+            (dir_mib(&entry.path()), files)
+        } else {
+            (entry.metadata().map(|m| m.len()).unwrap_or(0) as f64 / (1024.0 * 1024.0), 1)
+        };
+        parts.push(format!("{name} {mib:.1} MiB/{files}"));
+    }
+    parts.sort();
+    parts.join(", ")
+}
+
 fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
@@ -141,6 +158,7 @@ async fn a_day_compressed_into_minutes() {
                 (sample.4).0,
                 (sample.4).1
             );
+            eprintln!("soak:          data directory: {}", dir_parts(&data));
             samples.push(sample);
         }
     }

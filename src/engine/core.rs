@@ -501,9 +501,10 @@ impl Core {
             Command::Progress { task, attempt, handler, progress } => {
                 let Some(job) = self.jobs.get_mut(&task.job) else { return };
                 if follower::start(job, task.idx.0, attempt, handler, now).is_ok() {
+                    let stage = job.texts.text(&progress.stage_line());
                     let record = &mut job.tasks[task.idx.index()];
                     record.progress_percent = progress.percent;
-                    record.stage = progress.stage_line();
+                    record.stage = stage;
                     record.updated_at = now;
                     if self.events.receiver_count() > 0 {
                         step.actions.push(Action::Event(task_event(task.job, task.idx.0, record)));
@@ -1277,11 +1278,11 @@ fn task_event(job: JobId, idx: u32, record: &TaskRecord) -> Event {
         idx,
         state: record.state,
         attempt: record.attempt,
-        error: record.error.clone(),
+        error: record.error.as_deref().map(String::from),
         handler: record.handler,
         at: record.updated_at,
         progress_percent: record.progress_percent,
-        stage: record.stage.clone(),
+        stage: record.stage.to_string(),
     }
 }
 

@@ -8,6 +8,6 @@ mod spec;
 mod state;
 
 pub use ids::{HandlerId, JobId, TaskIdx, TaskRef};
-pub use record::{JobOrigin, JobRecord, TaskRecord};
+pub use record::{JobOrigin, JobRecord, TaskRecord, Texts};
 pub use spec::{hex, JobSpec, Priority, TaskSpec};
 pub use state::{JobState, StateCounts, TaskState};

@@ -1,5 +1,8 @@
 //! The persisted runtime records of jobs and tasks.
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use super::{HandlerId, JobId, JobState, TaskState};
@@ -53,12 +56,12 @@ pub struct TaskRecord {
     pub finished_at: Option<Timestamp>,
     /// A ready task is not dispatched before this (retry backoff).
     pub not_before: Option<Timestamp>,
-    pub error: Option<String>,
+    pub error: Option<Arc<str>>,
     /// The last lines of output the handler reported (bounded).
-    pub output: Vec<String>,
+    pub output: Arc<[Arc<str>]>,
     /// The last progress the handler reported for the current attempt.
     pub progress_percent: f32,
-    pub stage: String,
+    pub stage: Arc<str>,
 }
 
 impl TaskRecord {
@@ -76,9 +79,118 @@ impl TaskRecord {
             finished_at: None,
             not_before: None,
             error: None,
-            output: Vec::new(),
+            output: Arc::new([]),
             progress_percent: 0.0,
-            stage: String::new(),
+            stage: Arc::from(""),
         }
+    }
+}
+
+/// Shares the texts that tasks of one job report alike (a stage, an
+/// output, an error), so that a million tasks saying the same words hold
+/// them once: stored and encoded the same as owned strings, the sharing
+/// costs nothing on disk. Long or many-line texts are not looked up, and
+/// the table starts over past a bound, so it stays small.
+#[derive(Debug, Default)]
+pub struct Texts {
+    texts: HashSet<Arc<str>>,
+    lines: HashSet<Arc<[Arc<str>]>>,
+}
+
+impl Texts {
+    /// Texts longer than this are kept as they are.
+    const LONGEST: usize = 256;
+    /// Outputs of more lines than this are kept as they are.
+    const MOST_LINES: usize = 8;
+    /// Distinct texts (and outputs) kept before the table starts over.
+    const MOST: usize = 4096;
+
+    pub fn text(&mut self, text: &str) -> Arc<str> {
+        if text.len() > Self::LONGEST {
+            return Arc::from(text);
+        }
+        if let Some(shared) = self.texts.get(text) {
+            return shared.clone();
+        }
+        if self.texts.len() >= Self::MOST {
+            self.texts.clear();
+        }
+        let shared: Arc<str> = Arc::from(text);
+        self.texts.insert(shared.clone());
+        shared
+    }
+
+    pub fn lines<S: AsRef<str>>(&mut self, lines: &[S]) -> Arc<[Arc<str>]> {
+        let lines: Vec<Arc<str>> = lines.iter().map(|l| self.text(l.as_ref())).collect();
+        if lines.len() > Self::MOST_LINES {
+            return Arc::from(lines);
+        }
+        if let Some(shared) = self.lines.get(&lines[..]) {
+            return shared.clone();
+        }
+        if self.lines.len() >= Self::MOST {
+            self.lines.clear();
+        }
+        let shared: Arc<[Arc<str>]> = Arc::from(lines);
+        self.lines.insert(shared.clone());
+        shared
+    }
+
+    /// Shares the texts of a record read back from the store.
+    pub fn share(&mut self, record: &mut TaskRecord) {
+        record.stage = self.text(&record.stage);
+        if !record.output.is_empty() {
+            record.output = self.lines(&record.output);
+        }
+        if let Some(error) = record.error.as_mut() {
+            *error = self.text(error);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alike_texts_and_outputs_are_held_once() {
+        let mut texts = Texts::default();
+        let (a, b) = (texts.text("started"), texts.text(&String::from("started")));
+        assert!(Arc::ptr_eq(&a, &b));
+        let (one, two) = (texts.lines(&["succeeded"]), texts.lines(&[String::from("succeeded")]));
+        assert!(Arc::ptr_eq(&one, &two));
+        assert!(!Arc::ptr_eq(&one, &texts.lines(&["succeeded", "again"])));
+        let long = "x".repeat(Texts::LONGEST + 1);
+        assert!(!Arc::ptr_eq(&texts.text(&long), &texts.text(&long)));
+    }
+
+    #[test]
+    fn the_table_starts_over_past_its_bound_and_stays_correct() {
+        let mut texts = Texts::default();
+        for n in 0..Texts::MOST * 2 {
+            assert_eq!(&*texts.text(&n.to_string()), n.to_string());
+        }
+        assert!(texts.texts.len() <= Texts::MOST);
+    }
+
+    #[test]
+    fn shared_texts_are_stored_as_owned_strings_were() {
+        // Records written before the texts were shared read back the same.
+        let stage: Arc<str> = Arc::from("copying");
+        assert_eq!(postcard::to_allocvec(&stage).unwrap(), postcard::to_allocvec(&String::from("copying")).unwrap());
+        let output: Arc<[Arc<str>]> = Arc::from(vec![Arc::from("one"), Arc::from("two")]);
+        let owned = vec![String::from("one"), String::from("two")];
+        assert_eq!(postcard::to_allocvec(&output).unwrap(), postcard::to_allocvec(&owned).unwrap());
+        let error: Option<Arc<str>> = Some(Arc::from("broke"));
+        assert_eq!(
+            postcard::to_allocvec(&error).unwrap(),
+            postcard::to_allocvec(&Some(String::from("broke"))).unwrap()
+        );
+
+        let mut record = TaskRecord::initial(false, Timestamp::default());
+        (record.stage, record.output, record.error) = (stage, output, error);
+        let mut shared = record.clone();
+        Texts::default().share(&mut shared);
+        assert_eq!(shared, record);
     }
 }

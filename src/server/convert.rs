@@ -60,7 +60,7 @@ pub fn task_of(spec: &crate::model::JobSpec, idx: usize, task: &crate::model::Ta
         job_type: task_spec.job_type.to_string(),
         state: task.state.as_str().into(),
         attempt: task.attempt,
-        error: task.error.clone().unwrap_or_default(),
+        error: task.error.as_deref().unwrap_or_default().to_string(),
         handler: task.handler.map(|h| h.to_string()).unwrap_or_default(),
         failures: task.failures,
         lost: task.lost,
@@ -73,9 +73,9 @@ pub fn task_of(spec: &crate::model::JobSpec, idx: usize, task: &crate::model::Ta
         priority: task_spec.priority.as_str().into(),
         labels: task_spec.labels.clone().into_iter().collect(),
         parameters: task_spec.parameters.to_string(),
-        output: task.output.clone(),
+        output: task.output.iter().map(|l| l.to_string()).collect(),
         progress_percent: f64::from(task.progress_percent),
-        stage: task.stage.clone(),
+        stage: task.stage.to_string(),
         worker_id: String::new(),
     }
 }

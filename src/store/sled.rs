@@ -25,6 +25,13 @@ const INIT_MARKER_FILE: &str = "JOBCENTER.creating";
 const SCHEMA_KEY: &[u8] = b"schema_version";
 /// Settings live in the `meta` tree under this prefix.
 const SETTING_PREFIX: &str = "setting/";
+/// The most memory sled's page cache holds. The engine keeps every active
+/// job in memory itself; the cache serves listings, ended jobs read back
+/// and the pages a step updates.
+const CACHE_BYTES: u64 = 32 * 1024 * 1024;
+/// How often sled's background thread flushes and then reclaims segments
+/// (for at most half this long each time).
+const SEGMENT_CLEANING_EVERY_MS: u64 = 1000;
 
 pub struct SledStore {
     path: PathBuf,
@@ -209,11 +216,13 @@ fn clear_except(dir: &Path, keep: &str) -> std::io::Result<()> {
 
 /// sled 0.34 can panic on a damaged directory; turn that into an error.
 fn open_guarded(path: &Path, display: &str) -> Result<sled::Db, Error> {
-    let config = sled::Config::new()
-        .path(path)
-        .cache_capacity(128 * 1024 * 1024)
-        .mode(sled::Mode::HighThroughput)
-        .flush_every_ms(None);
+    // Every write is made durable by an explicit flush (group commit); the
+    // background flusher is kept because sled 0.34 moves the live pages
+    // out of mostly empty log segments mainly from that thread: without it,
+    // the space of removed jobs is reused far too slowly and the log grows
+    // for as long as the server runs.
+    let config =
+        sled::Config::new().path(path).cache_capacity(CACHE_BYTES).flush_every_ms(Some(SEGMENT_CLEANING_EVERY_MS));
     // The panic hook is the process's: one open at a time swaps it, or two
     // at once could leave it silenced for good.
     static HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
