@@ -1,7 +1,7 @@
 //! The persisted runtime records of jobs and tasks.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -58,9 +58,11 @@ pub struct TaskRecord {
     pub not_before: Option<Timestamp>,
     pub error: Option<Arc<str>>,
     /// The last lines of output the handler reported (bounded).
+    #[serde(deserialize_with = "lines_or_none")]
     pub output: Arc<[Arc<str>]>,
     /// The last progress the handler reported for the current attempt.
     pub progress_percent: f32,
+    #[serde(deserialize_with = "text_or_empty")]
     pub stage: Arc<str>,
 }
 
@@ -79,11 +81,33 @@ impl TaskRecord {
             finished_at: None,
             not_before: None,
             error: None,
-            output: Arc::new([]),
+            output: no_lines(),
             progress_percent: 0.0,
-            stage: Arc::from(""),
+            stage: empty_text(),
         }
     }
+}
+
+/// The empty text, one allocation for every record that has none.
+pub fn empty_text() -> Arc<str> {
+    static EMPTY: OnceLock<Arc<str>> = OnceLock::new();
+    EMPTY.get_or_init(|| Arc::from("")).clone()
+}
+
+/// No output, one allocation for every record that has none.
+pub fn no_lines() -> Arc<[Arc<str>]> {
+    static NONE: OnceLock<Arc<[Arc<str>]>> = OnceLock::new();
+    NONE.get_or_init(|| Arc::new([])).clone()
+}
+
+fn text_or_empty<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Arc<str>, D::Error> {
+    let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+    Ok(if text.is_empty() { empty_text() } else { Arc::from(text.as_ref()) })
+}
+
+fn lines_or_none<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Arc<[Arc<str>]>, D::Error> {
+    let lines = <Vec<Arc<str>>>::deserialize(deserializer)?;
+    Ok(if lines.is_empty() { no_lines() } else { Arc::from(lines) })
 }
 
 /// Shares the texts that tasks of one job report alike (a stage, an
@@ -106,6 +130,9 @@ impl Texts {
     const MOST: usize = 4096;
 
     pub fn text(&mut self, text: &str) -> Arc<str> {
+        if text.is_empty() {
+            return empty_text();
+        }
         if text.len() > Self::LONGEST {
             return Arc::from(text);
         }
@@ -121,6 +148,9 @@ impl Texts {
     }
 
     pub fn lines<S: AsRef<str>>(&mut self, lines: &[S]) -> Arc<[Arc<str>]> {
+        if lines.is_empty() {
+            return no_lines();
+        }
         let lines: Vec<Arc<str>> = lines.iter().map(|l| self.text(l.as_ref())).collect();
         if lines.len() > Self::MOST_LINES {
             return Arc::from(lines);
@@ -160,6 +190,9 @@ mod tests {
         let (one, two) = (texts.lines(&["succeeded"]), texts.lines(&[String::from("succeeded")]));
         assert!(Arc::ptr_eq(&one, &two));
         assert!(!Arc::ptr_eq(&one, &texts.lines(&["succeeded", "again"])));
+        assert!(Arc::ptr_eq(&texts.text(""), &TaskRecord::initial(false, Timestamp::default()).stage));
+        let none: [&str; 0] = [];
+        assert!(Arc::ptr_eq(&texts.lines(&none), &TaskRecord::initial(true, Timestamp::default()).output));
         let long = "x".repeat(Texts::LONGEST + 1);
         assert!(!Arc::ptr_eq(&texts.text(&long), &texts.text(&long)));
     }
@@ -187,8 +220,15 @@ mod tests {
             postcard::to_allocvec(&Some(String::from("broke"))).unwrap()
         );
 
-        let mut record = TaskRecord::initial(false, Timestamp::default());
+        let fresh = TaskRecord::initial(false, Timestamp::default());
+        let decoded: TaskRecord = postcard::from_bytes(&postcard::to_allocvec(&fresh).unwrap()).unwrap();
+        assert_eq!(decoded, fresh);
+        assert!(Arc::ptr_eq(&decoded.stage, &fresh.stage) && Arc::ptr_eq(&decoded.output, &fresh.output));
+
+        let mut record = fresh;
         (record.stage, record.output, record.error) = (stage, output, error);
+        let decoded: TaskRecord = postcard::from_bytes(&postcard::to_allocvec(&record).unwrap()).unwrap();
+        assert_eq!(decoded, record);
         let mut shared = record.clone();
         Texts::default().share(&mut shared);
         assert_eq!(shared, record);
