@@ -163,6 +163,17 @@ fn half_garbage(cluster: &Cluster, collection: &str) -> (seaweedfs::Volume, Vec<
     (volume, kept)
 }
 
+/// A job of one task, `vacuum`, of `volume` in `collection`, with `more` parameters.
+fn one_vacuum(name: &str, volume: &seaweedfs::Volume, collection: &str, more: Value) -> Value {
+    let mut parameters = json!({"volume_id": volume.id, "server": volume.server, "collection": collection});
+    parameters.as_object_mut().unwrap().extend(more.as_object().cloned().unwrap_or_default());
+    json!({
+        "name": name,
+        "tasks": [{"id": "vacuum", "job_type": "vacuum", "labels": {"volume_id": volume.id.to_string()},
+                   "parameters": parameters}]
+    })
+}
+
 fn capability_types(worker: &Value) -> Vec<String> {
     worker["capabilities"]
         .as_array()
@@ -978,11 +989,7 @@ fn a_hung_vacuum_worker_is_taken_for_silent_and_another_worker_vacuums_the_volum
     // The vacuum is under way (its volume server answers slowly), then its
     // worker hangs (SIGSTOP): no heartbeat, no progress, its stream still open.
     let slow = server.freeze();
-    let job_id = setup.submit(&json!({
-        "name": format!("hung-vacuum-{id}"),
-        "tasks": [{"id": "vacuum", "job_type": "vacuum", "labels": {"volume_id": id.to_string()},
-                   "parameters": {"volume_id": id, "server": volume.server, "collection": "hung"}}]
-    }));
+    let job_id = setup.submit(&one_vacuum(&format!("hung-vacuum-{id}"), &volume, "hung", json!({})));
     let running = wait_until(WAIT, || (task(&setup.job(&job_id), "vacuum")["state"] == "running").then_some(()));
     assert!(running.is_some(), "{}\n{}", setup.job(&job_id), setup.context(&["weed-hung"]));
     let stopped = seaweedfs::freeze(&hung);
@@ -1389,12 +1396,8 @@ fn a_vacuum_without_progress_for_twice_its_estimate_is_canceled_on_its_live_work
     // its heartbeat, but its vacuum makes no progress. The task declares
     // an estimated runtime of 2 s, as SeaweedFS's detectors do.
     let frozen = server.freeze();
-    let job_id = setup.submit(&json!({
-        "name": format!("stuck-vacuum-{id}"),
-        "tasks": [{"id": "vacuum", "job_type": "vacuum", "labels": {"volume_id": id.to_string()},
-                   "parameters": {"volume_id": id, "server": volume.server, "collection": "stuck",
-                                  "estimated_runtime_seconds": 2}}]
-    }));
+    let estimate = json!({"estimated_runtime_seconds": 2});
+    let job_id = setup.submit(&one_vacuum(&format!("stuck-vacuum-{id}"), &volume, "stuck", estimate));
     let submitted = Instant::now();
     // After 4 s without progress the attempt is taken back (not counted as
     // lost: its worker is alive) and the worker is told to cancel it.
