@@ -127,17 +127,30 @@ async fn transitions(dir: &Path) -> serde_json::Value {
     let spec = parse(&layered(n, 100, 3, ""));
     let engine = engine(dir).await;
     LocalExecutor::start(engine.clone(), Registry::new(builtin_handlers()), 1024, None).await.unwrap();
+    let commits = Arc::new(std::sync::Mutex::new((0u64, Duration::ZERO, Duration::ZERO)));
+    let counted = commits.clone();
+    engine.on_commit(Arc::new(move |whole, flush| {
+        let mut c = counted.lock().unwrap();
+        *c = (c.0 + 1, c.1 + whole, c.2 + flush);
+    }));
     let started = Instant::now();
     let job = engine.submit(spec, JobOrigin::User).await.unwrap();
     let submitted = started.elapsed();
+    let before = *commits.lock().unwrap();
     let record = engine.wait(job).await.unwrap();
     let elapsed = started.elapsed() - submitted;
+    let after = *commits.lock().unwrap();
     assert_eq!(record.state, JobState::Succeeded);
+    let count = after.0 - before.0;
     serde_json::json!({
         "tasks": n,
         "seconds": elapsed.as_secs_f64(),
         "transitions_per_s": n as f64 / elapsed.as_secs_f64(),
         "peak_rss_mib": peak_rss_mib(),
+        "commits": count,
+        "tasks_per_commit": n as f64 / count.max(1) as f64,
+        "committing_s": (after.1 - before.1).as_secs_f64(),
+        "flushing_s": (after.2 - before.2).as_secs_f64(),
     })
 }
 
