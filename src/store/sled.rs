@@ -37,10 +37,10 @@ const SEGMENT_CLEANING_EVERY_MS: u64 = 1000;
 /// reclaimed sooner: with sled's default (512 KiB) a server that keeps
 /// 10,000 ended jobs grew its log about twice as fast. Smaller still
 /// (64 KiB) made large steps slower.
-pub(super) const SEGMENT_BYTES: usize = 128 * 1024;
+const SEGMENT_BYTES: usize = 128 * 1024;
 /// The segment size of directories created before [`SEGMENT_BYTES`]: sled's
 /// default. A directory keeps the size it was created with for good.
-pub(super) const FORMER_SEGMENT_BYTES: usize = 512 * 1024;
+const FORMER_SEGMENT_BYTES: usize = 512 * 1024;
 
 pub struct SledStore {
     path: PathBuf,

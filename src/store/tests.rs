@@ -59,11 +59,12 @@ fn recorded_segment_bytes(path: &std::path::Path) -> usize {
 
 #[test]
 fn sled_store_creates_small_segments_and_keeps_an_older_directorys_own() {
-    use super::sled::{FORMER_SEGMENT_BYTES, SEGMENT_BYTES};
+    // sled's default, which directories created before had.
+    const FORMER_SEGMENT_BYTES: usize = 512 * 1024;
     let dir = tempfile::tempdir().unwrap();
     let fresh = dir.path().join("fresh");
     drop(SledStore::open(&fresh).unwrap());
-    assert_eq!(recorded_segment_bytes(&fresh), SEGMENT_BYTES);
+    assert_eq!(recorded_segment_bytes(&fresh), 128 * 1024);
 
     // A directory created before, with sled's default segments, opens as it was.
     let older = dir.path().join("older");
