@@ -32,15 +32,6 @@ const CACHE_BYTES: u64 = 32 * 1024 * 1024;
 /// How often sled's background thread flushes and then reclaims segments
 /// (for at most half this long each time).
 const SEGMENT_CLEANING_EVERY_MS: u64 = 1000;
-/// The size of the log segments of a data directory created now. sled
-/// reclaims a segment once half of it is dead, so smaller segments are
-/// reclaimed sooner: with sled's default (512 KiB) a server that keeps
-/// 10,000 ended jobs grew its log about twice as fast. Smaller still
-/// (64 KiB) made large steps slower.
-const SEGMENT_BYTES: usize = 128 * 1024;
-/// The segment size of directories created before [`SEGMENT_BYTES`]: sled's
-/// default. A directory keeps the size it was created with for good.
-const FORMER_SEGMENT_BYTES: usize = 512 * 1024;
 
 pub struct SledStore {
     path: PathBuf,
@@ -80,12 +71,6 @@ impl SledStore {
     /// Creation is itself crash-safe: `JOBCENTER.creating` is written first
     /// and `JOBCENTER` last, so a creation cut short is started over.
     pub fn open(path: &Path) -> Result<SledStore, Error> {
-        SledStore::open_creating_with(path, SEGMENT_BYTES)
-    }
-
-    /// Opens `path`, creating it with log segments of `segment_bytes` if it
-    /// is new; an existing directory keeps the size it was created with.
-    pub(super) fn open_creating_with(path: &Path, segment_bytes: usize) -> Result<SledStore, Error> {
         let display = path.display().to_string();
         let unusable = |detail: String| Error::Unusable { path: display.clone(), detail };
         let corrupt = |detail: String| Error::Corrupt { path: display.clone(), detail };
@@ -126,8 +111,7 @@ impl SledStore {
             false
         };
 
-        let segment_bytes = if fresh { segment_bytes } else { stored_segment_bytes(path) };
-        let db = open_guarded(path, &display, segment_bytes)?;
+        let db = open_guarded(path, &display)?;
         let open_tree = |name: &str| db.open_tree(name).map_err(|e| corrupt(e.to_string()));
         let store = SledStore { meta: open_tree("meta")?, data: open_tree("data")?, path: path.to_path_buf(), db };
         if fresh {
@@ -230,32 +214,15 @@ fn clear_except(dir: &Path, keep: &str) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The segment size an existing directory was created with, from the
-/// `conf` file sled keeps beside its log (sled refuses any other size);
-/// [`FORMER_SEGMENT_BYTES`] if the file does not say.
-fn stored_segment_bytes(path: &Path) -> usize {
-    std::fs::read(path.join("conf"))
-        .ok()
-        .and_then(|conf| {
-            String::from_utf8_lossy(&conf)
-                .lines()
-                .find_map(|line| line.strip_prefix("segment_size:").and_then(|size| size.trim().parse().ok()))
-        })
-        .unwrap_or(FORMER_SEGMENT_BYTES)
-}
-
 /// sled 0.34 can panic on a damaged directory; turn that into an error.
-fn open_guarded(path: &Path, display: &str, segment_bytes: usize) -> Result<sled::Db, Error> {
+fn open_guarded(path: &Path, display: &str) -> Result<sled::Db, Error> {
     // Every write is made durable by an explicit flush (group commit); the
     // background flusher is kept because sled 0.34 moves the live pages
     // out of mostly empty log segments mainly from that thread: without it,
     // the space of removed jobs is reused far too slowly and the log grows
     // for as long as the server runs.
-    let config = sled::Config::new()
-        .path(path)
-        .cache_capacity(CACHE_BYTES)
-        .flush_every_ms(Some(SEGMENT_CLEANING_EVERY_MS))
-        .segment_size(segment_bytes);
+    let config =
+        sled::Config::new().path(path).cache_capacity(CACHE_BYTES).flush_every_ms(Some(SEGMENT_CLEANING_EVERY_MS));
     // The panic hook is the process's: one open at a time swaps it, or two
     // at once could leave it silenced for good.
     static HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -33,56 +33,17 @@ fn sled_store_survives_reopen() {
         store.write(&Batch { new_jobs: vec![(job.clone(), spec.clone())], ..Batch::default() }).unwrap();
         store.flush().unwrap();
     }
-    let store = reopen(&path);
-    assert_eq!(store.get_job(job.id).unwrap().unwrap().record, job);
-}
-
-/// Opens a directory just closed: sled's background threads may hold its
-/// lock a few milliseconds past the drop.
-fn reopen(path: &std::path::Path) -> SledStore {
+    // sled's background threads may hold the lock a few milliseconds past the drop.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match SledStore::open(path) {
+    let store = loop {
+        match SledStore::open(&path) {
             Err(super::Error::Locked { .. }) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             opened => break opened.unwrap(),
         }
-    }
-}
-
-/// The log segment size sled records in a directory's `conf` file.
-fn recorded_segment_bytes(path: &std::path::Path) -> usize {
-    let conf = String::from_utf8_lossy(&std::fs::read(path.join("conf")).unwrap()).into_owned();
-    conf.lines().find_map(|l| l.strip_prefix("segment_size: ")).unwrap().trim().parse().unwrap()
-}
-
-#[test]
-fn sled_store_creates_small_segments_and_keeps_an_older_directorys_own() {
-    // sled's default, which directories created before had.
-    const FORMER_SEGMENT_BYTES: usize = 512 * 1024;
-    let dir = tempfile::tempdir().unwrap();
-    let fresh = dir.path().join("fresh");
-    drop(SledStore::open(&fresh).unwrap());
-    assert_eq!(recorded_segment_bytes(&fresh), 128 * 1024);
-
-    // A directory created before, with sled's default segments, opens as it was.
-    let older = dir.path().join("older");
-    let spec = spec(4);
-    let job = record(&spec, JobState::Running);
-    {
-        let store = SledStore::open_creating_with(&older, FORMER_SEGMENT_BYTES).unwrap();
-        store.write(&Batch { new_jobs: vec![(job.clone(), spec.clone())], ..Batch::default() }).unwrap();
-        store.flush().unwrap();
-    }
-    assert_eq!(recorded_segment_bytes(&older), FORMER_SEGMENT_BYTES);
-    assert_eq!(reopen(&older).get_job(job.id).unwrap().unwrap().record, job);
-    assert_eq!(recorded_segment_bytes(&older), FORMER_SEGMENT_BYTES);
-
-    // Without the file that records it, an existing directory has sled's default.
-    std::fs::remove_file(older.join("conf")).unwrap();
-    assert_eq!(reopen(&older).get_job(job.id).unwrap().unwrap().record, job);
-    assert_eq!(recorded_segment_bytes(&older), FORMER_SEGMENT_BYTES);
+    };
+    assert_eq!(store.get_job(job.id).unwrap().unwrap().record, job);
 }
 
 #[test]
