@@ -171,15 +171,16 @@ pub fn lose(
     batch: &mut Batch,
 ) -> Released {
     let mut released = Released::default();
-    let task = &mut job.tasks[idx as usize];
-    if !task.state.is_held() {
+    if !job.tasks[idx as usize].state.is_held() {
         return released;
     }
+    let reason = loss.reason();
+    let error = job.texts.text(reason);
+    let task = &mut job.tasks[idx as usize];
     if loss.counts() {
         task.lost += 1;
     }
-    let reason = loss.reason();
-    task.error = Some(Arc::from(reason));
+    task.error = Some(error);
     task.handler = None;
     if task.lost > lost_limit {
         task.error = Some(Arc::from(format!("{reason}; lost {} times, the limit is {lost_limit}", task.lost)));
@@ -203,7 +204,7 @@ pub fn abandon(job: &mut ActiveJob, idx: u32, reason: &str, now: Timestamp, batc
     if !job.tasks[idx as usize].state.is_held() {
         return released;
     }
-    job.tasks[idx as usize].error = Some(Arc::from(reason));
+    job.tasks[idx as usize].error = Some(job.texts.text(reason));
     fail(job, idx, TaskState::Failed, now, batch);
     released.job_done = job.all_ended();
     released

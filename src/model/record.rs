@@ -169,9 +169,7 @@ impl Texts {
     /// Shares the texts of a record read back from the store.
     pub fn share(&mut self, record: &mut TaskRecord) {
         record.stage = self.text(&record.stage);
-        if !record.output.is_empty() {
-            record.output = self.lines(&record.output);
-        }
+        record.output = self.lines(&record.output);
         if let Some(error) = record.error.as_mut() {
             *error = self.text(error);
         }
