@@ -6,6 +6,13 @@ use clap::Parser;
 use jobcenter::cli::{self, Cli, LogFormat};
 use tracing_subscriber::EnvFilter;
 
+/// jemalloc returns the pages it frees to the system within seconds, where
+/// the C library's allocator keeps a passing peak (a compaction's two
+/// databases) in each thread's arena for good.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Output piped into a reader that stops early (`jobcenter jobs | head`) is
 /// not an error: the process ends quietly, as the shell expects (128 + SIGPIPE).
 fn quiet_on_closed_stdout() {

@@ -146,3 +146,74 @@ fn the_server_removes_jobs_older_than_the_age_kept_by_itself() {
     let log = std::fs::read_to_string(&server.log).unwrap();
     assert!(log.contains("ended jobs removed"), "the log says so");
 }
+
+/// A counter's value in the server's metrics.
+fn counter(server: &Server, name: &str) -> f64 {
+    let metrics = get(&server.http, "/metrics");
+    let prefix = format!("{name} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name} in the metrics"))
+}
+
+/// The generations (`log.N`) in a data directory.
+fn generations(data: &std::path::Path) -> Vec<u64> {
+    let mut found: Vec<u64> = std::fs::read_dir(data)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_str()?.strip_prefix("log.")?.parse().ok())
+        .collect();
+    found.sort();
+    found
+}
+
+#[test]
+fn the_server_compacts_its_data_directory_and_a_kill_after_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = ["--local-workers", "2", "--keep-ended", "3", "--prune-interval", "200ms"];
+    let server = Server::start(&data, &args);
+    let parked = submit(&server, dir.path(), "parked", "parked", false);
+    let set = server.cli(&["policy", "set", "noop", "max_jobs_per_detection=7"]);
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    let wide = dir.path().join("wide.json");
+    let tasks: Vec<String> = (0..2_000)
+        .map(|i| format!(r#"{{"id":"task-{i}-{}","job_type":"noop","parameters":{{"sleep_ms":0}}}}"#, "x".repeat(48)))
+        .collect();
+    std::fs::write(&wide, format!(r#"{{"name":"wide","tasks":[{}]}}"#, tasks.join(","))).unwrap();
+
+    // Jobs of 2,000 tasks run and are removed until the log has grown enough
+    // for the server to compact it.
+    let started = std::time::Instant::now();
+    let mut done = Vec::new();
+    while counter(&server, "jobcenter_store_compactions_total") < 1.0 {
+        assert!(started.elapsed() < Duration::from_secs(240), "no compaction after {} jobs", done.len());
+        let job = server.cli_json(&["submit", wide.to_str().unwrap(), "--wait", "--json"]);
+        assert_eq!(job["state"], "succeeded", "{}", job["tasks"][0]);
+        done.push(job["id"].as_str().unwrap().to_string());
+    }
+    assert!(counter(&server, "jobcenter_store_reclaimed_bytes_total") > 0.0);
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    assert!(log.contains("store compacted"), "the log says so");
+    let live = generations(&data);
+    assert!(live.len() == 1 && live[0] >= 2, "one generation, a compacted one: {live:?}");
+
+    // SIGKILL right after, and a restart: what was kept is there, whole.
+    let kept: Vec<String> = done.iter().rev().take(2).cloned().collect();
+    drop(server);
+    let server = Server::start(&data, &args);
+    for id in &kept {
+        let job = server.cli_json(&["job", id, "--json"]);
+        assert_eq!(job["state"], "succeeded", "{}", job["tasks"][0]);
+        assert_eq!(job["tasks"].as_array().map(Vec::len), Some(2_000));
+    }
+    let parked = server.cli_json(&["job", &parked, "--json"]);
+    assert!(matches!(parked["state"].as_str(), Some("pending" | "running")), "{parked}");
+    let policy = server.cli(&["policy", "get", "noop"]);
+    let policy = String::from_utf8_lossy(&policy.stdout);
+    assert!(policy.lines().any(|l| l.contains("max_jobs_per_detection") && l.contains('7')), "{policy}");
+    let job = server.cli_json(&["submit", wide.to_str().unwrap(), "--wait", "--json"]);
+    assert_eq!(job["state"], "succeeded", "the restarted server runs jobs: {}", job["tasks"][0]);
+    assert_eq!(generations(&data).len(), 1);
+}

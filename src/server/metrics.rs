@@ -59,6 +59,8 @@ pub struct Metrics {
     proposals: IntCounterVec,
     deactivations: prometheus::IntCounter,
     pruned: prometheus::IntCounter,
+    compactions: prometheus::IntCounter,
+    reclaimed: prometheus::IntCounter,
     /// Whether the committer reports its timings (see `commit_observer`).
     committer_reports: Arc<AtomicBool>,
 }
@@ -154,6 +156,16 @@ impl Metrics {
                 "jobcenter_jobs_pruned_total",
                 "Ended jobs removed by the retention rules (background and `prune`).",
             ),
+            compactions: counter(
+                &registry,
+                "jobcenter_store_compactions_total",
+                "Compactions of the data directory's log while the server ran.",
+            ),
+            reclaimed: counter(
+                &registry,
+                "jobcenter_store_reclaimed_bytes_total",
+                "Bytes of disk the data directory's compactions gave back.",
+            ),
             registry,
             committer_reports: Arc::new(AtomicBool::new(false)),
         }
@@ -177,6 +189,11 @@ impl Metrics {
 
     pub fn jobs_pruned(&self, n: u64) {
         self.pruned.inc_by(n);
+    }
+
+    pub fn store_compacted(&self, done: &crate::store::Reclaimed) {
+        self.compactions.inc();
+        self.reclaimed.inc_by(done.before_bytes.saturating_sub(done.after_bytes));
     }
 
     pub fn record_detection(&self, job_type: &str) {

@@ -3,7 +3,8 @@
 //! batches, so that the store holds what is kept and no more however long
 //! the server runs. `jobcenter prune` does the same now, or only names them.
 //! With several admins on one database, the live instance with the lowest
-//! id prunes for all.
+//! id prunes for all. After each prune the store may reclaim the space of
+//! what was removed (`Store::reclaim`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -107,6 +108,27 @@ pub fn spawn_loop(shared: std::sync::Arc<Shared>) {
             if let Err(e) = prune(&shared, false).await {
                 tracing::warn!(error = %e, "pruning ended jobs failed; trying again at the next interval");
             }
+            reclaim(&shared).await;
         }
     });
+}
+
+/// Lets the store give back the space of what was removed, when that is due
+/// (a sled data directory compacts its log while the server runs).
+async fn reclaim(shared: &Shared) {
+    let store = shared.engine.store().clone();
+    match tokio::task::spawn_blocking(move || store.reclaim()).await {
+        Ok(Ok(Some(done))) => {
+            shared.metrics.store_compacted(&done);
+            tracing::info!(
+                before_mib = done.before_bytes / (1024 * 1024),
+                after_mib = done.after_bytes / (1024 * 1024),
+                took_ms = done.took.as_millis() as u64,
+                "store compacted"
+            );
+        }
+        Ok(Ok(None)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "compacting the store failed; trying again at the next interval"),
+        Err(e) => tracing::warn!(error = %e, "compacting the store stopped"),
+    }
 }

@@ -211,4 +211,17 @@ pub trait Store: Send + Sync + 'static {
     fn cluster(&self) -> Option<&dyn cluster::Cluster> {
         None
     }
+    /// Gives back the space the store's history holds, if that is due now
+    /// (a sled directory compacts its log); `None` when nothing was done.
+    fn reclaim(&self) -> Result<Option<Reclaimed>, Error> {
+        Ok(None)
+    }
+}
+
+/// What a `reclaim` did: the store's size on disk before and after.
+#[derive(Clone, Debug)]
+pub struct Reclaimed {
+    pub before_bytes: u64,
+    pub after_bytes: u64,
+    pub took: std::time::Duration,
 }

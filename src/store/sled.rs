@@ -9,19 +9,51 @@
 //! change in clusters (a step touches a task and its children, a layer ends
 //! together), and sled's cost is per key, so one key per group makes a step
 //! a few writes rather than one per task.
+//!
+//! The data directory holds `JOBCENTER` (the marker and schema), `LOCK`
+//! (held while a process has it open), `CURRENT` (which generation is live)
+//! and the live generation's sled database in `log.N`. sled 0.34 reclaims a
+//! log segment only once half of it is dead, so a server that adds and
+//! removes jobs for months leaves a log many times its live data. A
+//! compaction copies the live trees into generation `N+1` while writes go
+//! on, replays the writes made meanwhile, makes the copy durable, and then
+//! switches `CURRENT`: the rename of `CURRENT` is the one moment the new
+//! generation becomes the data directory, so a crash before it leaves the
+//! old one whole and a crash after it the new one. Whatever generation
+//! `CURRENT` does not name is removed when the directory is opened. A
+//! directory from before generations (sled's files at its top) is
+//! generation 0 until its first compaction.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Instant;
 
 use super::codec::{self, decode_job, decode_spec, encode, encode_spec, split_task_key};
-use super::{Batch, Error, JobFilter, Store, StoredJob, SCHEMA_VERSION};
+use super::{Batch, Error, JobFilter, Reclaimed, Store, StoredJob, SCHEMA_VERSION};
 use crate::model::{JobId, JobRecord, TaskRecord};
 
 /// The file that marks a directory as jobcenter's, written once at creation.
 const MARKER_FILE: &str = "JOBCENTER";
 /// Present only while a new data directory is being created.
 const INIT_MARKER_FILE: &str = "JOBCENTER.creating";
+/// Held locked by the process that has the directory open.
+const LOCK_FILE: &str = "LOCK";
+/// Names the live generation and the size it had when it was written.
+const CURRENT_FILE: &str = "CURRENT";
+/// A generation's directory is this prefix and its number.
+const GENERATION_PREFIX: &str = "log.";
+/// What sled 0.34 puts in its directory: a generation 0 is these at the top.
+const SLED_FILES: [&str; 3] = ["db", "conf", "blobs"];
+const SLED_SNAPSHOT_PREFIX: &str = "snap.";
+/// A compaction is due once the live generation is this many times the size
+/// it had when it was written (and at least `COMPACT_AT_LEAST` bytes).
+const COMPACT_GROWTH: u64 = 2;
+const COMPACT_AT_LEAST: u64 = 8 * 1024 * 1024;
+/// Keys per batch when a compaction copies a tree.
+const COPY_BATCH: usize = 2_000;
 const SCHEMA_KEY: &[u8] = b"schema_version";
 /// Settings live in the `meta` tree under this prefix.
 const SETTING_PREFIX: &str = "setting/";
@@ -35,9 +67,73 @@ const SEGMENT_CLEANING_EVERY_MS: u64 = 1000;
 
 pub struct SledStore {
     path: PathBuf,
+    /// The live generation; a compaction replaces it whole.
+    current: RwLock<Arc<Generation>>,
+    /// Taken by every write, so that a compaction's switch falls between
+    /// two; while a compaction copies, it holds the writes made meanwhile.
+    writes: Mutex<Option<Held>>,
+    /// One compaction at a time.
+    compacting: Mutex<()>,
+    /// The live generation's size when it was written (0: not known).
+    baseline: AtomicU64,
+    /// Locked for as long as the store is open.
+    _lock: std::fs::File,
+}
+
+/// One sled database: the live data directory, or a compaction's copy.
+struct Generation {
+    number: u64,
+    dir: PathBuf,
     db: sled::Db,
     meta: sled::Tree,
     data: sled::Tree,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum TreeName {
+    Meta,
+    Data,
+}
+
+/// The keys written while a compaction copies, each with its last value
+/// (`None`: removed). Only the last value of a key matters to the copy, so
+/// this holds at most one entry per key however long the copy takes.
+type Held = std::collections::HashMap<(TreeName, sled::IVec), Option<sled::IVec>>;
+
+impl Generation {
+    fn tree(&self, name: TreeName) -> &sled::Tree {
+        match name {
+            TreeName::Meta => &self.meta,
+            TreeName::Data => &self.data,
+        }
+    }
+}
+
+/// The keys one write sets and removes, in order.
+#[derive(Default)]
+struct Writes {
+    ops: Vec<(sled::IVec, Option<sled::IVec>)>,
+}
+
+impl Writes {
+    fn insert(&mut self, key: impl Into<sled::IVec>, value: impl Into<sled::IVec>) {
+        self.ops.push((key.into(), Some(value.into())));
+    }
+
+    fn remove(&mut self, key: impl Into<sled::IVec>) {
+        self.ops.push((key.into(), None));
+    }
+
+    fn batch(&self) -> sled::Batch {
+        let mut batch = sled::Batch::default();
+        for (key, value) in &self.ops {
+            match value {
+                Some(value) => batch.insert(key.clone(), value.clone()),
+                None => batch.remove(key.clone()),
+            }
+        }
+        batch
+    }
 }
 
 const JOB: u8 = b'j';
@@ -90,10 +186,6 @@ impl SledStore {
                 .map_err(|e| unusable(e.to_string()))?;
             true
         } else if !marker.exists() && initializing.exists() {
-            // A previous start was stopped while it created the directory:
-            // nothing was stored yet, so start the creation over.
-            tracing::warn!(path = %path.display(), "finishing the interrupted creation of the data directory");
-            clear_except(path, INIT_MARKER_FILE).map_err(|e| unusable(e.to_string()))?;
             true
         } else {
             match std::fs::read_to_string(&marker) {
@@ -105,23 +197,43 @@ impl SledStore {
                 }
                 Err(e) => return Err(corrupt(format!("cannot read {MARKER_FILE}: {e}"))),
             }
-            if !path.join("db").exists() {
-                return Err(corrupt("its database file is missing".into()));
-            }
             false
         };
+        let lock = lock_directory(path, &display)?;
+        if fresh && !empty {
+            // A previous start was stopped while it created the directory:
+            // nothing was stored yet, so start the creation over.
+            tracing::warn!(path = %path.display(), "finishing the interrupted creation of the data directory");
+            clear_except(path, &[INIT_MARKER_FILE, LOCK_FILE]).map_err(|e| unusable(e.to_string()))?;
+        }
+        let (number, baseline) = if fresh {
+            (1, 0)
+        } else {
+            match std::fs::read_to_string(path.join(CURRENT_FILE)) {
+                Ok(text) => parse_current(&text).ok_or_else(|| corrupt(format!("{CURRENT_FILE} is damaged")))?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => (0, 0),
+                Err(e) => return Err(corrupt(format!("cannot read {CURRENT_FILE}: {e}"))),
+            }
+        };
+        let dir = generation_dir(path, number);
+        if !fresh && !dir.join("db").exists() {
+            return Err(corrupt("its database file is missing".into()));
+        }
+        remove_other_generations(path, number)
+            .map_err(|e| unusable(format!("cannot remove an old generation: {e}")))?;
 
-        let db = open_guarded(path, &display)?;
-        let open_tree = |name: &str| db.open_tree(name).map_err(|e| corrupt(e.to_string()));
-        let store = SledStore { meta: open_tree("meta")?, data: open_tree("data")?, path: path.to_path_buf(), db };
+        let generation = open_generation(number, &dir, &display)?;
         if fresh {
-            store.meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes()).map_err(|e| unusable(e.to_string()))?;
-            store.db.flush().map_err(|e| unusable(e.to_string()))?;
-            write_atomically(path, MARKER_FILE, &format!("jobcenter data directory\nschema {SCHEMA_VERSION}\n"))
+            generation.meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes()).map_err(|e| unusable(e.to_string()))?;
+            generation.db.flush().map_err(|e| unusable(e.to_string()))?;
+            write_atomically(path, CURRENT_FILE, &current_text(number, 0))
+                .and_then(|()| {
+                    write_atomically(path, MARKER_FILE, &format!("jobcenter data directory\nschema {SCHEMA_VERSION}\n"))
+                })
                 .and_then(|()| std::fs::remove_file(&initializing))
                 .map_err(|e| unusable(e.to_string()))?;
         } else {
-            let found = store.meta.get(SCHEMA_KEY).map_err(|e| corrupt(e.to_string()))?;
+            let found = generation.meta.get(SCHEMA_KEY).map_err(|e| corrupt(e.to_string()))?;
             let found = found
                 .and_then(|v| <[u8; 4]>::try_from(v.as_ref()).ok())
                 .map(u32::from_be_bytes)
@@ -130,7 +242,14 @@ impl SledStore {
                 return Err(Error::SchemaMismatch { path: display, found, expected: SCHEMA_VERSION });
             }
         }
-        Ok(store)
+        Ok(SledStore {
+            path: path.to_path_buf(),
+            current: RwLock::new(Arc::new(generation)),
+            writes: Mutex::new(None),
+            compacting: Mutex::new(()),
+            baseline: AtomicU64::new(baseline),
+            _lock: lock,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -150,19 +269,24 @@ impl SledStore {
         }
     }
 
-    fn read_spec(&self, id: JobId) -> Result<crate::model::JobSpec, Error> {
+    /// The live generation, for one read or write.
+    fn generation(&self) -> Arc<Generation> {
+        self.current.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    fn read_spec(&self, generation: &Generation, id: JobId) -> Result<crate::model::JobSpec, Error> {
         let mut chunks = Vec::new();
-        for entry in self.data.scan_prefix(key(SPEC, id)) {
+        for entry in generation.data.scan_prefix(key(SPEC, id)) {
             let (_, value) = entry.map_err(|e| self.io(e))?;
             chunks.push(value.to_vec());
         }
         decode_spec(&chunks).map_err(|detail| self.corrupt(format!("job {id}: {detail}")))
     }
 
-    fn read_job(&self, record: JobRecord) -> Result<StoredJob, Error> {
-        let spec = std::sync::Arc::new(self.read_spec(record.id)?);
+    fn read_job(&self, generation: &Generation, record: JobRecord) -> Result<StoredJob, Error> {
+        let spec = std::sync::Arc::new(self.read_spec(generation, record.id)?);
         let mut stored = Vec::new();
-        for entry in self.data.scan_prefix(key(TASK, record.id)) {
+        for entry in generation.data.scan_prefix(key(TASK, record.id)) {
             let (group_key, value) = entry.map_err(|e| self.io(e))?;
             let (_, group) = split_task_key(&group_key[1..]).ok_or_else(|| self.corrupt("malformed task key"))?;
             let tasks: Group = codec::decode(&value, "task records").map_err(|d| self.corrupt(d))?;
@@ -174,6 +298,251 @@ impl SledStore {
     fn job_record(&self, bytes: &[u8]) -> Result<JobRecord, Error> {
         decode_job(bytes).map_err(|e| self.corrupt(e.to_string()))
     }
+
+    /// Applies one write's keys to the live generation, atomically per
+    /// tree, and keeps them for a compaction that is copying meanwhile.
+    fn apply(
+        &self,
+        writes: &mut Option<Held>,
+        generation: &Generation,
+        tree: TreeName,
+        keys: Writes,
+    ) -> Result<(), Error> {
+        if keys.ops.is_empty() {
+            return Ok(());
+        }
+        generation.tree(tree).apply_batch(keys.batch()).map_err(|e| self.io(e))?;
+        if let Some(held) = writes {
+            held.extend(keys.ops.into_iter().map(|(key, value)| ((tree, key), value)));
+        }
+        Ok(())
+    }
+
+    /// The live generation's size on disk, in bytes.
+    pub fn live_bytes(&self) -> u64 {
+        dir_bytes(&self.generation().dir)
+    }
+
+    /// Copies the live data into a new generation while writes go on, and
+    /// switches to it: the data directory then holds the live data and no
+    /// history. Returns the sizes before and after.
+    pub fn compact(&self) -> Result<Reclaimed, Error> {
+        let _one = self.compacting.lock().unwrap_or_else(PoisonError::into_inner);
+        let started = Instant::now();
+        let old = self.generation();
+        let before = dir_bytes(&old.dir);
+        *self.writes.lock().unwrap_or_else(PoisonError::into_inner) = Some(Held::new());
+        let number = old.number + 1;
+        let dir = generation_dir(&self.path, number);
+        let copied = self.copy_into(&old, number, &dir);
+        let new = match copied {
+            Ok(new) => new,
+            Err(e) => {
+                *self.writes.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let after = dir_bytes(&new.dir);
+        {
+            // The switch: no write falls between the last replay and it.
+            let mut writes = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
+            let switched = self
+                .replay(&new, writes.as_mut().map(std::mem::take).unwrap_or_default())
+                .and_then(|()| new.db.flush().map(|_| ()).map_err(|e| self.io(e)))
+                .and_then(|()| sync_blobs(&new.dir).map_err(|e| Error::Io(format!("{}: {e}", new.dir.display()))))
+                .and_then(|()| {
+                    write_atomically(&self.path, CURRENT_FILE, &current_text(number, after))
+                        .map_err(|e| Error::Io(format!("{}: {e}", self.path.display())))
+                });
+            *writes = None;
+            // A failure after `CURRENT` was renamed (syncing its directory)
+            // still switched: the new generation is the data directory now.
+            let named = || {
+                std::fs::read_to_string(self.path.join(CURRENT_FILE)).ok().and_then(|t| parse_current(&t))
+                    == Some((number, after))
+            };
+            if let Err(e) = switched {
+                if !named() {
+                    tracing::warn!(path = %self.path.display(), error = %e, "compaction abandoned; the data directory is as it was");
+                    drop(writes);
+                    drop(new);
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return Err(e);
+                }
+            }
+            *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(new);
+        }
+        self.baseline.store(after, Ordering::Relaxed);
+        let old_number = old.number;
+        drop(old);
+        if let Err(e) = remove_generation(&self.path, old_number) {
+            // It is removed at the next open.
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot remove the compacted generation yet");
+        }
+        Ok(Reclaimed { before_bytes: before, after_bytes: after, took: started.elapsed() })
+    }
+
+    /// Opens generation `number` afresh and copies `old`'s trees into it,
+    /// then the writes made meanwhile; durable when it returns.
+    fn copy_into(&self, old: &Generation, number: u64, dir: &Path) -> Result<Generation, Error> {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).map_err(|e| Error::Io(format!("{}: {e}", dir.display())))?;
+        }
+        let new = open_generation(number, dir, &self.path.display().to_string())?;
+        for tree in [TreeName::Meta, TreeName::Data] {
+            let mut batch = sled::Batch::default();
+            let mut in_batch = 0;
+            for entry in old.tree(tree).iter() {
+                let (key, value) = entry.map_err(|e| self.io(e))?;
+                batch.insert(key, value);
+                in_batch += 1;
+                if in_batch == COPY_BATCH {
+                    new.tree(tree).apply_batch(std::mem::take(&mut batch)).map_err(|e| self.io(e))?;
+                    in_batch = 0;
+                }
+            }
+            new.tree(tree).apply_batch(batch).map_err(|e| self.io(e))?;
+        }
+        // Catch up outside the switch, so that the switch replays little.
+        let held = self.writes.lock().unwrap_or_else(PoisonError::into_inner).as_mut().map(std::mem::take);
+        self.replay(&new, held.unwrap_or_default())?;
+        new.db.flush().map_err(|e| self.io(e))?;
+        Ok(new)
+    }
+
+    fn replay(&self, generation: &Generation, held: Held) -> Result<(), Error> {
+        for ((tree, key), value) in held {
+            let tree = generation.tree(tree);
+            match value {
+                Some(value) => tree.insert(key, value).map(|_| ()),
+                None => tree.remove(key).map(|_| ()),
+            }
+            .map_err(|e| self.io(e))?;
+        }
+        Ok(())
+    }
+}
+
+/// The directory of generation `number` (0: the data directory itself).
+fn generation_dir(path: &Path, number: u64) -> PathBuf {
+    if number == 0 {
+        path.to_path_buf()
+    } else {
+        path.join(format!("{GENERATION_PREFIX}{number}"))
+    }
+}
+
+fn current_text(number: u64, bytes: u64) -> String {
+    format!("generation {number}\nbytes {bytes}\n")
+}
+
+/// The generation `CURRENT` names and its size when written.
+fn parse_current(text: &str) -> Option<(u64, u64)> {
+    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok());
+    Some((field("generation ")?, field("bytes ")?))
+}
+
+fn lock_directory(path: &Path, display: &str) -> Result<std::fs::File, Error> {
+    let file =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path.join(LOCK_FILE)).map_err(
+            |e| Error::Unusable { path: display.to_string(), detail: format!("cannot create {LOCK_FILE}: {e}") },
+        )?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked { path: display.to_string() }),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(Error::Unusable { path: display.to_string(), detail: format!("cannot lock {LOCK_FILE}: {e}") })
+        }
+    }
+}
+
+fn open_generation(number: u64, dir: &Path, display: &str) -> Result<Generation, Error> {
+    let db = open_guarded(dir, display)?;
+    let corrupt = |e: sled::Error| Error::Corrupt { path: display.to_string(), detail: e.to_string() };
+    Ok(Generation {
+        number,
+        dir: dir.to_path_buf(),
+        meta: db.open_tree("meta").map_err(corrupt)?,
+        data: db.open_tree("data").map_err(corrupt)?,
+        db,
+    })
+}
+
+/// Removes a generation's files; generation 0 is sled's files at the top.
+fn remove_generation(path: &Path, number: u64) -> std::io::Result<()> {
+    if number > 0 {
+        return std::fs::remove_dir_all(generation_dir(path, number));
+    }
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !SLED_FILES.contains(&name.as_str()) && !name.starts_with(SLED_SNAPSHOT_PREFIX) {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes every generation but `live`: a copy a compaction left unfinished,
+/// or the one it replaced.
+fn remove_other_generations(path: &Path, live: u64) -> std::io::Result<()> {
+    let mut others = Vec::new();
+    for entry in std::fs::read_dir(path)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if let Some(number) = name.strip_prefix(GENERATION_PREFIX).and_then(|n| n.parse::<u64>().ok()) {
+            others.push(number);
+        }
+    }
+    if live > 0 && path.join("db").exists() {
+        others.push(0);
+    }
+    for number in others.into_iter().filter(|&n| n != live) {
+        tracing::info!(path = %path.display(), generation = number, "removing a generation the data directory no longer uses");
+        remove_generation(path, number)?;
+    }
+    Ok(())
+}
+
+/// sled 0.34 writes a large item to a file of its own under `blobs` and
+/// syncs only the log's pointer to it: sync the files too.
+fn sync_blobs(dir: &Path) -> std::io::Result<()> {
+    let blobs = dir.join("blobs");
+    let entries = match std::fs::read_dir(&blobs) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        std::fs::File::open(entry?.path())?.sync_all()?;
+    }
+    std::fs::File::open(&blobs)?.sync_all()
+}
+
+/// The bytes of every file under `path`.
+fn dir_bytes(path: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(path) else { return 0 };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(m) if m.is_dir() => {
+                let name = entry.file_name();
+                // Generation 0 is the data directory itself: count sled's files only.
+                if name.to_string_lossy().starts_with(GENERATION_PREFIX) {
+                    0
+                } else {
+                    dir_bytes(&entry.path())
+                }
+            }
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 fn check_marker(text: &str, display: &str) -> Result<(), Error> {
@@ -198,11 +567,11 @@ fn write_atomically(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
-/// Removes everything in `dir` but the file `keep`.
-fn clear_except(dir: &Path, keep: &str) -> std::io::Result<()> {
+/// Removes everything in `dir` but the files `keep`.
+fn clear_except(dir: &Path, keep: &[&str]) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        if entry.file_name() == keep {
+        if keep.iter().any(|k| entry.file_name() == *k) {
             continue;
         }
         if entry.file_type()?.is_dir() {
@@ -253,16 +622,19 @@ fn open_guarded(path: &Path, display: &str) -> Result<sled::Db, Error> {
 
 impl Store for SledStore {
     fn write(&self, batch: &Batch) -> Result<(), Error> {
-        let mut writes = sled::Batch::default();
+        let mut held = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
+        let generation = self.generation();
+        let data = &generation.data;
+        let mut writes = Writes::default();
         for &id in &batch.removed {
-            let Some(bytes) = self.data.get(key(JOB, id)).map_err(|e| self.io(e))? else { continue };
+            let Some(bytes) = data.get(key(JOB, id)).map_err(|e| self.io(e))? else { continue };
             if !self.job_record(&bytes)?.state.is_terminal() {
                 continue;
             }
             writes.remove(&key(JOB, id)[..]);
             writes.remove(&key(ACTIVE, id)[..]);
             for space in [SPEC, TASK] {
-                for entry in self.data.scan_prefix(key(space, id)) {
+                for entry in data.scan_prefix(key(space, id)) {
                     let (owned, _) = entry.map_err(|e| self.io(e))?;
                     writes.remove(owned);
                 }
@@ -288,7 +660,7 @@ impl Store for SledStore {
         }
         for ((job, group), changed) in groups {
             let group_key = key_with(TASK, job, group);
-            let mut merged: BTreeMap<u8, TaskRecord> = match self.data.get(group_key).map_err(|e| self.io(e))? {
+            let mut merged: BTreeMap<u8, TaskRecord> = match data.get(group_key).map_err(|e| self.io(e))? {
                 Some(bytes) => {
                     let stored: Group = codec::decode(&bytes, "task records").map_err(|d| self.corrupt(d))?;
                     stored.into_iter().collect()
@@ -301,56 +673,56 @@ impl Store for SledStore {
             let merged: Group = merged.into_iter().collect();
             writes.insert(&group_key[..], encode(&merged));
         }
-        self.data.apply_batch(writes).map_err(|e| self.io(e))?;
-        if !batch.settings.is_empty() {
-            let mut settings = sled::Batch::default();
-            for (key, value) in &batch.settings {
-                let key = format!("{SETTING_PREFIX}{key}");
-                match value {
-                    Some(value) => settings.insert(key.as_bytes(), value.as_slice()),
-                    None => settings.remove(key.as_bytes()),
-                }
+        self.apply(&mut held, &generation, TreeName::Data, writes)?;
+        let mut settings = Writes::default();
+        for (key, value) in &batch.settings {
+            let key = format!("{SETTING_PREFIX}{key}");
+            match value {
+                Some(value) => settings.insert(key.as_bytes(), value.as_slice()),
+                None => settings.remove(key.as_bytes()),
             }
-            self.meta.apply_batch(settings).map_err(|e| self.io(e))?;
         }
-        Ok(())
+        self.apply(&mut held, &generation, TreeName::Meta, settings)
     }
 
     fn flush(&self) -> Result<(), Error> {
-        self.db.flush().map(|_| ()).map_err(|e| self.io(e))
+        self.generation().db.flush().map(|_| ()).map_err(|e| self.io(e))
     }
 
     fn load_active(&self) -> Result<Vec<StoredJob>, Error> {
+        let generation = self.generation();
         let mut out = Vec::new();
-        for entry in self.data.scan_prefix([ACTIVE]) {
+        for entry in generation.data.scan_prefix([ACTIVE]) {
             let (active_key, _) = entry.map_err(|e| self.io(e))?;
             let id: [u8; 16] = active_key[1..].try_into().map_err(|_| self.corrupt("malformed active key"))?;
             let id = JobId::from_bytes(id);
-            let bytes = self
+            let bytes = generation
                 .data
                 .get(key(JOB, id))
                 .map_err(|e| self.io(e))?
                 .ok_or_else(|| self.corrupt("an active job has no record"))?;
             let record = self.job_record(&bytes)?;
-            out.push(self.read_job(record)?);
+            out.push(self.read_job(&generation, record)?);
         }
         Ok(out)
     }
 
     fn get_job(&self, id: JobId) -> Result<Option<StoredJob>, Error> {
-        match self.data.get(key(JOB, id)).map_err(|e| self.io(e))? {
-            Some(bytes) => Ok(Some(self.read_job(self.job_record(&bytes)?)?)),
+        let generation = self.generation();
+        match generation.data.get(key(JOB, id)).map_err(|e| self.io(e))? {
+            Some(bytes) => Ok(Some(self.read_job(&generation, self.job_record(&bytes)?)?)),
             None => Ok(None),
         }
     }
 
     fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, Error> {
+        let generation = self.generation();
         let mut out = Vec::new();
         let end = match filter.before {
             Some(before) => key(JOB, before).to_vec(),
             None => vec![JOB + 1],
         };
-        for entry in self.data.range(vec![JOB]..end).rev() {
+        for entry in generation.data.range(vec![JOB]..end).rev() {
             if out.len() >= filter.limit.unwrap_or(usize::MAX) {
                 break;
             }
@@ -365,22 +737,37 @@ impl Store for SledStore {
 
     fn put_setting(&self, key: &str, value: Option<&[u8]>) -> Result<(), Error> {
         let key = format!("{SETTING_PREFIX}{key}");
+        let mut writes = Writes::default();
         match value {
-            Some(value) => self.meta.insert(key.as_bytes(), value).map(|_| ()),
-            None => self.meta.remove(key.as_bytes()).map(|_| ()),
+            Some(value) => writes.insert(key.as_bytes(), value),
+            None => writes.remove(key.as_bytes()),
         }
-        .map_err(|e| self.io(e))?;
+        {
+            let mut held = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
+            self.apply(&mut held, &self.generation(), TreeName::Meta, writes)?;
+        }
         self.flush()
     }
 
     fn settings(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, Error> {
         let full = format!("{SETTING_PREFIX}{prefix}");
         let mut out = Vec::new();
-        for entry in self.meta.scan_prefix(full.as_bytes()) {
+        for entry in self.generation().meta.scan_prefix(full.as_bytes()) {
             let (key, value) = entry.map_err(|e| self.io(e))?;
             let key = String::from_utf8_lossy(&key[SETTING_PREFIX.len()..]).into_owned();
             out.push((key, value.to_vec()));
         }
         Ok(out)
+    }
+
+    /// Compacts when the live generation has grown to `COMPACT_GROWTH`
+    /// times its size when written.
+    fn reclaim(&self) -> Result<Option<Reclaimed>, Error> {
+        let size = self.live_bytes();
+        let baseline = self.baseline.load(Ordering::Relaxed);
+        if size < COMPACT_AT_LEAST || size < baseline.saturating_mul(COMPACT_GROWTH) {
+            return Ok(None);
+        }
+        self.compact().map(Some)
     }
 }

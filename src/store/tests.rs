@@ -1,11 +1,14 @@
-//! Tests of each backend's own promises: the in-memory store's crash, and a
-//! sled data directory refused when it is locked, foreign or damaged. The
+//! Tests of each backend's own promises: the in-memory store's crash, a
+//! sled data directory refused when it is locked, foreign or damaged, and
+//! its compaction: nothing lost, however it is interrupted. The
 //! conformance suite that every backend passes is `conformance.rs`, run by
 //! `tests/store_conformance.rs`.
 
 use super::conformance::{record, spec};
+use super::transfer::export;
 use super::{Batch, MemoryStore, SledStore, Store};
-use crate::model::JobState;
+use crate::clock::Timestamp;
+use crate::model::{JobId, JobState, TaskIdx, TaskRecord, TaskState};
 
 #[test]
 fn memory_store_crash_forgets_unflushed_writes() {
@@ -77,7 +80,7 @@ fn sled_store_refuses_another_schema_version() {
 fn sled_store_refuses_a_truncated_database() {
     let dir = tempfile::tempdir().unwrap();
     drop(SledStore::open(dir.path()).unwrap());
-    let db = dir.path().join("db");
+    let db = dir.path().join("log.1").join("db");
     std::fs::OpenOptions::new().write(true).open(&db).unwrap().set_len(0).unwrap();
     let err = SledStore::open(dir.path()).err().expect("refused");
     assert!(matches!(err, super::Error::Corrupt { .. }), "{err}");
@@ -93,7 +96,7 @@ fn sled_store_refuses_a_garbled_database() {
         store.write(&Batch { new_jobs: vec![(job, spec)], ..Batch::default() }).unwrap();
         store.flush().unwrap();
     }
-    let db = dir.path().join("db");
+    let db = dir.path().join("log.1").join("db");
     let mut bytes = std::fs::read(&db).unwrap();
     for (i, b) in bytes.iter_mut().enumerate() {
         if i % 7 == 3 {
@@ -122,3 +125,186 @@ fn sled_store_finishes_an_interrupted_creation() {
     assert!(path.join("JOBCENTER").exists());
     assert!(!path.join("JOBCENTER.creating").exists());
 }
+
+/// Writes `jobs` ended jobs of `tasks` tasks each, with a record per task.
+fn ended_jobs(store: &SledStore, jobs: usize, tasks: usize) -> Vec<JobId> {
+    let spec = spec(tasks);
+    let mut ids = Vec::new();
+    for _ in 0..jobs {
+        let job = record(&spec, JobState::Succeeded);
+        let records = (0..tasks as u32)
+            .map(|i| {
+                (
+                    job.id,
+                    TaskIdx(i),
+                    TaskRecord { state: TaskState::Succeeded, ..TaskRecord::initial(i > 0, Timestamp(1_000)) },
+                )
+            })
+            .collect();
+        ids.push(job.id);
+        store.write(&Batch { new_jobs: vec![(job, spec.clone())], tasks: records, ..Batch::default() }).unwrap();
+    }
+    store.flush().unwrap();
+    ids
+}
+
+/// The whole content, as `jobcenter export` writes it.
+fn content(store: &dyn Store) -> String {
+    let mut out = Vec::new();
+    export(store, &mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+fn reopen(path: &std::path::Path) -> SledStore {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match SledStore::open(path) {
+            Err(super::Error::Locked { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            opened => break opened.unwrap(),
+        }
+    }
+}
+
+fn entries(path: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> =
+        std::fs::read_dir(path).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn sled_compaction_keeps_the_live_data_and_drops_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = SledStore::open(&path).unwrap();
+    store.put_setting("policy/noop", Some(b"{}")).unwrap();
+    let removed = ended_jobs(&store, 300, 64);
+    let kept = ended_jobs(&store, 20, 64);
+    store.write(&Batch { removed, ..Batch::default() }).unwrap();
+    store.flush().unwrap();
+    let before = content(&store);
+    let done = store.compact().unwrap();
+    assert!(done.after_bytes < done.before_bytes, "{done:?}");
+    assert_eq!(content(&store), before);
+    assert_eq!(entries(&path), ["CURRENT", "JOBCENTER", "LOCK", "log.2"]);
+    drop(store);
+    let store = reopen(&path);
+    assert_eq!(content(&store), before);
+    assert_eq!(store.list_jobs(&super::JobFilter::default()).unwrap().len(), kept.len());
+    assert!(store.reclaim().unwrap().is_none(), "a small directory just compacted is not due");
+}
+
+#[test]
+fn sled_compaction_keeps_the_writes_made_while_it_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = std::sync::Arc::new(SledStore::open(&path).unwrap());
+    ended_jobs(&store, 200, 64);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (store, done) = (store.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut written = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) || written.len() < 50 {
+                written.extend(ended_jobs(&store, 1, 8));
+                store.put_setting(&format!("n/{}", written.len()), Some(b"x")).unwrap();
+            }
+            written
+        })
+    };
+    for _ in 0..3 {
+        store.compact().unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.join().unwrap();
+    let before = content(&*store);
+    drop(store);
+    let store = reopen(&path);
+    assert_eq!(content(&store), before);
+    for id in &written {
+        let job = store.get_job(*id).unwrap().expect("a job written during a compaction is kept");
+        assert_eq!(job.tasks.len(), 8);
+    }
+    assert_eq!(store.settings("n/").unwrap().len(), written.len());
+    assert_eq!(entries(&path), ["CURRENT", "JOBCENTER", "LOCK", "log.4"]);
+}
+
+#[test]
+fn sled_open_removes_the_generations_current_does_not_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = SledStore::open(&path).unwrap();
+    let ids = ended_jobs(&store, 5, 4);
+    store.compact().unwrap();
+    drop(store);
+    // As if killed while copying into generation 3, and before generation 1
+    // (the one the copy replaced) was removed.
+    for leftover in ["log.1", "log.3"] {
+        std::fs::create_dir(path.join(leftover)).unwrap();
+        std::fs::write(path.join(leftover).join("db"), b"partial").unwrap();
+    }
+    let store = reopen(&path);
+    assert_eq!(entries(&path), ["CURRENT", "JOBCENTER", "LOCK", "log.2"]);
+    for id in ids {
+        assert!(store.get_job(id).unwrap().is_some());
+    }
+}
+
+#[test]
+fn sled_directory_from_before_generations_opens_and_compacts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = SledStore::open(&path).unwrap();
+    let ids = ended_jobs(&store, 5, 4);
+    let before = content(&store);
+    drop(store);
+    drop(reopen(&path));
+    // The layout of earlier releases: sled's own files at the top.
+    for entry in std::fs::read_dir(path.join("log.1")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::rename(entry.path(), path.join(entry.file_name())).unwrap();
+    }
+    std::fs::remove_dir(path.join("log.1")).unwrap();
+    std::fs::remove_file(path.join("CURRENT")).unwrap();
+    std::fs::remove_file(path.join("LOCK")).unwrap();
+    let store = reopen(&path);
+    assert_eq!(content(&store), before);
+    store.compact().unwrap();
+    assert_eq!(entries(&path), ["CURRENT", "JOBCENTER", "LOCK", "log.1"]);
+    drop(store);
+    let store = reopen(&path);
+    assert_eq!(content(&store), before);
+    for id in ids {
+        assert!(store.get_job(id).unwrap().is_some());
+    }
+}
+
+#[test]
+fn sled_store_refuses_a_directory_whose_current_generation_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(SledStore::open(dir.path()).unwrap());
+    std::fs::write(dir.path().join("CURRENT"), "generation 7\nbytes 0\n").unwrap();
+    let err = reopen_err(dir.path());
+    assert!(matches!(err, super::Error::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("database file is missing"), "{err}");
+    std::fs::write(dir.path().join("CURRENT"), "generation x\n").unwrap();
+    let err = reopen_err(dir.path());
+    assert!(err.to_string().contains("CURRENT is damaged"), "{err}");
+    assert!(dir.path().join("log.1").join("db").exists(), "a refused directory is left as it was");
+}
+
+fn reopen_err(path: &std::path::Path) -> super::Error {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match SledStore::open(path) {
+            Err(super::Error::Locked { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => break e,
+            Ok(_) => panic!("opened"),
+        }
+    }
+}
+
