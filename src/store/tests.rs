@@ -307,4 +307,3 @@ fn reopen_err(path: &std::path::Path) -> super::Error {
         }
     }
 }
-
