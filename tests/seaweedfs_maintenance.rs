@@ -1123,8 +1123,9 @@ fn an_operators_weed_shell_gets_the_lock_between_jobs_while_maintenance_is_busy(
     let volumes = &topology.volumes;
 
     // A chain of vacuums over the cluster's volumes, one after another: more
-    // work than one turn with the lock.
-    const STEPS: usize = 300;
+    // work than one turn with the lock. A step of these small volumes can
+    // take as little as 3 ms, so 300 could all fit in one 1 s turn.
+    const STEPS: usize = 1_000;
     let tasks: Vec<Value> = (0..STEPS)
         .map(|i| {
             let v = &volumes[i % volumes.len()];
