@@ -105,12 +105,7 @@ fn prune_removes_what_the_rules_say_and_nothing_that_runs() {
     for id in [&done[2], &done[3], &parked] {
         assert!(exists(&server, id));
     }
-    let metrics = get(&server.http, "/metrics");
-    let counted = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("jobcenter_jobs_pruned_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .expect("the pruned counter");
+    let counted = counter(&server, "jobcenter_jobs_pruned_total");
     assert!(counted >= removed.len() as f64, "{counted} < {}", removed.len());
 
     // Durable: after a SIGKILL the removed jobs stay removed.

@@ -474,19 +474,7 @@ fn remove_generation(path: &Path, number: u64) -> std::io::Result<()> {
     if number > 0 {
         return std::fs::remove_dir_all(generation_dir(path, number));
     }
-    for entry in std::fs::read_dir(path)? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !SLED_FILES.contains(&name.as_str()) && !name.starts_with(SLED_SNAPSHOT_PREFIX) {
-            continue;
-        }
-        if entry.file_type()?.is_dir() {
-            std::fs::remove_dir_all(entry.path())?;
-        } else {
-            std::fs::remove_file(entry.path())?;
-        }
-    }
-    Ok(())
+    remove_entries(path, |name| SLED_FILES.contains(&name) || name.starts_with(SLED_SNAPSHOT_PREFIX))
 }
 
 /// Removes every generation but `live`: a copy a compaction left unfinished,
@@ -569,9 +557,14 @@ fn write_atomically(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
 
 /// Removes everything in `dir` but the files `keep`.
 fn clear_except(dir: &Path, keep: &[&str]) -> std::io::Result<()> {
+    remove_entries(dir, |name| !keep.contains(&name))
+}
+
+/// Removes the files and directories in `dir` whose names `chosen` picks.
+fn remove_entries(dir: &Path, chosen: impl Fn(&str) -> bool) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        if keep.iter().any(|k| entry.file_name() == *k) {
+        if !chosen(&entry.file_name().to_string_lossy()) {
             continue;
         }
         if entry.file_type()?.is_dir() {

@@ -36,16 +36,7 @@ fn sled_store_survives_reopen() {
         store.write(&Batch { new_jobs: vec![(job.clone(), spec.clone())], ..Batch::default() }).unwrap();
         store.flush().unwrap();
     }
-    // sled's background threads may hold the lock a few milliseconds past the drop.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let store = loop {
-        match SledStore::open(&path) {
-            Err(super::Error::Locked { .. }) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            opened => break opened.unwrap(),
-        }
-    };
+    let store = reopen(&path);
     assert_eq!(store.get_job(job.id).unwrap().unwrap().record, job);
 }
 
@@ -155,16 +146,26 @@ fn content(store: &dyn Store) -> String {
     String::from_utf8(out).unwrap()
 }
 
-fn reopen(path: &std::path::Path) -> SledStore {
+/// Opens a directory a store of this process just closed: sled's background
+/// threads may hold its lock a few milliseconds past the drop.
+fn open_once_unlocked(path: &std::path::Path) -> Result<SledStore, super::Error> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match SledStore::open(path) {
             Err(super::Error::Locked { .. }) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
-            opened => break opened.unwrap(),
+            opened => break opened,
         }
     }
+}
+
+fn reopen(path: &std::path::Path) -> SledStore {
+    open_once_unlocked(path).unwrap()
+}
+
+fn reopen_err(path: &std::path::Path) -> super::Error {
+    open_once_unlocked(path).err().expect("refused")
 }
 
 fn entries(path: &std::path::Path) -> Vec<String> {
@@ -293,17 +294,4 @@ fn sled_store_refuses_a_directory_whose_current_generation_is_missing() {
     let err = reopen_err(dir.path());
     assert!(err.to_string().contains("CURRENT is damaged"), "{err}");
     assert!(dir.path().join("log.1").join("db").exists(), "a refused directory is left as it was");
-}
-
-fn reopen_err(path: &std::path::Path) -> super::Error {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match SledStore::open(path) {
-            Err(super::Error::Locked { .. }) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            Err(e) => break e,
-            Ok(_) => panic!("opened"),
-        }
-    }
 }
