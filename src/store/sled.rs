@@ -14,9 +14,10 @@
 //! (held while a process has it open), `CURRENT` (which generation is live)
 //! and the live generation's sled database in `log.N`. sled 0.34 reclaims a
 //! log segment only once half of it is dead, so a server that adds and
-//! removes jobs for months leaves a log many times its live data. A
-//! compaction copies the live trees into generation `N+1` while writes go
-//! on, replays the writes made meanwhile, makes the copy durable, and then
+//! removes jobs for months leaves a log many times its live data. Once the
+//! live generation has doubled since it was written, or jobs holding half
+//! of what it was written with have been removed, a compaction copies the
+//! live trees into generation `N+1` while writes go on, replays the writes made meanwhile, makes the copy durable, and then
 //! switches `CURRENT`: the rename of `CURRENT` is the one moment the new
 //! generation becomes the data directory, so a crash before it leaves the
 //! old one whole and a crash after it the new one. Whatever generation
@@ -76,6 +77,12 @@ pub struct SledStore {
     compacting: Mutex<()>,
     /// The live generation's size when it was written (0: not known).
     baseline: AtomicU64,
+    /// The bytes of keys and values the live generation was written with
+    /// (0: not known), and those of removed jobs since the copy began.
+    copied: AtomicU64,
+    removed: AtomicU64,
+    /// No compaction below this size.
+    compact_floor: AtomicU64,
     /// Locked for as long as the store is open.
     _lock: std::fs::File,
 }
@@ -206,12 +213,12 @@ impl SledStore {
             tracing::warn!(path = %path.display(), "finishing the interrupted creation of the data directory");
             clear_except(path, &[INIT_MARKER_FILE, LOCK_FILE]).map_err(|e| unusable(e.to_string()))?;
         }
-        let (number, baseline) = if fresh {
-            (1, 0)
+        let (number, baseline, copied) = if fresh {
+            (1, 0, 0)
         } else {
             match std::fs::read_to_string(path.join(CURRENT_FILE)) {
                 Ok(text) => parse_current(&text).ok_or_else(|| corrupt(format!("{CURRENT_FILE} is damaged")))?,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => (0, 0),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => (0, 0, 0),
                 Err(e) => return Err(corrupt(format!("cannot read {CURRENT_FILE}: {e}"))),
             }
         };
@@ -226,7 +233,7 @@ impl SledStore {
         if fresh {
             generation.meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes()).map_err(|e| unusable(e.to_string()))?;
             generation.db.flush().map_err(|e| unusable(e.to_string()))?;
-            write_atomically(path, CURRENT_FILE, &current_text(number, 0))
+            write_atomically(path, CURRENT_FILE, &current_text(number, 0, 0))
                 .and_then(|()| {
                     write_atomically(path, MARKER_FILE, &format!("jobcenter data directory\nschema {SCHEMA_VERSION}\n"))
                 })
@@ -248,6 +255,9 @@ impl SledStore {
             writes: Mutex::new(None),
             compacting: Mutex::new(()),
             baseline: AtomicU64::new(baseline),
+            copied: AtomicU64::new(copied),
+            removed: AtomicU64::new(0),
+            compact_floor: AtomicU64::new(COMPACT_AT_LEAST),
             _lock: lock,
         })
     }
@@ -318,6 +328,12 @@ impl SledStore {
         Ok(())
     }
 
+    /// Lets a test compact below `COMPACT_AT_LEAST`.
+    #[cfg(test)]
+    pub(super) fn set_compact_floor(&self, bytes: u64) {
+        self.compact_floor.store(bytes, Ordering::Relaxed);
+    }
+
     /// The live generation's size on disk, in bytes.
     pub fn live_bytes(&self) -> u64 {
         dir_bytes(&self.generation().dir)
@@ -331,12 +347,16 @@ impl SledStore {
         let started = Instant::now();
         let old = self.generation();
         let before = dir_bytes(&old.dir);
-        *self.writes.lock().unwrap_or_else(PoisonError::into_inner) = Some(Held::new());
+        {
+            let mut writes = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
+            *writes = Some(Held::new());
+            self.removed.store(0, Ordering::Relaxed);
+        }
         let number = old.number + 1;
         let dir = generation_dir(&self.path, number);
         let copied = self.copy_into(&old, number, &dir);
-        let new = match copied {
-            Ok(new) => new,
+        let (new, copied) = match copied {
+            Ok(copied) => copied,
             Err(e) => {
                 *self.writes.lock().unwrap_or_else(PoisonError::into_inner) = None;
                 let _ = std::fs::remove_dir_all(&dir);
@@ -352,7 +372,7 @@ impl SledStore {
                 .and_then(|()| new.db.flush().map(|_| ()).map_err(|e| self.io(e)))
                 .and_then(|()| sync_blobs(&new.dir).map_err(|e| Error::Io(format!("{}: {e}", new.dir.display()))))
                 .and_then(|()| {
-                    write_atomically(&self.path, CURRENT_FILE, &current_text(number, after))
+                    write_atomically(&self.path, CURRENT_FILE, &current_text(number, after, copied))
                         .map_err(|e| Error::Io(format!("{}: {e}", self.path.display())))
                 });
             *writes = None;
@@ -360,7 +380,7 @@ impl SledStore {
             // still switched: the new generation is the data directory now.
             let named = || {
                 std::fs::read_to_string(self.path.join(CURRENT_FILE)).ok().and_then(|t| parse_current(&t))
-                    == Some((number, after))
+                    == Some((number, after, copied))
             };
             if let Err(e) = switched {
                 if !named() {
@@ -374,6 +394,7 @@ impl SledStore {
             *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(new);
         }
         self.baseline.store(after, Ordering::Relaxed);
+        self.copied.store(copied, Ordering::Relaxed);
         let old_number = old.number;
         drop(old);
         if let Err(e) = remove_generation(&self.path, old_number) {
@@ -384,17 +405,20 @@ impl SledStore {
     }
 
     /// Opens generation `number` afresh and copies `old`'s trees into it,
-    /// then the writes made meanwhile; durable when it returns.
-    fn copy_into(&self, old: &Generation, number: u64, dir: &Path) -> Result<Generation, Error> {
+    /// then the writes made meanwhile; durable when it returns. Also returns
+    /// the bytes of keys and values it copied.
+    fn copy_into(&self, old: &Generation, number: u64, dir: &Path) -> Result<(Generation, u64), Error> {
         if dir.exists() {
             std::fs::remove_dir_all(dir).map_err(|e| Error::Io(format!("{}: {e}", dir.display())))?;
         }
         let new = open_generation(number, dir, &self.path.display().to_string())?;
+        let mut copied = 0;
         for tree in [TreeName::Meta, TreeName::Data] {
             let mut batch = sled::Batch::default();
             let mut in_batch = 0;
             for entry in old.tree(tree).iter() {
                 let (key, value) = entry.map_err(|e| self.io(e))?;
+                copied += (key.len() + value.len()) as u64;
                 batch.insert(key, value);
                 in_batch += 1;
                 if in_batch == COPY_BATCH {
@@ -408,7 +432,7 @@ impl SledStore {
         let held = self.writes.lock().unwrap_or_else(PoisonError::into_inner).as_mut().map(std::mem::take);
         self.replay(&new, held.unwrap_or_default())?;
         new.db.flush().map_err(|e| self.io(e))?;
-        Ok(new)
+        Ok((new, copied))
     }
 
     fn replay(&self, generation: &Generation, held: Held) -> Result<(), Error> {
@@ -433,14 +457,15 @@ fn generation_dir(path: &Path, number: u64) -> PathBuf {
     }
 }
 
-fn current_text(number: u64, bytes: u64) -> String {
-    format!("generation {number}\nbytes {bytes}\n")
+fn current_text(number: u64, bytes: u64, copied: u64) -> String {
+    format!("generation {number}\nbytes {bytes}\ncopied {copied}\n")
 }
 
-/// The generation `CURRENT` names and its size when written.
-fn parse_current(text: &str) -> Option<(u64, u64)> {
+/// The generation `CURRENT` names, its size when written and the bytes of
+/// keys and values it was written with.
+fn parse_current(text: &str) -> Option<(u64, u64, u64)> {
     let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok());
-    Some((field("generation ")?, field("bytes ")?))
+    Some((field("generation ")?, field("bytes ")?, field("copied ")?))
 }
 
 fn lock_directory(path: &Path, display: &str) -> Result<std::fs::File, Error> {
@@ -619,16 +644,19 @@ impl Store for SledStore {
         let generation = self.generation();
         let data = &generation.data;
         let mut writes = Writes::default();
+        let mut removed = 0;
         for &id in &batch.removed {
             let Some(bytes) = data.get(key(JOB, id)).map_err(|e| self.io(e))? else { continue };
             if !self.job_record(&bytes)?.state.is_terminal() {
                 continue;
             }
+            removed += (key(JOB, id).len() + bytes.len()) as u64;
             writes.remove(&key(JOB, id)[..]);
             writes.remove(&key(ACTIVE, id)[..]);
             for space in [SPEC, TASK] {
                 for entry in data.scan_prefix(key(space, id)) {
-                    let (owned, _) = entry.map_err(|e| self.io(e))?;
+                    let (owned, value) = entry.map_err(|e| self.io(e))?;
+                    removed += (owned.len() + value.len()) as u64;
                     writes.remove(owned);
                 }
             }
@@ -667,6 +695,7 @@ impl Store for SledStore {
             writes.insert(&group_key[..], encode(&merged));
         }
         self.apply(&mut held, &generation, TreeName::Data, writes)?;
+        self.removed.fetch_add(removed, Ordering::Relaxed);
         let mut settings = Writes::default();
         for (key, value) in &batch.settings {
             let key = format!("{SETTING_PREFIX}{key}");
@@ -754,11 +783,15 @@ impl Store for SledStore {
     }
 
     /// Compacts when the live generation has grown to `COMPACT_GROWTH`
-    /// times its size when written.
+    /// times its size when written, or when jobs holding half of what it
+    /// was written with have been removed since (a large prune, which
+    /// leaves the log as large as it was).
     fn reclaim(&self) -> Result<Option<Reclaimed>, Error> {
         let size = self.live_bytes();
-        let baseline = self.baseline.load(Ordering::Relaxed);
-        if size < COMPACT_AT_LEAST || size < baseline.saturating_mul(COMPACT_GROWTH) {
+        let grown = size >= self.baseline.load(Ordering::Relaxed).saturating_mul(COMPACT_GROWTH);
+        let copied = self.copied.load(Ordering::Relaxed);
+        let emptied = copied > 0 && self.removed.load(Ordering::Relaxed).saturating_mul(2) >= copied;
+        if size < self.compact_floor.load(Ordering::Relaxed) || !(grown || emptied) {
             return Ok(None);
         }
         self.compact().map(Some)

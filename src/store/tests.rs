@@ -286,7 +286,7 @@ fn sled_directory_from_before_generations_opens_and_compacts() {
 fn sled_store_refuses_a_directory_whose_current_generation_is_missing() {
     let dir = tempfile::tempdir().unwrap();
     drop(SledStore::open(dir.path()).unwrap());
-    std::fs::write(dir.path().join("CURRENT"), "generation 7\nbytes 0\n").unwrap();
+    std::fs::write(dir.path().join("CURRENT"), "generation 7\nbytes 0\ncopied 0\n").unwrap();
     let err = reopen_err(dir.path());
     assert!(matches!(err, super::Error::Corrupt { .. }), "{err}");
     assert!(err.to_string().contains("database file is missing"), "{err}");
@@ -294,4 +294,34 @@ fn sled_store_refuses_a_directory_whose_current_generation_is_missing() {
     let err = reopen_err(dir.path());
     assert!(err.to_string().contains("CURRENT is damaged"), "{err}");
     assert!(dir.path().join("log.1").join("db").exists(), "a refused directory is left as it was");
+}
+
+#[test]
+fn sled_compaction_is_due_when_the_log_doubles_or_half_its_data_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = SledStore::open(&path).unwrap();
+    store.set_compact_floor(0);
+    let jobs = ended_jobs(&store, 100, 64);
+    assert!(store.reclaim().unwrap().is_some(), "a new directory's log has no size to compare with: due");
+    assert!(store.reclaim().unwrap().is_none(), "just compacted: not due");
+    store.write(&Batch { removed: jobs[..30].to_vec(), ..Batch::default() }).unwrap();
+    store.flush().unwrap();
+    assert!(store.reclaim().unwrap().is_none(), "30 of 100 jobs removed: not due");
+    store.write(&Batch { removed: jobs[30..60].to_vec(), ..Batch::default() }).unwrap();
+    store.flush().unwrap();
+    let done = store.reclaim().unwrap().expect("60 of 100 jobs removed: due");
+    assert!(done.after_bytes < done.before_bytes, "{done:?}");
+    assert!(store.reclaim().unwrap().is_none());
+    ended_jobs(&store, 400, 64);
+    assert!(store.reclaim().unwrap().is_some(), "the log grew to more than twice its size: due");
+    drop(store);
+    // What it was written with is kept across a restart.
+    let store = reopen(&path);
+    store.set_compact_floor(0);
+    let remaining = store.list_jobs(&super::JobFilter::default()).unwrap();
+    let half: Vec<JobId> = remaining.iter().take(remaining.len() / 2 + 1).map(|r| r.id).collect();
+    store.write(&Batch { removed: half, ..Batch::default() }).unwrap();
+    store.flush().unwrap();
+    assert!(store.reclaim().unwrap().is_some(), "half removed after a restart: due");
 }
