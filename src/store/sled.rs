@@ -17,10 +17,11 @@
 //! removes jobs for months leaves a log many times its live data. Once the
 //! live generation has doubled since it was written, or jobs holding half
 //! of what it was written with have been removed, a compaction copies the
-//! live trees into generation `N+1` while writes go on, replays the writes made meanwhile, makes the copy durable, and then
-//! switches `CURRENT`: the rename of `CURRENT` is the one moment the new
-//! generation becomes the data directory, so a crash before it leaves the
-//! old one whole and a crash after it the new one. Whatever generation
+//! live trees into generation `N+1` while writes go on, replays the writes
+//! made meanwhile, makes the copy durable, and then switches `CURRENT`:
+//! the rename of `CURRENT` is the one moment the new generation becomes the
+//! data directory, so a crash before it leaves the old one whole and a
+//! crash after it the new one. Whatever generation
 //! `CURRENT` does not name is removed when the directory is opened. A
 //! directory from before generations (sled's files at its top) is
 //! generation 0 until its first compaction.
@@ -116,30 +117,36 @@ impl Generation {
     }
 }
 
-/// The keys one write sets and removes, in order.
-#[derive(Default)]
+/// The keys one write sets and removes: a sled batch and, only while a
+/// compaction copies, the same keys kept for it.
 struct Writes {
-    ops: Vec<(sled::IVec, Option<sled::IVec>)>,
+    batch: sled::Batch,
+    any: bool,
+    kept: Option<Vec<(sled::IVec, Option<sled::IVec>)>>,
 }
 
 impl Writes {
+    /// Keeps the keys too when a compaction is copying (`held` is `Some`).
+    fn new(held: &Option<Held>) -> Writes {
+        Writes { batch: sled::Batch::default(), any: false, kept: held.as_ref().map(|_| Vec::new()) }
+    }
+
     fn insert(&mut self, key: impl Into<sled::IVec>, value: impl Into<sled::IVec>) {
-        self.ops.push((key.into(), Some(value.into())));
+        let (key, value) = (key.into(), value.into());
+        if let Some(kept) = &mut self.kept {
+            kept.push((key.clone(), Some(value.clone())));
+        }
+        self.batch.insert(key, value);
+        self.any = true;
     }
 
     fn remove(&mut self, key: impl Into<sled::IVec>) {
-        self.ops.push((key.into(), None));
-    }
-
-    fn batch(&self) -> sled::Batch {
-        let mut batch = sled::Batch::default();
-        for (key, value) in &self.ops {
-            match value {
-                Some(value) => batch.insert(key.clone(), value.clone()),
-                None => batch.remove(key.clone()),
-            }
+        let key = key.into();
+        if let Some(kept) = &mut self.kept {
+            kept.push((key.clone(), None));
         }
-        batch
+        self.batch.remove(key);
+        self.any = true;
     }
 }
 
@@ -318,12 +325,12 @@ impl SledStore {
         tree: TreeName,
         keys: Writes,
     ) -> Result<(), Error> {
-        if keys.ops.is_empty() {
+        if !keys.any {
             return Ok(());
         }
-        generation.tree(tree).apply_batch(keys.batch()).map_err(|e| self.io(e))?;
-        if let Some(held) = writes {
-            held.extend(keys.ops.into_iter().map(|(key, value)| ((tree, key), value)));
+        generation.tree(tree).apply_batch(keys.batch).map_err(|e| self.io(e))?;
+        if let (Some(held), Some(kept)) = (writes, keys.kept) {
+            held.extend(kept.into_iter().map(|(key, value)| ((tree, key), value)));
         }
         Ok(())
     }
@@ -335,7 +342,7 @@ impl SledStore {
     }
 
     /// The live generation's size on disk, in bytes.
-    pub fn live_bytes(&self) -> u64 {
+    fn live_bytes(&self) -> u64 {
         dir_bytes(&self.generation().dir)
     }
 
@@ -643,7 +650,7 @@ impl Store for SledStore {
         let mut held = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
         let generation = self.generation();
         let data = &generation.data;
-        let mut writes = Writes::default();
+        let mut writes = Writes::new(&held);
         let mut removed = 0;
         for &id in &batch.removed {
             let Some(bytes) = data.get(key(JOB, id)).map_err(|e| self.io(e))? else { continue };
@@ -696,7 +703,7 @@ impl Store for SledStore {
         }
         self.apply(&mut held, &generation, TreeName::Data, writes)?;
         self.removed.fetch_add(removed, Ordering::Relaxed);
-        let mut settings = Writes::default();
+        let mut settings = Writes::new(&held);
         for (key, value) in &batch.settings {
             let key = format!("{SETTING_PREFIX}{key}");
             match value {
@@ -759,13 +766,13 @@ impl Store for SledStore {
 
     fn put_setting(&self, key: &str, value: Option<&[u8]>) -> Result<(), Error> {
         let key = format!("{SETTING_PREFIX}{key}");
-        let mut writes = Writes::default();
-        match value {
-            Some(value) => writes.insert(key.as_bytes(), value),
-            None => writes.remove(key.as_bytes()),
-        }
         {
             let mut held = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut writes = Writes::new(&held);
+            match value {
+                Some(value) => writes.insert(key.as_bytes(), value),
+                None => writes.remove(key.as_bytes()),
+            }
             self.apply(&mut held, &self.generation(), TreeName::Meta, writes)?;
         }
         self.flush()
