@@ -24,6 +24,10 @@ use jobcenter::model::{HandlerId, JobOrigin, JobState};
 use jobcenter::store::{PasswordSources, ScratchDatabase, SledStore, Store};
 use jobcenter::worker::{builtin_handlers, LocalExecutor, Registry};
 
+/// The allocator the `jobcenter` binary uses, so that the figures are its own.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const RUNS: usize = 3;
 const SCENARIOS: [&str; 7] = ["flush", "floor", "transitions", "submit", "propagate", "restart", "orphans"];
 

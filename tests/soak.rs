@@ -6,8 +6,9 @@
 //! pruning every second. It checks that every job
 //! ended and that the scheduler still detects on time at the end, and
 //! prints what docs/PERFORMANCE.md records: the data directory beside a
-//! fresh copy of the same data, the admin's memory over the second half,
-//! and how fast `jobs` and `/api/jobs` answer at the start and at the end.
+//! fresh copy of the same data, the admin's memory over the second half
+//! (sampled every quarter second: the peak and the mean of each tenth, so
+//! that a passing compaction is seen as what it is), and how fast `jobs` and `/api/jobs` answer at the start and at the end.
 //!
 //! `cargo test --release --test soak -- --ignored --nocapture` (the figures
 //! go to stderr, each line starting with `soak:`).
@@ -31,6 +32,47 @@ fn rss_mib(pid: u32) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
     kib / 1024.0
+}
+
+/// The admin's RSS every quarter second, on a thread of its own.
+struct RssSampler {
+    samples: Arc<std::sync::Mutex<Vec<(f64, f64)>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl RssSampler {
+    fn start(pid: u32, started: Instant) -> RssSampler {
+        let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (into, stopped) = (samples.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                into.lock().unwrap().push((started.elapsed().as_secs_f64(), rss_mib(pid)));
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+        RssSampler { samples, stop }
+    }
+
+    /// The peak and the mean of each tenth of `seconds`.
+    fn tenths(&self, seconds: f64) -> Vec<(f64, f64)> {
+        let samples = self.samples.lock().unwrap();
+        (0..10)
+            .map(|k| {
+                let (from, to) = (seconds * k as f64 / 10.0, seconds * (k + 1) as f64 / 10.0);
+                let inside: Vec<f64> = samples.iter().filter(|(t, _)| *t >= from && *t < to).map(|s| s.1).collect();
+                assert!(!inside.is_empty(), "no RSS sample in tenth {}", k + 1);
+                let peak = inside.iter().copied().fold(0.0, f64::max);
+                (peak, inside.iter().sum::<f64>() / inside.len() as f64)
+            })
+            .collect()
+    }
+}
+
+impl Drop for RssSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 fn dir_mib(path: &std::path::Path) -> f64 {
@@ -130,6 +172,7 @@ async fn a_day_compressed_into_minutes() {
         tonic::transport::Channel::from_shared(format!("http://{}", server.grpc)).unwrap().connect().await.unwrap();
     let client = JobServiceClient::new(channel);
     let started = Instant::now();
+    let sampler = RssSampler::start(pid, started);
     let in_flight = Arc::new(Semaphore::new(32));
     let mut samples = Vec::new();
     let mut first_latency = None;
@@ -185,6 +228,11 @@ async fn a_day_compressed_into_minutes() {
     let end_latency = list_latency(&mut probe, &server.http).await;
     let end_rss = rss_mib(pid);
     let half_rss = samples[samples.len() / 2 - 1].2;
+    let tenths = sampler.tenths(minutes * 60.0);
+    for (k, (peak, mean)) in tenths.iter().enumerate() {
+        eprintln!("soak: rss in tenth {:>2}: peak {peak:>6.1} MiB, mean {mean:>6.1} MiB", k + 1);
+    }
+    let (sixth, last) = (tenths[5], tenths[9]);
     let data_mib = dir_mib(&data);
     let kept = server.cli_json(&["jobs", "--all", "--json", "--limit", "1000000"]).as_array().unwrap().len();
     drop(server);
@@ -213,6 +261,8 @@ async fn a_day_compressed_into_minutes() {
             "rss_mib_at_half": half_rss,
             "rss_mib_at_end": end_rss,
             "rss_growth_second_half": (end_rss - half_rss) / half_rss,
+            "rss_peak_growth_second_half": (last.0 - sixth.0) / sixth.0,
+            "rss_mean_growth_second_half": (last.1 - sixth.1) / sixth.1,
             "jobs_ms_first": first.0,
             "jobs_ms_end": end_latency.0,
             "api_jobs_ms_first": first.1,

@@ -15,16 +15,16 @@
 //! and the live generation's sled database in `log.N`. sled 0.34 reclaims a
 //! log segment only once half of it is dead, so a server that adds and
 //! removes jobs for months leaves a log many times its live data. Once the
-//! live generation has doubled since it was written, or jobs holding half
-//! of what it was written with have been removed, a compaction copies the
-//! live trees into generation `N+1` while writes go on, replays the writes
-//! made meanwhile, makes the copy durable, and then switches `CURRENT`:
-//! the rename of `CURRENT` is the one moment the new generation becomes the
-//! data directory, so a crash before it leaves the old one whole and a
-//! crash after it the new one. Whatever generation
-//! `CURRENT` does not name is removed when the directory is opened. A
-//! directory from before generations (sled's files at its top) is
-//! generation 0 until its first compaction.
+//! live generation is twice what a fresh copy of its live data would take
+//! (estimated from what its own copy took, and what was added and removed
+//! since), a compaction copies the live trees into generation `N+1` while
+//! writes go on, replays the writes made meanwhile, makes the copy
+//! durable, and then switches `CURRENT`: the rename of `CURRENT` is the one
+//! moment the new generation becomes the data directory, so a crash before
+//! it leaves the old one whole and a crash after it the new one. Whatever
+//! generation `CURRENT` does not name is removed when the directory is
+//! opened. A directory from before generations (sled's files at its top)
+//! is generation 0 until its first compaction.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -51,7 +51,8 @@ const GENERATION_PREFIX: &str = "log.";
 const SLED_FILES: [&str; 3] = ["db", "conf", "blobs"];
 const SLED_SNAPSHOT_PREFIX: &str = "snap.";
 /// A compaction is due once the live generation is this many times the size
-/// it had when it was written (and at least `COMPACT_AT_LEAST` bytes).
+/// a fresh copy of its live data would have (and at least
+/// `COMPACT_AT_LEAST` bytes).
 const COMPACT_GROWTH: u64 = 2;
 const COMPACT_AT_LEAST: u64 = 8 * 1024 * 1024;
 /// Keys per batch when a compaction copies a tree.
@@ -79,8 +80,10 @@ pub struct SledStore {
     /// The live generation's size when it was written (0: not known).
     baseline: AtomicU64,
     /// The bytes of keys and values the live generation was written with
-    /// (0: not known), and those of removed jobs since the copy began.
+    /// (0: not known), and since the copy began: those added (new jobs,
+    /// task groups grown) and those of removed jobs.
     copied: AtomicU64,
+    added: AtomicU64,
     removed: AtomicU64,
     /// No compaction below this size.
     compact_floor: AtomicU64,
@@ -263,6 +266,7 @@ impl SledStore {
             compacting: Mutex::new(()),
             baseline: AtomicU64::new(baseline),
             copied: AtomicU64::new(copied),
+            added: AtomicU64::new(0),
             removed: AtomicU64::new(0),
             compact_floor: AtomicU64::new(COMPACT_AT_LEAST),
             _lock: lock,
@@ -357,6 +361,7 @@ impl SledStore {
         {
             let mut writes = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
             *writes = Some(Held::new());
+            self.added.store(0, Ordering::Relaxed);
             self.removed.store(0, Ordering::Relaxed);
         }
         let number = old.number + 1;
@@ -462,6 +467,18 @@ fn generation_dir(path: &Path, number: u64) -> PathBuf {
     } else {
         path.join(format!("{GENERATION_PREFIX}{number}"))
     }
+}
+
+/// Whether a generation of `size` bytes on disk is due for a compaction: it
+/// was `baseline` bytes when `copied` bytes of keys and values were copied
+/// into it, and `added` were added and `removed` removed since.
+fn compaction_due(size: u64, baseline: u64, copied: u64, added: u64, removed: u64) -> bool {
+    if copied == 0 {
+        return size >= baseline.saturating_mul(COMPACT_GROWTH);
+    }
+    let live = (copied + added).saturating_sub(removed);
+    let fresh = u128::from(live) * u128::from(baseline) / u128::from(copied);
+    u128::from(size) >= fresh * u128::from(COMPACT_GROWTH)
 }
 
 fn current_text(number: u64, bytes: u64, copied: u64) -> String {
@@ -668,13 +685,20 @@ impl Store for SledStore {
                 }
             }
         }
+        let mut added = 0;
         for (record, spec) in &batch.new_jobs {
             for (number, bytes) in encode_spec(spec) {
-                writes.insert(&key_with(SPEC, record.id, number)[..], bytes);
+                let chunk_key = key_with(SPEC, record.id, number);
+                added += (chunk_key.len() + bytes.len()) as u64;
+                writes.insert(&chunk_key[..], bytes);
             }
         }
-        for record in batch.new_jobs.iter().map(|(r, _)| r).chain(batch.jobs.iter()) {
-            writes.insert(&key(JOB, record.id)[..], encode(record));
+        for (n, record) in batch.new_jobs.iter().map(|(r, _)| r).chain(batch.jobs.iter()).enumerate() {
+            let encoded = encode(record);
+            if n < batch.new_jobs.len() {
+                added += (key(JOB, record.id).len() + encoded.len()) as u64;
+            }
+            writes.insert(&key(JOB, record.id)[..], encoded);
             if record.state.is_terminal() {
                 writes.remove(&key(ACTIVE, record.id)[..]);
             } else {
@@ -688,9 +712,10 @@ impl Store for SledStore {
         }
         for ((job, group), changed) in groups {
             let group_key = key_with(TASK, job, group);
-            let mut merged: BTreeMap<u8, TaskRecord> = match data.get(group_key).map_err(|e| self.io(e))? {
+            let stored = data.get(group_key).map_err(|e| self.io(e))?;
+            let mut merged: BTreeMap<u8, TaskRecord> = match &stored {
                 Some(bytes) => {
-                    let stored: Group = codec::decode(&bytes, "task records").map_err(|d| self.corrupt(d))?;
+                    let stored: Group = codec::decode(bytes, "task records").map_err(|d| self.corrupt(d))?;
                     stored.into_iter().collect()
                 }
                 None => BTreeMap::new(),
@@ -699,9 +724,15 @@ impl Store for SledStore {
                 merged.insert(offset, task.clone());
             }
             let merged: Group = merged.into_iter().collect();
-            writes.insert(&group_key[..], encode(&merged));
+            let encoded = encode(&merged);
+            added += match &stored {
+                Some(bytes) => encoded.len().saturating_sub(bytes.len()) as u64,
+                None => (group_key.len() + encoded.len()) as u64,
+            };
+            writes.insert(&group_key[..], encoded);
         }
         self.apply(&mut held, &generation, TreeName::Data, writes)?;
+        self.added.fetch_add(added, Ordering::Relaxed);
         self.removed.fetch_add(removed, Ordering::Relaxed);
         let mut settings = Writes::new(&held);
         for (key, value) in &batch.settings {
@@ -789,16 +820,24 @@ impl Store for SledStore {
         Ok(out)
     }
 
-    /// Compacts when the live generation has grown to `COMPACT_GROWTH`
-    /// times its size when written, or when jobs holding half of what it
-    /// was written with have been removed since (a large prune, which
-    /// leaves the log as large as it was).
+    /// Compacts when the live generation is `COMPACT_GROWTH` times what a
+    /// fresh copy of its live data would take: the bytes it was written
+    /// with, plus those added and less those removed since, at the size on
+    /// disk per byte of its own copy. So steady churn (as much added as
+    /// removed) compacts only once the log has doubled, and a large prune,
+    /// which leaves the log as large as it was, compacts at once. A
+    /// generation whose copy is not known (0, from before generations)
+    /// compacts once it has doubled.
     fn reclaim(&self) -> Result<Option<Reclaimed>, Error> {
         let size = self.live_bytes();
-        let grown = size >= self.baseline.load(Ordering::Relaxed).saturating_mul(COMPACT_GROWTH);
-        let copied = self.copied.load(Ordering::Relaxed);
-        let emptied = copied > 0 && self.removed.load(Ordering::Relaxed).saturating_mul(2) >= copied;
-        if size < self.compact_floor.load(Ordering::Relaxed) || !(grown || emptied) {
+        let due = compaction_due(
+            size,
+            self.baseline.load(Ordering::Relaxed),
+            self.copied.load(Ordering::Relaxed),
+            self.added.load(Ordering::Relaxed),
+            self.removed.load(Ordering::Relaxed),
+        );
+        if size < self.compact_floor.load(Ordering::Relaxed) || !due {
             return Ok(None);
         }
         self.compact().map(Some)
