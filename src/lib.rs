@@ -3,6 +3,7 @@
 pub mod active;
 pub mod cli;
 pub mod clock;
+pub mod crash;
 pub mod dag;
 pub mod dispatch;
 pub mod engine;

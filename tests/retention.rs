@@ -212,3 +212,72 @@ fn the_server_compacts_its_data_directory_and_a_kill_after_loses_nothing() {
     assert_eq!(job["state"], "succeeded", "the restarted server runs jobs: {}", job["tasks"][0]);
     assert_eq!(generations(&data).len(), 1);
 }
+
+#[test]
+fn a_kill_in_the_middle_of_a_compaction_leaves_one_whole_generation() {
+    // Killed with the copy durable and `CURRENT` not switched yet, the old
+    // generation stays; killed just after the switch, the new one.
+    for (point, moves_on) in [("compaction-copied", false), ("compaction-switched", true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let args = ["--local-workers", "2", "--keep-ended", "3", "--prune-interval", "200ms"];
+        let crash = format!("JOBCENTER_CRASH_AT={point}:1");
+        let mut server = Server::start_wrapped(&["env", &crash], &data, "127.0.0.1:0", &args);
+        let parked = submit(&server, dir.path(), "parked", "parked", false);
+        let wide = dir.path().join("wide.json");
+        let tasks: Vec<String> = (0..2_000)
+            .map(|i| {
+                format!(r#"{{"id":"task-{i}-{}","job_type":"noop","parameters":{{"sleep_ms":0}}}}"#, "x".repeat(48))
+            })
+            .collect();
+        std::fs::write(&wide, format!(r#"{{"name":"wide","tasks":[{}]}}"#, tasks.join(","))).unwrap();
+
+        // Jobs run and are removed until the first compaction kills the server.
+        let started = std::time::Instant::now();
+        let mut done = Vec::new();
+        let before = generations(&data);
+        assert_eq!(before.len(), 1);
+        // (`submit --wait` would wait for the server to come back: each job
+        // is followed by `job` instead, which fails at once when it is gone.)
+        let mut running: Option<String> = None;
+        while server.process.child.try_wait().unwrap().is_none() {
+            assert!(started.elapsed() < Duration::from_secs(240), "{point}: no crash after {} jobs", done.len());
+            let Some(id) = running.clone() else {
+                let submitted = server.cli(&["submit", wide.to_str().unwrap(), "--json"]);
+                if submitted.status.success() {
+                    let job: Value = serde_json::from_slice(&submitted.stdout).unwrap();
+                    running = Some(job["job_id"].as_str().unwrap().to_string());
+                }
+                continue;
+            };
+            let read = server.cli(&["job", &id, "--json"]);
+            let Ok(job) = serde_json::from_slice::<Value>(&read.stdout) else { continue };
+            match job["state"].as_str() {
+                Some("succeeded") => {
+                    done.push(id);
+                    running = None;
+                }
+                Some("pending" | "running") => std::thread::sleep(Duration::from_millis(50)),
+                _ => panic!("{point}: {}", job["tasks"][0]),
+            }
+        }
+        let log = std::fs::read_to_string(&server.log).unwrap();
+        assert!(log.contains(&format!("crashing on purpose at {point}")), "{point}: {log}");
+        assert_eq!(generations(&data).len(), 2, "{point}: killed with two generations on disk");
+        drop(server);
+
+        // The restart keeps the generation `CURRENT` names and removes the other.
+        let server = Server::start(&data, &args);
+        let live = generations(&data);
+        let expected = if moves_on { before[0] + 1 } else { before[0] };
+        assert_eq!(live, vec![expected], "{point}");
+        let last = done.last().unwrap_or_else(|| panic!("{point}: no job ended before the crash"));
+        let job = server.cli_json(&["job", last, "--json"]);
+        assert_eq!(job["state"], "succeeded", "{point}: {}", job["tasks"][0]);
+        assert_eq!(job["tasks"].as_array().map(Vec::len), Some(2_000));
+        let parked = server.cli_json(&["job", &parked, "--json"]);
+        assert!(matches!(parked["state"].as_str(), Some("pending" | "running")), "{point}: {parked}");
+        let job = server.cli_json(&["submit", wide.to_str().unwrap(), "--wait", "--json"]);
+        assert_eq!(job["state"], "succeeded", "{point}: the restarted server runs jobs: {}", job["tasks"][0]);
+    }
+}

@@ -3,7 +3,8 @@
 //! work orders, events. A store that is away for a while (a database
 //! restarting) is waited for: the same batch is flushed again with backoff,
 //! nothing is acknowledged meanwhile, and the engine reports itself not
-//! ready. Any other store error is fail-stop.
+//! ready. Any other store error is fail-stop. Its crash points are in
+//! `crate::crash`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::core::{Action, Step};
 use super::Event;
+use crate::crash::CrashPoint;
 use crate::store::{self, Batch, Store};
 
 /// Called after each group commit with the time of its write and flush, and of the flush alone.
@@ -39,7 +41,7 @@ fn run(
     ready: Arc<AtomicBool>,
 ) {
     let mut pending: Vec<Step> = Vec::new();
-    let mut crash = CrashPoint::from_env();
+    let crash = CrashPoint::from_env();
     while let Some(step) = steps.blocking_recv() {
         pending.push(step);
         while let Ok(step) = steps.try_recv() {
@@ -74,36 +76,6 @@ fn run(
                         let _ = events.send(event);
                     }
                 }
-            }
-        }
-    }
-}
-
-/// A named moment at which the process dies on purpose, for crash tests:
-/// `JOBCENTER_CRASH_AT=POINT:N` aborts the N-th time the committer reaches
-/// `POINT` (`before-flush`: written, not flushed; `after-flush`: flushed,
-/// nothing acknowledged or dispatched yet).
-struct CrashPoint {
-    point: Option<(String, u64)>,
-    seen: u64,
-}
-
-impl CrashPoint {
-    fn from_env() -> CrashPoint {
-        let point = std::env::var("JOBCENTER_CRASH_AT").ok().and_then(|spec| {
-            let (name, count) = spec.split_once(':')?;
-            Some((name.to_string(), count.parse().ok()?))
-        });
-        CrashPoint { point, seen: 0 }
-    }
-
-    fn reached(&mut self, name: &str) {
-        let Some((point, count)) = &self.point else { return };
-        if point == name {
-            self.seen += 1;
-            if self.seen >= *count {
-                eprintln!("jobcenter: crashing on purpose at {name} ({count})");
-                std::process::abort();
             }
         }
     }

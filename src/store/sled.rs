@@ -87,6 +87,8 @@ pub struct SledStore {
     removed: AtomicU64,
     /// No compaction below this size.
     compact_floor: AtomicU64,
+    /// `compaction-copied` and `compaction-switched`, for crash tests.
+    crash: crate::crash::CrashPoint,
     /// Locked for as long as the store is open.
     _lock: std::fs::File,
 }
@@ -269,6 +271,7 @@ impl SledStore {
             added: AtomicU64::new(0),
             removed: AtomicU64::new(0),
             compact_floor: AtomicU64::new(COMPACT_AT_LEAST),
+            crash: crate::crash::CrashPoint::from_env(),
             _lock: lock,
         })
     }
@@ -384,9 +387,13 @@ impl SledStore {
                 .and_then(|()| new.db.flush().map(|_| ()).map_err(|e| self.io(e)))
                 .and_then(|()| sync_blobs(&new.dir).map_err(|e| Error::Io(format!("{}: {e}", new.dir.display()))))
                 .and_then(|()| {
+                    self.crash.reached("compaction-copied");
                     write_atomically(&self.path, CURRENT_FILE, &current_text(number, after, copied))
                         .map_err(|e| Error::Io(format!("{}: {e}", self.path.display())))
                 });
+            if switched.is_ok() {
+                self.crash.reached("compaction-switched");
+            }
             *writes = None;
             // A failure after `CURRENT` was renamed (syncing its directory)
             // still switched: the new generation is the data directory now.
