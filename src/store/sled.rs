@@ -100,7 +100,27 @@ struct Generation {
     db: sled::Db,
     meta: sled::Tree,
     data: sled::Tree,
+    /// The item files (`blobs/`) made durable so far.
+    blobs: Mutex<BlobsSynced>,
 }
+
+/// sled 0.34 writes an item larger than a quarter of a log segment (a
+/// spec chunk, a node grown large) to a file of its own, and its flush
+/// does not sync that file. Each flush syncs the new ones: only when the
+/// directory changed since it was last seen unchanged.
+#[derive(Default)]
+struct BlobsSynced {
+    names: std::collections::HashSet<std::ffi::OsString>,
+    /// The directory's modification time when every file in it was synced,
+    /// once that time is old enough that no later creation can share it.
+    unchanged_since: Option<std::time::SystemTime>,
+    /// Files synced since the generation was opened (for tests).
+    count: u64,
+}
+
+/// Modification times tick coarsely (a few milliseconds): a time younger
+/// than this may still be shared by a file created after it was read.
+const MTIME_SETTLED_MS: i64 = 100;
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum TreeName {
@@ -342,6 +362,18 @@ impl SledStore {
         Ok(())
     }
 
+    /// Item files synced by flushes of the live generation, and those in
+    /// its directory now that were not (for tests).
+    #[cfg(test)]
+    pub(super) fn blobs_synced(&self) -> (u64, usize) {
+        let generation = self.generation();
+        let synced = generation.blobs.lock().unwrap_or_else(PoisonError::into_inner);
+        let unsynced = std::fs::read_dir(generation.dir.join("blobs"))
+            .map(|d| d.flatten().filter(|e| !synced.names.contains(&e.file_name())).count())
+            .unwrap_or(0);
+        (synced.count, unsynced)
+    }
+
     /// Lets a test compact below `COMPACT_AT_LEAST`.
     #[cfg(test)]
     pub(super) fn set_compact_floor(&self, bytes: u64) {
@@ -522,7 +554,53 @@ fn open_generation(number: u64, dir: &Path, display: &str) -> Result<Generation,
         meta: db.open_tree("meta").map_err(corrupt)?,
         data: db.open_tree("data").map_err(corrupt)?,
         db,
+        blobs: Mutex::default(),
     })
+}
+
+impl Generation {
+    /// Syncs the item files created since the last call, and then the
+    /// directory that names them.
+    fn sync_new_blobs(&self) -> std::io::Result<()> {
+        let mut synced = self.blobs.lock().unwrap_or_else(PoisonError::into_inner);
+        let blobs = self.dir.join("blobs");
+        let modified = match std::fs::metadata(&blobs) {
+            Ok(meta) => meta.modified()?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if synced.unchanged_since == Some(modified) {
+            return Ok(());
+        }
+        let mut present = std::collections::HashSet::new();
+        let mut any = false;
+        for entry in std::fs::read_dir(&blobs)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if !synced.names.contains(&name) {
+                match std::fs::File::open(entry.path()) {
+                    Ok(file) => file.sync_all()?,
+                    // Removed meanwhile by sled's own clean-up.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                }
+                synced.count += 1;
+                any = true;
+            }
+            present.insert(name);
+        }
+        if any {
+            std::fs::File::open(&blobs)?.sync_all()?;
+        }
+        synced.names = present;
+        let age_ms = crate::clock::Clock::now(&crate::clock::SystemClock).0 - millis_since_epoch(modified);
+        synced.unchanged_since = (age_ms > MTIME_SETTLED_MS).then_some(modified);
+        Ok(())
+    }
+}
+
+fn millis_since_epoch(at: std::time::SystemTime) -> i64 {
+    at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// Removes a generation's files; generation 0 is sled's files at the top.
@@ -753,7 +831,9 @@ impl Store for SledStore {
     }
 
     fn flush(&self) -> Result<(), Error> {
-        self.generation().db.flush().map(|_| ()).map_err(|e| self.io(e))
+        let generation = self.generation();
+        generation.db.flush().map_err(|e| self.io(e))?;
+        generation.sync_new_blobs().map_err(|e| Error::Io(format!("{}: {e}", generation.dir.display())))
     }
 
     fn load_active(&self) -> Result<Vec<StoredJob>, Error> {

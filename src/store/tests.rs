@@ -354,3 +354,33 @@ fn sled_compaction_is_due_when_the_log_is_twice_a_fresh_copy_of_its_live_data() 
     store.flush().unwrap();
     assert!(store.reclaim().unwrap().is_some(), "half removed after a restart: due");
 }
+
+#[test]
+fn sled_flush_syncs_the_item_files_sled_writes_beside_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(&dir.path().join("data")).unwrap();
+    let blob_files = || {
+        let blobs = dir.path().join("data").join("log.1").join("blobs");
+        std::fs::read_dir(blobs).map(|d| d.count() as u64).unwrap_or(0)
+    };
+    ended_jobs(&store, 3, 16);
+    assert_eq!((blob_files(), store.blobs_synced()), (0, (0, 0)), "small items stay in the log");
+    // A spec of several MiB is stored in chunks of about 1 MiB: each one
+    // is a file of its own, synced by the flush that makes it durable.
+    let big = spec(40_000);
+    let job = record(&big, JobState::Pending);
+    store.write(&Batch { new_jobs: vec![(job, big)], ..Batch::default() }).unwrap();
+    store.flush().unwrap();
+    let files = blob_files();
+    let (synced, unsynced) = store.blobs_synced();
+    assert!(files >= 2, "{files} item files");
+    assert!(synced >= files && unsynced == 0, "{files} files, {synced} synced, {unsynced} not");
+    // Later flushes sync what is new (sled may have made another file of a
+    // node grown large), and nothing twice.
+    ended_jobs(&store, 3, 16);
+    store.flush().unwrap();
+    let (later, unsynced) = store.blobs_synced();
+    assert!(later >= synced && unsynced == 0, "{later} synced, {unsynced} not");
+    store.flush().unwrap();
+    assert_eq!(store.blobs_synced(), (later, 0));
+}
