@@ -100,6 +100,7 @@ fn prunes_here(shared: &Shared) -> bool {
 /// Prunes every `--prune-interval`.
 pub fn spawn_loop(shared: std::sync::Arc<Shared>) {
     tokio::spawn(async move {
+        let mut compactions = Backoff::default();
         loop {
             tokio::time::sleep(shared.options.prune_interval).await;
             if !prunes_here(&shared) {
@@ -108,14 +109,48 @@ pub fn spawn_loop(shared: std::sync::Arc<Shared>) {
             if let Err(e) = prune(&shared, false).await {
                 tracing::warn!(error = %e, "pruning ended jobs failed; trying again at the next interval");
             }
-            reclaim(&shared).await;
+            if compactions.try_now() {
+                compactions.record(reclaim(&shared).await);
+            }
         }
     });
 }
 
+/// After a failed compaction (a full disk, most likely), the next tries
+/// come after 1, 3, 7… prunes skipped, at most `MAX_SKIPPED_PRUNES`.
+const MAX_SKIPPED_PRUNES: u32 = 63;
+
+/// When the next compaction is tried, after failures in a row.
+#[derive(Debug, Default)]
+struct Backoff {
+    failures: u32,
+    skip: u32,
+}
+
+impl Backoff {
+    /// Whether to try at this prune.
+    fn try_now(&mut self) -> bool {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return false;
+        }
+        true
+    }
+
+    fn record(&mut self, succeeded: bool) {
+        if succeeded {
+            self.failures = 0;
+        } else {
+            self.failures = self.failures.saturating_add(1);
+            self.skip = 2u32.saturating_pow(self.failures.min(31)).saturating_sub(1).min(MAX_SKIPPED_PRUNES);
+        }
+    }
+}
+
 /// Lets the store give back the space of what was removed, when that is due
-/// (a sled data directory compacts its log while the server runs).
-async fn reclaim(shared: &Shared) {
+/// (a sled data directory compacts its log while the server runs). False
+/// when it tried and failed.
+async fn reclaim(shared: &Shared) -> bool {
     let store = shared.engine.store().clone();
     match tokio::task::spawn_blocking(move || store.reclaim()).await {
         Ok(Ok(Some(done))) => {
@@ -128,7 +163,46 @@ async fn reclaim(shared: &Shared) {
             );
         }
         Ok(Ok(None)) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "compacting the store failed; trying again at the next interval"),
-        Err(e) => tracing::warn!(error = %e, "compacting the store stopped"),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "compacting the store failed; trying again later, less often while it fails");
+            return false;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "compacting the store stopped");
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The prunes at which a compaction is tried, out of `n`, each try
+    /// failing while `fails` says so.
+    fn tries(n: u32, fails: impl Fn(u32) -> bool) -> Vec<u32> {
+        let mut backoff = Backoff::default();
+        let mut tried = Vec::new();
+        for prune in 0..n {
+            if backoff.try_now() {
+                tried.push(prune);
+                backoff.record(!fails(prune));
+            }
+        }
+        tried
+    }
+
+    #[test]
+    fn failed_compactions_are_tried_less_often_and_success_resets_the_pace() {
+        assert_eq!(tries(5, |_| false), vec![0, 1, 2, 3, 4]);
+        assert_eq!(tries(40, |_| true), vec![0, 2, 6, 14, 30]);
+        // At most 63 prunes skipped, however long it fails.
+        let tried = tries(1_000, |_| true);
+        let gaps: Vec<u32> = tried.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(*gaps.iter().max().unwrap(), 64, "{gaps:?}");
+        assert!(gaps[gaps.len() - 3..].iter().all(|&g| g == 64), "{gaps:?}");
+        // Once one succeeds, every prune tries again.
+        assert_eq!(tries(12, |prune| prune < 3), vec![0, 2, 6, 7, 8, 9, 10, 11]);
     }
 }
