@@ -153,6 +153,17 @@ fn counter(server: &Server, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in the metrics"))
 }
 
+/// A job file of 2,000 `noop` tasks with long ids: enough for a few of them
+/// to grow a data directory past the compaction's 8 MiB.
+fn wide_job(dir: &std::path::Path) -> std::path::PathBuf {
+    let wide = dir.join("wide.json");
+    let tasks: Vec<String> = (0..2_000)
+        .map(|i| format!(r#"{{"id":"task-{i}-{}","job_type":"noop","parameters":{{"sleep_ms":0}}}}"#, "x".repeat(48)))
+        .collect();
+    std::fs::write(&wide, format!(r#"{{"name":"wide","tasks":[{}]}}"#, tasks.join(","))).unwrap();
+    wide
+}
+
 /// The generations (`log.N`) in a data directory.
 fn generations(data: &std::path::Path) -> Vec<u64> {
     let mut found: Vec<u64> = std::fs::read_dir(data)
@@ -172,11 +183,7 @@ fn the_server_compacts_its_data_directory_and_a_kill_after_loses_nothing() {
     let parked = submit(&server, dir.path(), "parked", "parked", false);
     let set = server.cli(&["policy", "set", "noop", "max_jobs_per_detection=7"]);
     assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
-    let wide = dir.path().join("wide.json");
-    let tasks: Vec<String> = (0..2_000)
-        .map(|i| format!(r#"{{"id":"task-{i}-{}","job_type":"noop","parameters":{{"sleep_ms":0}}}}"#, "x".repeat(48)))
-        .collect();
-    std::fs::write(&wide, format!(r#"{{"name":"wide","tasks":[{}]}}"#, tasks.join(","))).unwrap();
+    let wide = wide_job(dir.path());
 
     // Jobs of 2,000 tasks run and are removed until the log has grown enough
     // for the server to compact it.
@@ -224,13 +231,7 @@ fn a_kill_in_the_middle_of_a_compaction_leaves_one_whole_generation() {
         let crash = format!("JOBCENTER_CRASH_AT={point}:1");
         let mut server = Server::start_wrapped(&["env", &crash], &data, "127.0.0.1:0", &args);
         let parked = submit(&server, dir.path(), "parked", "parked", false);
-        let wide = dir.path().join("wide.json");
-        let tasks: Vec<String> = (0..2_000)
-            .map(|i| {
-                format!(r#"{{"id":"task-{i}-{}","job_type":"noop","parameters":{{"sleep_ms":0}}}}"#, "x".repeat(48))
-            })
-            .collect();
-        std::fs::write(&wide, format!(r#"{{"name":"wide","tasks":[{}]}}"#, tasks.join(","))).unwrap();
+        let wide = wide_job(dir.path());
 
         // Jobs run and are removed until the first compaction kills the server.
         let started = std::time::Instant::now();

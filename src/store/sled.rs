@@ -417,7 +417,7 @@ impl SledStore {
             let switched = self
                 .replay(&new, writes.as_mut().map(std::mem::take).unwrap_or_default())
                 .and_then(|()| new.db.flush().map(|_| ()).map_err(|e| self.io(e)))
-                .and_then(|()| sync_blobs(&new.dir).map_err(|e| Error::Io(format!("{}: {e}", new.dir.display()))))
+                .and_then(|()| new.sync_new_blobs().map_err(|e| Error::Io(format!("{}: {e}", new.dir.display()))))
                 .and_then(|()| {
                     self.crash.reached("compaction-copied");
                     write_atomically(&self.path, CURRENT_FILE, &current_text(number, after, copied))
@@ -631,21 +631,6 @@ fn remove_other_generations(path: &Path, live: u64) -> std::io::Result<()> {
     Ok(())
 }
 
-/// sled 0.34 writes a large item to a file of its own under `blobs` and
-/// syncs only the log's pointer to it: sync the files too.
-fn sync_blobs(dir: &Path) -> std::io::Result<()> {
-    let blobs = dir.join("blobs");
-    let entries = match std::fs::read_dir(&blobs) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    for entry in entries {
-        std::fs::File::open(entry?.path())?.sync_all()?;
-    }
-    std::fs::File::open(&blobs)?.sync_all()
-}
-
 /// The bytes of every file under `path`.
 fn dir_bytes(path: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(path) else { return 0 };
@@ -778,9 +763,10 @@ impl Store for SledStore {
                 writes.insert(&chunk_key[..], bytes);
             }
         }
-        for (n, record) in batch.new_jobs.iter().map(|(r, _)| r).chain(batch.jobs.iter()).enumerate() {
+        let new_records = batch.new_jobs.iter().map(|(record, _)| (record, true));
+        for (record, new) in new_records.chain(batch.jobs.iter().map(|record| (record, false))) {
             let encoded = encode(record);
-            if n < batch.new_jobs.len() {
+            if new {
                 added += (key(JOB, record.id).len() + encoded.len()) as u64;
             }
             writes.insert(&key(JOB, record.id)[..], encoded);
