@@ -1,0 +1,110 @@
+//! Durability as the kernel sees it: `jobcenter run` on the embedded store,
+//! traced with `strace`, must sync sled's log file (`fdatasync`) between a
+//! task's success and the start of the task that depends on it. sled 0.34's
+//! own flush waits with `sync_file_range`, which keeps neither a grown
+//! file's size nor the disk's write cache through a power loss.
+#![cfg(target_os = "linux")]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// A chain of `n` tasks, each depending on the one before.
+fn chain(n: usize) -> String {
+    let tasks: Vec<String> = (0..n)
+        .map(|i| {
+            let deps = if i == 0 { String::new() } else { format!("\"t{}\"", i - 1) };
+            format!(r#"{{"id":"t{i}","job_type":"noop","parameters":{{}},"depends_on":[{deps}]}}"#)
+        })
+        .collect();
+    format!(r#"{{"name":"chain","tasks":[{}]}}"#, tasks.join(","))
+}
+
+/// What the trace shows, in the order the calls ended.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    /// A line written to the execution log (`TASK EVENT`).
+    Exec(String),
+    /// `fdatasync` of the store's log file returned 0.
+    LogSynced,
+}
+
+/// Reads the calls of interest from an `strace -f -y` output. A call another
+/// thread interrupted ends on its `resumed` line, which carries the result.
+fn read_trace(trace: &str, exec_log: &Path, data_dir: &Path) -> Vec<Seen> {
+    let exec_log = exec_log.display().to_string();
+    let data_dir = data_dir.display().to_string();
+    let mut started: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    let mut seen = Vec::new();
+    for line in trace.lines() {
+        let Some((pid, call)) = line.split_once(' ') else { continue };
+        let call = call.trim_start();
+        let whole = if let Some(head) = call.strip_suffix("<unfinished ...>") {
+            started.insert(pid.to_string(), head.to_string());
+            continue;
+        } else if let Some(rest) = call.strip_prefix("<... ") {
+            let Some(head) = started.remove(pid) else { continue };
+            let rest = rest.split_once(" resumed>").map_or("", |(_, r)| r);
+            format!("{head}{rest}")
+        } else {
+            call.to_string()
+        };
+        if whole.starts_with("fdatasync(") && whole.contains(&format!("{data_dir}/")) && whole.contains("/db>)") {
+            if whole.trim_end().ends_with("= 0") {
+                seen.push(Seen::LogSynced);
+            }
+        } else if whole.starts_with("write(") && whole.contains(&format!("<{exec_log}>")) {
+            // write(5</path/exec.log>, "JOB t1 1 start\n", 40) = 40
+            let text = whole.split('"').nth(1).unwrap_or("");
+            let parts: Vec<&str> = text.trim_end_matches("\\n").split(' ').collect();
+            if let [_, task, _, event] = parts[..] {
+                seen.push(Seen::Exec(format!("{task} {event}")));
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn a_dependent_task_starts_only_after_the_log_is_synced() {
+    let strace = Command::new("strace").arg("-V").output();
+    assert!(
+        strace.is_ok_and(|o| o.status.success()),
+        "this test needs strace (Debian's `strace`, installed by .ci/setup)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (job, data_dir, exec_log, trace) =
+        (dir.path().join("chain.json"), dir.path().join("data"), dir.path().join("exec.log"), dir.path().join("trace"));
+    let n = 8;
+    std::fs::write(&job, chain(n)).unwrap();
+    let mut command = Command::new("strace");
+    command
+        .args(["-f", "-y", "-s", "128", "-e", "trace=fdatasync,write", "-o"])
+        .arg(&trace)
+        .arg(common::binary())
+        .arg("run")
+        .arg(&job)
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .arg("--exec-log")
+        .arg(&exec_log)
+        .arg("--concurrency")
+        .arg("1");
+    let output = common::run_with_timeout(command, Duration::from_secs(120));
+    assert!(output.status.success(), "run failed: {}", String::from_utf8_lossy(&output.stderr));
+
+    let seen = read_trace(&std::fs::read_to_string(&trace).unwrap(), &exec_log, &data_dir);
+    let position = |what: &str| {
+        seen.iter()
+            .position(|s| *s == Seen::Exec(what.to_string()))
+            .unwrap_or_else(|| panic!("no {what:?} in the traced execution log: {seen:?}"))
+    };
+    for i in 1..n {
+        let (succeeded, next) = (position(&format!("t{} succeeded", i - 1)), position(&format!("t{i} start")));
+        assert!(succeeded < next, "t{i} started before t{} succeeded: {seen:?}", i - 1);
+        let synced = seen[succeeded..next].iter().filter(|s| **s == Seen::LogSynced).count();
+        assert!(synced >= 1, "t{i} started with no sync of the store's log since t{} succeeded: {seen:?}", i - 1);
+    }
+}
