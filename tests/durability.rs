@@ -2,7 +2,9 @@
 //! traced with `strace`, must sync sled's log file (`fdatasync`) between a
 //! task's success and the start of the task that depends on it. sled 0.34's
 //! own flush waits with `sync_file_range`, which keeps neither a grown
-//! file's size nor the disk's write cache through a power loss.
+//! file's size nor the disk's write cache through a power loss. And the
+//! data directory it creates must have its name synced (`fsync` of the
+//! directory that holds it) before any task runs.
 #![cfg(target_os = "linux")]
 
 mod common;
@@ -29,12 +31,15 @@ enum Seen {
     Exec(String),
     /// `fdatasync` of the store's log file returned 0.
     LogSynced,
+    /// `fsync` of the directory that holds the data directory returned 0.
+    ParentSynced,
 }
 
 /// Reads the calls of interest from an `strace -f -y` output. A call another
 /// thread interrupted ends on its `resumed` line, which carries the result.
 fn read_trace(trace: &str, exec_log: &Path, data_dir: &Path) -> Vec<Seen> {
     let exec_log = exec_log.display().to_string();
+    let parent = data_dir.parent().expect("the data directory has a parent").display().to_string();
     let data_dir = data_dir.display().to_string();
     let mut started: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     let mut seen = Vec::new();
@@ -55,6 +60,10 @@ fn read_trace(trace: &str, exec_log: &Path, data_dir: &Path) -> Vec<Seen> {
             if whole.trim_end().ends_with("= 0") {
                 seen.push(Seen::LogSynced);
             }
+        } else if whole.starts_with("fsync(") && whole.contains(&format!("<{parent}>)")) {
+            if whole.trim_end().ends_with("= 0") {
+                seen.push(Seen::ParentSynced);
+            }
         } else if whole.starts_with("write(") && whole.contains(&format!("<{exec_log}>")) {
             // write(5</path/exec.log>, "JOB t1 1 start\n", 40) = 40
             let text = whole.split('"').nth(1).unwrap_or("");
@@ -68,7 +77,7 @@ fn read_trace(trace: &str, exec_log: &Path, data_dir: &Path) -> Vec<Seen> {
 }
 
 #[test]
-fn a_dependent_task_starts_only_after_the_log_is_synced() {
+fn a_dependent_task_starts_only_after_the_log_is_synced_and_the_new_directory_has_its_name() {
     let strace = Command::new("strace").arg("-V").output();
     assert!(
         strace.is_ok_and(|o| o.status.success()),
@@ -81,7 +90,7 @@ fn a_dependent_task_starts_only_after_the_log_is_synced() {
     std::fs::write(&job, chain(n)).unwrap();
     let mut command = Command::new("strace");
     command
-        .args(["-f", "-y", "-s", "128", "-e", "trace=fdatasync,write", "-o"])
+        .args(["-f", "-y", "-s", "128", "-e", "trace=fdatasync,fsync,write", "-o"])
         .arg(&trace)
         .arg(common::binary())
         .arg("run")
@@ -101,6 +110,11 @@ fn a_dependent_task_starts_only_after_the_log_is_synced() {
             .position(|s| *s == Seen::Exec(what.to_string()))
             .unwrap_or_else(|| panic!("no {what:?} in the traced execution log: {seen:?}"))
     };
+    let named = seen.iter().position(|s| *s == Seen::ParentSynced);
+    assert!(
+        named.is_some_and(|at| at < position("t0 start")),
+        "the first task started before the directory holding the new data directory was synced: {seen:?}"
+    );
     for i in 1..n {
         let (succeeded, next) = (position(&format!("t{} succeeded", i - 1)), position(&format!("t{i} start")));
         assert!(succeeded < next, "t{i} started before t{} succeeded: {seen:?}", i - 1);

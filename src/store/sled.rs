@@ -274,6 +274,7 @@ impl SledStore {
                     write_atomically(path, MARKER_FILE, &format!("jobcenter data directory\nschema {SCHEMA_VERSION}\n"))
                 })
                 .and_then(|()| std::fs::remove_file(&initializing))
+                .and_then(|()| sync_parent(path))
                 .map_err(|e| unusable(e.to_string()))?;
         } else {
             let found = generation.meta.get(SCHEMA_KEY).map_err(|e| corrupt(e.to_string()))?;
@@ -707,6 +708,24 @@ fn write_atomically(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
     file.sync_all()?;
     std::fs::rename(&temporary, dir.join(name))?;
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// Syncs the directory that holds `path`, so that a data directory just
+/// created survives a power loss with its name. A parent this process may
+/// not read is left to the file system's next commit, with a warning.
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    match std::fs::File::open(parent) {
+        Ok(dir) => dir.sync_all(),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            tracing::warn!(path = %parent.display(), error = %e, "cannot sync the directory that holds the new data directory");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Removes everything in `dir` but the files `keep`.
