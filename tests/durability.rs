@@ -84,8 +84,10 @@ fn a_dependent_task_starts_only_after_the_log_is_synced_and_the_new_directory_ha
         "this test needs strace (Debian's `strace`, installed by .ci/setup)"
     );
     let dir = tempfile::tempdir().unwrap();
+    // strace names files by their resolved paths.
+    let root = dir.path().canonicalize().unwrap();
     let (job, data_dir, exec_log, trace) =
-        (dir.path().join("chain.json"), dir.path().join("data"), dir.path().join("exec.log"), dir.path().join("trace"));
+        (root.join("chain.json"), root.join("data"), root.join("exec.log"), root.join("trace"));
     let n = 8;
     std::fs::write(&job, chain(n)).unwrap();
     let mut command = Command::new("strace");
