@@ -8,7 +8,8 @@
 //! prints what docs/PERFORMANCE.md records: the data directory beside a
 //! fresh copy of the same data, the admin's memory over the second half
 //! (sampled every quarter second: the peak and the mean of each tenth, so
-//! that a passing compaction is seen as what it is), and how fast `jobs` and `/api/jobs` answer at the start and at the end.
+//! that a passing compaction is seen as what it is), and how fast `jobs`
+//! and `/api/jobs` answer at the start and at the end.
 //!
 //! `cargo test --release --test soak -- --ignored --nocapture` (the figures
 //! go to stderr, each line starting with `soak:`).

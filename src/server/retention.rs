@@ -142,7 +142,7 @@ impl Backoff {
             self.failures = 0;
         } else {
             self.failures = self.failures.saturating_add(1);
-            self.skip = 2u32.saturating_pow(self.failures.min(31)).saturating_sub(1).min(MAX_SKIPPED_PRUNES);
+            self.skip = (2u32.saturating_pow(self.failures) - 1).min(MAX_SKIPPED_PRUNES);
         }
     }
 }

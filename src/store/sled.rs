@@ -583,11 +583,11 @@ impl Generation {
         self.log.sync_data().map_err(io)?;
         self.sync_new_blobs().map_err(io)?;
         if !self.entries_synced.load(Ordering::Acquire) {
-            std::fs::File::open(self.dir.join("conf")).and_then(|f| f.sync_all()).map_err(io)?;
-            std::fs::File::open(&self.dir).and_then(|d| d.sync_all()).map_err(io)?;
+            sync_path(&self.dir.join("conf")).map_err(io)?;
+            sync_path(&self.dir).map_err(io)?;
             if self.number > 0 {
                 if let Some(parent) = self.dir.parent() {
-                    std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(io)?;
+                    sync_path(parent).map_err(io)?;
                 }
             }
             self.entries_synced.store(true, Ordering::Release);
@@ -614,8 +614,8 @@ impl Generation {
             let entry = entry?;
             let name = entry.file_name();
             if !synced.names.contains(&name) {
-                match std::fs::File::open(entry.path()) {
-                    Ok(file) => file.sync_all()?,
+                match sync_path(&entry.path()) {
+                    Ok(()) => {}
                     // Removed meanwhile by sled's own clean-up.
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(e),
@@ -626,7 +626,7 @@ impl Generation {
             present.insert(name);
         }
         if any {
-            std::fs::File::open(&blobs)?.sync_all()?;
+            sync_path(&blobs)?;
         }
         synced.names = present;
         let age_ms = crate::clock::Clock::now(&crate::clock::SystemClock).0 - millis_since_epoch(modified);
@@ -707,7 +707,12 @@ fn write_atomically(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
     file.write_all(text.as_bytes())?;
     file.sync_all()?;
     std::fs::rename(&temporary, dir.join(name))?;
-    std::fs::File::open(dir)?.sync_all()
+    sync_path(dir)
+}
+
+/// Syncs a file or a directory (its entries) by its path.
+fn sync_path(path: &Path) -> std::io::Result<()> {
+    std::fs::File::open(path)?.sync_all()
 }
 
 /// Syncs the directory that holds `path`, so that a data directory just
@@ -718,13 +723,12 @@ fn sync_parent(path: &Path) -> std::io::Result<()> {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     };
-    match std::fs::File::open(parent) {
-        Ok(dir) => dir.sync_all(),
+    match sync_path(parent) {
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             tracing::warn!(path = %parent.display(), error = %e, "cannot sync the directory that holds the new data directory");
             Ok(())
         }
-        Err(e) => Err(e),
+        synced => synced,
     }
 }
 
