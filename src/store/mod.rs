@@ -9,6 +9,7 @@
 pub mod cluster;
 mod codec;
 pub mod conformance;
+mod journal;
 mod memory;
 mod postgres;
 mod sled;

@@ -25,6 +25,16 @@
 //! generation `CURRENT` does not name is removed when the directory is
 //! opened. A directory from before generations (sled's files at its top)
 //! is generation 0 until its first compaction.
+//!
+//! A flush makes writes durable through the generation's journal
+//! (`journal.rs`): the entries written since the last flush go to its
+//! preallocated file as one frame, one overwrite and one `fdatasync`. sled's
+//! own files are made durable only at a checkpoint: a generation's first
+//! flush, and a flush whose entries do not fit in what is left of the
+//! journal or were more than it holds. The checkpoint then starts the
+//! journal's next epoch. Opening a generation replays the entries its trees
+//! lack: the `journal` tree holds, under each tree's name, the number of the
+//! last entry applied to it, written right after the entry's batch.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -34,6 +44,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
 use super::codec::{self, decode_job, decode_spec, encode, encode_spec, split_task_key};
+use super::journal::{self, EntryWriter, Journal};
 use super::{Batch, Error, JobFilter, Reclaimed, Store, StoredJob, SCHEMA_VERSION};
 use crate::model::{JobId, JobRecord, TaskRecord};
 
@@ -48,7 +59,7 @@ const CURRENT_FILE: &str = "CURRENT";
 /// A generation's directory is this prefix and its number.
 const GENERATION_PREFIX: &str = "log.";
 /// What sled 0.34 puts in its directory: a generation 0 is these at the top.
-const SLED_FILES: [&str; 3] = ["db", "conf", "blobs"];
+const GENERATION_FILES: [&str; 5] = ["db", "conf", "blobs", journal::FILE, "journal.tmp"];
 const SLED_SNAPSHOT_PREFIX: &str = "snap.";
 /// A compaction is due once the live generation is this many times the size
 /// a fresh copy of its live data would have (and at least
@@ -58,6 +69,10 @@ const COMPACT_AT_LEAST: u64 = 8 * 1024 * 1024;
 /// Keys per batch when a compaction copies a tree.
 const COPY_BATCH: usize = 2_000;
 const SCHEMA_KEY: &[u8] = b"schema_version";
+/// The tree that holds, under each tree's name, the number of the last
+/// journal entry applied to it: written right after the entry's batch, in
+/// a tree of its own so that it never rewrites a leaf of large values.
+const SEQ_TREE: &str = "journal";
 /// Settings live in the `meta` tree under this prefix.
 const SETTING_PREFIX: &str = "setting/";
 /// The most memory sled's page cache holds. The engine keeps every active
@@ -73,8 +88,11 @@ pub struct SledStore {
     /// The live generation; a compaction replaces it whole.
     current: RwLock<Arc<Generation>>,
     /// Taken by every write, so that a compaction's switch falls between
-    /// two; while a compaction copies, it holds the writes made meanwhile.
-    writes: Mutex<Option<Held>>,
+    /// two; also the journal entries not yet flushed.
+    writes: Mutex<WriteState>,
+    /// One flush at a time, so that frames reach the journal in order; it
+    /// holds the buffer the pending entries are swapped into.
+    flushing: Mutex<Vec<u8>>,
     /// One compaction at a time.
     compacting: Mutex<()>,
     /// The live generation's size when it was written (0: not known).
@@ -93,6 +111,21 @@ pub struct SledStore {
     _lock: std::fs::File,
 }
 
+/// What the writes share, under one lock.
+#[derive(Default)]
+struct WriteState {
+    /// While a compaction copies: the writes made meanwhile.
+    held: Option<Held>,
+    /// The journal entries written since the last flush: the payload of
+    /// the next frame.
+    pending: Vec<u8>,
+    /// More was written since the last flush than the journal holds (or an
+    /// entry was too large for it): the next flush is a checkpoint.
+    overflow: bool,
+    /// The number of the last journal entry.
+    seq: u64,
+}
+
 /// One sled database: the live data directory, or a compaction's copy.
 struct Generation {
     number: u64,
@@ -100,12 +133,18 @@ struct Generation {
     db: sled::Db,
     meta: sled::Tree,
     data: sled::Tree,
+    /// The journal entries applied to each tree (`SEQ_TREE`).
+    seqs: sled::Tree,
     /// The item files (`blobs/`) made durable so far.
     blobs: Mutex<BlobsSynced>,
     /// sled's log file, synced after each of sled's flushes.
     log: std::fs::File,
     /// Whether the files and directory entries sled made at open are durable.
     entries_synced: std::sync::atomic::AtomicBool,
+    /// This generation's journal; locked by whoever flushes.
+    journal: Mutex<Journal>,
+    /// The number of the last journal entry its trees hold when opened.
+    opened_seq: u64,
 }
 
 /// sled 0.34 writes an item larger than a quarter of a log segment (a
@@ -146,22 +185,51 @@ impl Generation {
     }
 }
 
-/// The keys one write sets and removes: a sled batch and, only while a
-/// compaction copies, the same keys kept for it.
+impl TreeName {
+    fn name(self) -> &'static str {
+        match self {
+            TreeName::Meta => "meta",
+            TreeName::Data => "data",
+        }
+    }
+
+    fn in_journal(self) -> journal::Tree {
+        match self {
+            TreeName::Meta => journal::Tree::Meta,
+            TreeName::Data => journal::Tree::Data,
+        }
+    }
+}
+
+/// The keys one write sets and removes: a sled batch, the same keys as a
+/// journal entry (unless the journal cannot take them before the next
+/// flush) and, only while a compaction copies, kept for it.
 struct Writes {
     batch: sled::Batch,
     any: bool,
+    entry: Option<EntryWriter>,
     kept: Option<Vec<(sled::IVec, Option<sled::IVec>)>>,
 }
 
 impl Writes {
-    /// Keeps the keys too when a compaction is copying (`held` is `Some`).
-    fn new(held: &Option<Held>) -> Writes {
-        Writes { batch: sled::Batch::default(), any: false, kept: held.as_ref().map(|_| Vec::new()) }
+    fn new(state: &WriteState) -> Writes {
+        let journaled = !state.overflow;
+        Writes {
+            batch: sled::Batch::default(),
+            any: false,
+            entry: journaled.then(EntryWriter::default),
+            kept: state.held.as_ref().map(|_| Vec::new()),
+        }
     }
 
     fn insert(&mut self, key: impl Into<sled::IVec>, value: impl Into<sled::IVec>) {
         let (key, value) = (key.into(), value.into());
+        if let Some(entry) = &mut self.entry {
+            entry.insert(&key, &value);
+            if entry.len() as u64 > journal::CAPACITY {
+                self.entry = None;
+            }
+        }
         if let Some(kept) = &mut self.kept {
             kept.push((key.clone(), Some(value.clone())));
         }
@@ -171,6 +239,9 @@ impl Writes {
 
     fn remove(&mut self, key: impl Into<sled::IVec>) {
         let key = key.into();
+        if let Some(entry) = &mut self.entry {
+            entry.remove(&key);
+        }
         if let Some(kept) = &mut self.kept {
             kept.push((key.clone(), None));
         }
@@ -288,8 +359,9 @@ impl SledStore {
         }
         Ok(SledStore {
             path: path.to_path_buf(),
+            writes: Mutex::new(WriteState { seq: generation.opened_seq, ..WriteState::default() }),
+            flushing: Mutex::new(Vec::new()),
             current: RwLock::new(Arc::new(generation)),
-            writes: Mutex::new(None),
             compacting: Mutex::new(()),
             baseline: AtomicU64::new(baseline),
             copied: AtomicU64::new(copied),
@@ -349,10 +421,12 @@ impl SledStore {
     }
 
     /// Applies one write's keys to the live generation, atomically per
-    /// tree, and keeps them for a compaction that is copying meanwhile.
+    /// tree, as the next journal entry (its number stored after them); adds
+    /// the entry to the next flush's frame, and keeps the keys for a
+    /// compaction that is copying meanwhile.
     fn apply(
         &self,
-        writes: &mut Option<Held>,
+        state: &mut WriteState,
         generation: &Generation,
         tree: TreeName,
         keys: Writes,
@@ -360,8 +434,20 @@ impl SledStore {
         if !keys.any {
             return Ok(());
         }
+        let seq = state.seq + 1;
         generation.tree(tree).apply_batch(keys.batch).map_err(|e| self.io(e))?;
-        if let (Some(held), Some(kept)) = (writes, keys.kept) {
+        generation.seqs.insert(tree.name(), &seq.to_le_bytes()).map_err(|e| self.io(e))?;
+        state.seq = seq;
+        match keys.entry {
+            Some(entry) if !state.overflow && (state.pending.len() + entry.len()) as u64 <= journal::CAPACITY => {
+                entry.finish_into(seq, tree.in_journal(), &mut state.pending);
+            }
+            _ => {
+                state.overflow = true;
+                state.pending = Vec::new();
+            }
+        }
+        if let (Some(held), Some(kept)) = (&mut state.held, keys.kept) {
             held.extend(kept.into_iter().map(|(key, value)| ((tree, key), value)));
         }
         Ok(())
@@ -377,6 +463,13 @@ impl SledStore {
             .map(|d| d.flatten().filter(|e| !synced.names.contains(&e.file_name())).count())
             .unwrap_or(0);
         (synced.count, unsynced)
+    }
+
+    /// Makes sled's log durable and empties the journal (for tests).
+    #[cfg(test)]
+    pub(super) fn checkpoint(&self) -> Result<(), Error> {
+        let _one = self.flushing.lock().unwrap_or_else(PoisonError::into_inner);
+        self.generation().flush(|e| self.io(e))
     }
 
     /// Lets a test compact below `COMPACT_AT_LEAST`.
@@ -400,7 +493,7 @@ impl SledStore {
         let before = dir_bytes(&old.dir);
         {
             let mut writes = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
-            *writes = Some(Held::new());
+            writes.held = Some(Held::new());
             self.added.store(0, Ordering::Relaxed);
             self.removed.store(0, Ordering::Relaxed);
         }
@@ -410,7 +503,7 @@ impl SledStore {
         let (new, copied) = match copied {
             Ok(copied) => copied,
             Err(e) => {
-                *self.writes.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                self.writes.lock().unwrap_or_else(PoisonError::into_inner).held = None;
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(e);
             }
@@ -420,7 +513,7 @@ impl SledStore {
             // The switch: no write falls between the last replay and it.
             let mut writes = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
             let switched = self
-                .replay(&new, writes.as_mut().map(std::mem::take).unwrap_or_default())
+                .replay(&new, writes.held.as_mut().map(std::mem::take).unwrap_or_default())
                 .and_then(|()| new.flush(|e| self.io(e)))
                 .and_then(|()| {
                     self.crash.reached("compaction-copied");
@@ -430,7 +523,7 @@ impl SledStore {
             if switched.is_ok() {
                 self.crash.reached("compaction-switched");
             }
-            *writes = None;
+            writes.held = None;
             // A failure after `CURRENT` was renamed (syncing its directory)
             // still switched: the new generation is the data directory now.
             let named = || {
@@ -447,6 +540,10 @@ impl SledStore {
                 }
             }
             *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(new);
+            // The new generation's checkpoint holds every entry not flushed
+            // yet; its journal starts with the next.
+            writes.pending.clear();
+            writes.overflow = false;
         }
         self.baseline.store(after, Ordering::Relaxed);
         self.copied.store(copied, Ordering::Relaxed);
@@ -484,7 +581,7 @@ impl SledStore {
             new.tree(tree).apply_batch(batch).map_err(|e| self.io(e))?;
         }
         // Catch up outside the switch, so that the switch replays little.
-        let held = self.writes.lock().unwrap_or_else(PoisonError::into_inner).as_mut().map(std::mem::take);
+        let held = self.writes.lock().unwrap_or_else(PoisonError::into_inner).held.as_mut().map(std::mem::take);
         self.replay(&new, held.unwrap_or_default())?;
         new.flush(|e| self.io(e))?;
         Ok((new, copied))
@@ -549,35 +646,120 @@ fn lock_directory(path: &Path, display: &str) -> Result<std::fs::File, Error> {
     }
 }
 
+/// Opens a generation's sled database and replays its journal into it, or
+/// gives it a new journal when it has none.
 fn open_generation(number: u64, dir: &Path, display: &str) -> Result<Generation, Error> {
     let db = open_guarded(dir, display)?;
-    let corrupt = |e: sled::Error| Error::Corrupt { path: display.to_string(), detail: e.to_string() };
+    let corrupt = |detail: String| Error::Corrupt { path: display.to_string(), detail };
+    let unusable = |detail: String| Error::Unusable { path: display.to_string(), detail };
+    let meta = db.open_tree("meta").map_err(|e| corrupt(e.to_string()))?;
+    let data = db.open_tree("data").map_err(|e| corrupt(e.to_string()))?;
+    let seqs = db.open_tree(SEQ_TREE).map_err(|e| corrupt(e.to_string()))?;
+    let (journal, opened_seq) = match Journal::open(dir).map_err(|d| corrupt(format!("its journal: {d}")))? {
+        None => (Journal::create(dir).map_err(|e| unusable(format!("cannot create its journal: {e}")))?, 0),
+        Some((journal, payloads)) => {
+            let seq = replay_journal([&meta, &data], &seqs, &payloads).map_err(corrupt)?;
+            (journal, seq)
+        }
+    };
     Ok(Generation {
         number,
         dir: dir.to_path_buf(),
-        meta: db.open_tree("meta").map_err(corrupt)?,
-        data: db.open_tree("data").map_err(corrupt)?,
-        log: std::fs::File::open(dir.join("db")).map_err(|e| Error::Unusable {
-            path: display.to_string(),
-            detail: format!("cannot open its log file: {e}"),
-        })?,
+        meta,
+        data,
+        seqs,
+        log: std::fs::File::open(dir.join("db")).map_err(|e| unusable(format!("cannot open its log file: {e}")))?,
         db,
         blobs: Mutex::default(),
         entries_synced: std::sync::atomic::AtomicBool::new(false),
+        journal: Mutex::new(journal),
+        opened_seq,
     })
 }
 
+/// The number of the last journal entry applied to `tree` (0: none).
+fn applied_seq(seqs: &sled::Tree, tree: TreeName) -> Result<u64, String> {
+    match seqs.get(tree.name()).map_err(|e| e.to_string())? {
+        None => Ok(0),
+        Some(value) => <[u8; 8]>::try_from(value.as_ref())
+            .map(u64::from_le_bytes)
+            .map_err(|_| "its journal sequence number is damaged".to_string()),
+    }
+}
+
+/// Applies the journal's entries that their trees (`[meta, data]`) do not
+/// hold yet, each as the atomic batch it was; returns the number of the
+/// last entry the trees or the journal know.
+///
+/// sled's log is recovered in the order it was written, so a tree holds
+/// every entry up to the number `seqs` gives it, and perhaps the next
+/// (written, its number not). Entries it holds are never applied again: a
+/// later batch sled wrote on its own would be partly undone.
+fn replay_journal(trees: [&sled::Tree; 2], seqs: &sled::Tree, payloads: &[Vec<u8>]) -> Result<u64, String> {
+    let names = [TreeName::Meta, TreeName::Data];
+    let mut applied = [applied_seq(seqs, names[0])?, applied_seq(seqs, names[1])?];
+    let mut last = applied[0].max(applied[1]);
+    let mut replayed = 0;
+    for payload in payloads {
+        for entry in journal::decode_payload(payload).map_err(|d| format!("its journal: {d}"))? {
+            let i = entry.tree as usize;
+            last = last.max(entry.seq);
+            if entry.seq <= applied[i] {
+                continue;
+            }
+            let mut batch = sled::Batch::default();
+            for (key, value) in entry.ops {
+                match value {
+                    Some(value) => batch.insert(key, value),
+                    None => batch.remove(key),
+                }
+            }
+            trees[i].apply_batch(batch).map_err(|e| e.to_string())?;
+            seqs.insert(names[i].name(), &entry.seq.to_le_bytes()).map_err(|e| e.to_string())?;
+            applied[i] = entry.seq;
+            replayed += 1;
+        }
+    }
+    if replayed > 0 {
+        tracing::info!(entries = replayed, "replayed the journal's entries the database did not hold");
+    }
+    Ok(last)
+}
+
 impl Generation {
-    /// Makes everything written to this generation so far durable.
+    /// Makes everything written to this generation so far durable in
+    /// sled's own files: a checkpoint.
+    fn flush(&self, sled_error: impl Fn(sled::Error) -> Error) -> Result<(), Error> {
+        let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
+        self.checkpoint(&mut journal, sled_error)
+    }
+
+    /// Makes the journal entries of `payload`, and everything written
+    /// before them, durable: one frame appended to the journal, or a
+    /// checkpoint when more was written than the journal takes, when the
+    /// frame does not fit, or at the generation's first flush.
+    fn commit(&self, payload: &[u8], overflow: bool, sled_error: impl Fn(sled::Error) -> Error) -> Result<(), Error> {
+        let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
+        if payload.is_empty() && !overflow {
+            return Ok(());
+        }
+        if overflow || !self.entries_synced.load(Ordering::Acquire) || !journal.fits(payload.len()) {
+            return self.checkpoint(&mut journal, sled_error);
+        }
+        journal.append(payload).map_err(|e| Error::Io(format!("{}: {e}", self.dir.join(journal::FILE).display())))
+    }
+
+    /// Makes sled's log durable, then starts the journal's next epoch.
     ///
     /// sled 0.34's flush writes its log and waits with `sync_file_range`,
     /// which records neither the blocks and size of a file that grew nor
-    /// empties the disk's write cache: a power loss could still take an
-    /// acknowledged write. So the log file is synced (`fdatasync`) after
-    /// it; then the item files made since the last flush; and, at the first
-    /// flush, the configuration file and the directory entries sled made at
-    /// open (and, for a generation's own directory, the data directory's).
-    fn flush(&self, sled_error: impl Fn(sled::Error) -> Error) -> Result<(), Error> {
+    /// empties the disk's write cache: a power loss could still take what it
+    /// wrote. So the log file is synced (`fdatasync`) after it; then the
+    /// item files made since the last checkpoint; and, at the first, the
+    /// configuration file and the directory entries sled made at open, the
+    /// journal's among them (and, for a generation's own directory, the data
+    /// directory's). Only then may the journal forget its entries.
+    fn checkpoint(&self, journal: &mut Journal, sled_error: impl Fn(sled::Error) -> Error) -> Result<(), Error> {
         self.db.flush().map_err(sled_error)?;
         let io = |e: std::io::Error| Error::Io(format!("{}: {e}", self.dir.display()));
         self.log.sync_data().map_err(io)?;
@@ -591,6 +773,9 @@ impl Generation {
                 }
             }
             self.entries_synced.store(true, Ordering::Release);
+        }
+        if !journal.is_empty() {
+            journal.restart().map_err(io)?;
         }
         Ok(())
     }
@@ -644,7 +829,7 @@ fn remove_generation(path: &Path, number: u64) -> std::io::Result<()> {
     if number > 0 {
         return std::fs::remove_dir_all(generation_dir(path, number));
     }
-    remove_entries(path, |name| SLED_FILES.contains(&name) || name.starts_with(SLED_SNAPSHOT_PREFIX))
+    remove_entries(path, |name| GENERATION_FILES.contains(&name) || name.starts_with(SLED_SNAPSHOT_PREFIX))
 }
 
 /// Removes every generation but `live`: a copy a compaction left unfinished,
@@ -667,7 +852,8 @@ fn remove_other_generations(path: &Path, live: u64) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The bytes of every file under `path`.
+/// The bytes of every file under `path` but the journal, whose size is
+/// fixed: what compaction weighs against the live data.
 fn dir_bytes(path: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(path) else { return 0 };
     entries
@@ -682,6 +868,7 @@ fn dir_bytes(path: &Path) -> u64 {
                     dir_bytes(&entry.path())
                 }
             }
+            Ok(_) if entry.file_name() == journal::FILE => 0,
             Ok(m) => m.len(),
             Err(_) => 0,
         })
@@ -792,10 +979,10 @@ fn open_guarded(path: &Path, display: &str) -> Result<sled::Db, Error> {
 
 impl Store for SledStore {
     fn write(&self, batch: &Batch) -> Result<(), Error> {
-        let mut held = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
         let generation = self.generation();
         let data = &generation.data;
-        let mut writes = Writes::new(&held);
+        let mut writes = Writes::new(&state);
         let mut removed = 0;
         for &id in &batch.removed {
             let Some(bytes) = data.get(key(JOB, id)).map_err(|e| self.io(e))? else { continue };
@@ -860,10 +1047,10 @@ impl Store for SledStore {
             };
             writes.insert(&group_key[..], encoded);
         }
-        self.apply(&mut held, &generation, TreeName::Data, writes)?;
+        self.apply(&mut state, &generation, TreeName::Data, writes)?;
         self.added.fetch_add(added, Ordering::Relaxed);
         self.removed.fetch_add(removed, Ordering::Relaxed);
-        let mut settings = Writes::new(&held);
+        let mut settings = Writes::new(&state);
         for (key, value) in &batch.settings {
             let key = format!("{SETTING_PREFIX}{key}");
             match value {
@@ -871,11 +1058,24 @@ impl Store for SledStore {
                 None => settings.remove(key.as_bytes()),
             }
         }
-        self.apply(&mut held, &generation, TreeName::Meta, settings)
+        self.apply(&mut state, &generation, TreeName::Meta, settings)
     }
 
+    /// Appends the entries written since the last flush to the live
+    /// generation's journal as one frame, synced; or checkpoints when they
+    /// do not fit, or at the generation's first flush.
     fn flush(&self) -> Result<(), Error> {
-        self.generation().flush(|e| self.io(e))
+        let mut payload = self.flushing.lock().unwrap_or_else(PoisonError::into_inner);
+        payload.clear();
+        // The generation and the entries are taken together: a compaction
+        // switches generations under the same lock, and its checkpoint of
+        // the new one holds every write applied before the switch.
+        let (generation, overflow) = {
+            let mut state = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
+            std::mem::swap(&mut state.pending, &mut payload);
+            (self.generation(), std::mem::take(&mut state.overflow))
+        };
+        generation.commit(&payload, overflow, |e| self.io(e))
     }
 
     fn load_active(&self) -> Result<Vec<StoredJob>, Error> {
@@ -927,13 +1127,13 @@ impl Store for SledStore {
     fn put_setting(&self, key: &str, value: Option<&[u8]>) -> Result<(), Error> {
         let key = format!("{SETTING_PREFIX}{key}");
         {
-            let mut held = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
-            let mut writes = Writes::new(&held);
+            let mut state = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut writes = Writes::new(&state);
             match value {
                 Some(value) => writes.insert(key.as_bytes(), value),
                 None => writes.remove(key.as_bytes()),
             }
-            self.apply(&mut held, &self.generation(), TreeName::Meta, writes)?;
+            self.apply(&mut state, &self.generation(), TreeName::Meta, writes)?;
         }
         self.flush()
     }
@@ -970,5 +1170,79 @@ impl Store for SledStore {
             return Ok(None);
         }
         self.compact().map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::journal::{EntryWriter, Tree};
+    use super::*;
+
+    /// One entry's number, tree and keys with their values.
+    type TestEntry<'a> = (u64, Tree, &'a [(&'a str, &'a str)]);
+
+    /// A journal payload of entries.
+    fn payload(entries: &[TestEntry]) -> Vec<u8> {
+        let mut payload = Vec::new();
+        for (seq, tree, ops) in entries {
+            let mut entry = EntryWriter::default();
+            for (key, value) in *ops {
+                entry.insert(key.as_bytes(), value.as_bytes());
+            }
+            entry.finish_into(*seq, *tree, &mut payload);
+        }
+        payload
+    }
+
+    fn value(tree: &sled::Tree, key: &str) -> Option<String> {
+        tree.get(key).unwrap().map(|v| String::from_utf8(v.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn compaction_is_due_at_twice_what_a_fresh_copy_of_the_live_data_would_take() {
+        // The live generation's copy: 1,000 bytes of keys and values, 2,000 on disk.
+        assert!(!compaction_due(3_999, 2_000, 1_000, 0, 0), "rewrites alone, below twice the copy");
+        assert!(compaction_due(4_000, 2_000, 1_000, 0, 0), "rewrites alone, twice the copy");
+        assert!(!compaction_due(5_999, 2_000, 1_000, 500, 0), "grown by half: twice 3,000");
+        assert!(compaction_due(6_000, 2_000, 1_000, 500, 0));
+        assert!(!compaction_due(3_999, 2_000, 1_000, 300, 300), "churn: as it was");
+        assert!(compaction_due(2_000, 2_000, 1_000, 0, 500), "half removed, the log as large: due");
+        // A generation whose copy is not known compacts once it has doubled.
+        assert!(!compaction_due(3_999, 2_000, 0, 5_000, 0));
+        assert!(compaction_due(4_000, 2_000, 0, 0, 0));
+    }
+
+    #[test]
+    fn replay_applies_what_each_tree_lacks_and_never_an_older_entry_over_a_newer_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let (meta, data, seqs) =
+            (db.open_tree("meta").unwrap(), db.open_tree("data").unwrap(), db.open_tree(SEQ_TREE).unwrap());
+        // The data tree got entry 3 on its own (sled wrote it before the
+        // crash; it was never acknowledged): k and m from the same batch.
+        let mut batch = sled::Batch::default();
+        batch.insert("k", "v3");
+        batch.insert("m", "x3");
+        data.apply_batch(batch).unwrap();
+        seqs.insert("data", &3u64.to_le_bytes()).unwrap();
+        let journal = [
+            payload(&[(1, Tree::Data, &[("k", "v1")]), (2, Tree::Meta, &[("s", "one")])]),
+            payload(&[(3, Tree::Data, &[("k", "v3"), ("m", "x3")]), (4, Tree::Meta, &[("s", "two")])]),
+        ];
+        // Only the journal's first frame reached the disk.
+        let last = replay_journal([&meta, &data], &seqs, &journal[..1]).unwrap();
+        assert_eq!(last, 3, "the trees know entry 3");
+        assert_eq!(value(&data, "k").as_deref(), Some("v3"), "entry 1 is not applied over entry 3");
+        assert_eq!(value(&data, "m").as_deref(), Some("x3"));
+        assert_eq!(value(&meta, "s").as_deref(), Some("one"), "the meta tree lacked entry 2");
+        assert_eq!(applied_seq(&seqs, TreeName::Meta).unwrap(), 2);
+        // Both frames: entry 4 is applied, entry 3 is not applied twice.
+        assert_eq!(replay_journal([&meta, &data], &seqs, &journal).unwrap(), 4);
+        assert_eq!(value(&meta, "s").as_deref(), Some("two"));
+        let applied = (applied_seq(&seqs, TreeName::Meta).unwrap(), applied_seq(&seqs, TreeName::Data).unwrap());
+        assert_eq!(applied, (4, 3));
+        let damaged = vec![9, 0, 0, 0, 1];
+        let error = replay_journal([&meta, &data], &seqs, &[damaged]).unwrap_err();
+        assert!(error.contains("its journal: entry 1"), "{error}");
     }
 }
