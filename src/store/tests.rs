@@ -427,6 +427,84 @@ fn sled_flush_appends_one_journal_frame_and_a_checkpoint_empties_the_journal() {
 }
 
 #[test]
+fn sled_directory_from_before_the_journal_opens_and_gets_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = SledStore::open(&path).unwrap();
+    let before = ended_jobs(&store, 2, 40);
+    store.checkpoint().unwrap();
+    drop(store);
+    // A generation written before the journal: sled's files alone.
+    std::fs::remove_file(path.join("log.1").join(super::journal::FILE)).unwrap();
+    let store = reopen(&path);
+    assert!(path.join("log.1").join(super::journal::FILE).exists(), "opening made the journal");
+    let after = ended_jobs(&store, 1, 40);
+    ended_jobs(&store, 1, 40);
+    assert_eq!(journal_frames(&path).len(), 1, "the first flush checkpointed, the next appended");
+    drop(store);
+    let store = reopen(&path);
+    for id in before.iter().chain(&after) {
+        assert!(store.get_job(*id).unwrap().is_some(), "job {id} kept");
+    }
+}
+
+/// Copies the files of a data directory, all but the journal when `journal`
+/// is false.
+fn copy_data_dir(from: &std::path::Path, to: &std::path::Path, journal: bool) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if name == "LOCK" || (!journal && name == super::journal::FILE) {
+            continue;
+        }
+        if entry.file_type().unwrap().is_dir() {
+            copy_data_dir(&entry.path(), &to.join(&name), journal);
+        } else {
+            std::fs::copy(entry.path(), to.join(&name)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn sled_open_replays_the_journal_into_a_database_that_lost_its_last_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, crashed) = (dir.path().join("data"), dir.path().join("crashed"));
+    let store = SledStore::open(&path).unwrap();
+    let kept = ended_jobs(&store, 2, 40);
+    store.checkpoint().unwrap();
+    // sled's files as a checkpoint left them: what a crash leaves of sled
+    // when it wrote nothing since.
+    copy_data_dir(&path, &crashed, false);
+    let journaled = ended_jobs(&store, 3, 40);
+    rewrite_tasks_in_journal(&store, &kept);
+    drop(store);
+    // The journal as the flushes left it, beside that older database.
+    std::fs::copy(path.join("log.1").join(super::journal::FILE), crashed.join("log.1").join(super::journal::FILE))
+        .unwrap();
+    let store = reopen(&crashed);
+    for id in kept.iter().chain(&journaled) {
+        assert!(store.get_job(*id).unwrap().is_some(), "job {id} replayed");
+    }
+    let original = reopen(&path);
+    assert_eq!(content(&store), content(&original), "the replayed directory holds what the flushed one does");
+}
+
+/// Writes every task record of `jobs` again and flushes, to the journal only.
+fn rewrite_tasks_in_journal(store: &SledStore, jobs: &[JobId]) {
+    for &job in jobs {
+        let records = (0..40u32)
+            .map(|i| {
+                let record = TaskRecord { state: TaskState::Succeeded, ..TaskRecord::initial(i > 0, Timestamp(1_000)) };
+                (job, TaskIdx(i), TaskRecord { stage: "rewritten".into(), ..record })
+            })
+            .collect();
+        store.write(&Batch { tasks: records, ..Batch::default() }).unwrap();
+    }
+    store.flush().unwrap();
+}
+
+#[test]
 fn sled_write_larger_than_the_journal_is_made_durable_by_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
