@@ -58,7 +58,8 @@ const LOCK_FILE: &str = "LOCK";
 const CURRENT_FILE: &str = "CURRENT";
 /// A generation's directory is this prefix and its number.
 const GENERATION_PREFIX: &str = "log.";
-/// What sled 0.34 puts in its directory: a generation 0 is these at the top.
+/// A generation's files (sled 0.34's and the journal): a generation 0 is
+/// these at the top of the data directory.
 const GENERATION_FILES: [&str; 5] = ["db", "conf", "blobs", journal::FILE, "journal.tmp"];
 const SLED_SNAPSHOT_PREFIX: &str = "snap.";
 /// A compaction is due once the live generation is this many times the size
