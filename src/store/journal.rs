@@ -14,13 +14,13 @@
 //! A *checkpoint* makes sled's log durable and then starts a new epoch: the
 //! header at the start of the file names it (in one of two slots, in turn,
 //! so that a header torn by a power loss leaves the one before), and frames
-//! of older epochs left further on are ignored. Reading stops at the first frame that is
-//! not whole and of the header's epoch (a torn last append, which was never
-//! acknowledged, or the end of what this epoch wrote).
+//! of older epochs left further on are ignored. Reading stops at the first
+//! frame that is not whole and of the header's epoch (a torn last append,
+//! which was never acknowledged, or the end of what this epoch wrote).
 //!
-//! Replay is exact because each tree also stores the sequence number of the
-//! last entry applied to it, in the same atomic sled batch: an entry is
-//! applied again only if its tree has not got it. sled may have written
+//! Replay is exact because the store keeps, for each tree, the number of the
+//! last entry applied to it, written right after the entry's batch: an entry
+//! is applied again only if its tree has not got it. sled may have written
 //! later batches on its own (never acknowledged, each whole); replay never
 //! applies an older entry over them.
 
@@ -31,6 +31,8 @@ use std::path::Path;
 
 /// The journal's file name inside a generation's directory.
 pub(super) const FILE: &str = "journal";
+/// The name a new journal is written under before it is renamed to `FILE`.
+pub(super) const TEMPORARY: &str = "journal.tmp";
 /// The journal's size; a flush that does not fit checkpoints instead.
 pub(super) const CAPACITY: u64 = 4 * 1024 * 1024;
 /// Frames start on block boundaries, the header has a block of its own.
@@ -41,6 +43,9 @@ const HEADER_MAGIC: &[u8; 8] = b"JCJOURN1";
 const FRAME_MAGIC: u32 = 0x4a43_4652;
 /// Magic, epoch, payload length, CRC.
 const FRAME_HEAD: usize = 4 + 8 + 4 + 4;
+/// An entry's operations: a key removed, or set with its value after it.
+const OP_REMOVE: u8 = 0;
+const OP_SET: u8 = 1;
 
 /// Which sled tree an entry writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,13 +71,13 @@ pub(super) struct EntryWriter {
 
 impl EntryWriter {
     pub fn insert(&mut self, key: &[u8], value: &[u8]) {
-        self.ops.push(1);
+        self.ops.push(OP_SET);
         put_bytes(&mut self.ops, key);
         put_bytes(&mut self.ops, value);
     }
 
     pub fn remove(&mut self, key: &[u8]) {
-        self.ops.push(0);
+        self.ops.push(OP_REMOVE);
         put_bytes(&mut self.ops, key);
     }
 
@@ -140,9 +145,9 @@ pub(super) fn decode_payload(payload: &[u8]) -> Result<Vec<Entry>, String> {
         while let Some(kind) = entry.take(1) {
             let bad = || format!("entry {number} has an operation cut short");
             let key = entry.bytes().ok_or_else(bad)?.to_vec();
-            let value = match kind {
-                [1] => Some(entry.bytes().ok_or_else(bad)?.to_vec()),
-                [0] => None,
+            let value = match kind[0] {
+                OP_SET => Some(entry.bytes().ok_or_else(bad)?.to_vec()),
+                OP_REMOVE => None,
                 _ => return Err(format!("entry {number} has an operation of unknown kind")),
             };
             ops.push((key, value));
@@ -188,7 +193,7 @@ fn padded(len: u64) -> u64 {
 
 /// The payloads of the whole frames of `epoch` at the start of `bytes`
 /// (the file after its header), and where the next frame goes.
-pub(super) fn read_frames(bytes: &[u8], epoch: u64) -> (Vec<&[u8]>, u64) {
+fn read_frames(bytes: &[u8], epoch: u64) -> (Vec<&[u8]>, u64) {
     let mut payloads = Vec::new();
     let mut at = 0usize;
     loop {
@@ -254,7 +259,7 @@ impl Journal {
     /// returns but for its directory entry, which the generation's first
     /// checkpoint syncs.
     pub fn create(dir: &Path) -> std::io::Result<Journal> {
-        let temporary = dir.join(format!("{FILE}.tmp"));
+        let temporary = dir.join(TEMPORARY);
         let mut file =
             std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&temporary)?;
         let (at, slot) = header(1);

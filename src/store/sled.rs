@@ -60,7 +60,7 @@ const CURRENT_FILE: &str = "CURRENT";
 const GENERATION_PREFIX: &str = "log.";
 /// A generation's files (sled 0.34's and the journal): a generation 0 is
 /// these at the top of the data directory.
-const GENERATION_FILES: [&str; 5] = ["db", "conf", "blobs", journal::FILE, "journal.tmp"];
+const GENERATION_FILES: [&str; 5] = ["db", "conf", "blobs", journal::FILE, journal::TEMPORARY];
 const SLED_SNAPSHOT_PREFIX: &str = "snap.";
 /// A compaction is due once the live generation is this many times the size
 /// a fresh copy of its live data would have (and at least
@@ -214,11 +214,10 @@ struct Writes {
 
 impl Writes {
     fn new(state: &WriteState) -> Writes {
-        let journaled = !state.overflow;
         Writes {
             batch: sled::Batch::default(),
             any: false,
-            entry: journaled.then(EntryWriter::default),
+            entry: (!state.overflow).then(EntryWriter::default),
             kept: state.held.as_ref().map(|_| Vec::new()),
         }
     }

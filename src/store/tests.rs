@@ -139,8 +139,7 @@ fn ended_jobs(store: &SledStore, jobs: usize, tasks: usize) -> Vec<JobId> {
     ids
 }
 
-/// Writes every task record of `jobs` again, as changed as it is large,
-/// through to sled's log (a checkpoint).
+/// Writes every task record of `jobs` again, as changed as it is large.
 fn rewrite_tasks(store: &SledStore, jobs: &[JobId], tasks: usize, round: usize) {
     for &job in jobs {
         let stage = format!("round {round:04}");
@@ -153,7 +152,6 @@ fn rewrite_tasks(store: &SledStore, jobs: &[JobId], tasks: usize, round: usize) 
         store.write(&Batch { tasks: records, ..Batch::default() }).unwrap();
     }
     store.flush().unwrap();
-    store.checkpoint().unwrap();
 }
 
 /// The whole content, as `jobcenter export` writes it.
@@ -343,6 +341,7 @@ fn sled_compaction_is_due_when_the_log_is_twice_a_fresh_copy_of_its_live_data() 
     // the rule itself is checked exactly in `sled::tests`).
     for round in 0..3 {
         rewrite_tasks(&store, &grown, 64, round);
+        store.checkpoint().unwrap();
     }
     assert!(store.reclaim().unwrap().is_none(), "rewrites below twice a fresh copy: not due");
     store.write(&Batch { removed: grown[..300].to_vec(), ..Batch::default() }).unwrap();
@@ -477,7 +476,7 @@ fn sled_open_replays_the_journal_into_a_database_that_lost_its_last_writes() {
     // when it wrote nothing since.
     copy_data_dir(&path, &crashed, false);
     let journaled = ended_jobs(&store, 3, 40);
-    rewrite_tasks_in_journal(&store, &kept);
+    rewrite_tasks(&store, &kept, 40, 0);
     drop(store);
     // The journal as the flushes left it, beside that older database.
     std::fs::copy(path.join("log.1").join(super::journal::FILE), crashed.join("log.1").join(super::journal::FILE))
@@ -488,20 +487,6 @@ fn sled_open_replays_the_journal_into_a_database_that_lost_its_last_writes() {
     }
     let original = reopen(&path);
     assert_eq!(content(&store), content(&original), "the replayed directory holds what the flushed one does");
-}
-
-/// Writes every task record of `jobs` again and flushes, to the journal only.
-fn rewrite_tasks_in_journal(store: &SledStore, jobs: &[JobId]) {
-    for &job in jobs {
-        let records = (0..40u32)
-            .map(|i| {
-                let record = TaskRecord { state: TaskState::Succeeded, ..TaskRecord::initial(i > 0, Timestamp(1_000)) };
-                (job, TaskIdx(i), TaskRecord { stage: "rewritten".into(), ..record })
-            })
-            .collect();
-        store.write(&Batch { tasks: records, ..Batch::default() }).unwrap();
-    }
-    store.flush().unwrap();
 }
 
 #[test]
