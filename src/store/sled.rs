@@ -34,9 +34,7 @@
 //! journal or were more than it holds. The checkpoint then starts the
 //! journal's next epoch. Opening a generation replays the entries its trees
 //! lack: the `journal` tree holds, under each tree's name, the number of the
-//! last entry applied to it, written right after the entry's batch. sled
-//! is opened "temporary", which turns off the wait for the device that it
-//! otherwise puts after each write of its log (see `open_guarded`).
+//! last entry applied to it, written right after the entry's batch.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -753,11 +751,10 @@ impl Generation {
 
     /// Makes sled's log durable, then starts the journal's next epoch.
     ///
-    /// sled 0.34's flush writes its log and, at most, waits with
-    /// `sync_file_range` (not at all as the store opens it), which records
-    /// neither the blocks and size of a file that grew nor empties the
-    /// disk's write cache: a power loss could still take what it wrote. So
-    /// the log file is synced (`fdatasync`) after it; then the
+    /// sled 0.34's flush writes its log and waits with `sync_file_range`,
+    /// which records neither the blocks and size of a file that grew nor
+    /// empties the disk's write cache: a power loss could still take what it
+    /// wrote. So the log file is synced (`fdatasync`) after it; then the
     /// item files made since the last checkpoint; and, at the first, the
     /// configuration file and the directory entries sled made at open, the
     /// journal's among them (and, for a generation's own directory, the data
@@ -943,25 +940,6 @@ fn remove_entries(dir: &Path, chosen: impl Fn(&str) -> bool) -> std::io::Result<
     Ok(())
 }
 
-/// Whether the process has a memory limit below `bytes` by the rule
-/// sled 0.34 applies when it opens a database: a cgroup (v1) memory limit,
-/// a limit on the address space, or the machine's memory. A limit of 0
-/// counts as below.
-fn memory_limit_below(bytes: u64) -> bool {
-    use nix::unistd::{sysconf, SysconfVar};
-    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory/memory.limit_in_bytes")
-        .ok()
-        .and_then(|text| text.trim().parse::<u64>().ok());
-    let address_space =
-        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_AS).ok().map(|(soft, _)| soft);
-    let machine = match (sysconf(SysconfVar::_PHYS_PAGES), sysconf(SysconfVar::PAGE_SIZE)) {
-        (Ok(Some(pages)), Ok(Some(size))) => u64::try_from(pages).ok().zip(u64::try_from(size).ok()),
-        _ => None,
-    }
-    .map(|(pages, size)| pages.saturating_mul(size));
-    [cgroup, address_space, machine].into_iter().flatten().any(|limit| limit < bytes)
-}
-
 /// sled 0.34 can panic on a damaged directory; turn that into an error.
 fn open_guarded(path: &Path, display: &str) -> Result<sled::Db, Error> {
     // Every write is made durable by an explicit flush (group commit); the
@@ -969,21 +947,8 @@ fn open_guarded(path: &Path, display: &str) -> Result<sled::Db, Error> {
     // out of mostly empty log segments mainly from that thread: without it,
     // the space of removed jobs is reused far too slowly and the log grows
     // for as long as the server runs.
-    let mut config =
+    let config =
         sled::Config::new().path(path).cache_capacity(CACHE_BYTES).flush_every_ms(Some(SEGMENT_CLEANING_EVERY_MS));
-    // sled 0.34 follows each write of its log with a `sync_file_range`
-    // that waits for the device (two per batch) unless the database is
-    // "temporary". The store makes its writes durable itself (the journal,
-    // and sled's log synced at each checkpoint), so those waits bought
-    // nothing and slowed every journal sync behind them. "Temporary" also
-    // removes the directory once the last handle to its configuration
-    // drops: one handle is kept for the life of the process, so that never
-    // happens. sled's open copies the configuration only to lower its cache
-    // to a memory limit; under such a limit the store keeps sled's syncs.
-    if !memory_limit_below(CACHE_BYTES) {
-        config = config.temporary(true);
-        std::mem::forget(config.clone());
-    }
     // The panic hook is the process's: one open at a time swaps it, or two
     // at once could leave it silenced for good.
     static HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -1231,12 +1196,6 @@ mod tests {
 
     fn value(tree: &sled::Tree, key: &str) -> Option<String> {
         tree.get(key).unwrap().map(|v| String::from_utf8(v.to_vec()).unwrap())
-    }
-
-    #[test]
-    fn a_memory_limit_is_read_from_the_machine() {
-        assert!(!memory_limit_below(0), "no limit is below 0 bytes");
-        assert!(memory_limit_below(u64::MAX), "the machine's memory is a limit below u64::MAX bytes");
     }
 
     #[test]
