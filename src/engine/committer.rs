@@ -1,6 +1,7 @@
 //! The committer thread: writes every step it has as one batch, flushes
-//! once (group commit), and only then performs the steps' actions: replies,
-//! work orders, events. A store that is away for a while (a database
+//! once (group commit), and only then performs the steps' actions: work
+//! orders as soon as the batch is durable, replies and events once reads
+//! see it too. A store that is away for a while (a database
 //! restarting) is waited for: the same batch is flushed again with backoff,
 //! nothing is acknowledged meanwhile, and the engine reports itself not
 //! ready. Any other store error is fail-stop. Its crash points are in
@@ -56,11 +57,20 @@ fn run(
             until_available(&ready, || store.write(&batch));
             crash.reached("before-flush");
             let flush_started = std::time::Instant::now();
-            until_available(&ready, || store.flush());
+            let mut sent = false;
+            // Work orders go out once the batch is durable; replies and
+            // events once reads see it too.
+            until_available(&ready, || {
+                store.flush_then(&mut || {
+                    if !std::mem::replace(&mut sent, true) {
+                        crash.reached("after-flush");
+                        send_orders(&mut pending);
+                    }
+                })
+            });
             if let Some(observe) = observer.get() {
                 observe(started.elapsed(), flush_started.elapsed());
             }
-            crash.reached("after-flush");
         }
         for step in pending.drain(..) {
             for action in step.actions {
@@ -76,6 +86,23 @@ fn run(
                         let _ = events.send(event);
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Sends the steps' work orders, leaving their other actions in order.
+fn send_orders(steps: &mut [Step]) {
+    for step in steps {
+        for action in std::mem::take(&mut step.actions) {
+            match action {
+                Action::Send { sink, order } => {
+                    let _ = sink.send(order);
+                }
+                Action::Foreign { to, handler, order } => {
+                    let _ = to.send((handler, order));
+                }
+                other => step.actions.push(other),
             }
         }
     }

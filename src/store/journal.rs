@@ -19,10 +19,13 @@
 //! which was never acknowledged, or the end of what this epoch wrote).
 //!
 //! Replay is exact because the store keeps, for each tree, the number of the
-//! last entry applied to it, written right after the entry's batch: an entry
-//! is applied again only if its tree has not got it. sled may have written
-//! later batches on its own (never acknowledged, each whole); replay never
-//! applies an older entry over them.
+//! last entry applied to it, written right after the entry's keys: an entry
+//! is applied again, whole and in order, only if its tree has not got it.
+//! The keys of an entry reach sled only after its frame is durable, so any
+//! part of one that sled holds is replayed whole. Writes the journal did not
+//! take went to sled as whole batches, with their numbers after them, and
+//! are durable by the checkpoint that follows them; replay never applies an
+//! older entry over them.
 
 use std::fs::File;
 use std::io::{Read, Write};

@@ -197,6 +197,15 @@ pub trait Store: Send + Sync + 'static {
     fn write(&self, batch: &Batch) -> Result<(), Error>;
     /// Makes every write so far durable.
     fn flush(&self) -> Result<(), Error>;
+    /// A flush that calls `durable` as soon as the writes are durable, and
+    /// returns once reads see them too: a store that makes them readable
+    /// after they are durable calls it in between, so that what waits only
+    /// for durability (work orders) goes out first.
+    fn flush_then(&self, durable: &mut dyn FnMut()) -> Result<(), Error> {
+        self.flush()?;
+        durable();
+        Ok(())
+    }
     /// Every job that is not terminal, with all its tasks (on a store that
     /// several instances share, those this instance leads).
     fn load_active(&self) -> Result<Vec<StoredJob>, Error>;

@@ -1,5 +1,6 @@
-//! The embedded default store on sled 0.34: every batch is one atomic sled
-//! batch on one tree, so a reader or a crash sees all of it or none of it.
+//! The embedded default store on sled 0.34: a reader sees all of a batch or
+//! none of it (keys reach sled under a lock every read takes), and so does a
+//! crash (each batch is one journal entry per tree, see below).
 //!
 //! The `meta` tree holds the schema version. The `data` tree holds four key
 //! spaces, each a one-byte prefix and a job id: `j` the job record, `a` a
@@ -28,13 +29,19 @@
 //!
 //! A flush makes writes durable through the generation's journal
 //! (`journal.rs`): the entries written since the last flush go to its
-//! preallocated file as one frame, one overwrite and one `fdatasync`. sled's
-//! own files are made durable only at a checkpoint: a generation's first
-//! flush, and a flush whose entries do not fit in what is left of the
-//! journal or were more than it holds. The checkpoint then starts the
-//! journal's next epoch. Opening a generation replays the entries its trees
-//! lack: the `journal` tree holds, under each tree's name, the number of the
-//! last entry applied to it, written right after the entry's batch.
+//! preallocated file as one frame, one overwrite and one `fdatasync`. A
+//! write is staged until then (the next write reads through what is
+//! staged), and its keys go to sled one by one only after its frame is
+//! durable: sled writes its log when it likes, so whatever part of a write
+//! it holds after a crash, the journal has all of it. sled's own files are
+//! made durable only at a checkpoint: a generation's first flush, and a
+//! flush whose entries do not fit in what is left of the journal or were
+//! more than it holds. Writes the journal will not hold go to sled at once
+//! instead, each tree's keys as one atomic sled batch, and the checkpoint
+//! makes them durable. The checkpoint then starts the journal's next epoch.
+//! Opening a generation replays the entries its trees lack: the `journal`
+//! tree holds, under each tree's name, the number of the last entry applied
+//! to it, written right after the entry's keys.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -96,6 +103,9 @@ pub struct SledStore {
     flushing: Mutex<Vec<u8>>,
     /// One compaction at a time.
     compacting: Mutex<()>,
+    /// Held for writing while keys are applied to sled, and for reading by
+    /// each read of the store, so that no read sees part of a write.
+    visible: RwLock<()>,
     /// The live generation's size when it was written (0: not known).
     baseline: AtomicU64,
     /// The bytes of keys and values the live generation was written with
@@ -125,6 +135,44 @@ struct WriteState {
     overflow: bool,
     /// The number of the last journal entry.
     seq: u64,
+    /// The writes whose entries are in `pending`: they reach sled only
+    /// once their frame is durable.
+    staged: Staged,
+}
+
+/// Writes journalled but not yet applied to sled: each key's last value
+/// (`None`: removed) per tree, and the number of the last entry of each.
+/// Applied at the flush that makes their frame durable (or atomically,
+/// before a checkpoint), so that sled never holds part of an entry the
+/// journal could not replay.
+#[derive(Default)]
+struct Staged {
+    meta: BTreeMap<sled::IVec, Option<sled::IVec>>,
+    data: BTreeMap<sled::IVec, Option<sled::IVec>>,
+    meta_seq: Option<u64>,
+    data_seq: Option<u64>,
+}
+
+impl Staged {
+    fn tree(&self, name: TreeName) -> &BTreeMap<sled::IVec, Option<sled::IVec>> {
+        match name {
+            TreeName::Meta => &self.meta,
+            TreeName::Data => &self.data,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.meta_seq.is_none() && self.data_seq.is_none()
+    }
+
+    fn add(&mut self, tree: TreeName, seq: u64, ops: Vec<(sled::IVec, Option<sled::IVec>)>) {
+        let (keys, last) = match tree {
+            TreeName::Meta => (&mut self.meta, &mut self.meta_seq),
+            TreeName::Data => (&mut self.data, &mut self.data_seq),
+        };
+        keys.extend(ops);
+        *last = Some(seq);
+    }
 }
 
 /// One sled database: the live data directory, or a compaction's copy.
@@ -202,12 +250,11 @@ impl TreeName {
     }
 }
 
-/// The keys one write sets and removes: a sled batch, the same keys as a
-/// journal entry (unless the journal cannot take them before the next
-/// flush) and, only while a compaction copies, kept for it.
+/// The keys one write sets and removes (`None`: removed), in order; the
+/// same keys as a journal entry (unless the journal cannot take them before
+/// the next flush) and, only while a compaction copies, kept for it.
 struct Writes {
-    batch: sled::Batch,
-    any: bool,
+    ops: Vec<(sled::IVec, Option<sled::IVec>)>,
     entry: Option<EntryWriter>,
     kept: Option<Vec<(sled::IVec, Option<sled::IVec>)>>,
 }
@@ -215,8 +262,7 @@ struct Writes {
 impl Writes {
     fn new(state: &WriteState) -> Writes {
         Writes {
-            batch: sled::Batch::default(),
-            any: false,
+            ops: Vec::new(),
             entry: (!state.overflow).then(EntryWriter::default),
             kept: state.held.as_ref().map(|_| Vec::new()),
         }
@@ -233,8 +279,7 @@ impl Writes {
         if let Some(kept) = &mut self.kept {
             kept.push((key.clone(), Some(value.clone())));
         }
-        self.batch.insert(key, value);
-        self.any = true;
+        self.ops.push((key, Some(value)));
     }
 
     fn remove(&mut self, key: impl Into<sled::IVec>) {
@@ -245,8 +290,7 @@ impl Writes {
         if let Some(kept) = &mut self.kept {
             kept.push((key.clone(), None));
         }
-        self.batch.remove(key);
-        self.any = true;
+        self.ops.push((key, None));
     }
 }
 
@@ -363,6 +407,7 @@ impl SledStore {
             flushing: Mutex::new(Vec::new()),
             current: RwLock::new(Arc::new(generation)),
             compacting: Mutex::new(()),
+            visible: RwLock::new(()),
             baseline: AtomicU64::new(baseline),
             copied: AtomicU64::new(copied),
             added: AtomicU64::new(0),
@@ -420,10 +465,12 @@ impl SledStore {
         decode_job(bytes).map_err(|e| self.corrupt(e.to_string()))
     }
 
-    /// Applies one write's keys to the live generation, atomically per
-    /// tree, as the next journal entry (its number stored after them); adds
-    /// the entry to the next flush's frame, and keeps the keys for a
-    /// compaction that is copying meanwhile.
+    /// Writes one write's keys to one tree as the next journal entry: added
+    /// to the next flush's frame and staged until that frame is durable.
+    /// When the journal cannot take it, what is staged and then these keys
+    /// go to sled at once, each as one atomic sled batch (with the entry's
+    /// number stored after it), and the next flush is a checkpoint. The keys
+    /// are also kept for a compaction that is copying meanwhile.
     fn apply(
         &self,
         state: &mut WriteState,
@@ -431,26 +478,76 @@ impl SledStore {
         tree: TreeName,
         keys: Writes,
     ) -> Result<(), Error> {
-        if !keys.any {
+        if keys.ops.is_empty() {
             return Ok(());
         }
         let seq = state.seq + 1;
-        generation.tree(tree).apply_batch(keys.batch).map_err(|e| self.io(e))?;
-        generation.seqs.insert(tree.name(), &seq.to_le_bytes()).map_err(|e| self.io(e))?;
-        state.seq = seq;
+        if let (Some(held), Some(kept)) = (&mut state.held, keys.kept) {
+            held.extend(kept.into_iter().map(|(key, value)| ((tree, key), value)));
+        }
         match keys.entry {
             Some(entry) if !state.overflow && (state.pending.len() + entry.len()) as u64 <= journal::CAPACITY => {
                 entry.finish_into(seq, tree.in_journal(), &mut state.pending);
+                state.staged.add(tree, seq, keys.ops);
             }
             _ => {
                 state.overflow = true;
                 state.pending = Vec::new();
+                let mut staged = std::mem::take(&mut state.staged);
+                staged.add(tree, seq, keys.ops);
+                self.apply_staged(generation, staged, true)?;
             }
         }
-        if let (Some(held), Some(kept)) = (&mut state.held, keys.kept) {
-            held.extend(kept.into_iter().map(|(key, value)| ((tree, key), value)));
+        state.seq = seq;
+        Ok(())
+    }
+
+    /// Applies staged writes to a generation's trees, then stores the
+    /// number of the last entry of each. `atomic`: each tree's keys as one
+    /// sled batch, for writes whose frame is not durable (sled may write
+    /// its log at any time, and must then hold all of them or none); else
+    /// key by key, for writes the journal replays whole after a crash.
+    fn apply_staged(&self, generation: &Generation, staged: Staged, atomic: bool) -> Result<(), Error> {
+        let _visible = self.visible.write().unwrap_or_else(PoisonError::into_inner);
+        let Staged { meta, data, meta_seq, data_seq } = staged;
+        for (tree, keys, seq) in [(TreeName::Data, data, data_seq), (TreeName::Meta, meta, meta_seq)] {
+            let Some(seq) = seq else { continue };
+            let sled_tree = generation.tree(tree);
+            if atomic {
+                let mut batch = sled::Batch::default();
+                for (key, value) in keys {
+                    match value {
+                        Some(value) => batch.insert(key, value),
+                        None => batch.remove(key),
+                    }
+                }
+                sled_tree.apply_batch(batch).map_err(|e| self.io(e))?;
+            } else {
+                for (key, value) in keys {
+                    match value {
+                        Some(value) => sled_tree.insert(key, value).map(|_| ()),
+                        None => sled_tree.remove(key).map(|_| ()),
+                    }
+                    .map_err(|e| self.io(e))?;
+                }
+            }
+            generation.seqs.insert(tree.name(), &seq.to_le_bytes()).map_err(|e| self.io(e))?;
         }
         Ok(())
+    }
+
+    /// A key's value as the writes so far left it: staged, or in sled.
+    fn read_written(
+        &self,
+        state: &WriteState,
+        generation: &Generation,
+        tree: TreeName,
+        key: &[u8],
+    ) -> Result<Option<sled::IVec>, Error> {
+        match state.staged.tree(tree).get(key) {
+            Some(value) => Ok(value.clone()),
+            None => generation.tree(tree).get(key).map_err(|e| self.io(e)),
+        }
     }
 
     /// Item files synced by flushes of the live generation, and those in
@@ -470,6 +567,13 @@ impl SledStore {
     pub(super) fn checkpoint(&self) -> Result<(), Error> {
         let _one = self.flushing.lock().unwrap_or_else(PoisonError::into_inner);
         self.generation().flush(|e| self.io(e))
+    }
+
+    /// Has sled write its log now, as it does on its own every second or
+    /// when a buffer fills (for tests).
+    #[cfg(test)]
+    pub(super) fn sled_writes_its_log(&self) -> Result<(), Error> {
+        self.generation().db.flush().map(|_| ()).map_err(|e| self.io(e))
     }
 
     /// Lets a test compact below `COMPACT_AT_LEAST`.
@@ -541,9 +645,11 @@ impl SledStore {
             }
             *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(new);
             // The new generation's checkpoint holds every entry not flushed
-            // yet; its journal starts with the next.
+            // yet (the writes staged among them too); its journal starts
+            // with the next.
             writes.pending.clear();
             writes.overflow = false;
+            writes.staged = Staged::default();
         }
         self.baseline.store(after, Ordering::Relaxed);
         self.copied.store(copied, Ordering::Relaxed);
@@ -732,21 +838,6 @@ impl Generation {
     fn flush(&self, sled_error: impl Fn(sled::Error) -> Error) -> Result<(), Error> {
         let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
         self.checkpoint(&mut journal, sled_error)
-    }
-
-    /// Makes the journal entries of `payload`, and everything written
-    /// before them, durable: one frame appended to the journal, or a
-    /// checkpoint when more was written than the journal takes, when the
-    /// frame does not fit, or at the generation's first flush.
-    fn commit(&self, payload: &[u8], overflow: bool, sled_error: impl Fn(sled::Error) -> Error) -> Result<(), Error> {
-        let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
-        if payload.is_empty() && !overflow {
-            return Ok(());
-        }
-        if overflow || !self.entries_synced.load(Ordering::Acquire) || !journal.fits(payload.len()) {
-            return self.checkpoint(&mut journal, sled_error);
-        }
-        journal.append(payload).map_err(|e| Error::Io(format!("{}: {e}", self.dir.join(journal::FILE).display())))
     }
 
     /// Makes sled's log durable, then starts the journal's next epoch.
@@ -985,7 +1076,7 @@ impl Store for SledStore {
         let mut writes = Writes::new(&state);
         let mut removed = 0;
         for &id in &batch.removed {
-            let Some(bytes) = data.get(key(JOB, id)).map_err(|e| self.io(e))? else { continue };
+            let Some(bytes) = self.read_written(&state, &generation, TreeName::Data, &key(JOB, id))? else { continue };
             if !self.job_record(&bytes)?.state.is_terminal() {
                 continue;
             }
@@ -993,10 +1084,18 @@ impl Store for SledStore {
             writes.remove(&key(JOB, id)[..]);
             writes.remove(&key(ACTIVE, id)[..]);
             for space in [SPEC, TASK] {
-                for entry in data.scan_prefix(key(space, id)) {
+                let prefix = key(space, id);
+                for entry in data.scan_prefix(prefix) {
                     let (owned, value) = entry.map_err(|e| self.io(e))?;
                     removed += (owned.len() + value.len()) as u64;
                     writes.remove(owned);
+                }
+                let staged = state
+                    .staged
+                    .data
+                    .range::<[u8], _>((std::ops::Bound::Included(&prefix[..]), std::ops::Bound::Unbounded));
+                for (owned, _) in staged.take_while(|(owned, _)| owned.starts_with(&prefix)) {
+                    writes.remove(owned.clone());
                 }
             }
         }
@@ -1028,7 +1127,7 @@ impl Store for SledStore {
         }
         for ((job, group), changed) in groups {
             let group_key = key_with(TASK, job, group);
-            let stored = data.get(group_key).map_err(|e| self.io(e))?;
+            let stored = self.read_written(&state, &generation, TreeName::Data, &group_key)?;
             let mut merged: BTreeMap<u8, TaskRecord> = match &stored {
                 Some(bytes) => {
                     let stored: Group = codec::decode(bytes, "task records").map_err(|d| self.corrupt(d))?;
@@ -1062,23 +1161,47 @@ impl Store for SledStore {
     }
 
     /// Appends the entries written since the last flush to the live
-    /// generation's journal as one frame, synced; or checkpoints when they
-    /// do not fit, or at the generation's first flush.
+    /// generation's journal as one frame, synced, and then applies them to
+    /// sled; or applies them and checkpoints when more was written than the
+    /// journal takes, when the frame does not fit, or at the generation's
+    /// first flush.
     fn flush(&self) -> Result<(), Error> {
+        self.flush_then(&mut || {})
+    }
+
+    fn flush_then(&self, durable: &mut dyn FnMut()) -> Result<(), Error> {
         let mut payload = self.flushing.lock().unwrap_or_else(PoisonError::into_inner);
         payload.clear();
-        // The generation and the entries are taken together: a compaction
-        // switches generations under the same lock, and its checkpoint of
-        // the new one holds every write applied before the switch.
-        let (generation, overflow) = {
-            let mut state = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
-            std::mem::swap(&mut state.pending, &mut payload);
-            (self.generation(), std::mem::take(&mut state.overflow))
-        };
-        generation.commit(&payload, overflow, |e| self.io(e))
+        // Held to the end: a compaction switches generations under the same
+        // lock (its checkpoint of the new one holds every write made before
+        // the switch), and a write reads what the last one left, staged or
+        // applied.
+        let mut state = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
+        std::mem::swap(&mut state.pending, &mut payload);
+        let overflow = std::mem::take(&mut state.overflow);
+        let staged = std::mem::take(&mut state.staged);
+        let generation = self.generation();
+        let mut journal = generation.journal.lock().unwrap_or_else(PoisonError::into_inner);
+        if payload.is_empty() && !overflow {
+            debug_assert!(staged.is_empty(), "writes are staged only with their entries");
+            durable();
+            return Ok(());
+        }
+        if overflow || !generation.entries_synced.load(Ordering::Acquire) || !journal.fits(payload.len()) {
+            self.apply_staged(&generation, staged, true)?;
+            generation.checkpoint(&mut journal, |e| self.io(e))?;
+            durable();
+            return Ok(());
+        }
+        journal
+            .append(&payload)
+            .map_err(|e| Error::Io(format!("{}: {e}", generation.dir.join(journal::FILE).display())))?;
+        durable();
+        self.apply_staged(&generation, staged, false)
     }
 
     fn load_active(&self) -> Result<Vec<StoredJob>, Error> {
+        let _visible = self.visible.read().unwrap_or_else(PoisonError::into_inner);
         let generation = self.generation();
         let mut out = Vec::new();
         for entry in generation.data.scan_prefix([ACTIVE]) {
@@ -1097,6 +1220,7 @@ impl Store for SledStore {
     }
 
     fn get_job(&self, id: JobId) -> Result<Option<StoredJob>, Error> {
+        let _visible = self.visible.read().unwrap_or_else(PoisonError::into_inner);
         let generation = self.generation();
         match generation.data.get(key(JOB, id)).map_err(|e| self.io(e))? {
             Some(bytes) => Ok(Some(self.read_job(&generation, self.job_record(&bytes)?)?)),
@@ -1105,6 +1229,7 @@ impl Store for SledStore {
     }
 
     fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, Error> {
+        let _visible = self.visible.read().unwrap_or_else(PoisonError::into_inner);
         let generation = self.generation();
         let mut out = Vec::new();
         let end = match filter.before {
@@ -1141,6 +1266,7 @@ impl Store for SledStore {
     fn settings(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, Error> {
         let full = format!("{SETTING_PREFIX}{prefix}");
         let mut out = Vec::new();
+        let _visible = self.visible.read().unwrap_or_else(PoisonError::into_inner);
         for entry in self.generation().meta.scan_prefix(full.as_bytes()) {
             let (key, value) = entry.map_err(|e| self.io(e))?;
             let key = String::from_utf8_lossy(&key[SETTING_PREFIX.len()..]).into_owned();

@@ -338,8 +338,11 @@ fn sled_compaction_is_due_when_the_log_is_twice_a_fresh_copy_of_its_live_data() 
     assert!(store.reclaim().unwrap().is_none(), "the log grew with its live data only: not due");
     // Rewriting the same records grows the log, not the live data (how far
     // the log grows is sled's: it reuses segments that are all dead, so
-    // the rule itself is checked exactly in `sled::tests`).
-    for round in 0..3 {
+    // the rule itself is checked exactly in `sled::tests`). Two rounds leave
+    // it well below twice a fresh copy; with writes reaching sled key by
+    // key, a third comes within 10% of it, as near as the size of sled's own
+    // copy varies from run to run.
+    for round in 0..2 {
         rewrite_tasks(&store, &grown, 64, round);
         store.checkpoint().unwrap();
     }
@@ -505,4 +508,67 @@ fn sled_write_larger_than_the_journal_is_made_durable_by_a_checkpoint() {
     drop(store);
     let store = reopen(&path);
     assert_eq!(store.get_job(job.id).unwrap().unwrap().record, job);
+}
+
+#[test]
+fn sled_holds_no_key_of_a_write_before_its_frame_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, crashed) = (dir.path().join("data"), dir.path().join("crashed"));
+    let store = SledStore::open(&path).unwrap();
+    let kept = ended_jobs(&store, 2, 40);
+    let before = content(&store);
+    let spec = spec(40);
+    let unflushed = record(&spec, JobState::Running);
+    store.write(&Batch { new_jobs: vec![(unflushed.clone(), spec)], ..Batch::default() }).unwrap();
+    assert!(store.get_job(unflushed.id).unwrap().is_none(), "a read sees only what is durable");
+    // sled writes its log when it likes: what a crash leaves of it now
+    // holds nothing of the write its journal has not got.
+    store.sled_writes_its_log().unwrap();
+    copy_data_dir(&path, &crashed, true);
+    let recovered = reopen(&crashed);
+    assert!(recovered.get_job(unflushed.id).unwrap().is_none());
+    assert_eq!(content(&recovered), before);
+    drop(recovered);
+    store.flush().unwrap();
+    assert_eq!(store.get_job(unflushed.id).unwrap().unwrap().record, unflushed);
+    for id in &kept {
+        assert!(store.get_job(*id).unwrap().is_some(), "job {id} kept");
+    }
+}
+
+#[test]
+fn sled_write_reads_what_the_writes_before_it_staged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = SledStore::open(&path).unwrap();
+    let small = spec(8);
+    let job = record(&small, JobState::Running);
+    let done = |stage: &str| TaskRecord {
+        state: TaskState::Succeeded,
+        stage: stage.into(),
+        ..TaskRecord::initial(false, Timestamp(1_000))
+    };
+    store.write(&Batch { new_jobs: vec![(job.clone(), small)], ..Batch::default() }).unwrap();
+    store.write(&Batch { tasks: vec![(job.id, TaskIdx(0), done("first"))], ..Batch::default() }).unwrap();
+    // The same group of task records, before any flush.
+    store.write(&Batch { tasks: vec![(job.id, TaskIdx(1), done("second"))], ..Batch::default() }).unwrap();
+    // A write the journal cannot take goes to sled at once, after what was
+    // staged before it, and reads it too.
+    let big = spec(300_000);
+    let large = record(&big, JobState::Pending);
+    store
+        .write(&Batch {
+            new_jobs: vec![(large.clone(), big)],
+            tasks: vec![(job.id, TaskIdx(2), done("third"))],
+            ..Batch::default()
+        })
+        .unwrap();
+    store.write(&Batch { tasks: vec![(job.id, TaskIdx(3), done("fourth"))], ..Batch::default() }).unwrap();
+    store.flush().unwrap();
+    drop(store);
+    let store = reopen(&path);
+    let stored = store.get_job(job.id).unwrap().unwrap();
+    let stages: Vec<&str> = stored.tasks[..4].iter().map(|t| &*t.stage).collect();
+    assert_eq!(stages, ["first", "second", "third", "fourth"]);
+    assert_eq!(store.get_job(large.id).unwrap().unwrap().record, large);
 }
