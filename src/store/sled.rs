@@ -597,7 +597,13 @@ impl SledStore {
         let before = dir_bytes(&old.dir);
         {
             let mut writes = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
-            writes.held = Some(Held::new());
+            // What is staged has not reached the trees the copy reads: it
+            // is held from the start.
+            let mut held = Held::new();
+            for (tree, keys) in [(TreeName::Meta, &writes.staged.meta), (TreeName::Data, &writes.staged.data)] {
+                held.extend(keys.iter().map(|(key, value)| ((tree, key.clone()), value.clone())));
+            }
+            writes.held = Some(held);
             self.added.store(0, Ordering::Relaxed);
             self.removed.store(0, Ordering::Relaxed);
         }

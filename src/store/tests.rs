@@ -572,3 +572,25 @@ fn sled_write_reads_what_the_writes_before_it_staged() {
     assert_eq!(stages, ["first", "second", "third", "fourth"]);
     assert_eq!(store.get_job(large.id).unwrap().unwrap().record, large);
 }
+
+#[test]
+fn sled_compaction_keeps_a_write_staged_before_it_began() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = SledStore::open(&path).unwrap();
+    store.set_compact_floor(0);
+    let kept = ended_jobs(&store, 20, 16);
+    let spec = spec(16);
+    let staged = record(&spec, JobState::Running);
+    store.write(&Batch { new_jobs: vec![(staged.clone(), spec)], ..Batch::default() }).unwrap();
+    store.compact().unwrap();
+    store.flush().unwrap();
+    assert_eq!(store.get_job(staged.id).unwrap().unwrap().record, staged);
+    drop(store);
+    let store = reopen(&path);
+    assert_eq!(entries(&path).iter().filter(|e| e.starts_with("log.")).count(), 1);
+    assert_eq!(store.get_job(staged.id).unwrap().unwrap().record, staged, "the staged write survives the switch");
+    for id in &kept {
+        assert!(store.get_job(*id).unwrap().is_some(), "job {id} kept");
+    }
+}
