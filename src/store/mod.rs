@@ -1,8 +1,8 @@
 //! Durable state behind one trait: jobs, their specs and task records.
 //!
 //! A `Batch` is written atomically (no reader sees part of it) and becomes
-//! durable at the next `flush`; the engine acknowledges nothing and
-//! dispatches nothing before that flush returns. Two backends: sled in a data
+//! durable at the next `flush`; the engine dispatches nothing before that
+//! flush has made it durable, and acknowledges nothing before it returns. Two backends: sled in a data
 //! directory (the embedded default) and PostgreSQL. Only `sled.rs` names
 //! sled, and only `postgres/` names the database driver.
 
