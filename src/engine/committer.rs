@@ -64,7 +64,7 @@ fn run(
                 store.flush_then(&mut || {
                     if !std::mem::replace(&mut sent, true) {
                         crash.reached("after-flush");
-                        send_orders(&mut pending);
+                        send_orders(&mut pending, &events);
                     }
                 })
             });
@@ -74,34 +74,33 @@ fn run(
         }
         for step in pending.drain(..) {
             for action in step.actions {
-                match action {
-                    Action::Send { sink, order } => {
-                        let _ = sink.send(order);
-                    }
-                    Action::Foreign { to, handler, order } => {
-                        let _ = to.send((handler, order));
-                    }
-                    Action::Reply(reply) => reply(),
-                    Action::Event(event) => {
-                        let _ = events.send(event);
-                    }
-                }
+                perform(action, &events);
             }
         }
     }
 }
 
+fn perform(action: Action, events: &broadcast::Sender<Event>) {
+    match action {
+        Action::Send { sink, order } => {
+            let _ = sink.send(order);
+        }
+        Action::Foreign { to, handler, order } => {
+            let _ = to.send((handler, order));
+        }
+        Action::Reply(reply) => reply(),
+        Action::Event(event) => {
+            let _ = events.send(event);
+        }
+    }
+}
+
 /// Sends the steps' work orders, leaving their other actions in order.
-fn send_orders(steps: &mut [Step]) {
+fn send_orders(steps: &mut [Step], events: &broadcast::Sender<Event>) {
     for step in steps {
         for action in std::mem::take(&mut step.actions) {
             match action {
-                Action::Send { sink, order } => {
-                    let _ = sink.send(order);
-                }
-                Action::Foreign { to, handler, order } => {
-                    let _ = to.send((handler, order));
-                }
+                Action::Send { .. } | Action::Foreign { .. } => perform(action, events),
                 other => step.actions.push(other),
             }
         }

@@ -2,9 +2,10 @@
 //!
 //! A `Batch` is written atomically (no reader sees part of it) and becomes
 //! durable at the next `flush`; the engine dispatches nothing before that
-//! flush has made it durable, and acknowledges nothing before it returns. Two backends: sled in a data
-//! directory (the embedded default) and PostgreSQL. Only `sled.rs` names
-//! sled, and only `postgres/` names the database driver.
+//! flush has made it durable, and acknowledges nothing before it returns.
+//! Two backends: sled in a data directory (the embedded default) and
+//! PostgreSQL. Only `sled.rs` names sled, and only `postgres/` names the
+//! database driver.
 
 pub mod cluster;
 mod codec;

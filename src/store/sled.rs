@@ -1096,10 +1096,8 @@ impl Store for SledStore {
                     removed += (owned.len() + value.len()) as u64;
                     writes.remove(owned);
                 }
-                let staged = state
-                    .staged
-                    .data
-                    .range::<[u8], _>((std::ops::Bound::Included(&prefix[..]), std::ops::Bound::Unbounded));
+                let from = (std::ops::Bound::Included(&prefix[..]), std::ops::Bound::Unbounded);
+                let staged = state.staged.data.range::<[u8], _>(from);
                 for (owned, _) in staged.take_while(|(owned, _)| owned.starts_with(&prefix)) {
                     writes.remove(owned.clone());
                 }
@@ -1270,9 +1268,9 @@ impl Store for SledStore {
     }
 
     fn settings(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, Error> {
+        let _visible = self.visible.read().unwrap_or_else(PoisonError::into_inner);
         let full = format!("{SETTING_PREFIX}{prefix}");
         let mut out = Vec::new();
-        let _visible = self.visible.read().unwrap_or_else(PoisonError::into_inner);
         for entry in self.generation().meta.scan_prefix(full.as_bytes()) {
             let (key, value) = entry.map_err(|e| self.io(e))?;
             let key = String::from_utf8_lossy(&key[SETTING_PREFIX.len()..]).into_owned();
