@@ -287,7 +287,9 @@ fn a_kill_in_the_middle_of_a_compaction_leaves_one_whole_generation() {
         // The restart keeps the generation `CURRENT` names and removes the
         // other. (It prunes rarely, so that no compaction of its own, due at
         // once after a crash at `compaction-copied`, runs before the check.)
-        let server = Server::start(&data, &["--local-workers", "2", "--keep-ended", "3", "--prune-interval", "1h"]);
+        let mut hourly = args;
+        hourly[5] = "1h";
+        let server = Server::start(&data, &hourly);
         let live = generations(&data);
         let expected = if moves_on { before[0] + 1 } else { before[0] };
         assert_eq!(live, vec![expected], "{point}");

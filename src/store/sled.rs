@@ -600,8 +600,9 @@ impl SledStore {
             // What is staged has not reached the trees the copy reads: it
             // is held from the start.
             let mut held = Held::new();
-            for (tree, keys) in [(TreeName::Meta, &writes.staged.meta), (TreeName::Data, &writes.staged.data)] {
-                held.extend(keys.iter().map(|(key, value)| ((tree, key.clone()), value.clone())));
+            for tree in [TreeName::Meta, TreeName::Data] {
+                let staged = writes.staged.tree(tree).iter();
+                held.extend(staged.map(|(key, value)| ((tree, key.clone()), value.clone())));
             }
             writes.held = Some(held);
             self.added.store(0, Ordering::Relaxed);
