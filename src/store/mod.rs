@@ -201,7 +201,8 @@ pub trait Store: Send + Sync + 'static {
     /// A flush that calls `durable` as soon as the writes are durable, and
     /// returns once reads see them too: a store that makes them readable
     /// after they are durable calls it in between, so that what waits only
-    /// for durability (work orders) goes out first.
+    /// for durability (work orders) goes out first; from just before the
+    /// call, it holds every read off until the read sees the writes.
     fn flush_then(&self, durable: &mut dyn FnMut()) -> Result<(), Error> {
         self.flush()?;
         durable();

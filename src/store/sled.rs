@@ -47,7 +47,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockWriteGuard};
 use std::time::Instant;
 
 use super::codec::{self, decode_job, decode_spec, encode, encode_spec, split_task_key};
@@ -103,8 +103,10 @@ pub struct SledStore {
     flushing: Mutex<Vec<u8>>,
     /// One compaction at a time.
     compacting: Mutex<()>,
-    /// Held for writing while keys are applied to sled, and for reading by
-    /// each read of the store, so that no read sees part of a write.
+    /// Held for writing while keys are applied to sled (from before a
+    /// flush's work orders go out), and for reading by each read of the
+    /// store: no read sees part of a write, nor a state older than a work
+    /// order already sent.
     visible: RwLock<()>,
     /// The live generation's size when it was written (0: not known).
     baseline: AtomicU64,
@@ -508,7 +510,18 @@ impl SledStore {
     /// its log at any time, and must then hold all of them or none); else
     /// key by key, for writes the journal replays whole after a crash.
     fn apply_staged(&self, generation: &Generation, staged: Staged, atomic: bool) -> Result<(), Error> {
-        let _visible = self.visible.write().unwrap_or_else(PoisonError::into_inner);
+        let visible = self.visible.write().unwrap_or_else(PoisonError::into_inner);
+        self.apply_visible(generation, staged, atomic, visible)
+    }
+
+    /// `apply_staged` with the readers already held off.
+    fn apply_visible(
+        &self,
+        generation: &Generation,
+        staged: Staged,
+        atomic: bool,
+        _visible: RwLockWriteGuard<'_, ()>,
+    ) -> Result<(), Error> {
         let Staged { meta, data, meta_seq, data_seq } = staged;
         for (tree, keys, seq) in [(TreeName::Data, data, data_seq), (TreeName::Meta, meta, meta_seq)] {
             let Some(seq) = seq else { continue };
@@ -1201,8 +1214,12 @@ impl Store for SledStore {
         journal
             .append(&payload)
             .map_err(|e| Error::Io(format!("{}: {e}", generation.dir.join(journal::FILE).display())))?;
+        // Readers wait out the apply from before the work orders go out, so
+        // that whoever learns of an order (its worker, then anyone it tells)
+        // reads the state that made it.
+        let visible = self.visible.write().unwrap_or_else(PoisonError::into_inner);
         durable();
-        self.apply_staged(&generation, staged, false)
+        self.apply_visible(&generation, staged, false, visible)
     }
 
     fn load_active(&self) -> Result<Vec<StoredJob>, Error> {
