@@ -449,6 +449,14 @@ fn a_global_limit_and_a_volume_lock_hold_across_instances_each_running_its_own_j
     eprintln!("jobs on volume 7 led by {} instances", owners.trim());
     assert_eq!(starts, 3, "each task ran once");
     assert_eq!(most, 1, "tasks on one volume ran at once on different instances' jobs");
+
+    // With nothing left to run, no instance stays on record as wanting or
+    // holding the volume (a want left behind keeps the slot from others
+    // whenever the split favours its instance).
+    let left = "SELECT key || ' ' || holder || ' wants ' || want FROM jobcenter.permit_wants WHERE key = 'volume:7' \
+                UNION ALL SELECT key || ' slot' FROM jobcenter.permits WHERE key = 'volume:7'";
+    let settled = wait_until(Duration::from_secs(10), || pg().psql(&database, left).trim().is_empty().then_some(()));
+    assert!(settled.is_some(), "the volume is still wanted or held: {}", pg().psql(&database, left));
 }
 
 /// Submits a job named `name` of the given tasks (JSON objects) and returns its id.

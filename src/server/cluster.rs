@@ -157,10 +157,9 @@ pub fn spawn_permits(shared: Arc<Shared>) {
         // before its first permits are held.
         let nothing = (std::collections::HashMap::new(), std::collections::HashSet::new());
         let _ = shared.engine.set_permits(nothing.0, nothing.1).await;
-        let mut recent: BTreeMap<String, std::collections::VecDeque<u32>> = BTreeMap::new();
-        let mut held: BTreeMap<String, u32> = BTreeMap::new();
+        let mut last = Settled::default();
         loop {
-            match settle_permits(&shared, &node, &mut recent, &mut held).await {
+            match settle_permits(&shared, &node, &mut last).await {
                 Ok(()) => {}
                 Err(store::Error::Fenced { .. }) => start_over(&node),
                 Err(e) => tracing::warn!(error = %e, "cannot settle the permits"),
@@ -175,52 +174,83 @@ pub fn spawn_permits(shared: Arc<Shared>) {
 
 /// A job type's permit key.
 const TYPE_KEY: &str = "type:";
-/// A resource's permit key is the resource itself (`volume:<id>`).
-async fn settle_permits(
-    shared: &Arc<Shared>,
-    node: &Arc<Node>,
-    recent: &mut BTreeMap<String, std::collections::VecDeque<u32>>,
-    held: &mut BTreeMap<String, u32>,
-) -> Result<(), store::Error> {
+
+/// What the settlements so far left: per key, what was wanted at each of
+/// the last `WANT_WINDOW`; the slots held; and the keys the database was
+/// last told this instance wants.
+#[derive(Debug, Default)]
+struct Settled {
+    recent: BTreeMap<String, std::collections::VecDeque<u32>>,
+    held: BTreeMap<String, u32>,
+    wanting: BTreeSet<String>,
+}
+
+impl Settled {
+    /// The requests of the next settlement, from this instance's demand.
+    /// A key's want is the most it wanted over the window. A key held, or
+    /// last told as wanted, is asked for until the database has its want of
+    /// 0: an instance that gave its slots back while it still wanted them,
+    /// and then ran out of work, must not stay on record as wanting (the
+    /// split would keep slots for it that nobody takes).
+    fn requests(&mut self, demand: crate::dispatch::Demand) -> Vec<store::cluster::PermitRequest> {
+        // (key, capacity, wanted now, running)
+        let mut asks: Vec<(String, u32, u32, u32)> = Vec::new();
+        for crate::dispatch::TypeDemand { job_type, limit, queued, running } in demand.types {
+            asks.push((format!("{TYPE_KEY}{job_type}"), limit, queued.saturating_add(running).min(limit), running));
+        }
+        // A resource's permit key is the resource itself (`volume:<id>`).
+        for (resource, locked) in demand.resources {
+            asks.push((resource, 1, 1, u32::from(locked)));
+        }
+        let asked: BTreeSet<String> = asks.iter().map(|a| a.0.clone()).collect();
+        let gone: BTreeSet<String> =
+            self.held.keys().chain(&self.wanting).filter(|k| !asked.contains(*k)).cloned().collect();
+        asks.extend(gone.into_iter().map(|key| (key, 1, 0, 0)));
+        // A key still held is wanted over the window, so that its slots are
+        // not given back the moment a queue runs dry between two tasks.
+        self.recent.retain(|key, _| asked.contains(key) || self.held.contains_key(key));
+        let mut requests = Vec::new();
+        for (key, capacity, now, running) in asks {
+            let window = self.recent.entry(key.clone()).or_default();
+            window.push_back(now);
+            if window.len() > WANT_WINDOW {
+                window.pop_front();
+            }
+            let want = window.iter().copied().max().unwrap_or(0);
+            let known = self.held.contains_key(&key) || self.wanting.contains(&key);
+            if want == 0 && running == 0 && !known {
+                continue;
+            }
+            requests.push(store::cluster::PermitRequest { key, capacity, want, running });
+        }
+        requests
+    }
+
+    /// Records what the database granted for `requests`.
+    fn granted(&mut self, requests: &[store::cluster::PermitRequest], granted: &[u32]) {
+        self.held.clear();
+        self.wanting.clear();
+        for (request, slots) in requests.iter().zip(granted) {
+            if *slots > 0 {
+                self.held.insert(request.key.clone(), *slots);
+            }
+            if request.want > 0 {
+                self.wanting.insert(request.key.clone());
+            }
+        }
+    }
+}
+
+async fn settle_permits(shared: &Arc<Shared>, node: &Arc<Node>, last: &mut Settled) -> Result<(), store::Error> {
     let demand = shared.engine.permit_demand().await.map_err(engine_error)?;
-    // (key, capacity, wanted now, running)
-    let mut asks: Vec<(String, u32, u32, u32)> = Vec::new();
-    for crate::dispatch::TypeDemand { job_type, limit, queued, running } in demand.types {
-        asks.push((format!("{TYPE_KEY}{job_type}"), limit, queued.saturating_add(running).min(limit), running));
-    }
-    for (resource, locked) in demand.resources {
-        asks.push((resource, 1, 1, u32::from(locked)));
-    }
-    let asked: std::collections::BTreeSet<String> = asks.iter().map(|a| a.0.clone()).collect();
-    // Keys held before and no longer asked for are given back.
-    for key in held.keys().filter(|k| !asked.contains(*k) && !k.starts_with(TYPE_KEY)) {
-        asks.push((key.clone(), 1, 0, 0));
-    }
-    recent.retain(|key, _| asked.contains(key) || held.contains_key(key));
-    let mut requests = Vec::new();
-    for (key, capacity, now, running) in asks {
-        let window = recent.entry(key.clone()).or_default();
-        window.push_back(now);
-        if window.len() > WANT_WINDOW {
-            window.pop_front();
-        }
-        let want = window.iter().copied().max().unwrap_or(0);
-        if want == 0 && running == 0 && held.get(&key).copied().unwrap_or(0) == 0 {
-            continue;
-        }
-        requests.push(store::cluster::PermitRequest { key, capacity, want, running });
-    }
-    let keys: Vec<String> = requests.iter().map(|r| r.key.clone()).collect();
+    let requests = last.requests(demand);
+    let asked = requests.clone();
     let store = node.store.clone();
-    let granted = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").permits(&requests))
+    let granted = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").permits(&asked))
         .await
         .map_err(|e| store::Error::Io(e.to_string()))??;
-    held.clear();
-    for (key, slots) in keys.into_iter().zip(granted) {
-        if slots > 0 {
-            held.insert(key, slots);
-        }
-    }
+    last.granted(&requests, &granted);
+    let held = &last.held;
     let types = held.iter().filter_map(|(key, n)| key.strip_prefix(TYPE_KEY).map(|t| (Arc::from(t), *n))).collect();
     let resources = held.keys().filter(|k| !k.starts_with(TYPE_KEY)).cloned().collect();
     shared.engine.set_permits(types, resources).await.map_err(engine_error)
@@ -346,4 +376,81 @@ pub fn start_over(node: &Node) -> ! {
         node.id
     );
     store::cluster::start_over()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Settled;
+    use crate::dispatch::{Demand, TypeDemand};
+    use crate::store::cluster::PermitRequest;
+
+    fn volume(locked: bool) -> Demand {
+        Demand { types: vec![], resources: [("volume:7".to_string(), locked)].into() }
+    }
+
+    fn wants(requests: &[PermitRequest]) -> Vec<(&str, u32)> {
+        requests.iter().map(|r| (r.key.as_str(), r.want)).collect()
+    }
+
+    #[test]
+    fn an_instance_that_gave_its_slot_back_while_wanting_it_says_when_it_no_longer_does() {
+        let mut settled = Settled::default();
+        // Its task on the volume runs under the slot it holds.
+        let requests = settled.requests(volume(true));
+        assert_eq!(wants(&requests), [("volume:7", 1)]);
+        settled.granted(&requests, &[1]);
+        // The task ended; the slot is still wanted over the window, but the
+        // split now gives it to another instance, so it is given back.
+        let requests = settled.requests(Demand::default());
+        assert_eq!(wants(&requests), [("volume:7", 1)], "wanted over the window while held");
+        settled.granted(&requests, &[0]);
+        // Nothing held, nothing to run: the database is told the want is 0,
+        // once, and then the key is forgotten.
+        let requests = settled.requests(Demand::default());
+        assert_eq!(wants(&requests), [("volume:7", 0)], "the want ends in the database");
+        settled.granted(&requests, &[0]);
+        assert!(settled.requests(Demand::default()).is_empty());
+        assert!(settled.recent.is_empty() && settled.held.is_empty() && settled.wanting.is_empty());
+    }
+
+    #[test]
+    fn a_type_that_ran_dry_after_giving_its_slots_back_ends_its_want() {
+        let noop = |queued, running| Demand {
+            types: vec![TypeDemand { job_type: "noop".into(), limit: 2, queued, running }],
+            resources: Default::default(),
+        };
+        let mut settled = Settled::default();
+        let requests = settled.requests(noop(3, 0));
+        assert_eq!(wants(&requests), [("type:noop", 2)]);
+        // Another instance has the slots at every settlement, then the queue
+        // is emptied (its jobs canceled): the want lasts the window, then 0
+        // is sent even though no slot was ever held here.
+        settled.granted(&requests, &[0]);
+        let mut sent = Vec::new();
+        for _ in 0..super::WANT_WINDOW + 2 {
+            let requests = settled.requests(noop(0, 0));
+            sent.push(requests.first().map(|r| r.want));
+            settled.granted(&requests, &vec![0; requests.len()]);
+        }
+        // The first want of 2 is in the window for its next 7 settlements.
+        let mut expected = vec![Some(2); super::WANT_WINDOW - 1];
+        expected.extend([Some(0), None, None]);
+        assert_eq!(sent, expected);
+    }
+
+    #[test]
+    fn a_key_held_and_asked_for_no_more_is_given_back() {
+        let mut settled = Settled::default();
+        let requests = settled.requests(volume(false));
+        settled.granted(&requests, &[1]);
+        // The job was canceled: its volume is asked for no more.
+        for _ in 0..super::WANT_WINDOW {
+            let requests = settled.requests(Demand::default());
+            assert_eq!(requests.len(), 1);
+            settled.granted(&requests, &[1]);
+        }
+        let requests = settled.requests(Demand::default());
+        assert_eq!(wants(&requests), [("volume:7", 0)]);
+        assert_eq!(requests[0].running, 0);
+    }
 }

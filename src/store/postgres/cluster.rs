@@ -132,15 +132,20 @@ impl Cluster for PgStore {
                 .await
                 .map_err(|e| self.error(&e))?;
             transaction.execute(FREE_ORPHANED_JOBS, &[]).await.map_err(|e| self.error(&e))?;
-            // A lease held by an instance that is gone is free at once.
-            transaction
-                .execute(
-                    "DELETE FROM jobcenter.leases WHERE holder NOT IN \
-                     (SELECT id FROM jobcenter.instances WHERE status = 'active')",
-                    &[],
-                )
-                .await
-                .map_err(|e| self.error(&e))?;
+            // A lease, a permit slot or a want of an instance that is gone
+            // is free at once (a slot so held is free to take anyway).
+            for table in ["leases", "permits", "permit_wants"] {
+                transaction
+                    .execute(
+                        &format!(
+                            "DELETE FROM jobcenter.{table} WHERE holder NOT IN \
+                             (SELECT id FROM jobcenter.instances WHERE status = 'active')"
+                        ),
+                        &[],
+                    )
+                    .await
+                    .map_err(|e| self.error(&e))?;
+            }
             transaction
                 .execute(
                     &format!(
@@ -368,15 +373,16 @@ impl Cluster for PgStore {
                 let key = request.key.as_str();
                 let capacity = i32::try_from(request.capacity).unwrap_or(i32::MAX);
                 let want = i32::try_from(request.want.min(request.capacity)).unwrap_or(i32::MAX);
-                client
-                    .execute(
-                        "INSERT INTO jobcenter.permit_wants (key, holder, want) \
-                         SELECT $1::text, $2::uuid, $3::int4 WHERE jobcenter.fence($2::uuid) \
-                         ON CONFLICT (key, holder) DO UPDATE SET want = excluded.want",
-                        &[&key, &me, &want],
-                    )
-                    .await
-                    .map_err(|e| self.error(&e))?;
+                // A want of 0 is no row: the table holds what live instances want now.
+                let record = if want > 0 {
+                    "INSERT INTO jobcenter.permit_wants (key, holder, want) \
+                     SELECT $1::text, $2::uuid, $3::int4 WHERE jobcenter.fence($2::uuid) \
+                     ON CONFLICT (key, holder) DO UPDATE SET want = excluded.want"
+                } else {
+                    "DELETE FROM jobcenter.permit_wants WHERE key = $1 AND holder = $2 \
+                     AND jobcenter.fence($2::uuid) AND $3::int4 = 0"
+                };
+                client.execute(record, &[&key, &me, &want]).await.map_err(|e| self.error(&e))?;
                 let rows = client
                     .query(
                         "SELECT w.holder, w.want, floor(extract(epoch FROM now()) / 10)::int8 FROM jobcenter.permit_wants w \
