@@ -24,11 +24,24 @@ use serde_json::Value;
 /// An instance that beats every second and is dead after 4 s of silence.
 /// Fixed ports, so that an instance that starts over listens where it did.
 fn start(dir: &std::path::Path, name: &str, url: &str, wrapper: &[&str]) -> Server {
+    start_with(dir, name, url, wrapper, &[])
+}
+
+/// `start` with more options for the server.
+fn start_with(dir: &std::path::Path, name: &str, url: &str, wrapper: &[&str], more: &[&str]) -> Server {
     let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
-    let args = ["--database-url", url, "--grpc", &grpc, "--cluster-heartbeat", "1s", "--lag-threshold", "4s"];
+    let mut args = vec!["--database-url", url, "--grpc", &grpc, "--cluster-heartbeat", "1s", "--lag-threshold", "4s"];
+    args.extend_from_slice(more);
     Server::start_wrapped(wrapper, &dir.join(name), &http, &args)
 }
+
+/// Recovery at a test's pace, for tests that kill a leader: an attempt it
+/// made durable and died before handing to its worker's instance is taken
+/// back by the recovery check (R2-undelivered) once the delivery grace is
+/// over, which at the defaults (a check a minute, 30 s of grace) can take
+/// longer than such a test waits.
+const RECOVERY_AT_TEST_PACE: [&str; 4] = ["--recovery-interval", "2s", "--delivery-grace", "5s"];
 
 fn instances(server: &Server) -> Vec<Value> {
     server.cli_json(&["instances", "--json"]).as_array().cloned().unwrap_or_default()
@@ -343,9 +356,9 @@ fn the_leader_of_a_running_job_dies_and_its_job_ends_as_the_model_says_on_worker
     let dir = tempfile::tempdir().unwrap();
     let database = pg().new_database();
     let url = pg().url(&database);
-    let mut a = start(dir.path(), "a", &url, &[]);
-    let b = start(dir.path(), "b", &url, &[]);
-    let c = start(dir.path(), "c", &url, &[]);
+    let mut a = start_with(dir.path(), "a", &url, &[], &RECOVERY_AT_TEST_PACE);
+    let b = start_with(dir.path(), "b", &url, &[], &RECOVERY_AT_TEST_PACE);
+    let c = start_with(dir.path(), "c", &url, &[], &RECOVERY_AT_TEST_PACE);
     wait_until(Duration::from_secs(20), || (active(&b).len() == 3).then_some(()))
         .unwrap_or_else(|| panic!("3 instances did not register: {:?}", instances(&b)));
     let log = dir.path().join("exec.log");
