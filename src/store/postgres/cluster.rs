@@ -374,15 +374,25 @@ impl Cluster for PgStore {
                 let capacity = i32::try_from(request.capacity).unwrap_or(i32::MAX);
                 let want = i32::try_from(request.want.min(request.capacity)).unwrap_or(i32::MAX);
                 // A want of 0 is no row: the table holds what live instances want now.
-                let record = if want > 0 {
-                    "INSERT INTO jobcenter.permit_wants (key, holder, want) \
-                     SELECT $1::text, $2::uuid, $3::int4 WHERE jobcenter.fence($2::uuid) \
-                     ON CONFLICT (key, holder) DO UPDATE SET want = excluded.want"
+                let recorded = if want > 0 {
+                    client
+                        .execute(
+                            "INSERT INTO jobcenter.permit_wants (key, holder, want) \
+                             SELECT $1::text, $2::uuid, $3::int4 WHERE jobcenter.fence($2::uuid) \
+                             ON CONFLICT (key, holder) DO UPDATE SET want = excluded.want",
+                            &[&key, &me, &want],
+                        )
+                        .await
                 } else {
-                    "DELETE FROM jobcenter.permit_wants WHERE key = $1 AND holder = $2 \
-                     AND jobcenter.fence($2::uuid) AND $3::int4 = 0"
+                    client
+                        .execute(
+                            "DELETE FROM jobcenter.permit_wants WHERE key = $1 AND holder = $2 \
+                             AND jobcenter.fence($2::uuid)",
+                            &[&key, &me],
+                        )
+                        .await
                 };
-                client.execute(record, &[&key, &me, &want]).await.map_err(|e| self.error(&e))?;
+                recorded.map_err(|e| self.error(&e))?;
                 let rows = client
                     .query(
                         "SELECT w.holder, w.want, floor(extract(epoch FROM now()) / 10)::int8 FROM jobcenter.permit_wants w \
