@@ -244,11 +244,12 @@ impl Settled {
 async fn settle_permits(shared: &Arc<Shared>, node: &Arc<Node>, last: &mut Settled) -> Result<(), store::Error> {
     let demand = shared.engine.permit_demand().await.map_err(engine_error)?;
     let requests = last.requests(demand);
-    let asked = requests.clone();
     let store = node.store.clone();
-    let granted = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").permits(&asked))
-        .await
-        .map_err(|e| store::Error::Io(e.to_string()))??;
+    let (requests, granted) = tokio::task::spawn_blocking(move || {
+        store.cluster().expect("cluster").permits(&requests).map(|granted| (requests, granted))
+    })
+    .await
+    .map_err(|e| store::Error::Io(e.to_string()))??;
     last.granted(&requests, &granted);
     let held = &last.held;
     let types = held.iter().filter_map(|(key, n)| key.strip_prefix(TYPE_KEY).map(|t| (Arc::from(t), *n))).collect();

@@ -45,11 +45,22 @@ pub struct Peers {
     leaders: Mutex<HashMap<JobId, Arc<str>>>,
     /// A borrowed slot came free, or a worker joined: ask for work now.
     wake: Notify,
-    /// Where the handlers tasks were lent to are connected: the borrower's gRPC address.
-    handler_at: Mutex<HashMap<HandlerId, Arc<str>>>,
+    /// Where the handlers tasks were lent to are connected: the borrower's
+    /// gRPC address, and when it last offered the handler.
+    handler_at: Mutex<HashMap<HandlerId, (Arc<str>, std::time::Instant)>>,
 }
 
 impl Peers {
+    /// The handlers tasks were lent to within `within`, with the gRPC
+    /// address of the instance that offered each and how long ago.
+    pub fn lent_within(&self, within: std::time::Duration) -> Vec<(HandlerId, Arc<str>, std::time::Duration)> {
+        let at = self.handler_at.lock().expect("handler_at lock");
+        at.iter()
+            .map(|(handler, (address, when))| (*handler, address.clone(), when.elapsed()))
+            .filter(|(_, _, ago)| *ago < within)
+            .collect()
+    }
+
     fn client(&self, address: &str) -> Option<PeerServiceClient<Channel>> {
         let mut clients = self.clients.lock().expect("peer clients lock");
         if let Some(client) = clients.get(address) {
@@ -154,8 +165,9 @@ impl PeerService for PeerServiceImpl {
         let lent = self.shared.engine.lend(slots).await.map_err(engine_status)?;
         if !lent.is_empty() {
             let mut at = self.shared.peers.handler_at.lock().expect("handler_at lock");
+            let now = std::time::Instant::now();
             for (handler, _) in &lent {
-                at.insert(*handler, borrower.clone());
+                at.insert(*handler, (borrower.clone(), now));
             }
         }
         let tasks = lent
@@ -251,7 +263,8 @@ pub fn spawn_foreign_orders(
             let crate::dispatch::WorkOrder::Cancel { task, attempt } = order else { continue };
             let Some(node) = shared.cluster.clone() else { continue };
             // Where it was lent to, else where the cluster last saw it.
-            let lent_to = shared.peers.handler_at.lock().expect("handler_at lock").get(&handler).cloned();
+            let lent_to =
+                shared.peers.handler_at.lock().expect("handler_at lock").get(&handler).map(|(a, _)| a.clone());
             let address = lent_to.or_else(|| {
                 let live = node.live();
                 let instance = live.iter().find(|i| i.id != node.id && i.handlers.contains(&handler))?;

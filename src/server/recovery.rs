@@ -67,28 +67,40 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
     // say which of the attempts held here for them past the delivery grace
     // their sessions know.
     if let Some(node) = &shared.cluster {
-        for instance in node.live().iter().filter(|i| i.id != node.id) {
+        let live = node.live();
+        // (handler, its instance's address, last seen, what to call that instance)
+        let mut elsewhere: Vec<(crate::model::HandlerId, Arc<str>, i64, String)> = Vec::new();
+        for instance in live.iter().filter(|i| i.id != node.id) {
+            let address: Arc<str> = Arc::from(instance.grpc_address.as_str());
+            let seen = node.local_ms(instance.heartbeat_ms);
             for handler in &instance.handlers {
-                let id = handler.to_string();
-                if handlers.contains_key(&id) {
-                    continue;
-                }
-                let due = held_past(&jobs, &id, now - grace_ms);
-                let knows = match due.is_empty() {
-                    true => None,
-                    false => super::peer::known_at(shared, &instance.grpc_address, *handler, &due).await.map(|known| {
-                        known.into_iter().map(|(task, attempt)| (task.job.to_string(), task.idx.0, attempt)).collect()
-                    }),
-                };
-                let last_seen = node.local_ms(instance.heartbeat_ms);
-                let snapshot = recovery::HandlerSnapshot {
-                    handler: id.clone(),
-                    node: format!("instance {}", instance.id),
-                    last_seen,
-                    knows,
-                };
-                handlers.insert(id, snapshot);
+                elsewhere.push((*handler, address.clone(), seen, format!("instance {}", instance.id)));
             }
+        }
+        // A worker another live instance offered this one is alive as of
+        // the offer, though the heartbeats that list it may not have
+        // reached this instance yet: its attempts lent out a moment ago are
+        // not orphaned. Past two heartbeats and the lag, the list says.
+        let timing = &shared.options.cluster;
+        for (handler, address, ago) in shared.peers.lent_within(timing.heartbeat * 2 + timing.lag) {
+            if live.iter().any(|i| i.id != node.id && *i.grpc_address == *address) {
+                let (seen, at) = (now - ago.as_millis() as i64, format!("instance at {address}"));
+                elsewhere.push((handler, address, seen, at));
+            }
+        }
+        for (handler, address, last_seen, at) in elsewhere {
+            let id = handler.to_string();
+            if handlers.contains_key(&id) {
+                continue;
+            }
+            let due = held_past(&jobs, &id, now - grace_ms);
+            let knows = match due.is_empty() {
+                true => None,
+                false => super::peer::known_at(shared, &address, handler, &due).await.map(|known| {
+                    known.into_iter().map(|(task, attempt)| (task.job.to_string(), task.idx.0, attempt)).collect()
+                }),
+            };
+            handlers.insert(id.clone(), recovery::HandlerSnapshot { handler: id, node: at, last_seen, knows });
         }
     }
     for handler in engine_handlers {
