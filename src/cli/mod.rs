@@ -95,7 +95,15 @@ pub enum Command {
 
 /// Runs a parsed command line; returns the process exit code.
 pub fn main(cli: Cli) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // A worker process is one stream and the executions it runs, all of
+    // them waiting on I/O (handlers are async; a shell command is a child
+    // process): on one thread, a message goes from the session to the
+    // stream's connection without waking another thread.
+    let mut builder = match cli.command {
+        Command::Worker(_) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("jobcenter: cannot start the runtime: {e}");

@@ -9,7 +9,7 @@ use prost::Message;
 
 use crate::engine::{self, EngineHandle};
 use crate::policy::{self, Overrides, Policy, Source};
-use crate::proto::plugin::{ConfigValue, JobTypeDescriptor};
+use crate::proto::plugin::{AdminRuntimeConfig, ConfigValue, JobTypeDescriptor};
 
 /// A value as typed on the command line: a number, `true`/`false`, or text.
 fn parse_value(text: &str) -> serde_json::Value {
@@ -79,17 +79,65 @@ fn with_set(
     values
 }
 
+/// What every work order of a job type carries from the book: resolved
+/// once per job type and kept until the book changes.
+#[derive(Debug, PartialEq)]
+pub struct ForDispatch {
+    pub runtime: AdminRuntimeConfig,
+    pub admin_values: std::collections::HashMap<String, ConfigValue>,
+    pub worker_values: std::collections::HashMap<String, ConfigValue>,
+}
+
+/// The book and what was resolved from it, under one lock: a change to the
+/// book drops what was resolved in the same critical section, so nothing
+/// resolved from the book before it is kept after it.
+#[derive(Default)]
+struct Locked {
+    book: Book,
+    for_dispatch: BTreeMap<String, Arc<ForDispatch>>,
+}
+
+impl Locked {
+    fn for_dispatch(&mut self, job_type: &str) -> Arc<ForDispatch> {
+        if let Some(parts) = self.for_dispatch.get(job_type) {
+            return parts.clone();
+        }
+        let parts = Arc::new(ForDispatch {
+            runtime: effective(&self.book, job_type).0.to_runtime(),
+            admin_values: admin_values(&self.book, job_type),
+            worker_values: worker_values(&self.book, job_type),
+        });
+        self.for_dispatch.insert(job_type.to_string(), parts.clone());
+        parts
+    }
+}
+
+impl std::ops::Deref for Locked {
+    type Target = Book;
+    fn deref(&self) -> &Book {
+        &self.book
+    }
+}
+
+impl std::ops::DerefMut for Locked {
+    /// Every way to change the book goes through here.
+    fn deref_mut(&mut self) -> &mut Book {
+        self.for_dispatch.clear();
+        &mut self.book
+    }
+}
+
 #[derive(Clone)]
 pub struct Policies {
     engine: EngineHandle,
-    book: Arc<Mutex<Book>>,
+    book: Arc<Mutex<Locked>>,
 }
 
 impl Policies {
     /// Loads what the store holds (blocking: call it off the runtime).
     pub fn load(store: Arc<dyn Store>, engine: EngineHandle) -> Result<Policies, store::Error> {
         let book = read_book(&*store)?;
-        Ok(Policies { engine, book: Arc::new(Mutex::new(book)) })
+        Ok(Policies { engine, book: Arc::new(Mutex::new(Locked { book, for_dispatch: BTreeMap::new() })) })
     }
 
     /// Reads the policy book again (blocking: call it off the runtime), as
@@ -98,7 +146,7 @@ impl Policies {
     pub fn refresh(&self, store: &dyn Store) -> Result<Vec<String>, store::Error> {
         let fresh = read_book(store)?;
         let mut book = self.book.lock().expect("policy lock");
-        if *book == fresh {
+        if book.book == fresh {
             return Ok(Vec::new());
         }
         let mut changed: Vec<String> = Vec::new();
@@ -122,7 +170,7 @@ impl Policies {
                 changed.push(job_type.clone());
             }
         }
-        *book = fresh;
+        **book = fresh;
         Ok(changed)
     }
 
@@ -145,10 +193,13 @@ impl Policies {
     }
 
     pub fn effective(&self, job_type: &str) -> (Policy, BTreeMap<String, Source>) {
-        let book = self.book.lock().expect("policy lock");
-        let descriptor = book.descriptors.get(job_type).and_then(|d| d.admin_runtime_defaults.as_ref());
-        let overrides = book.overrides.get(job_type).cloned().unwrap_or_default();
-        Policy::resolve(job_type, policy::builtin(job_type), descriptor, &overrides)
+        effective(&self.book.lock().expect("policy lock"), job_type)
+    }
+
+    /// What a work order of the job type carries: the effective policy as
+    /// the admin's runtime settings, and the admin and worker values.
+    pub fn for_dispatch(&self, job_type: &str) -> Arc<ForDispatch> {
+        self.book.lock().expect("policy lock").for_dispatch(job_type)
     }
 
     pub async fn save_descriptor(&self, descriptor: JobTypeDescriptor) -> Result<(), engine::Error> {
@@ -193,7 +244,7 @@ impl Policies {
         settings.push((format!("{POLICY_PREFIX}{job_type}"), Some(bytes)));
         self.engine.put_settings(settings).await?;
         let mut guard = self.book.lock().expect("policy lock");
-        let book = &mut *guard;
+        let book = &mut **guard;
         for (values, set) in [(worker_values, &mut book.worker_values), (admin_values, &mut book.admin_values)] {
             if let Some(values) = values {
                 set.insert(job_type.to_string(), values);
@@ -206,25 +257,13 @@ impl Policies {
     /// The admin configuration values of a job type: its descriptor's
     /// defaults, with what an operator set on top.
     pub fn admin_values(&self, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
-        let book = self.book.lock().expect("policy lock");
-        let form = book.descriptors.get(job_type).and_then(|d| d.admin_config_form.as_ref());
-        with_set(form.map(|f| f.default_values.clone()).unwrap_or_default(), book.admin_values.get(job_type))
+        admin_values(&self.book.lock().expect("policy lock"), job_type)
     }
 
     /// The worker configuration values of a job type: the descriptor's
     /// defaults, with what an operator set on top.
     pub fn worker_values(&self, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
-        let book = self.book.lock().expect("policy lock");
-        let mut values = std::collections::HashMap::new();
-        if let Some(d) = book.descriptors.get(job_type) {
-            values = d.worker_default_values.clone();
-            if let Some(form) = &d.worker_config_form {
-                for (k, v) in &form.default_values {
-                    values.entry(k.clone()).or_insert_with(|| v.clone());
-                }
-            }
-        }
-        with_set(values, book.worker_values.get(job_type))
+        worker_values(&self.book.lock().expect("policy lock"), job_type)
     }
 
     /// Tells the engine the dispatch limits of a job type.
@@ -234,6 +273,30 @@ impl Policies {
             tracing::debug!(job_type, "engine stopped before the limits were set");
         }
     }
+}
+
+fn effective(book: &Book, job_type: &str) -> (Policy, BTreeMap<String, Source>) {
+    let descriptor = book.descriptors.get(job_type).and_then(|d| d.admin_runtime_defaults.as_ref());
+    let overrides = book.overrides.get(job_type).cloned().unwrap_or_default();
+    Policy::resolve(job_type, policy::builtin(job_type), descriptor, &overrides)
+}
+
+fn admin_values(book: &Book, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
+    let form = book.descriptors.get(job_type).and_then(|d| d.admin_config_form.as_ref());
+    with_set(form.map(|f| f.default_values.clone()).unwrap_or_default(), book.admin_values.get(job_type))
+}
+
+fn worker_values(book: &Book, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
+    let mut values = std::collections::HashMap::new();
+    if let Some(d) = book.descriptors.get(job_type) {
+        values = d.worker_default_values.clone();
+        if let Some(form) = &d.worker_config_form {
+            for (k, v) in &form.default_values {
+                values.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+    }
+    with_set(values, book.worker_values.get(job_type))
 }
 
 fn read_book(store: &dyn Store) -> Result<Book, store::Error> {
@@ -265,4 +328,29 @@ fn read_book(store: &dyn Store) -> Result<Book, store::Error> {
         }
     }
     Ok(book)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_work_order_carries_follows_every_change_to_the_book() {
+        let mut locked = Locked::default();
+        let first = locked.for_dispatch("vacuum");
+        assert!(Arc::ptr_eq(&first, &locked.for_dispatch("vacuum")), "resolved once, then kept");
+        let builtin = first.runtime.retry_limit;
+
+        locked.overrides.insert("vacuum".into(), Overrides::from([("retry_limit".into(), builtin as u32 + 4)]));
+        assert_eq!(locked.for_dispatch("vacuum").runtime.retry_limit, builtin + 4);
+
+        let values = serde_json::Map::from_iter([("threshold".to_string(), serde_json::json!(0.5))]);
+        locked.worker_values.insert("vacuum".into(), values.clone());
+        locked.admin_values.insert("vacuum".into(), values);
+        let now = locked.for_dispatch("vacuum");
+        assert!(now.worker_values.contains_key("threshold") && now.admin_values.contains_key("threshold"));
+
+        *locked = Book::default();
+        assert_eq!(*locked.for_dispatch("vacuum"), *first, "a book read again replaces what was resolved");
+    }
 }

@@ -399,9 +399,7 @@ impl Session {
         let parameters = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&assignment.parameters)
             .map(|map| wire::json_to_values(&map))
             .unwrap_or_default();
-        let (policy, _) = self.shared.policies.effective(&assignment.job_type);
-        let admin_config_values = self.shared.policies.admin_values(&assignment.job_type);
-        let worker_config_values = self.shared.policies.worker_values(&assignment.job_type);
+        let book = self.shared.policies.for_dispatch(&assignment.job_type);
         ExecuteJobRequest {
             request_id: format!("exec-{job_id}"),
             job: Some(JobSpec {
@@ -421,9 +419,9 @@ impl Session {
                 created_at: Some(now_timestamp()),
                 scheduled_at: None,
             }),
-            admin_runtime: Some(policy.to_runtime()),
-            admin_config_values,
-            worker_config_values,
+            admin_runtime: Some(book.runtime),
+            admin_config_values: book.admin_values.clone(),
+            worker_config_values: book.worker_values.clone(),
             cluster_context: Some(super::context::cluster_context(&self.shared, &assignment.job_type, true)),
             attempt: i32::try_from(assignment.attempt).unwrap_or(i32::MAX),
         }
