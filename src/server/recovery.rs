@@ -67,28 +67,12 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
     // say which of the attempts held here for them past the delivery grace
     // their sessions know.
     if let Some(node) = &shared.cluster {
-        let live = node.live();
-        // (handler, its instance's address, last seen, what to call that instance)
-        let mut elsewhere: Vec<(crate::model::HandlerId, Arc<str>, i64, String)> = Vec::new();
-        for instance in live.iter().filter(|i| i.id != node.id) {
-            let address: Arc<str> = Arc::from(instance.grpc_address.as_str());
-            let seen = node.local_ms(instance.heartbeat_ms);
-            for handler in &instance.handlers {
-                elsewhere.push((*handler, address.clone(), seen, format!("instance {}", instance.id)));
-            }
-        }
-        // A worker another live instance offered this one is alive as of
-        // the offer, though the heartbeats that list it may not have
-        // reached this instance yet: its attempts lent out a moment ago are
-        // not orphaned. Past two heartbeats and the lag, the list says.
         let timing = &shared.options.cluster;
-        for (handler, address, ago) in shared.peers.lent_within(timing.heartbeat * 2 + timing.lag) {
-            if live.iter().any(|i| i.id != node.id && *i.grpc_address == *address) {
-                let (seen, at) = (now - ago.as_millis() as i64, format!("instance at {address}"));
-                elsewhere.push((handler, address, seen, at));
-            }
-        }
-        for (handler, address, last_seen, at) in elsewhere {
+        let lent = shared.peers.lent_within(timing.heartbeat * 2 + timing.lag);
+        let live = node.live();
+        for Elsewhere { handler, address, last_seen, at } in
+            elsewhere(node.id, &live, lent, now, |ms| node.local_ms(ms))
+        {
             let id = handler.to_string();
             if handlers.contains_key(&id) {
                 continue;
@@ -276,6 +260,51 @@ async fn submit_cluster_task(shared: &Shared) -> Option<crate::model::JobId> {
     }
 }
 
+/// A worker connected to another live instance, as the check sees it.
+#[derive(Debug, PartialEq)]
+struct Elsewhere {
+    handler: crate::model::HandlerId,
+    /// The gRPC address of its instance, which says what its session knows.
+    address: Arc<str>,
+    /// When it was last known alive, on this machine's clock.
+    last_seen: i64,
+    /// What the findings call its place.
+    at: String,
+}
+
+/// The workers connected to the other live instances: those their last
+/// heartbeats list, and those one of them offered this instance (`lent`:
+/// handler, the instance's address, how long ago) since. A worker offered
+/// is alive as of the offer though the heartbeats that list it may not have
+/// reached this instance yet, so the attempts lent to it a moment ago are
+/// not orphaned; `lent` holds only offers within two heartbeats and the lag,
+/// past which the list says. `local_ms` turns the store's clock into this
+/// machine's.
+fn elsewhere(
+    me: crate::model::HandlerId,
+    live: &[crate::store::cluster::Instance],
+    lent: Vec<(crate::model::HandlerId, Arc<str>, std::time::Duration)>,
+    now: i64,
+    local_ms: impl Fn(i64) -> i64,
+) -> Vec<Elsewhere> {
+    let mut out = Vec::new();
+    for instance in live.iter().filter(|i| i.id != me) {
+        let address: Arc<str> = Arc::from(instance.grpc_address.as_str());
+        let last_seen = local_ms(instance.heartbeat_ms);
+        for handler in &instance.handlers {
+            let at = format!("instance {}", instance.id);
+            out.push(Elsewhere { handler: *handler, address: address.clone(), last_seen, at });
+        }
+    }
+    for (handler, address, ago) in lent {
+        if live.iter().any(|i| i.id != me && *i.grpc_address == *address) {
+            let (last_seen, at) = (now - ago.as_millis() as i64, format!("instance at {address}"));
+            out.push(Elsewhere { handler, address, last_seen, at });
+        }
+    }
+    out
+}
+
 /// The attempts held for `handler` that were assigned before `before`.
 fn held_past(jobs: &[recovery::JobSnapshot], handler: &str, before: i64) -> Vec<(crate::model::TaskRef, u32)> {
     let mut due = Vec::new();
@@ -289,4 +318,117 @@ fn held_past(jobs: &[recovery::JobSnapshot], handler: &str, before: i64) -> Vec<
         }
     }
     due
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::model::HandlerId;
+    use crate::store::cluster::{Instance, Role};
+
+    fn instance(id: HandlerId, grpc_address: &str, heartbeat_ms: i64, handlers: Vec<HandlerId>) -> Instance {
+        Instance {
+            id,
+            role: Role::Server,
+            grpc_address: grpc_address.into(),
+            http_address: String::new(),
+            started_at_ms: 0,
+            heartbeat_ms,
+            heartbeat_age_ms: 0,
+            paused: false,
+            jobs_led: 0,
+            workers: handlers.len(),
+            detectors: Vec::new(),
+            detections: Vec::new(),
+            handlers,
+            active: true,
+        }
+    }
+
+    /// The check's findings on one job led here whose only task was lent a
+    /// moment ago to `worker`, with `others` as the workers it sees elsewhere.
+    fn findings(now: i64, worker: HandlerId, others: Vec<Elsewhere>) -> Vec<recovery::Finding> {
+        let task = recovery::TaskSnapshot {
+            idx: 0,
+            id: "a".into(),
+            state: recovery::TaskState::Assigned,
+            attempt: 1,
+            handler: Some(worker.to_string()),
+            assigned_at: Some(now - 50),
+            started_at: None,
+            updated_at: now - 50,
+            finished_at: None,
+            pinned_node: None,
+            progress_timeout_ms: None,
+            queued: false,
+        };
+        let job = recovery::JobSnapshot {
+            id: crate::model::JobId::new().to_string(),
+            active: true,
+            from_scheduler: false,
+            updated_at: now - 50,
+            unfinished: 1,
+            tasks: vec![task],
+        };
+        // As `check_inner` does: nothing is due past the delivery grace, so
+        // no instance is asked what its sessions know.
+        let handlers = others
+            .into_iter()
+            .map(|e| {
+                let id = e.handler.to_string();
+                (id.clone(), recovery::HandlerSnapshot { handler: id, node: e.at, last_seen: e.last_seen, knows: None })
+            })
+            .collect();
+        recovery::check(&recovery::Snapshot { now, config: recovery::Config::default(), handlers, jobs: vec![job] })
+    }
+
+    #[test]
+    fn a_worker_offered_before_the_heartbeats_list_it_keeps_the_attempts_just_lent_to_it() {
+        let (me, b, gone) = (HandlerId::new(), HandlerId::new(), HandlerId::new());
+        let (listed, offered) = (HandlerId::new(), HandlerId::new());
+        let now = 1_000_000;
+        // b's last heartbeat, as this instance read it, lists only `listed`;
+        // b offered `offered` 100 ms ago. An instance no longer live offered
+        // `gone`, and this instance is never "elsewhere".
+        let live = [instance(me, "me:1", now, vec![]), instance(b, "b:1", now - 1_500, vec![listed])];
+        let mine = HandlerId::new();
+        let lent = || {
+            vec![
+                (offered, Arc::from("b:1"), Duration::from_millis(100)),
+                (gone, Arc::from("c:1"), Duration::from_millis(100)),
+                (mine, Arc::from("me:1"), Duration::from_millis(100)),
+            ]
+        };
+        let seen = elsewhere(me, &live, lent(), now, |ms| ms - 7);
+        assert_eq!(
+            seen,
+            [
+                Elsewhere {
+                    handler: listed,
+                    address: "b:1".into(),
+                    last_seen: now - 1_507,
+                    at: format!("instance {b}")
+                },
+                Elsewhere {
+                    handler: offered,
+                    address: "b:1".into(),
+                    last_seen: now - 100,
+                    at: "instance at b:1".into()
+                },
+            ]
+        );
+
+        assert_eq!(findings(now, offered, seen), [], "an attempt lent 50 ms ago to a worker offered 100 ms ago");
+
+        // Without the offer, that worker is gone as far as the heartbeats
+        // tell, and the check takes its attempt back: it would run twice.
+        let listed_only = elsewhere(me, &live, Vec::new(), now, |ms| ms - 7);
+        let rules: Vec<recovery::Rule> = findings(now, offered, listed_only).iter().map(|f| f.rule).collect();
+        assert_eq!(rules, [recovery::Rule::HandlerGone]);
+        let rules: Vec<recovery::Rule> =
+            findings(now, gone, elsewhere(me, &live, lent(), now, |ms| ms - 7)).iter().map(|f| f.rule).collect();
+        assert_eq!(rules, [recovery::Rule::HandlerGone], "a worker offered by an instance no longer live");
+    }
 }
