@@ -5,7 +5,9 @@
 //! and `after-flush` (flushed, nothing acknowledged or dispatched yet); a
 //! sled compaction has `compaction-copied` (the new generation durable,
 //! `CURRENT` not switched yet) and `compaction-switched` (`CURRENT` names
-//! the new generation, the old one not removed yet).
+//! the new generation, the old one not removed yet). An instance of a
+//! cluster has `lend-durable` (attempts lent to another instance's workers
+//! made durable, the answer that hands them over not sent).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -2,7 +2,8 @@
 //! taken over when an instance dies; a paused instance deactivated, its late
 //! writes refused by the database, and started over under a new id; each
 //! detection interval claimed by exactly one instance, across a kill and
-//! with one instance's clock an hour ahead.
+//! with one instance's clock an hour ahead; an attempt a leader made durable
+//! and died before handing over runs again soon after the takeover.
 
 mod common;
 #[path = "common/postgres.rs"]
@@ -397,6 +398,63 @@ fn the_leader_of_a_running_job_dies_and_its_job_ends_as_the_model_says_on_worker
     let events = common::exec_events(&log, &id);
     common::each_succeeded_once(&events);
     eprintln!("the job ended {:.1} s after its leader's SIGKILL", ended_after.as_secs_f64());
+}
+
+#[test]
+fn an_attempt_its_dying_leader_made_durable_and_never_handed_over_runs_a_delivery_grace_after_the_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = pg().new_database();
+    let url = pg().url(&database);
+    // No periodic check comes to the rescue: the first comes an orphan
+    // grace (30 s) after an instance starts, the next ten minutes later.
+    let pace = ["--recovery-interval", "10m", "--orphan-grace", "30s", "--delivery-grace", "3s"];
+    // a dies the first time it lends attempts: they are durable, assigned
+    // to b's worker, and b never hears of them.
+    let mut a = start_with(dir.path(), "a", &url, &["env", "JOBCENTER_CRASH_AT=lend-durable:1"], &pace);
+    let b_started = Instant::now();
+    let b = start_with(dir.path(), "b", &url, &[], &pace);
+    wait_until(Duration::from_secs(20), || (active(&b).len() == 2).then_some(()))
+        .unwrap_or_else(|| panic!("2 instances did not register: {:?}", instances(&b)));
+    let log = dir.path().join("exec.log");
+    let _worker = common::start_worker(&b, "w1", &[], Some(&log));
+    b.wait_for_workers(1);
+
+    let file = dir.path().join("one.json");
+    std::fs::write(&file, r#"{"name":"handed-over","tasks":[{"id":"only","job_type":"noop"}]}"#).unwrap();
+    let _ = a.cli(&["submit", file.to_str().unwrap()]);
+    wait_until(Duration::from_secs(20), || (!a.process.is_running()).then_some(()))
+        .unwrap_or_else(|| panic!("a did not die lending the attempt: {}", std::fs::read_to_string(&a.log).unwrap()));
+    let crashed = b_started.elapsed();
+    let a_log = std::fs::read_to_string(&a.log).unwrap();
+    assert!(a_log.contains("crashing on purpose at lend-durable"), "a died lending: {a_log}");
+    let id = pg().psql(&database, "SELECT id FROM jobcenter.jobs WHERE name = 'handed-over'").trim().to_string();
+    assert!(!id.is_empty(), "the job is stored");
+
+    // b takes the job over once a is silent past the lag (4 s), and takes
+    // the attempt back one delivery grace (3 s) later.
+    let job = wait_until(Duration::from_secs(25), || {
+        let job = b.cli_json(&["job", &id, "--json"]);
+        (job["state"] == "succeeded").then_some(job)
+    })
+    .unwrap_or_else(|| panic!("the job did not end: {}", b.cli_json(&["job", &id, "--json"])));
+    let ended = b_started.elapsed();
+    eprintln!(
+        "a died {:.1} s after b started; the job ended {:.1} s after",
+        crashed.as_secs_f64(),
+        ended.as_secs_f64()
+    );
+    assert!(
+        ended < Duration::from_secs(29),
+        "ended by the check after the takeover, before any periodic one: {ended:?}"
+    );
+    assert_eq!(job["tasks"][0]["attempt"], 2, "the attempt never handed over was taken back: {job}");
+    let events = common::exec_events(&log, &id);
+    assert_eq!(
+        events,
+        [("only".to_string(), 2, "start".to_string()), ("only".to_string(), 2, "succeeded".to_string())]
+    );
+    let found = std::fs::read_to_string(&b.log).unwrap();
+    assert!(found.contains("R2-undelivered"), "b's log names the rule that took the attempt back");
 }
 
 #[test]

@@ -356,9 +356,28 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
             node.adoptions.fetch_add(1, Ordering::AcqRel);
             node.wake_permits();
             tracing::info!(claimed = n, adopted, led = led + adopted, share, "took the lead of jobs nobody led");
+            check_adopted(shared.clone());
         }
     }
     Ok(())
+}
+
+/// An adopted job may hold attempts its dead leader made durable and never
+/// handed over: once the delivery grace has passed for all of them, this
+/// instance runs its part of the recovery check (R2-undelivered takes them
+/// back), rather than waiting for the periodic check, which can come up to
+/// an interval later. The part runs single-flight here, as it does when the
+/// periodic check asks for it.
+fn check_adopted(shared: Arc<Shared>) {
+    tokio::spawn(async move {
+        tokio::time::sleep(shared.options.delivery_grace + Duration::from_millis(100)).await;
+        match super::recovery::check(&shared, false).await {
+            Ok(findings) => {
+                tracing::info!(n_findings = findings.len(), "checked the jobs adopted a delivery grace ago")
+            }
+            Err(e) => tracing::debug!(error = %e, "the check of adopted jobs did not run"),
+        }
+    });
 }
 
 fn engine_error(e: crate::engine::Error) -> store::Error {

@@ -133,11 +133,12 @@ pub async fn job_service(
 /// The lender's side: answers other instances.
 pub struct PeerServiceImpl {
     shared: Arc<Shared>,
+    crash: crate::crash::CrashPoint,
 }
 
 impl PeerServiceImpl {
     pub fn new(shared: Arc<Shared>) -> PeerServiceImpl {
-        PeerServiceImpl { shared }
+        PeerServiceImpl { shared, crash: crate::crash::CrashPoint::from_env() }
     }
 }
 
@@ -164,6 +165,8 @@ impl PeerService for PeerServiceImpl {
         }
         let lent = self.shared.engine.lend(slots).await.map_err(engine_status)?;
         if !lent.is_empty() {
+            // The attempts are durable here, and the borrower has not heard of them.
+            self.crash.reached("lend-durable");
             let mut at = self.shared.peers.handler_at.lock().expect("handler_at lock");
             let now = std::time::Instant::now();
             for (handler, _) in &lent {
