@@ -288,7 +288,8 @@ fn a_kill_in_the_middle_of_a_compaction_leaves_one_whole_generation() {
         // other. (It prunes rarely, so that no compaction of its own, due at
         // once after a crash at `compaction-copied`, runs before the check.)
         let mut hourly = args;
-        hourly[5] = "1h";
+        let interval = hourly.iter().position(|a| *a == "--prune-interval").expect("the test sets it") + 1;
+        hourly[interval] = "1h";
         let server = Server::start(&data, &hourly);
         let live = generations(&data);
         let expected = if moves_on { before[0] + 1 } else { before[0] };

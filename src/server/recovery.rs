@@ -70,21 +70,19 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
         let timing = &shared.options.cluster;
         let lent = shared.peers.lent_within(timing.heartbeat * 2 + timing.lag);
         let live = node.live();
-        for Elsewhere { handler, address, last_seen, at } in
-            elsewhere(node.id, &live, lent, now, |ms| node.local_ms(ms))
-        {
-            let id = handler.to_string();
+        for worker in elsewhere(node.id, &live, lent, now, |ms| node.local_ms(ms)) {
+            let id = worker.handler.to_string();
             if handlers.contains_key(&id) {
                 continue;
             }
             let due = held_past(&jobs, &id, now - grace_ms);
             let knows = match due.is_empty() {
                 true => None,
-                false => super::peer::known_at(shared, &address, handler, &due).await.map(|known| {
+                false => super::peer::known_at(shared, &worker.address, worker.handler, &due).await.map(|known| {
                     known.into_iter().map(|(task, attempt)| (task.job.to_string(), task.idx.0, attempt)).collect()
                 }),
             };
-            handlers.insert(id.clone(), recovery::HandlerSnapshot { handler: id, node: at, last_seen, knows });
+            handlers.insert(id, worker.snapshot(knows));
         }
     }
     for handler in engine_handlers {
@@ -272,6 +270,14 @@ struct Elsewhere {
     at: String,
 }
 
+impl Elsewhere {
+    /// The worker as the recovery rules see it, with the attempts its
+    /// session knows when its instance was asked.
+    fn snapshot(self, knows: Option<std::collections::BTreeSet<(String, u32, u32)>>) -> recovery::HandlerSnapshot {
+        recovery::HandlerSnapshot { handler: self.handler.to_string(), node: self.at, last_seen: self.last_seen, knows }
+    }
+}
+
 /// The workers connected to the other live instances: those their last
 /// heartbeats list, and those one of them offered this instance (`lent`:
 /// handler, the instance's address, how long ago) since. A worker offered
@@ -374,13 +380,7 @@ mod tests {
         };
         // As `check_inner` does: nothing is due past the delivery grace, so
         // no instance is asked what its sessions know.
-        let handlers = others
-            .into_iter()
-            .map(|e| {
-                let id = e.handler.to_string();
-                (id.clone(), recovery::HandlerSnapshot { handler: id, node: e.at, last_seen: e.last_seen, knows: None })
-            })
-            .collect();
+        let handlers = others.into_iter().map(|e| (e.handler.to_string(), e.snapshot(None))).collect();
         recovery::check(&recovery::Snapshot { now, config: recovery::Config::default(), handlers, jobs: vec![job] })
     }
 
