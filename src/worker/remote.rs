@@ -465,6 +465,7 @@ impl Worker {
             admin_renews: None,
             connected_at: Instant::now(),
             heartbeat,
+            unannounced: Vec::new(),
         };
         let end = session.serve(inbound, pending, stop).await;
         let work = session.work;
@@ -535,6 +536,8 @@ struct Session<'a> {
     connected_at: Instant,
     /// The interval the admin asked for.
     heartbeat: Duration,
+    /// Executions accepted whose start is not reported yet (by job id).
+    unannounced: Vec<String>,
 }
 
 /// Heartbeats that report a start or an end go out at most this often, so
@@ -597,6 +600,9 @@ impl Session<'_> {
                 () = tokio::time::sleep_until(self.last_heartbeat + HEARTBEAT_COALESCE), if self.heartbeat_pending => {
                     self.send_heartbeat().await
                 }
+                // Ready once the executions just accepted have had a turn
+                // and nothing else is waiting.
+                () = tokio::task::yield_now(), if !self.unannounced.is_empty() => self.announce_starts().await,
                 Some(joined) = self.work.tasks.join_next_with_id(), if !self.work.tasks.is_empty() => {
                     match self.work.finished(self.worker, joined) {
                         Some(completed) => self.report(completed).await,
@@ -810,23 +816,39 @@ impl Session<'_> {
         self.work.executions.insert(Execution {
             job_id: job_id.clone(),
             request_id: request_id.clone(),
-            job_type: job_type.clone(),
+            job_type,
             record,
             abort,
         });
         self.acknowledge(request_id.clone(), true, "execute request accepted").await?;
-        self.send(Body::JobProgressUpdate(JobProgressUpdate {
-            request_id,
-            job_id,
-            job_type,
-            state: JobState::Running.into(),
-            progress_percent: 0.0,
-            stage: "started".into(),
-            updated_at: Some(wire_timestamp(self.worker.clock.now())),
-            ..JobProgressUpdate::default()
-        }))
-        .await?;
+        self.unannounced.push(job_id);
         self.heartbeat_soon().await
+    }
+
+    /// Reports "started" for the executions accepted since the last call
+    /// that still run. Called once they have had a turn, so that one that
+    /// ended in its first turn reports only its outcome, which says as
+    /// much: an admin takes the outcome of an attempt it has not seen start.
+    async fn announce_starts(&mut self) -> Step {
+        for job_id in std::mem::take(&mut self.unannounced) {
+            let Some(execution) = self.work.executions.running.get(&job_id) else { continue };
+            if execution.abort.is_finished() {
+                continue;
+            }
+            let (request_id, job_type) = (execution.request_id.clone(), execution.job_type.clone());
+            self.send(Body::JobProgressUpdate(JobProgressUpdate {
+                request_id,
+                job_id,
+                job_type,
+                state: JobState::Running.into(),
+                progress_percent: 0.0,
+                stage: "started".into(),
+                updated_at: Some(wire_timestamp(self.worker.clock.now())),
+                ..JobProgressUpdate::default()
+            }))
+            .await?;
+        }
+        Ok(())
     }
 
     async fn cancel(&mut self, request_id: String, request: CancelRequest) -> Step {
@@ -1616,6 +1638,48 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         false
+    }
+
+    #[tokio::test]
+    async fn an_execution_that_ends_in_its_first_turn_reports_its_outcome_without_a_start() {
+        let (admin, mut sessions) = start_fake_admin().await;
+        let options = RemoteWorkerOptions {
+            admins: vec![admin],
+            worker_id: "w-test".into(),
+            max_execute: 4,
+            max_detect: 1,
+            heartbeat: Duration::from_secs(3600),
+            lease: DEFAULT_LEASE,
+            token: None,
+            exec_log: None,
+            tls: Default::default(),
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let worker = tokio::spawn(run(options, Registry::new(builtin_handlers()), async move {
+            let _ = stopped.await;
+        }));
+        let mut session = next_session(&mut sessions).await;
+        session.hello().await;
+        session.send("", accepted_hello()).await;
+        session.heartbeat().await;
+
+        let job = JobId::new();
+        let quick = wire::attempt_id(TaskRef { job, idx: TaskIdx(0) }, 1);
+        session.execute("r1", spec(&quick, "noop", serde_json::json!({})), 0).await;
+        let ack = session.ack().await;
+        assert_eq!((ack.request_id.as_str(), ack.accepted), ("r1", true));
+        let done = session.completed().await;
+        assert_eq!((done.job_id.as_str(), done.success), (quick.as_str(), true));
+
+        // One still running after its first turn reports its start first.
+        let slow = wire::attempt_id(TaskRef { job, idx: TaskIdx(1) }, 1);
+        session.execute("r2", spec(&slow, "noop", serde_json::json!({"sleep_ms": 300})), 0).await;
+        session.started("r2", &slow).await;
+        let done = session.completed().await;
+        assert_eq!((done.job_id.as_str(), done.success), (slow.as_str(), true));
+
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), worker).await.expect("the worker stops").unwrap().unwrap();
     }
 
     #[tokio::test]
