@@ -1146,17 +1146,17 @@ impl Store for SledStore {
         for ((job, group), changed) in groups {
             let group_key = key_with(TASK, job, group);
             let stored = self.read_written(&state, &generation, TreeName::Data, &group_key)?;
-            let mut merged: BTreeMap<u8, TaskRecord> = match &stored {
-                Some(bytes) => {
-                    let stored: Group = codec::decode(bytes, "task records").map_err(|d| self.corrupt(d))?;
-                    stored.into_iter().collect()
-                }
-                None => BTreeMap::new(),
+            let mut merged: Group = match &stored {
+                Some(bytes) => codec::decode(bytes, "task records").map_err(|d| self.corrupt(d))?,
+                None => Vec::with_capacity(changed.len()),
             };
+            // A group's records are kept in the order of their offsets.
             for (offset, task) in changed {
-                merged.insert(offset, task.clone());
+                match merged.binary_search_by_key(&offset, |(at, _)| *at) {
+                    Ok(at) => merged[at].1 = task.clone(),
+                    Err(at) => merged.insert(at, (offset, task.clone())),
+                }
             }
-            let merged: Group = merged.into_iter().collect();
             let encoded = encode(&merged);
             added += match &stored {
                 Some(bytes) => encoded.len().saturating_sub(bytes.len()) as u64,
