@@ -36,6 +36,13 @@ impl Admin {
         admin
     }
 
+    /// SIGKILLs the admin, leaving it down until `restart`.
+    fn kill(&mut self) {
+        if let Some(mut server) = self.server.take() {
+            server.process.kill();
+        }
+    }
+
     fn server(&self) -> &Server {
         self.server.as_ref().expect("the admin runs")
     }
@@ -207,6 +214,37 @@ fn a_kept_attempt_still_times_out_after_a_restart() {
     assert!(took < Duration::from_secs(10), "the timeout of 4 s ended the attempt after {took:?}");
     let events = exec_events(&log, &id);
     assert_eq!(events.iter().filter(|e| e.2 == "start").count(), 1, "{events:?}");
+}
+
+#[test]
+fn a_worker_ends_an_attempt_at_its_task_s_own_timeout_while_no_admin_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut admin = Admin::start(dir.path(), &[]);
+    let log = dir.path().join("exec.log");
+    let _worker = start_worker(admin.server(), "w", &[], Some(&log));
+    admin.server().wait_for_workers(1);
+    let id = admin.submit(
+        dir.path(),
+        "slow",
+        r#"{"name":"slow","tasks":[{"id":"slow","job_type":"shell","parameters":{"command":"sleep 60"},"execution_timeout_seconds":3}]}"#,
+    );
+    wait_for_starts(&log, &id, 1);
+    let started = Instant::now();
+    admin.kill();
+    // The work order carried the task's own timeout: the worker keeps the
+    // attempt through the admin's absence and ends it on time by itself.
+    let ended = wait_until(Duration::from_secs(20), || {
+        exec_events(&log, &id).iter().any(|e| e.2 != "start").then(|| started.elapsed())
+    });
+    let events = exec_events(&log, &id);
+    let took = ended.unwrap_or_else(|| panic!("the attempt did not end while the admin was down: {events:?}"));
+    assert!(events.iter().any(|e| e.2 == "failed"), "{events:?}");
+    assert!(took < Duration::from_secs(8), "the timeout of 3 s ended the attempt after {took:?}");
+    admin.restart();
+    let done = admin.wait_for_end(&id, Duration::from_secs(25));
+    assert_eq!(done["state"], "failed", "{done}");
+    assert_eq!(done["tasks"][0]["error"], "execution timed out after 3 s", "{done}");
+    assert_eq!(exec_events(&log, &id).iter().filter(|e| e.2 == "start").count(), 1);
 }
 
 /// Attempt number and time (ms) of every line a running attempt writes, every 100 ms.

@@ -88,6 +88,20 @@ pub struct ForDispatch {
     pub worker_values: std::collections::HashMap<String, ConfigValue>,
 }
 
+impl ForDispatch {
+    /// The admin's runtime settings for one work order: a task's own
+    /// execution timeout stands in for its job type's, as it does for the
+    /// admin's own deadline, so that a worker stops the execution itself
+    /// when no admin is there to.
+    pub fn runtime_for(&self, own_timeout_seconds: Option<u64>) -> AdminRuntimeConfig {
+        let mut runtime = self.runtime;
+        if let Some(seconds) = own_timeout_seconds {
+            runtime.execution_timeout_seconds = i32::try_from(seconds).unwrap_or(i32::MAX);
+        }
+        runtime
+    }
+}
+
 /// The book and what was resolved from it, under one lock: a change to the
 /// book drops what was resolved in the same critical section, so nothing
 /// resolved from the book before it is kept after it.
@@ -352,5 +366,17 @@ mod tests {
 
         *locked = Book::default();
         assert_eq!(*locked.for_dispatch("vacuum"), *first, "a book read again replaces what was resolved");
+    }
+
+    #[test]
+    fn a_task_s_own_execution_timeout_stands_in_for_its_job_type_s() {
+        let mut locked = Locked::default();
+        locked.overrides.insert("vacuum".into(), Overrides::from([("execution_timeout_seconds".into(), 600)]));
+        let carried = locked.for_dispatch("vacuum");
+        assert_eq!(carried.runtime_for(None).execution_timeout_seconds, 600);
+        let own = carried.runtime_for(Some(5));
+        assert_eq!(own.execution_timeout_seconds, 5);
+        assert_eq!(own.retry_limit, carried.runtime.retry_limit, "nothing else changes");
+        assert_eq!(carried.runtime_for(Some(u64::MAX)).execution_timeout_seconds, i32::MAX);
     }
 }

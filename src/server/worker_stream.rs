@@ -419,7 +419,7 @@ impl Session {
                 created_at: Some(now_timestamp()),
                 scheduled_at: None,
             }),
-            admin_runtime: Some(book.runtime),
+            admin_runtime: Some(book.runtime_for(assignment.execution_timeout_seconds)),
             admin_config_values: book.admin_values.clone(),
             worker_config_values: book.worker_values.clone(),
             cluster_context: Some(super::context::cluster_context(&self.shared, &assignment.job_type, true)),
