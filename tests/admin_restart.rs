@@ -191,19 +191,26 @@ fn a_kept_attempt_still_holds_its_volume_after_a_restart() {
     );
 }
 
+/// An admin and one worker, running one `shell` task `sleep 60` whose own
+/// execution timeout is `timeout_seconds`: the admin, the worker, the
+/// execution log and the job id, once the task has started.
+fn a_slow_task_running(dir: &Path, timeout_seconds: u32) -> (Admin, Process, std::path::PathBuf, String) {
+    let admin = Admin::start(dir, &[]);
+    let log = dir.join("exec.log");
+    let worker = start_worker(admin.server(), "w", &[], Some(&log));
+    admin.server().wait_for_workers(1);
+    let text = format!(
+        r#"{{"name":"slow","tasks":[{{"id":"slow","job_type":"shell","parameters":{{"command":"sleep 60"}},"execution_timeout_seconds":{timeout_seconds}}}]}}"#
+    );
+    let id = admin.submit(dir, "slow", &text);
+    wait_for_starts(&log, &id, 1);
+    (admin, worker, log, id)
+}
+
 #[test]
 fn a_kept_attempt_still_times_out_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let mut admin = Admin::start(dir.path(), &[]);
-    let log = dir.path().join("exec.log");
-    let _worker = start_worker(admin.server(), "w", &[], Some(&log));
-    admin.server().wait_for_workers(1);
-    let id = admin.submit(
-        dir.path(),
-        "slow",
-        r#"{"name":"slow","tasks":[{"id":"slow","job_type":"shell","parameters":{"command":"sleep 30"},"execution_timeout_seconds":4}]}"#,
-    );
-    wait_for_starts(&log, &id, 1);
+    let (mut admin, _worker, log, id) = a_slow_task_running(dir.path(), 4);
     let started = Instant::now();
     std::thread::sleep(Duration::from_secs(1));
     admin.restart();
@@ -219,16 +226,7 @@ fn a_kept_attempt_still_times_out_after_a_restart() {
 #[test]
 fn a_worker_ends_an_attempt_at_its_task_s_own_timeout_while_no_admin_is_there() {
     let dir = tempfile::tempdir().unwrap();
-    let mut admin = Admin::start(dir.path(), &[]);
-    let log = dir.path().join("exec.log");
-    let _worker = start_worker(admin.server(), "w", &[], Some(&log));
-    admin.server().wait_for_workers(1);
-    let id = admin.submit(
-        dir.path(),
-        "slow",
-        r#"{"name":"slow","tasks":[{"id":"slow","job_type":"shell","parameters":{"command":"sleep 60"},"execution_timeout_seconds":3}]}"#,
-    );
-    wait_for_starts(&log, &id, 1);
+    let (mut admin, _worker, log, id) = a_slow_task_running(dir.path(), 3);
     let started = Instant::now();
     admin.kill();
     // The work order carried the task's own timeout: the worker keeps the

@@ -1535,8 +1535,23 @@ mod tests {
             let ack = self.ack().await;
             assert_eq!((ack.request_id.as_str(), ack.accepted), (request_id, true));
             let Body::JobProgressUpdate(progress) = self.recv().await else { panic!("expected progress") };
-            assert_eq!((progress.request_id.as_str(), progress.job_id.as_str()), (request_id, job_id));
-            assert_eq!((progress.state, progress.stage.as_str()), (JobState::Running as i32, "started"));
+            assert_started(&progress, request_id, job_id);
+        }
+
+        /// Expects an accepted execution that may end before its start is
+        /// reported: acknowledgement, "started" if it was still running, and
+        /// its outcome.
+        async fn ran(&mut self, request_id: &str, job_id: &str) -> JobCompleted {
+            let ack = self.ack().await;
+            assert_eq!((ack.request_id.as_str(), ack.accepted), (request_id, true));
+            match self.recv().await {
+                Body::JobProgressUpdate(progress) => {
+                    assert_started(&progress, request_id, job_id);
+                    self.completed().await
+                }
+                Body::JobCompleted(completed) => completed,
+                other => panic!("expected a start or an outcome, got {other:?}"),
+            }
         }
     }
 
@@ -1607,6 +1622,37 @@ mod tests {
             .expect("the fake admin runs")
     }
 
+    fn assert_started(progress: &JobProgressUpdate, request_id: &str, job_id: &str) {
+        assert_eq!((progress.request_id.as_str(), progress.job_id.as_str()), (request_id, job_id));
+        assert_eq!((progress.state, progress.stage.as_str()), (JobState::Running as i32, "started"));
+    }
+
+    /// A worker's options for the fake admin at `admin`, an hour between heartbeats.
+    fn options_for(admin: String, max_execute: u32) -> RemoteWorkerOptions {
+        RemoteWorkerOptions {
+            admins: vec![admin],
+            worker_id: "w-test".into(),
+            max_execute,
+            max_detect: 1,
+            heartbeat: Duration::from_secs(3600),
+            lease: DEFAULT_LEASE,
+            token: None,
+            exec_log: None,
+            tls: Default::default(),
+        }
+    }
+
+    /// Runs a worker with the built-in handlers until the sender is used or dropped.
+    fn start_worker(
+        options: RemoteWorkerOptions,
+    ) -> (oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let worker = tokio::spawn(run(options, Registry::new(builtin_handlers()), async move {
+            let _ = stopped.await;
+        }));
+        (stop, worker)
+    }
+
     fn accepted_hello() -> Option<AdminBody> {
         Some(AdminBody::Hello(AdminHello {
             accepted: true,
@@ -1643,21 +1689,7 @@ mod tests {
     #[tokio::test]
     async fn an_execution_that_ends_in_its_first_turn_reports_its_outcome_without_a_start() {
         let (admin, mut sessions) = start_fake_admin().await;
-        let options = RemoteWorkerOptions {
-            admins: vec![admin],
-            worker_id: "w-test".into(),
-            max_execute: 4,
-            max_detect: 1,
-            heartbeat: Duration::from_secs(3600),
-            lease: DEFAULT_LEASE,
-            token: None,
-            exec_log: None,
-            tls: Default::default(),
-        };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let worker = tokio::spawn(run(options, Registry::new(builtin_handlers()), async move {
-            let _ = stopped.await;
-        }));
+        let (stop, worker) = start_worker(options_for(admin, 4));
         let mut session = next_session(&mut sessions).await;
         session.hello().await;
         session.send("", accepted_hello()).await;
@@ -1688,20 +1720,11 @@ mod tests {
         let (admin, mut sessions) = start_fake_admin().await;
         let log_path = dir.path().join("exec.log");
         let options = RemoteWorkerOptions {
-            admins: vec![admin],
-            worker_id: "w-test".into(),
-            max_execute: 1,
-            max_detect: 1,
-            heartbeat: Duration::from_secs(3600),
-            lease: DEFAULT_LEASE,
             token: Some("s3cret".into()),
             exec_log: Some(ExecLog::open(&log_path).unwrap()),
-            tls: Default::default(),
+            ..options_for(admin, 1)
         };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let worker = tokio::spawn(run(options, Registry::new(builtin_handlers()), async move {
-            let _ = stopped.await;
-        }));
+        let (stop, worker) = start_worker(options);
 
         // A refused hello: the worker comes back, as the same process.
         let mut session = next_session(&mut sessions).await;
@@ -1771,8 +1794,7 @@ mod tests {
         // A command runs to its end; another one runs into the admin's timeout.
         let echo_id = wire::attempt_id(TaskRef { job: sleepy.job, idx: TaskIdx(2) }, 1);
         session.execute("r5", spec(&echo_id, "shell", serde_json::json!({"command": "echo hi"})), 0).await;
-        session.started("r5", &echo_id).await;
-        let done = session.completed().await;
+        let done = session.ran("r5", &echo_id).await;
         assert_eq!((done.request_id.as_str(), done.success), ("r5", true), "{done:?}");
         assert_eq!(output_lines(&done), ["hi"]);
         session.heartbeat_where(|h| h.execution_slots_used == 0).await;
@@ -1833,20 +1855,11 @@ mod tests {
         let (admin, mut sessions) = start_fake_admin().await;
         let log_path = dir.path().join("exec.log");
         let options = RemoteWorkerOptions {
-            admins: vec![admin],
-            worker_id: "w-test".into(),
-            max_execute: 2,
-            max_detect: 1,
-            heartbeat: Duration::from_secs(3600),
             lease: Duration::from_secs(2),
-            token: None,
             exec_log: Some(ExecLog::open(&log_path).unwrap()),
-            tls: Default::default(),
+            ..options_for(admin, 2)
         };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let worker = tokio::spawn(run(options, Registry::new(builtin_handlers()), async move {
-            let _ = stopped.await;
-        }));
+        let (stop, worker) = start_worker(options);
 
         let mut session = next_session(&mut sessions).await;
         let hello = session.hello().await;
