@@ -296,10 +296,9 @@ fn elsewhere(
     let mut out = Vec::new();
     for instance in live.iter().filter(|i| i.id != me) {
         let address: Arc<str> = Arc::from(instance.grpc_address.as_str());
-        let last_seen = local_ms(instance.heartbeat_ms);
+        let (last_seen, at) = (local_ms(instance.heartbeat_ms), format!("instance {}", instance.id));
         for handler in &instance.handlers {
-            let at = format!("instance {}", instance.id);
-            out.push(Elsewhere { handler: *handler, address: address.clone(), last_seen, at });
+            out.push(Elsewhere { handler: *handler, address: address.clone(), last_seen, at: at.clone() });
         }
     }
     for (handler, address, ago) in lent {
