@@ -8,7 +8,9 @@ use tracing_subscriber::EnvFilter;
 
 /// jemalloc returns the pages it frees to the system within seconds, where
 /// the C library's allocator keeps a passing peak (a compaction's two
-/// databases) in each thread's arena for good.
+/// databases) in each thread's arena for good. Its options (a background
+/// thread that does so about a second after their last use) are built in
+/// by `.cargo/config.toml`.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
