@@ -14,6 +14,7 @@ mod journal;
 mod memory;
 mod postgres;
 mod sled;
+mod task_group;
 pub mod transfer;
 
 #[cfg(test)]

@@ -52,6 +52,7 @@ use std::time::Instant;
 
 use super::codec::{self, decode_job, decode_spec, encode, encode_spec, split_task_key};
 use super::journal::{self, EntryWriter, Journal};
+use super::task_group::{self, Group, Old};
 use super::{Batch, Error, JobFilter, Reclaimed, Store, StoredJob, SCHEMA_VERSION};
 use crate::model::{JobId, JobRecord, TaskRecord};
 
@@ -140,6 +141,8 @@ struct WriteState {
     /// The writes whose entries are in `pending`: they reach sled only
     /// once their frame is durable.
     staged: Staged,
+    /// Where the records lie in the task groups written last.
+    recent_groups: task_group::Recent,
 }
 
 /// Writes journalled but not yet applied to sled: each key's last value
@@ -301,9 +304,6 @@ const ACTIVE: u8 = b'a';
 const SPEC: u8 = b's';
 const TASK: u8 = b't';
 const TASKS_PER_GROUP: u32 = 32;
-
-/// The stored records of one group: (offset in the group, record).
-type Group = Vec<(u8, TaskRecord)>;
 
 fn key(space: u8, job: JobId) -> [u8; 17] {
     let mut key = [0u8; 17];
@@ -1143,27 +1143,30 @@ impl Store for SledStore {
             let offset = (idx.0 % TASKS_PER_GROUP) as u8;
             groups.entry((*job, idx.0 / TASKS_PER_GROUP)).or_default().insert(offset, task);
         }
+        // Taken out for the loop; an error leaves nothing remembered.
+        let mut recent = std::mem::take(&mut state.recent_groups);
         for ((job, group), changed) in groups {
             let group_key = key_with(TASK, job, group);
             let stored = self.read_written(&state, &generation, TreeName::Data, &group_key)?;
-            let mut merged: Group = match &stored {
-                Some(bytes) => codec::decode(bytes, "task records").map_err(|d| self.corrupt(d))?,
-                None => Vec::with_capacity(changed.len()),
+            let encoded = match &stored {
+                None => task_group::encode(&[], &changed),
+                Some(bytes) => match recent.get(job, group, bytes) {
+                    Some(known) => task_group::encode(&known.records(), &changed),
+                    None => {
+                        let decoded: Group = codec::decode(bytes, "task records").map_err(|d| self.corrupt(d))?;
+                        let old: Vec<(u8, Old)> = decoded.iter().map(|(at, task)| (*at, Old::Record(task))).collect();
+                        task_group::encode(&old, &changed)
+                    }
+                },
             };
-            // A group's records are kept in the order of their offsets.
-            for (offset, task) in changed {
-                match merged.binary_search_by_key(&offset, |(at, _)| *at) {
-                    Ok(at) => merged[at].1 = task.clone(),
-                    Err(at) => merged.insert(at, (offset, task.clone())),
-                }
-            }
-            let encoded = encode(&merged);
             added += match &stored {
-                Some(bytes) => encoded.len().saturating_sub(bytes.len()) as u64,
-                None => (group_key.len() + encoded.len()) as u64,
+                Some(bytes) => encoded.bytes.len().saturating_sub(bytes.len()) as u64,
+                None => (group_key.len() + encoded.bytes.len()) as u64,
             };
-            writes.insert(&group_key[..], encoded);
+            writes.insert(&group_key[..], &encoded.bytes[..]);
+            recent.put(job, group, encoded);
         }
+        state.recent_groups = recent;
         self.apply(&mut state, &generation, TreeName::Data, writes)?;
         self.added.fetch_add(added, Ordering::Relaxed);
         self.removed.fetch_add(removed, Ordering::Relaxed);

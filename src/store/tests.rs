@@ -594,3 +594,50 @@ fn sled_compaction_keeps_a_write_staged_before_it_began() {
         assert!(store.get_job(*id).unwrap().is_some(), "job {id} kept");
     }
 }
+
+/// Task groups rewritten a few records at a time (spliced into the bytes
+/// written before, flushed or only staged) read back as every last record
+/// at each flush and after a reopen.
+#[test]
+fn sled_task_groups_rewritten_piecemeal_read_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let tasks = 70;
+    let spec = spec(tasks);
+    let job = record(&spec, JobState::Running);
+    let mut expected: Vec<TaskRecord> =
+        (0..tasks as u32).map(|i| TaskRecord::initial(i > 0, Timestamp(1_000))).collect();
+    {
+        let store = SledStore::open(&path).unwrap();
+        store.write(&Batch { new_jobs: vec![(job.clone(), spec.clone())], ..Batch::default() }).unwrap();
+        let mut next = 0x9e37_79b9u32;
+        for round in 0..300u32 {
+            next = next.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            let changed: Vec<(JobId, TaskIdx, TaskRecord)> = (0..1 + next % 4)
+                .map(|k| {
+                    let idx = (next >> 8).wrapping_add(k * 29) % tasks as u32;
+                    let task = TaskRecord {
+                        state: [TaskState::Assigned, TaskState::Running, TaskState::Succeeded][(round % 3) as usize],
+                        attempt: round,
+                        stage: format!("round {round}").as_str().into(),
+                        error: (round % 5 == 0).then(|| format!("failed in round {round}").as_str().into()),
+                        ..TaskRecord::initial(idx > 0, Timestamp(1_000 + i64::from(round)))
+                    };
+                    expected[idx as usize] = task.clone();
+                    (job.id, TaskIdx(idx), task)
+                })
+                .collect();
+            store.write(&Batch { tasks: changed, ..Batch::default() }).unwrap();
+            // Reads see what was flushed; the writes between flushes read
+            // through what is only staged.
+            if round % 7 == 0 {
+                store.flush().unwrap();
+                assert_eq!(store.get_job(job.id).unwrap().unwrap().tasks, expected, "round {round}");
+            }
+        }
+        store.flush().unwrap();
+        assert_eq!(store.get_job(job.id).unwrap().unwrap().tasks, expected);
+    }
+    let store = reopen(&path);
+    assert_eq!(store.get_job(job.id).unwrap().unwrap().tasks, expected);
+}

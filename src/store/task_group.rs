@@ -1,0 +1,200 @@
+//! The sled store's task groups: the records of up to `TASKS_PER_GROUP`
+//! consecutive tasks under one key, encoded as one postcard sequence of
+//! (offset in the group, record). A group written again is spliced: the
+//! records that did not change keep their bytes and only the changed ones
+//! are encoded, giving byte for byte what encoding the merged group whole
+//! gives. Where each record lies is remembered for the groups written
+//! last, so that a group a step touches again is neither decoded nor
+//! encoded whole; what is remembered is used only while the stored value is
+//! exactly the one it describes.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::model::{JobId, TaskRecord};
+
+/// The stored records of one group, decoded: (offset in the group, record).
+pub(super) type Group = Vec<(u8, TaskRecord)>;
+
+/// How many groups' layouts are remembered; past it, all are forgotten.
+const REMEMBERED: usize = 1024;
+
+/// A group's encoded value and where each record's bytes lie in it.
+#[derive(Clone, Debug)]
+pub(super) struct Encoded {
+    pub bytes: Vec<u8>,
+    /// (offset in the group, start, end) of each record, in offset order.
+    spans: Vec<(u8, u32, u32)>,
+}
+
+/// A record of the group as stored: its encoded bytes, or decoded.
+pub(super) enum Old<'a> {
+    Bytes(&'a [u8]),
+    Record(&'a TaskRecord),
+}
+
+impl Encoded {
+    /// The stored records as they lie in the value.
+    pub fn records(&self) -> Vec<(u8, Old<'_>)> {
+        self.spans.iter().map(|&(at, start, end)| (at, Old::Bytes(&self.bytes[start as usize..end as usize]))).collect()
+    }
+}
+
+/// The layouts of the groups written last, by job and group number.
+#[derive(Default)]
+pub(super) struct Recent {
+    groups: HashMap<(JobId, u32), Encoded>,
+}
+
+impl Recent {
+    /// The remembered layout of a group whose stored value is `stored`.
+    pub fn get(&self, job: JobId, group: u32, stored: &[u8]) -> Option<&Encoded> {
+        self.groups.get(&(job, group)).filter(|known| known.bytes[..] == *stored)
+    }
+
+    pub fn put(&mut self, job: JobId, group: u32, encoded: Encoded) {
+        if self.groups.len() >= REMEMBERED && !self.groups.contains_key(&(job, group)) {
+            self.groups.clear();
+        }
+        self.groups.insert((job, group), encoded);
+    }
+}
+
+/// Encodes the group that holds `old` (in offset order) with `changed`
+/// replacing or adding records: the bytes `postcard` gives for the merged
+/// `Group`, and where each record lies in them.
+pub(super) fn encode(old: &[(u8, Old<'_>)], changed: &BTreeMap<u8, &TaskRecord>) -> Encoded {
+    let added = changed.keys().filter(|at| old.binary_search_by_key(*at, |(o, _)| *o).is_err()).count();
+    let count = old.len() + added;
+    let mut out = Vec::with_capacity(2 + old.len() * 48 + changed.len() * 48);
+    push_varint(&mut out, count);
+    let mut spans = Vec::with_capacity(count);
+    let mut olds = old.iter().peekable();
+    let mut news = changed.iter().peekable();
+    loop {
+        let new = match (olds.peek().map(|(o, _)| *o), news.peek().map(|(c, _)| **c)) {
+            (None, None) => break,
+            (Some(_), None) => false,
+            (None, Some(_)) => true,
+            (Some(o), Some(c)) => {
+                if o == c {
+                    // The changed record takes the stored one's place.
+                    olds.next();
+                }
+                c <= o
+            }
+        };
+        if new {
+            let (&at, task) = news.next().expect("peeked");
+            out.push(at);
+            let start = out.len();
+            out = postcard::to_extend(*task, out).expect("postcard encodes plain data");
+            spans.push((at, start as u32, out.len() as u32));
+        } else {
+            let (at, record) = olds.next().expect("peeked");
+            out.push(*at);
+            let start = out.len();
+            match record {
+                Old::Bytes(bytes) => out.extend_from_slice(bytes),
+                Old::Record(task) => out = postcard::to_extend(*task, out).expect("postcard encodes plain data"),
+            }
+            spans.push((*at, start as u32, out.len() as u32));
+        }
+    }
+    Encoded { bytes: out, spans }
+}
+
+/// postcard's length prefix: LEB128.
+fn push_varint(out: &mut Vec<u8>, mut n: usize) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::clock::Timestamp;
+    use crate::model::{HandlerId, TaskState};
+
+    fn record(seed: u32) -> TaskRecord {
+        let mut task = TaskRecord::initial(seed.is_multiple_of(2), Timestamp(1_700_000_000_000 + i64::from(seed)));
+        task.state =
+            [TaskState::Pending, TaskState::Running, TaskState::Succeeded, TaskState::Failed][seed as usize % 4];
+        task.attempt = seed % 5;
+        if seed.is_multiple_of(3) {
+            task.handler = Some(HandlerId::new());
+            task.error = Some(Arc::from(format!("error {seed}").as_str()));
+            task.output = vec![Arc::from("a line"), Arc::from(format!("line {seed}").as_str())].into();
+        }
+        task
+    }
+
+    fn whole(group: &Group) -> Vec<u8> {
+        super::super::codec::encode(group)
+    }
+
+    proptest! {
+        /// Splicing gives the bytes of encoding the merged group whole,
+        /// whether the old records come decoded or as spliced bytes.
+        #[test]
+        fn spliced_groups_encode_as_whole_ones(
+            old in proptest::collection::btree_map(0u8..32, 0u32..1000, 0..32),
+            changed in proptest::collection::btree_map(0u8..32, 0u32..1000, 0..32),
+            again in proptest::collection::btree_map(0u8..32, 0u32..1000, 0..8),
+        ) {
+            let old: Group = old.into_iter().map(|(at, seed)| (at, record(seed))).collect();
+            let changed: BTreeMap<u8, TaskRecord> = changed.into_iter().map(|(at, seed)| (at, record(seed))).collect();
+            let mut merged: BTreeMap<u8, TaskRecord> = old.iter().cloned().collect();
+            merged.extend(changed.clone());
+            let merged: Group = merged.into_iter().collect();
+
+            let decoded: Vec<(u8, Old)> = old.iter().map(|(at, task)| (*at, Old::Record(task))).collect();
+            let first = encode(&decoded, &changed.iter().map(|(at, task)| (*at, task)).collect());
+            prop_assert_eq!(&first.bytes[..], &whole(&merged)[..]);
+
+            let again: BTreeMap<u8, TaskRecord> = again.into_iter().map(|(at, seed)| (at, record(seed + 7))).collect();
+            let second = encode(&first.records(), &again.iter().map(|(at, task)| (*at, task)).collect());
+            let mut expected: BTreeMap<u8, TaskRecord> = merged.into_iter().collect();
+            expected.extend(again);
+            let expected: Group = expected.into_iter().collect();
+            prop_assert_eq!(&second.bytes[..], &whole(&expected)[..]);
+            let back: Group = super::super::codec::decode(&second.bytes, "task records").unwrap();
+            prop_assert_eq!(back.len(), expected.len());
+        }
+    }
+
+    #[test]
+    fn a_layout_is_used_only_for_the_value_it_describes() {
+        let job = JobId::new();
+        let task = record(3);
+        let changed = BTreeMap::from([(4u8, &task)]);
+        let encoded = encode(&[], &changed);
+        let mut recent = Recent::default();
+        recent.put(job, 0, encoded.clone());
+        assert!(recent.get(job, 0, &encoded.bytes).is_some());
+        assert!(recent.get(job, 1, &encoded.bytes).is_none(), "another group");
+        let mut other = encoded.bytes.to_vec();
+        *other.last_mut().unwrap() ^= 1;
+        assert!(recent.get(job, 0, &other).is_none(), "a stored value that differs");
+    }
+
+    #[test]
+    fn remembering_is_bounded() {
+        let task = record(1);
+        let encoded = encode(&[], &BTreeMap::from([(0u8, &task)]));
+        let mut recent = Recent::default();
+        let first = JobId::new();
+        recent.put(first, 0, encoded.clone());
+        for group in 1..REMEMBERED as u32 + 5 {
+            recent.put(JobId::new(), group, encoded.clone());
+        }
+        assert!(recent.groups.len() <= REMEMBERED);
+        assert!(recent.get(first, 0, &encoded.bytes).is_none());
+    }
+}
