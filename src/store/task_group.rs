@@ -27,6 +27,7 @@ pub(super) struct Encoded {
 }
 
 /// A record of the group as stored: its encoded bytes, or decoded.
+#[derive(Clone, Copy)]
 pub(super) enum Old<'a> {
     Bytes(&'a [u8]),
     Record(&'a TaskRecord),
@@ -83,22 +84,19 @@ pub(super) fn encode(old: &[(u8, Old<'_>)], changed: &BTreeMap<u8, &TaskRecord>)
                 c <= o
             }
         };
-        if new {
-            let (&at, task) = news.next().expect("peeked");
-            out.push(at);
-            let start = out.len();
-            out = postcard::to_extend(*task, out).expect("postcard encodes plain data");
-            spans.push((at, start as u32, out.len() as u32));
+        let (at, record) = if new {
+            news.next().map(|(at, task)| (*at, Old::Record(task)))
         } else {
-            let (at, record) = olds.next().expect("peeked");
-            out.push(*at);
-            let start = out.len();
-            match record {
-                Old::Bytes(bytes) => out.extend_from_slice(bytes),
-                Old::Record(task) => out = postcard::to_extend(*task, out).expect("postcard encodes plain data"),
-            }
-            spans.push((*at, start as u32, out.len() as u32));
+            olds.next().map(|(at, record)| (*at, *record))
         }
+        .expect("peeked");
+        out.push(at);
+        let start = out.len();
+        match record {
+            Old::Bytes(bytes) => out.extend_from_slice(bytes),
+            Old::Record(task) => out = postcard::to_extend(task, out).expect("postcard encodes plain data"),
+        }
+        spans.push((at, start as u32, out.len() as u32));
     }
     Encoded { bytes: out, spans }
 }
