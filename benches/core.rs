@@ -96,6 +96,40 @@ fn peak_rss_mib() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// CPU seconds (user and system) each of this process's live threads has
+/// used, summed by name with trailing digits dropped (`sled-io-3` counts as
+/// `sled-io`); read from `/proc`, whose ticks are 1/100 s on Linux.
+fn cpu_by_thread() -> std::collections::BTreeMap<String, f64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return by_name };
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        // The name is in parentheses and may hold spaces; fields follow it.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let name = stat[open + 1..close].trim_end_matches(|c: char| c.is_ascii_digit()).trim_end_matches('-');
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        // utime and stime are the 14th and 15th fields, the 12th and 13th after the name.
+        let ticks: f64 = fields.iter().skip(11).take(2).filter_map(|f| f.parse::<f64>().ok()).sum();
+        *by_name.entry(name.to_string()).or_insert(0.0) += ticks / 100.0;
+    }
+    by_name
+}
+
+/// The CPU seconds each thread name used between two readings.
+fn cpu_used(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> serde_json::Value {
+    let used: serde_json::Map<String, serde_json::Value> = after
+        .iter()
+        .map(|(name, &s)| {
+            (name.clone(), serde_json::json!(((s - before.get(name).unwrap_or(&0.0)) * 100.0).round() / 100.0))
+        })
+        .filter(|(_, s)| s.as_f64().is_some_and(|s| s > 0.0))
+        .collect();
+    serde_json::Value::Object(used)
+}
+
 /// The scenario's database, when it runs on PostgreSQL.
 static SCRATCH: std::sync::Mutex<Option<ScratchDatabase>> = std::sync::Mutex::new(None);
 
@@ -141,8 +175,10 @@ async fn transitions(dir: &Path) -> serde_json::Value {
     let job = engine.submit(spec, JobOrigin::User).await.unwrap();
     let submitted = started.elapsed();
     let before = *commits.lock().unwrap();
+    let cpu_before = cpu_by_thread();
     let record = engine.wait(job).await.unwrap();
     let elapsed = started.elapsed() - submitted;
+    let cpu_after = cpu_by_thread();
     let after = *commits.lock().unwrap();
     assert_eq!(record.state, JobState::Succeeded);
     let count = after.0 - before.0;
@@ -155,6 +191,8 @@ async fn transitions(dir: &Path) -> serde_json::Value {
         "tasks_per_commit": n as f64 / count.max(1) as f64,
         "committing_s": (after.1 - before.1).as_secs_f64(),
         "flushing_s": (after.2 - before.2).as_secs_f64(),
+        "cpu_s_by_thread": cpu_used(&cpu_before, &cpu_after),
+        "cpu_s": cpu_after.values().sum::<f64>() - cpu_before.values().sum::<f64>(),
     })
 }
 
