@@ -66,8 +66,9 @@ impl Recent {
 pub(super) fn encode(old: &[(u8, Old<'_>)], changed: &BTreeMap<u8, &TaskRecord>) -> Encoded {
     let added = changed.keys().filter(|at| old.binary_search_by_key(*at, |(o, _)| *o).is_err()).count();
     let count = old.len() + added;
-    let mut out = Vec::with_capacity(2 + old.len() * 48 + changed.len() * 48);
-    push_varint(&mut out, count);
+    // The sequence's length, as postcard prefixes it.
+    let out = Vec::with_capacity(2 + old.len() * 48 + changed.len() * 48);
+    let mut out = postcard::to_extend(&count, out).expect("postcard encodes a length");
     let mut spans = Vec::with_capacity(count);
     let mut olds = old.iter().peekable();
     let mut news = changed.iter().peekable();
@@ -99,15 +100,6 @@ pub(super) fn encode(old: &[(u8, Old<'_>)], changed: &BTreeMap<u8, &TaskRecord>)
         spans.push((at, start as u32, out.len() as u32));
     }
     Encoded { bytes: out, spans }
-}
-
-/// postcard's length prefix: LEB128.
-fn push_varint(out: &mut Vec<u8>, mut n: usize) {
-    while n >= 0x80 {
-        out.push((n as u8) | 0x80);
-        n >>= 7;
-    }
-    out.push(n as u8);
 }
 
 #[cfg(test)]
@@ -177,7 +169,7 @@ mod tests {
         recent.put(job, 0, encoded.clone());
         assert!(recent.get(job, 0, &encoded.bytes).is_some());
         assert!(recent.get(job, 1, &encoded.bytes).is_none(), "another group");
-        let mut other = encoded.bytes.to_vec();
+        let mut other = encoded.bytes.clone();
         *other.last_mut().unwrap() ^= 1;
         assert!(recent.get(job, 0, &other).is_none(), "a stored value that differs");
     }
