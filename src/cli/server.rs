@@ -103,6 +103,10 @@ pub struct ServerArgs {
     /// Attempts a task may lose with its worker before it fails.
     #[arg(long, default_value_t = 3)]
     pub lost_attempt_limit: u32,
+    /// A client (HTTP or gRPC) that takes none of a response's bytes for
+    /// this long has its connection closed.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub send_timeout: Duration,
     /// A file holding the shared token required of clients and workers
     /// (or JOBCENTER_TOKEN).
     #[arg(long)]
@@ -208,6 +212,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         },
         prune_interval: args.prune_interval,
         cluster_lock_turn: args.cluster_lock_turn,
+        send_timeout: args.send_timeout,
         ..ServerOptions::default()
     };
     server::run(store, options, http, grpc, shutdown_signal()).await?;

@@ -178,6 +178,11 @@ impl EngineHandle {
         self.events.subscribe()
     }
 
+    /// How many subscriptions to the durable changes are open.
+    pub fn subscribers(&self) -> usize {
+        self.events.receiver_count()
+    }
+
     /// Progress of an attempt; the first report also marks it running.
     pub async fn progress(
         &self,

@@ -546,111 +546,126 @@ fn watch_stream(
     api: Api,
 ) -> impl Stream<Item = Result<api::JobEvent, Status>> + Send {
     let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+    // The watcher may vanish while its job is quiet: the task ends with it,
+    // not at the job's next event.
+    let gone = tx.clone();
     tokio::spawn(async move {
-        let (id, spec) = (snapshot.record.id, snapshot.spec.clone());
-        if !api.send_snapshot(&snapshot, &tx).await || snapshot.record.state.is_terminal() {
-            return;
-        }
-        let task_id = |idx: u32| spec.tasks.get(idx as usize).map(|t| t.id.to_string()).unwrap_or_default();
-        let mut events = tokio_stream::wrappers::BroadcastStream::new(subscribed);
-        // In a cluster, a job led by another instance (from the start, or
-        // since it moved) sends no events here: its durable state is read
-        // every second instead, and sent as a fresh snapshot when it changed.
-        let cluster = api.shared.cluster.is_some();
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-        // What was last sent, to compare with (kept only where it is needed).
-        let mut last = cluster.then_some((snapshot.record, snapshot.tasks));
-        loop {
-            let event = tokio::select! {
-                event = events.next() => match event {
-                    Some(event) => event,
-                    None => return,
-                },
-                _ = tick.tick(), if cluster => {
-                    if matches!(api.shared.engine.summary(id).await, Ok(Some(_))) {
-                        continue;
-                    }
-                    let stored = match api.stored(id).await {
-                        Ok(stored) => stored,
-                        Err(e) => {
-                            let _ = tx.send(Err(Status::from(e))).await;
-                            return;
-                        }
-                    };
-                    if last.as_ref().is_some_and(|(record, tasks)| *record == stored.record && *tasks == stored.tasks) {
-                        continue;
-                    }
-                    let ended = stored.record.state.is_terminal();
-                    let transition = api::JobTransition {
-                        state: stored.record.state.as_str().into(),
-                        at_ms: stored.record.finished_at.map(|t| t.as_millis()).unwrap_or(0),
-                    };
-                    if !api.send_snapshot(&stored, &tx).await {
-                        return;
-                    }
-                    if ended {
-                        let _ = tx.send(Ok(api::JobEvent { event: Some(job_event::Event::Job(transition)) })).await;
-                        return;
-                    }
-                    last = Some((stored.record, stored.tasks));
-                    continue;
-                }
-            };
-            let out = match event {
-                Ok(Event::Task { job, idx, state, attempt, error, handler, at, progress_percent, stage })
-                    if job == id =>
-                {
-                    api::JobEvent {
-                        event: Some(job_event::Event::Task(api::TaskTransition {
-                            task_id: task_id(idx),
-                            state: state.as_str().into(),
-                            attempt,
-                            error: error.unwrap_or_default(),
-                            handler: handler.map(|h| h.to_string()).unwrap_or_default(),
-                            at_ms: at.as_millis(),
-                            progress_percent: f64::from(progress_percent),
-                            stage,
-                        })),
-                    }
-                }
-                Ok(Event::Job { job, state, at }) if job == id => {
-                    let event = api::JobEvent {
-                        event: Some(job_event::Event::Job(api::JobTransition {
-                            state: state.as_str().into(),
-                            at_ms: at.as_millis(),
-                        })),
-                    };
-                    let done = state.is_terminal();
-                    if tx.send(Ok(event)).await.is_err() || done {
-                        return;
-                    }
-                    continue;
-                }
-                Ok(_) => continue,
-                // Fell behind: start again from the transitions after a
-                // fresh subscription, and a snapshot taken after it.
-                Err(_lagged) => {
-                    events = tokio_stream::wrappers::BroadcastStream::new(api.shared.engine.subscribe());
-                    let stored = match api.stored(id).await {
-                        Ok(stored) => stored,
-                        Err(e) => {
-                            let _ = tx.send(Err(Status::from(e))).await;
-                            return;
-                        }
-                    };
-                    if !api.send_snapshot(&stored, &tx).await {
-                        return;
-                    }
-                    last = None;
-                    continue;
-                }
-            };
-            if tx.send(Ok(out)).await.is_err() {
-                return;
-            }
+        tokio::select! {
+            () = gone.closed() => {}
+            () = forward(snapshot, subscribed, api, tx) => {}
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// Sends a job's snapshot, then its transitions, to one watcher until the
+/// job ends or the watcher goes.
+async fn forward(
+    snapshot: StoredJob,
+    subscribed: tokio::sync::broadcast::Receiver<Event>,
+    api: Api,
+    tx: Sender<Result<api::JobEvent, Status>>,
+) {
+    let (id, spec) = (snapshot.record.id, snapshot.spec.clone());
+    if !api.send_snapshot(&snapshot, &tx).await || snapshot.record.state.is_terminal() {
+        return;
+    }
+    let task_id = |idx: u32| spec.tasks.get(idx as usize).map(|t| t.id.to_string()).unwrap_or_default();
+    let mut events = tokio_stream::wrappers::BroadcastStream::new(subscribed);
+    // In a cluster, a job led by another instance (from the start, or
+    // since it moved) sends no events here: its durable state is read
+    // every second instead, and sent as a fresh snapshot when it changed.
+    let cluster = api.shared.cluster.is_some();
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    // What was last sent, to compare with (kept only where it is needed).
+    let mut last = cluster.then_some((snapshot.record, snapshot.tasks));
+    loop {
+        let event = tokio::select! {
+            event = events.next() => match event {
+                Some(event) => event,
+                None => return,
+            },
+            _ = tick.tick(), if cluster => {
+                if matches!(api.shared.engine.summary(id).await, Ok(Some(_))) {
+                    continue;
+                }
+                let stored = match api.stored(id).await {
+                    Ok(stored) => stored,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::from(e))).await;
+                        return;
+                    }
+                };
+                if last.as_ref().is_some_and(|(record, tasks)| *record == stored.record && *tasks == stored.tasks) {
+                    continue;
+                }
+                let ended = stored.record.state.is_terminal();
+                let transition = api::JobTransition {
+                    state: stored.record.state.as_str().into(),
+                    at_ms: stored.record.finished_at.map(|t| t.as_millis()).unwrap_or(0),
+                };
+                if !api.send_snapshot(&stored, &tx).await {
+                    return;
+                }
+                if ended {
+                    let _ = tx.send(Ok(api::JobEvent { event: Some(job_event::Event::Job(transition)) })).await;
+                    return;
+                }
+                last = Some((stored.record, stored.tasks));
+                continue;
+            }
+        };
+        let out = match event {
+            Ok(Event::Task { job, idx, state, attempt, error, handler, at, progress_percent, stage }) if job == id => {
+                api::JobEvent {
+                    event: Some(job_event::Event::Task(api::TaskTransition {
+                        task_id: task_id(idx),
+                        state: state.as_str().into(),
+                        attempt,
+                        error: error.unwrap_or_default(),
+                        handler: handler.map(|h| h.to_string()).unwrap_or_default(),
+                        at_ms: at.as_millis(),
+                        progress_percent: f64::from(progress_percent),
+                        stage,
+                    })),
+                }
+            }
+            Ok(Event::Job { job, state, at }) if job == id => {
+                let event = api::JobEvent {
+                    event: Some(job_event::Event::Job(api::JobTransition {
+                        state: state.as_str().into(),
+                        at_ms: at.as_millis(),
+                    })),
+                };
+                let done = state.is_terminal();
+                if tx.send(Ok(event)).await.is_err() || done {
+                    return;
+                }
+                continue;
+            }
+            Ok(_) => continue,
+            // Fell behind: start again from the transitions after a
+            // fresh subscription, and a snapshot taken after it.
+            Err(_lagged) => {
+                events = tokio_stream::wrappers::BroadcastStream::new(api.shared.engine.subscribe());
+                let stored = match api.stored(id).await {
+                    Ok(stored) => stored,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::from(e))).await;
+                        return;
+                    }
+                };
+                if !api.send_snapshot(&stored, &tx).await {
+                    return;
+                }
+                last = None;
+                continue;
+            }
+        };
+        if tx.send(Ok(out)).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// The gRPC face of the API.

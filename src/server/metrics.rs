@@ -15,6 +15,9 @@
 //! | `jobcenter_detections_total` | counter | `job_type` | detection runs |
 //! | `jobcenter_proposals_total` | counter | `job_type` | jobs proposed by detections |
 //! | `jobcenter_instances_deactivated_total` | counter | | silent instances this one deactivated (several on one database) |
+//! | `jobcenter_runtime_tasks` | gauge | | tasks alive in the server's runtime: sessions, watchers, duties, requests |
+//! | `jobcenter_event_subscribers` | gauge | | subscriptions to the engine's changes (watchers among them) |
+//! | `jobcenter_duties_running` | gauge | `duty` | single-flight duties under way: `recovery`, `prune`, `detection`, and routes open to detectors (`detection_route`) |
 //!
 //! Gauges are computed when scraped, so they cost nothing between scrapes.
 //! The committer reports its timings through `commit_observer`; until the
@@ -50,6 +53,9 @@ pub struct Metrics {
     tasks: IntGaugeVec,
     active_jobs: IntGauge,
     workers_connected: IntGauge,
+    runtime_tasks: IntGauge,
+    subscribers: IntGauge,
+    duties: IntGaugeVec,
     slots_total: IntGaugeVec,
     slots_used: IntGaugeVec,
     commit_seconds: Histogram,
@@ -110,6 +116,17 @@ impl Metrics {
             tasks: gauge_vec(&registry, "jobcenter_tasks", "Tasks of the active jobs by state.", "state"),
             active_jobs: gauge(&registry, "jobcenter_active_jobs", "Jobs the engine holds: not ended."),
             workers_connected: gauge(&registry, "jobcenter_workers_connected", "Workers holding a worker stream."),
+            runtime_tasks: gauge(
+                &registry,
+                "jobcenter_runtime_tasks",
+                "Tasks alive in the server's runtime: sessions, watchers, duties, requests.",
+            ),
+            subscribers: gauge(
+                &registry,
+                "jobcenter_event_subscribers",
+                "Subscriptions to the engine's changes, watchers among them.",
+            ),
+            duties: gauge_vec(&registry, "jobcenter_duties_running", "Single-flight duties under way.", "duty"),
             slots_total: gauge_vec(
                 &registry,
                 "jobcenter_worker_slots_total",
@@ -257,6 +274,17 @@ impl Metrics {
 
         let workers = shared.registry.workers();
         self.workers_connected.set(workers.len() as i64);
+        self.runtime_tasks.set(tokio::runtime::Handle::current().metrics().num_alive_tasks() as i64);
+        self.subscribers.set(shared.engine.subscribers() as i64);
+        let (detections, routes) = shared.scheduler.in_flight();
+        for (duty, running) in [
+            ("recovery", usize::from(shared.recovery_gate.is_running())),
+            ("prune", usize::from(shared.prune_gate.is_running())),
+            ("detection", detections),
+            ("detection_route", routes),
+        ] {
+            self.duties.with_label_values(&[duty]).set(running as i64);
+        }
         let mut total: BTreeMap<String, i64> = BTreeMap::new();
         let mut used: BTreeMap<String, i64> = BTreeMap::new();
         for job_type in shared.policies.job_types().iter().map(String::as_str).chain(["noop", "shell"]) {

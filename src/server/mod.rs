@@ -10,6 +10,7 @@ pub mod cluster;
 mod console;
 mod context;
 mod convert;
+mod flight;
 mod http;
 pub mod master;
 pub mod metrics;
@@ -19,6 +20,7 @@ pub mod recovery;
 mod registry;
 pub mod retention;
 pub mod scheduler;
+mod stall;
 mod views;
 mod worker_stream;
 
@@ -28,6 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 
 pub use auth::{read_token, Auth};
 pub use registry::Registry;
@@ -83,6 +86,8 @@ pub struct ServerOptions {
     pub prune_interval: Duration,
     /// How long jobcenter holds the cluster's `shell` lock at a stretch.
     pub cluster_lock_turn: Duration,
+    /// A connection whose client takes no bytes for this long is closed.
+    pub send_timeout: Duration,
 }
 
 impl Default for ServerOptions {
@@ -109,6 +114,7 @@ impl Default for ServerOptions {
             retention: crate::retention::Retention::default(),
             prune_interval: Duration::from_secs(60),
             cluster_lock_turn: master::Turns::default().turn,
+            send_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -292,9 +298,12 @@ pub async fn run(
         // Small messages (an acknowledgement, then a work order) must not wait
         // for each other's TCP acknowledgement: no Nagle on the worker streams.
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true)),
+            tonic::transport::server::TcpIncoming::from(grpc)
+                .with_nodelay(Some(true))
+                .map(move |stream| stream.map(|stream| stall::Bounded::new(stream, options.send_timeout))),
             stopped(stop_rx.clone()),
         );
+    let http = stall::HttpListener { listener: http, limit: options.send_timeout };
     let http_server =
         axum::serve(http, http::router(shared.clone(), api)).with_graceful_shutdown(stopped(stop_rx.clone()));
     match &node {

@@ -4,7 +4,6 @@
 //! every interval, as a cluster task (a `recovery_check` job that any
 //! capable worker executes by calling back) or, with no such worker, here.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use jobcenter_recovery as recovery;
@@ -20,12 +19,16 @@ pub const JOB_TYPE: &str = crate::wire::RECOVERY_CHECK_JOB_TYPE;
 /// next is due makes that one a no-op (a queue of one).
 #[derive(Default)]
 pub struct Gate {
-    running: AtomicBool,
+    running: super::flight::Gate,
     /// The last check that ran here (not a dry run): when, and what it found.
     last: std::sync::Mutex<Option<(i64, Vec<api::Finding>)>>,
 }
 
 impl Gate {
+    pub fn is_running(&self) -> bool {
+        self.running.is_taken()
+    }
+
     pub fn last(&self) -> Option<(i64, Vec<api::Finding>)> {
         self.last.lock().expect("last check lock").clone()
     }
@@ -34,14 +37,13 @@ impl Gate {
 /// Runs the check once; applies the actions unless `dry_run`.
 pub async fn check(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
     let gate = &shared.recovery_gate;
-    if gate.running.swap(true, Ordering::AcqRel) {
+    let Some(_pass) = gate.running.enter() else {
         anyhow::bail!("a recovery check is already running");
-    }
+    };
     let result = check_inner(shared, dry_run).await;
     if let (Ok(findings), false) = (&result, dry_run) {
         *gate.last.lock().expect("last check lock") = Some((shared.clock.now().as_millis(), findings.clone()));
     }
-    gate.running.store(false, Ordering::Release);
     result
 }
 

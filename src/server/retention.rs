@@ -6,7 +6,6 @@
 //! id prunes for all. After each prune the store may reclaim the space of
 //! what was removed (`Store::reclaim`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::{convert, Shared};
@@ -25,7 +24,13 @@ const BATCH_PAUSE: Duration = Duration::from_millis(20);
 /// Keeps pruning single-flight on an instance.
 #[derive(Default)]
 pub struct Gate {
-    running: AtomicBool,
+    running: super::flight::Gate,
+}
+
+impl Gate {
+    pub fn is_running(&self) -> bool {
+        self.running.is_taken()
+    }
 }
 
 /// The rules in a line, for `prune` and the log.
@@ -45,13 +50,10 @@ async fn due(shared: &Shared) -> anyhow::Result<Vec<(JobRecord, Reason)>> {
 
 /// Finds what the rules remove and, unless `dry_run`, removes it.
 pub async fn prune(shared: &Shared, dry_run: bool) -> anyhow::Result<api::PruneResponse> {
-    let gate = &shared.prune_gate;
-    if gate.running.swap(true, Ordering::AcqRel) {
+    let Some(_pass) = shared.prune_gate.running.enter() else {
         anyhow::bail!("a prune is already running; try again when it has ended");
-    }
-    let result = prune_inner(shared, dry_run).await;
-    gate.running.store(false, Ordering::Release);
-    result
+    };
+    prune_inner(shared, dry_run).await
 }
 
 async fn prune_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<api::PruneResponse> {

@@ -77,7 +77,7 @@ pub struct SchedulerState {
     routes: Mutex<HashMap<String, mpsc::UnboundedSender<DetectionEvent>>>,
     due: Mutex<Due>,
     wake: Notify,
-    in_flight: Mutex<HashSet<String>>,
+    in_flight: super::flight::Gates<String>,
     last_detector: Mutex<HashMap<String, HandlerId>>,
     /// Each entry with the key it is stored under.
     activities: Mutex<VecDeque<(String, Activity)>>,
@@ -86,7 +86,32 @@ pub struct SchedulerState {
     activity_sequence: AtomicU64,
 }
 
+/// A detection's entry in the routes, removed when it is dropped: a
+/// detection cut short (its caller hung up) leaves no route behind.
+struct Route<'a> {
+    state: &'a SchedulerState,
+    request_id: String,
+}
+
+impl<'a> Route<'a> {
+    fn open(state: &'a SchedulerState, request_id: &str, tx: mpsc::UnboundedSender<DetectionEvent>) -> Route<'a> {
+        state.routes.lock().expect("routes lock").insert(request_id.to_string(), tx);
+        Route { state, request_id: request_id.to_string() }
+    }
+}
+
+impl Drop for Route<'_> {
+    fn drop(&mut self) {
+        self.state.routes.lock().expect("routes lock").remove(&self.request_id);
+    }
+}
+
 impl SchedulerState {
+    /// Detections under way, and routes open to their detectors.
+    pub fn in_flight(&self) -> (usize, usize) {
+        (self.in_flight.len(), self.routes.lock().expect("routes lock").len())
+    }
+
     /// Hands a detector's message to the detection waiting for it.
     pub fn route(&self, request_id: &str, event: DetectionEvent) -> bool {
         let routes = self.routes.lock().expect("routes lock");
@@ -245,7 +270,7 @@ pub fn spawn_loop(shared: Arc<Shared>) {
                     continue;
                 }
                 let interval = u64::from(policy.detection_interval_seconds.max(1));
-                if shared.scheduler.in_flight.lock().expect("in-flight lock").contains(job_type) {
+                if shared.scheduler.in_flight.is_taken(job_type) {
                     continue;
                 }
                 let due = shared.scheduler.due.lock().expect("due lock").mark_detection_due(job_type, interval, now);
@@ -306,7 +331,7 @@ async fn cluster_loop(shared: Arc<Shared>) {
             if tried.get(&job_type).is_some_and(|last| *last >= slot) {
                 continue;
             }
-            if shared.scheduler.in_flight.lock().expect("in-flight lock").contains(&job_type) {
+            if shared.scheduler.in_flight.is_taken(&job_type) {
                 continue;
             }
             let turns = node.detecting_servers(&job_type, true);
@@ -349,15 +374,17 @@ pub async fn detect(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow::
     let (policy, _) = shared.policies.effective(job_type);
     let patience = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)) + 5);
     let deadline = tokio::time::Instant::now() + patience;
-    while !shared.scheduler.in_flight.lock().expect("in-flight lock").insert(job_type.to_string()) {
+    let key = job_type.to_string();
+    let _pass = loop {
+        if let Some(pass) = shared.scheduler.in_flight.enter(&key) {
+            break pass;
+        }
         if tokio::time::Instant::now() >= deadline {
             anyhow::bail!("a detection of {job_type} is already running");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let result = detect_inner(shared, job_type, run).await;
-    shared.scheduler.in_flight.lock().expect("in-flight lock").remove(job_type);
-    result
+    };
+    detect_inner(shared, job_type, run).await
 }
 
 async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow::Result<Outcome> {
@@ -377,7 +404,7 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
     let (policy, _) = shared.policies.effective(job_type);
     let request_id = format!("detect-{job_type}-{}-{sequence}", started.as_millis());
     let (tx, mut rx) = mpsc::unbounded_channel();
-    shared.scheduler.routes.lock().expect("routes lock").insert(request_id.clone(), tx);
+    let route = Route::open(&shared.scheduler, &request_id, tx);
     let request = RunDetectionRequest {
         request_id: request_id.clone(),
         job_type: job_type.to_string(),
@@ -432,7 +459,7 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
             }
         }
     };
-    shared.scheduler.routes.lock().expect("routes lock").remove(&request_id);
+    drop(route);
     let mut run_record = Run {
         at_ms: started.as_millis(),
         duration_ms: shared.clock.now().as_millis() - started.as_millis(),
