@@ -33,9 +33,27 @@ pub const AT_CAPACITY: &str = "executor is at capacity";
 /// outcome until an admin acknowledges it. A worker without it (a SeaweedFS
 /// worker) gets none of the messages below.
 pub const LEASE_METADATA: &str = "jobcenter.lease_ms";
-/// The `request_id` of the admin's answer to each heartbeat of a worker with
-/// a lease: an `AdminToWorkerMessage` without a body that renews the lease.
+/// The `request_id` prefix of the admin's answer to the hello and to each
+/// heartbeat of a worker with a lease: an `AdminToWorkerMessage` without a
+/// body, `jobcenter.lease/N`, that renews the lease as of the moment the
+/// worker sent heartbeat N (0: its hello). The worker counts its lease from
+/// that moment, not from the renewal's arrival, and the admin from when the
+/// heartbeat arrived: a renewal held up on the way never stretches the
+/// worker's lease past the admin's count.
 pub const LEASE_RENEWAL: &str = "jobcenter.lease";
+/// Heartbeat metadata a worker with a lease sets to the heartbeat's number
+/// in its session (1, 2, ...), which the renewal names.
+pub const HEARTBEAT_METADATA: &str = "jobcenter.heartbeat";
+
+/// The renewal of the lease as of heartbeat `heartbeat` (0: the hello).
+pub fn lease_renewal(heartbeat: u64) -> String {
+    format!("{LEASE_RENEWAL}/{heartbeat}")
+}
+
+/// The heartbeat a renewal names, if `request_id` is a renewal.
+pub fn parse_lease_renewal(request_id: &str) -> Option<u64> {
+    request_id.strip_prefix(LEASE_RENEWAL)?.strip_prefix('/')?.parse().ok()
+}
 /// The `request_id` prefix of the admin's acknowledgement of an outcome, an
 /// `AdminToWorkerMessage` without a body: `jobcenter.outcome/ATTEMPT_ID/applied`
 /// once the step behind it is durable, or `.../refused/REASON`. Either way
@@ -421,6 +439,12 @@ mod tests {
         assert_eq!(parse_outcome_ack(&refused), Some((id.as_str(), Some("stale attempt: the task is on attempt 3"))));
         assert_eq!(parse_outcome_ack("jobcenter.outcome/x/maybe"), None);
         assert_eq!(parse_outcome_ack(LEASE_RENEWAL), None);
+        assert_eq!(parse_outcome_ack(&lease_renewal(3)), None);
+        assert_eq!(parse_lease_renewal(&lease_renewal(3)), Some(3));
+        assert_eq!(parse_lease_renewal(&lease_renewal(0)), Some(0));
+        assert_eq!(parse_lease_renewal(LEASE_RENEWAL), None);
+        assert_eq!(parse_lease_renewal("jobcenter.lease/x"), None);
+        assert_eq!(parse_lease_renewal(&outcome_ack("a", None)), None);
     }
 
     #[test]

@@ -176,15 +176,63 @@ fn a_killed_worker_s_task_runs_again_within_the_bound() {
     assert_eq!(done["state"], "succeeded");
 }
 
-#[test]
-fn recover_reports_findings_and_applies_them() {
+/// A worker without a lease (as a SeaweedFS worker is) that takes one
+/// `noop` attempt, reports it started, then says nothing more while its
+/// stream stays open: a silent worker, as only recovery rule R3 finds.
+/// (A worker with a lease that falls silent loses its session once its
+/// lease has passed, before the silence timeout.)
+async fn silent_worker(server: &Server) -> tokio::sync::mpsc::Sender<jobcenter::proto::plugin::WorkerToAdminMessage> {
+    use jobcenter::proto::plugin::{
+        admin_to_worker_message, plugin_control_service_client::PluginControlServiceClient,
+        worker_to_admin_message::Body, JobProgressUpdate, JobState, JobTypeCapability, WorkerHello,
+        WorkerToAdminMessage,
+    };
+    let mut client = PluginControlServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let hello = WorkerHello {
+        worker_id: "silent".into(),
+        worker_instance_id: uuid::Uuid::new_v4().to_string(),
+        capabilities: vec![JobTypeCapability {
+            job_type: "noop".into(),
+            can_execute: true,
+            max_execution_concurrency: 1,
+            ..JobTypeCapability::default()
+        }],
+        ..WorkerHello::default()
+    };
+    tx.send(WorkerToAdminMessage { body: Some(Body::Hello(hello)), ..Default::default() }).await.unwrap();
+    let mut inbound = client.worker_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let sender = tx.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(message)) = inbound.message().await {
+            if let Some(admin_to_worker_message::Body::ExecuteJobRequest(request)) = message.body {
+                let job = request.job.unwrap_or_default();
+                let started = JobProgressUpdate {
+                    request_id: request.request_id,
+                    job_id: job.job_id,
+                    job_type: job.job_type,
+                    state: JobState::Running as i32,
+                    stage: "started".into(),
+                    ..JobProgressUpdate::default()
+                };
+                let _ = sender
+                    .send(WorkerToAdminMessage { body: Some(Body::JobProgressUpdate(started)), ..Default::default() })
+                    .await;
+            }
+        }
+    });
+    tx
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recover_reports_findings_and_applies_them() {
     let dir = tempfile::tempdir().unwrap();
     // A long recovery interval: only the command below acts.
     let server = Server::start(
         &dir.path().join("data"),
         &["--silence-timeout", "3s", "--heartbeat", "1s", "--recovery-interval", "1h", "--orphan-grace", "1h"],
     );
-    let sleeper = start_worker(&server, "sleeper", &["--max-execute", "1", "--lease", "1s"], None);
+    let _silent = silent_worker(&server).await;
     server.wait_for_workers(1);
     let id = submit(
         &server,
@@ -194,8 +242,7 @@ fn recover_reports_findings_and_applies_them() {
     );
     wait_until(Duration::from_secs(20), || (job(&server, &id)["tasks"][0]["state"] == "running").then_some(()))
         .expect("the task runs");
-    signal(&sleeper, Signal::SIGSTOP);
-    std::thread::sleep(Duration::from_millis(4500));
+    tokio::time::sleep(Duration::from_millis(4500)).await;
     let findings = server.cli_json(&["recover", "--dry-run", "--json"]);
     let findings = findings.as_array().unwrap();
     assert_eq!(findings.len(), 1, "{findings:?}");
@@ -215,5 +262,4 @@ fn recover_reports_findings_and_applies_them() {
     );
     let again = server.cli_json(&["recover", "--json"]);
     assert!(again.as_array().unwrap().is_empty(), "a finding applied once is not found again: {again}");
-    signal(&sleeper, Signal::SIGCONT);
 }

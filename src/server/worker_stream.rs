@@ -159,6 +159,7 @@ impl PluginControlService for WorkerStreamService {
             adoptions_seen: 0,
             lent: std::sync::Mutex::default(),
             known: self.shared.cluster.as_ref().map(|_| KnownAttempts::default()),
+            renewed_at: tokio::time::Instant::now(),
         };
         tokio::spawn(session.run(inbound));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
@@ -220,6 +221,11 @@ struct Session {
     lent: std::sync::Mutex<HashMap<String, Lent>>,
     /// In a cluster: the attempts this session knows, for the recovery check.
     known: Option<KnownAttempts>,
+    /// When the hello or heartbeat this session last renewed the lease for
+    /// arrived: the worker stops its executions within its lease of that
+    /// moment, so its attempts are surely stopped `take_back_after(lease)`
+    /// after it.
+    renewed_at: tokio::time::Instant,
 }
 
 /// An attempt another instance lent to this session's worker.
@@ -289,8 +295,10 @@ impl Session {
                 reconnect_delay_seconds: 5,
             }),
         );
-        // A worker with a lease learns at once that this admin renews it.
-        let renewal = self.lease.is_some().then(|| message(wire::LEASE_RENEWAL.into(), None));
+        // A worker with a lease learns at once that this admin renews it, as
+        // of its hello.
+        self.renewed_at = tokio::time::Instant::now();
+        let renewal = self.lease.is_some().then(|| message(wire::lease_renewal(0), None));
         if !self.send(hello_reply).await
             || (renewal.is_some_and(|renewal| self.outbound.try_send(Ok(renewal)).is_err()))
             || shared.engine.connected(spec).await.is_err()
@@ -314,6 +322,10 @@ impl Session {
         }
 
         let reason = loop {
+            // A worker with a lease heartbeats at least every quarter of it:
+            // one silent for a whole lease has stopped its executions, or
+            // will before the admin takes them back.
+            let silent_at = self.lease.map(|lease| self.renewed_at + lease);
             tokio::select! {
                 incoming = inbound.message() => match incoming {
                     Ok(Some(message)) => {
@@ -341,14 +353,20 @@ impl Session {
                 },
                 () = registration.stop.notified() => break "the admin ended the session (the worker reconnected, or went silent)".to_string(),
                 () = self.outbound.closed() => break "the worker went away".to_string(),
+                () = sleep_until(silent_at), if silent_at.is_some() => {
+                    break "the worker sent no heartbeat within its lease".to_string()
+                }
             }
         };
         tracing::info!(worker.id = %self.hello.worker_id, %handler, reason, "worker disconnected");
         shared.registry.unregister(handler, registration.session);
         // A worker with a lease keeps running its attempts and reports them
-        // when it is back; they wait for it until its lease has surely run
-        // out. A worker without one dropped them with its stream.
-        let keep_for = self.lease.map(wire::take_back_after);
+        // when it is back; they wait for it until its lease, counted from
+        // the last heartbeat renewed, has surely run out. A worker without
+        // one dropped them with its stream.
+        let keep_for = self.lease.map(|lease| {
+            (self.renewed_at + wire::take_back_after(lease)).saturating_duration_since(tokio::time::Instant::now())
+        });
         if let Err(e) = shared.engine.disconnected(handler, registration.session, keep_for, &reason).await {
             tracing::debug!(error = %e, "engine stopped before the worker's attempts were released");
         }
@@ -440,7 +458,11 @@ impl Session {
                     known.lock().expect("known lock").heartbeat(running.collect());
                 }
                 if self.lease.is_some() {
-                    self.send(message(wire::LEASE_RENEWAL.into(), None)).await;
+                    // Renewed as of this heartbeat, which the worker numbers.
+                    self.renewed_at = tokio::time::Instant::now();
+                    let number = heartbeat.metadata.get(wire::HEARTBEAT_METADATA).and_then(|n| n.parse().ok());
+                    let renewal = number.map_or_else(|| wire::LEASE_RENEWAL.to_string(), wire::lease_renewal);
+                    self.send(message(renewal, None)).await;
                 }
                 self.reconcile(&heartbeat).await;
                 let total = u32::try_from(heartbeat.execution_slots_total).unwrap_or(0);
@@ -757,6 +779,14 @@ async fn settle(
     }
     let _ = shared.engine.return_borrowed(task, attempt).await;
     shared.peers.wake();
+}
+
+/// Waits until `at`, or for ever without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 fn acknowledge(outbound: &Outbound, attempt_id: &str, refusal: Option<&str>) {

@@ -261,8 +261,10 @@ struct Work {
     tasks: JoinSet<Outcome>,
     /// By job id, oldest first in `order`.
     unacknowledged: BTreeMap<String, Ended>,
-    /// When a message from an admin last arrived.
-    last_contact: Instant,
+    /// The lease runs from here: when the worker sent the newest hello or
+    /// heartbeat that an admin renewed (not when the renewal arrived, which
+    /// a slow or partitioned network can hold up past the admin's count).
+    renewed_as_of: Instant,
     /// The last admin renewed the lease: executions outlive its stream, and
     /// are given up when the lease runs out.
     keeps_work: bool,
@@ -277,19 +279,21 @@ impl Work {
             executions: Executions::new(0),
             tasks: JoinSet::new(),
             unacknowledged: BTreeMap::new(),
-            last_contact: Instant::now(),
+            renewed_as_of: Instant::now(),
             keeps_work: false,
             changed: false,
         }
     }
 
-    fn heard_from_admin(&mut self) {
-        self.last_contact = Instant::now();
+    /// An admin renewed the lease as of `sent`, when the hello or heartbeat
+    /// it answers left.
+    fn renewed_as_of(&mut self, sent: Instant) {
+        self.renewed_as_of = self.renewed_as_of.max(sent);
     }
 
     /// When the lease runs out, if it binds now.
     fn lease_deadline(&self) -> Option<Instant> {
-        (self.keeps_work && self.executions.len() > 0).then_some(self.last_contact + self.lease)
+        (self.keeps_work && self.executions.len() > 0).then_some(self.renewed_as_of + self.lease)
     }
 
     /// Runs `future` while executions go on: an execution that ends keeps
@@ -406,6 +410,7 @@ impl Worker {
             self.options.lease,
         );
         let hello = envelope(&self.options.worker_id, self.clock.now(), Body::Hello(hello));
+        let hello_sent = Instant::now();
         if outbound.send(hello).await.is_err() {
             return SessionEnd::Broken(anyhow::anyhow!("the outbound queue closed before the hello"));
         }
@@ -445,7 +450,6 @@ impl Worker {
                 Some(first)
             }
         };
-        work.heard_from_admin();
         backoff.reset();
         tracing::info!(
             worker.id = %self.options.worker_id,
@@ -466,6 +470,8 @@ impl Worker {
             connected_at: Instant::now(),
             heartbeat,
             unannounced: Vec::new(),
+            sent_beats: std::collections::VecDeque::from([(0, hello_sent)]),
+            next_beat: 1,
         };
         let end = session.serve(inbound, pending, stop).await;
         let work = session.work;
@@ -538,7 +544,15 @@ struct Session<'a> {
     heartbeat: Duration,
     /// Executions accepted whose start is not reported yet (by job id).
     unannounced: Vec<String>,
+    /// The hello (0) and the latest heartbeats, by number, with when each
+    /// left: a renewal names one, and the lease runs from its departure.
+    sent_beats: std::collections::VecDeque<(u64, Instant)>,
+    next_beat: u64,
 }
+
+/// Heartbeats remembered for their renewals: a renewal of an older one
+/// renews nothing that a newer one did not.
+const BEATS_KEPT: usize = 64;
 
 /// Heartbeats that report a start or an end go out at most this often, so
 /// that many short executions do not each send the whole running list twice.
@@ -579,15 +593,12 @@ impl Session<'_> {
             let lease = self.work.lease_deadline();
             // A renewing admin that falls silent for half a lease is given up
             // for another connection (another admin, if there are several).
-            let silent_at = (self.admin_renews == Some(true)).then(|| self.work.last_contact + self.work.lease / 2);
+            let silent_at = (self.admin_renews == Some(true)).then(|| self.work.renewed_as_of + self.work.lease / 2);
             // An admin that has not renewed within half a lease never will.
             let undecided_at = (self.admin_renews.is_none()).then(|| self.connected_at + self.work.lease / 2);
             let step = tokio::select! {
                 message = inbound.next() => match message {
-                    Some(Ok(message)) => {
-                        self.work.heard_from_admin();
-                        self.handle(message).await
-                    }
+                    Some(Ok(message)) => self.handle(message).await,
                     Some(Err(status)) => Err(SessionEnd::Broken(anyhow::anyhow!("the stream failed: {status}"))),
                     None => Err(SessionEnd::Broken(anyhow::anyhow!("the admin closed the stream"))),
                 },
@@ -656,8 +667,15 @@ impl Session<'_> {
     async fn send_heartbeat(&mut self) -> Step {
         self.last_heartbeat = Instant::now();
         self.heartbeat_pending = false;
-        let heartbeat =
+        let number = self.next_beat;
+        self.next_beat += 1;
+        let mut heartbeat =
             heartbeat_message(&self.worker.options.worker_id, &self.work.executions, self.worker.options.max_detect);
+        heartbeat.metadata.insert(wire::HEARTBEAT_METADATA.into(), number.to_string());
+        if self.sent_beats.len() >= BEATS_KEPT {
+            self.sent_beats.pop_front();
+        }
+        self.sent_beats.push_back((number, Instant::now()));
         self.send(Body::Heartbeat(heartbeat)).await
     }
 
@@ -743,8 +761,15 @@ impl Session<'_> {
                 self.draining = true;
                 self.acknowledge(request_id, true, "shutdown acknowledged").await
             }
-            None if request_id == wire::LEASE_RENEWAL => {
+            None if wire::parse_lease_renewal(&request_id).is_some() || request_id == wire::LEASE_RENEWAL => {
                 self.renewed();
+                // The lease runs from when the renewed heartbeat left; a
+                // renewal that names none, or one too old to remember,
+                // renews nothing.
+                let number = wire::parse_lease_renewal(&request_id);
+                if let Some(&(_, sent)) = self.sent_beats.iter().find(|(n, _)| Some(*n) == number) {
+                    self.work.renewed_as_of(sent);
+                }
                 Ok(())
             }
             None if wire::parse_outcome_ack(&request_id).is_some() => {
@@ -1430,15 +1455,48 @@ mod tests {
 
     struct FakeSession {
         authorization: Option<String>,
-        from_worker: Streaming<WorkerToAdminMessage>,
+        /// What the worker sends, read off its stream as it comes.
+        from_worker: mpsc::UnboundedReceiver<Result<WorkerToAdminMessage, Status>>,
         to_worker: mpsc::Sender<Result<AdminToWorkerMessage, Status>>,
         /// Messages read while looking for a heartbeat, in order.
         queued: std::collections::VecDeque<Body>,
+        /// While set, every heartbeat (and the hello) is answered with a
+        /// renewal naming it, as a jobcenter admin answers them.
+        renewing: Arc<std::sync::atomic::AtomicBool>,
     }
 
     impl FakeSession {
+        fn new(
+            authorization: Option<String>,
+            mut stream: Streaming<WorkerToAdminMessage>,
+            to_worker: mpsc::Sender<Result<AdminToWorkerMessage, Status>>,
+        ) -> FakeSession {
+            let renewing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (tx, from_worker) = mpsc::unbounded_channel();
+            let (renews, renewals) = (renewing.clone(), to_worker.clone());
+            tokio::spawn(async move {
+                while let Some(message) = stream.next().await {
+                    if let Ok(WorkerToAdminMessage { body: Some(Body::Heartbeat(heartbeat)), .. }) = &message {
+                        let number = heartbeat.metadata.get(wire::HEARTBEAT_METADATA).and_then(|n| n.parse().ok());
+                        if let (Some(number), true) = (number, renews.load(std::sync::atomic::Ordering::SeqCst)) {
+                            let renewal = AdminToWorkerMessage {
+                                request_id: wire::lease_renewal(number),
+                                sent_at: None,
+                                body: None,
+                            };
+                            let _ = renewals.send(Ok(renewal)).await;
+                        }
+                    }
+                    if tx.send(message).is_err() {
+                        return;
+                    }
+                }
+            });
+            FakeSession { authorization, from_worker, to_worker, queued: Default::default(), renewing }
+        }
+
         async fn next_raw(&mut self) -> Body {
-            let message = tokio::time::timeout(Duration::from_secs(10), self.from_worker.next())
+            let message = tokio::time::timeout(Duration::from_secs(10), self.from_worker.recv())
                 .await
                 .expect("a message within 10 s")
                 .expect("the stream is open")
@@ -1473,19 +1531,12 @@ mod tests {
             }
         }
 
-        /// Renews the worker's lease every `period`, as a jobcenter admin does, until aborted.
-        fn renew_every(&self, period: Duration) -> tokio::task::JoinHandle<()> {
-            let to_worker = self.to_worker.clone();
-            tokio::spawn(async move {
-                loop {
-                    let renewal =
-                        AdminToWorkerMessage { request_id: wire::LEASE_RENEWAL.into(), sent_at: None, body: None };
-                    if to_worker.send(Ok(renewal)).await.is_err() {
-                        return;
-                    }
-                    tokio::time::sleep(period).await;
-                }
-            })
+        /// Renews the worker's lease as a jobcenter admin does: as of its
+        /// hello now, then as of each heartbeat, until the renewal is ended.
+        async fn renew(&self) -> Renewing {
+            self.renewing.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.send(&wire::lease_renewal(0), None).await;
+            Renewing(self.renewing.clone())
         }
 
         async fn send(&self, request_id: &str, body: Option<AdminBody>) {
@@ -1559,6 +1610,15 @@ mod tests {
         sessions: mpsc::UnboundedSender<FakeSession>,
     }
 
+    /// A fake admin's renewing of a lease, ended by `abort`.
+    struct Renewing(Arc<std::sync::atomic::AtomicBool>);
+
+    impl Renewing {
+        fn abort(&self) {
+            self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
     #[tonic::async_trait]
     impl PluginControlService for FakeAdmin {
         type WorkerStreamStream = ReceiverStream<Result<AdminToWorkerMessage, Status>>;
@@ -1569,8 +1629,7 @@ mod tests {
         ) -> Result<Response<Self::WorkerStreamStream>, Status> {
             let authorization = request.metadata().get("authorization").and_then(|v| v.to_str().ok()).map(String::from);
             let (to_worker, outbound) = mpsc::channel(64);
-            let session =
-                FakeSession { authorization, from_worker: request.into_inner(), to_worker, queued: Default::default() };
+            let session = FakeSession::new(authorization, request.into_inner(), to_worker);
             self.sessions.send(session).map_err(|_| Status::unavailable("test over"))?;
             Ok(Response::new(ReceiverStream::new(outbound)))
         }
@@ -1865,7 +1924,7 @@ mod tests {
         let hello = session.hello().await;
         assert_eq!(hello.metadata.get(wire::LEASE_METADATA).map(String::as_str), Some("2000"));
         session.send("", accepted_hello()).await;
-        let renewing = session.renew_every(Duration::from_millis(200));
+        let renewing = session.renew().await;
         let job = JobId::new();
         let short = wire::attempt_id(TaskRef { job, idx: TaskIdx(0) }, 1);
         session.execute("r1", spec(&short, "noop", serde_json::json!({"sleep_ms": 700})), 0).await;
@@ -1876,7 +1935,7 @@ mod tests {
         let mut session = next_session(&mut sessions).await;
         session.hello().await;
         session.send("", accepted_hello()).await;
-        let renewing = session.renew_every(Duration::from_millis(200));
+        let renewing = session.renew().await;
         // What ended while away comes first, then the heartbeat of what still runs.
         let reported = session.completed().await;
         assert_eq!((reported.job_id.as_str(), reported.success), (short.as_str(), true), "{reported:?}");
@@ -1909,7 +1968,7 @@ mod tests {
         let mut session = next_session(&mut sessions).await;
         session.hello().await;
         session.send("", accepted_hello()).await;
-        let _renewing = session.renew_every(Duration::from_millis(200));
+        let _renewing = session.renew().await;
         let reported = session.completed().await;
         assert_eq!((reported.job_id.as_str(), reported.error_message.as_str()), (long.as_str(), wire::LEASE_EXPIRED));
 
@@ -1917,5 +1976,44 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), worker).await.expect("the worker stops").unwrap().unwrap();
         let log = std::fs::read_to_string(&log_path).unwrap();
         assert_eq!(log, format!("{job} 0 1 start\n{job} 0 1 succeeded\n{job} 1 1 start\n{job} 1 1 abandoned\n"));
+    }
+
+    #[tokio::test]
+    async fn a_renewal_held_up_on_the_way_renews_only_as_of_the_heartbeat_it_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (admin, mut sessions) = start_fake_admin().await;
+        let lease = Duration::from_secs(4);
+        let (stop, worker) = start_worker(RemoteWorkerOptions { lease, ..options_for(admin, 1) });
+        let mut session = next_session(&mut sessions).await;
+        session.hello().await;
+        session.send("", accepted_hello()).await;
+        let renewing = session.renew().await;
+        let job = JobId::new();
+        let pid_file = dir.path().join("pid");
+        let command = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+        let long = wire::attempt_id(TaskRef { job, idx: TaskIdx(0) }, 1);
+        session.execute("r1", spec(&long, "shell", serde_json::json!({"command": command})), 0).await;
+        session.started("r1", &long).await;
+        let pid = wait_for_file(&pid_file).await.trim().to_string();
+        // From here the admin answers nothing on time: the heartbeat read
+        // now is renewed 0.9 s later (within the half lease after which the
+        // worker gives the session up), as a network that held the renewal
+        // up would deliver it.
+        renewing.abort();
+        let heartbeat = session.heartbeat_where(|h| !h.running_work.is_empty()).await;
+        let sent = Instant::now();
+        let number: u64 = heartbeat.metadata[wire::HEARTBEAT_METADATA].parse().unwrap();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        session.send(&wire::lease_renewal(number), None).await;
+        // The lease runs from the heartbeat's departure: the command stops
+        // about 4 s after it, not 4 s after the late renewal.
+        assert!(process_ends(&pid).await, "the command {pid} outlived the lease");
+        let stopped_after = sent.elapsed();
+        assert!(
+            stopped_after < lease + Duration::from_millis(500),
+            "stopped {stopped_after:?} after the renewed heartbeat: the late renewal stretched the lease"
+        );
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), worker).await.expect("the worker stops").unwrap().unwrap();
     }
 }

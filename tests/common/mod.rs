@@ -147,6 +147,34 @@ pub fn start_worker(server: &Server, id: &str, extra: &[&str], exec_log: Option<
     Process { child, name: id.to_string() }
 }
 
+/// Starts `jobcenter worker` under `wrapper` (such as `ip netns exec HOST`)
+/// against `admin`, its log (at `JOBCENTER_LOG=info`) in `log`.
+pub fn start_worker_with(
+    wrapper: &[String],
+    admin: &str,
+    id: &str,
+    extra: &[&str],
+    exec_log: Option<&Path>,
+    log: &Path,
+) -> Process {
+    let mut command = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut command = Command::new(program);
+            command.args(rest).arg(binary());
+            command
+        }
+        None => Command::new(binary()),
+    };
+    let log_file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("open the worker's log");
+    command.args(["worker", "--id", id, "--heartbeat", "1s", "--admin", admin]).args(extra);
+    command.env("JOBCENTER_LOG", "info").stdout(Stdio::null()).stderr(log_file);
+    if let Some(exec_log) = exec_log {
+        command.env("JOBCENTER_EXEC_LOG", exec_log);
+    }
+    let child = command.spawn().expect("start a worker");
+    Process { child, name: id.to_string() }
+}
+
 /// Runs a command to its end, killing it after `limit`.
 pub fn run_with_timeout(mut command: Command, limit: Duration) -> Output {
     let child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
@@ -262,6 +290,34 @@ pub fn exec_events(log: &Path, job: &str) -> Vec<(String, u32, String)> {
             Some((parts[1].to_string(), parts[2].parse().ok()?, parts[3].to_string()))
         })
         .collect()
+}
+
+/// How many times each task started, and how many times it succeeded, from
+/// `exec_events` in the order they were written (the log is appended to by
+/// every worker, so its order is the order of the events). Panics when a
+/// task starts while an execution of it is still running, or an execution
+/// ends that is not the one running: never two executions of a task at once.
+pub fn executions(events: &[(String, u32, String)]) -> std::collections::BTreeMap<String, (u32, u32)> {
+    let mut open: std::collections::BTreeMap<&str, u32> = std::collections::BTreeMap::new();
+    let mut counts: std::collections::BTreeMap<String, (u32, u32)> = std::collections::BTreeMap::new();
+    for (n, (task, attempt, event)) in events.iter().enumerate() {
+        let count = counts.entry(task.clone()).or_default();
+        if event == "start" {
+            if let Some(running) = open.insert(task, *attempt) {
+                panic!("task {task}: attempt {attempt} started while attempt {running} ran (event {n}): {events:?}");
+            }
+            count.0 += 1;
+        } else {
+            match open.remove(task.as_str()) {
+                Some(running) if running == *attempt => {}
+                other => panic!("task {task}: attempt {attempt} {event} while {other:?} ran (event {n}): {events:?}"),
+            }
+            if event == "succeeded" {
+                count.1 += 1;
+            }
+        }
+    }
+    counts
 }
 
 /// A detector for `noop` on the server's worker stream, as a `weed worker`
