@@ -142,6 +142,10 @@ struct Slot {
     spec: HandlerSpec,
     /// The slot total the handler last reported, when it reports one.
     reported_total: Option<u32>,
+    /// Attempts it runs that this instance does not hold (jobs led by
+    /// another instance, from before the worker moved here): they take
+    /// slots all the same.
+    elsewhere: u32,
 }
 
 /// Attempts one handler holds, by job type: kept while the handler is
@@ -163,7 +167,7 @@ impl Slot {
     }
 
     fn free(&self, held: Option<&HeldSlots>) -> u32 {
-        self.capacity().saturating_sub(held.map_or(0, |h| h.total))
+        self.capacity().saturating_sub(held.map_or(0, |h| h.total)).saturating_sub(self.elsewhere)
     }
 
     fn free_for(&self, job_type: &str, per_worker: u32, held: Option<&HeldSlots>) -> u32 {
@@ -238,13 +242,20 @@ impl Dispatch {
     /// Adds a handler, or replaces its session; the attempts it already
     /// holds (kept across a disconnect or a restart) occupy its slots.
     pub fn add_handler(&mut self, spec: HandlerSpec) {
-        self.handlers.insert(spec.handler, Slot { spec, reported_total: None });
+        self.handlers.insert(spec.handler, Slot { spec, reported_total: None, elsewhere: 0 });
     }
 
     /// The handler's own count of its slots, from its heartbeat.
     pub fn report_slots(&mut self, handler: HandlerId, total: u32) {
         if let Some(slot) = self.handlers.get_mut(&handler) {
             slot.reported_total = Some(total);
+        }
+    }
+
+    /// How many attempts the handler runs that this instance does not hold.
+    pub fn report_elsewhere(&mut self, handler: HandlerId, running: u32) {
+        if let Some(slot) = self.handlers.get_mut(&handler) {
+            slot.elsewhere = running;
         }
     }
 

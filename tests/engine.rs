@@ -458,6 +458,32 @@ async fn a_worker_that_no_longer_runs_an_attempt_gives_it_back_uncounted(subject
     let _ = a;
 }
 
+async fn a_vouched_worker_s_attempts_are_not_taken_back_before_the_vouch_runs_out(subject: Subject) {
+    let engine = start(subject.open().await, KEEP).await;
+    let job =
+        engine.submit(spec(r#"{"name":"one","tasks":[{"id":"a","job_type":"noop"}]}"#), JobOrigin::User).await.unwrap();
+    let mut moved = manual(&engine, 1).await;
+    let WorkOrder::Execute(a) = moved.next().await else { panic!("expected an execution") };
+    // The worker moved to another instance, which renews its lease once
+    // this one vouched: 1.2 s here, though the worker's own wait is 0.3 s.
+    let stranger = (a.task, a.attempt + 1);
+    let held =
+        engine.vouch(moved.handler, vec![(a.task, a.attempt), stranger], Duration::from_millis(1200)).await.unwrap();
+    assert_eq!(held, vec![(a.task, a.attempt)], "only what the handler holds is vouched for");
+    engine.disconnected(moved.handler, 0, Some(Duration::from_millis(300)), "the stream broke").await.unwrap();
+    let mut other = manual(&engine, 1).await;
+    other.none_within(900).await;
+    // Once the vouch has run out, the attempt is taken back as usual.
+    let WorkOrder::Execute(again) = tokio::time::timeout(Duration::from_secs(5), other.next()).await.unwrap() else {
+        panic!("expected the task again")
+    };
+    assert_eq!((again.task, again.attempt), (a.task, 2));
+    engine.complete(again.task, again.attempt, other.handler, ok()).await.unwrap().unwrap();
+    assert_eq!(engine.job(job).await.unwrap().unwrap().record.state, JobState::Succeeded);
+    // Nothing is vouched for a handler that holds nothing here.
+    assert!(engine.vouch(other.handler, vec![(a.task, 1)], Duration::from_secs(60)).await.unwrap().is_empty());
+}
+
 on_every_store!(
     nine_tasks_through_the_engine_dispatch_in_dependency_order,
     acknowledged_submits_and_completions_survive_a_crash,
@@ -470,4 +496,5 @@ on_every_store!(
     a_worker_back_within_its_wait_keeps_its_attempts,
     attempts_of_a_worker_that_does_not_come_back_are_lost_and_counted,
     a_worker_that_no_longer_runs_an_attempt_gives_it_back_uncounted,
+    a_vouched_worker_s_attempts_are_not_taken_back_before_the_vouch_runs_out,
 );

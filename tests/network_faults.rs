@@ -8,6 +8,8 @@
 mod common;
 #[path = "common/net.rs"]
 mod net;
+#[path = "common/postgres.rs"]
+mod pg_common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -147,4 +149,367 @@ fn a_worker_cut_off_gives_its_attempts_up_and_each_runs_again_exactly_once() {
 /// How long the admin keeps a silent worker's attempts: `wire::take_back_after`.
 fn common_take_back(lease: Duration) -> Duration {
     jobcenter::wire::take_back_after(lease)
+}
+
+/// The cluster's timing here: a heartbeat a second, deactivation after 4 s
+/// of silence; an instance fences itself after 3 s without a heartbeat.
+const CLUSTER: [&str; 4] = ["--cluster-heartbeat", "1s", "--lag-threshold", "4s"];
+/// A slower cluster heartbeat: what an instance learns of the others' workers
+/// from the database comes later than a worker's lease runs out.
+const SLOW_CLUSTER: [&str; 4] = ["--cluster-heartbeat", "3s", "--lag-threshold", "12s"];
+const LAG: Duration = Duration::from_secs(4);
+
+/// Admin instances and workers, each on a host of its own, and PostgreSQL
+/// on another: every instance `aN` has a worker `wN` that tries `aN` first,
+/// then the others in turn.
+struct Cluster {
+    network: net::Network,
+    dir: tempfile::TempDir,
+    database: pg_common::PgCluster,
+    db_host: net::Host,
+    admin_hosts: Vec<net::Host>,
+    worker_hosts: Vec<net::Host>,
+    admins: Vec<Server>,
+    workers: Vec<Process>,
+    log: std::path::PathBuf,
+}
+
+fn cluster(n: usize) -> Cluster {
+    cluster_with(n, &CLUSTER)
+}
+
+fn cluster_with(n: usize, timing: &[&str]) -> Cluster {
+    let network = net::Network::new();
+    let db_host = network.host("db");
+    let database = pg_common::PgCluster::start_on_host(&db_host.address, &db_host.wrapper());
+    database.create_database("jobcenter");
+    let url = database.url("jobcenter");
+    let dir = tempfile::tempdir().unwrap();
+    if std::env::var_os("JOBCENTER_TEST_KEEP").is_some() {
+        eprintln!("keeping {}", dir.path().display());
+    }
+    let admin_hosts: Vec<net::Host> = (0..n).map(|i| network.host(&format!("a{i}"))).collect();
+    let worker_hosts: Vec<net::Host> = (0..n).map(|i| network.host(&format!("w{i}"))).collect();
+    let admins: Vec<Server> =
+        admin_hosts.iter().enumerate().map(|(i, host)| start_admin(host, dir.path(), i, &url, timing)).collect();
+    let log = dir.path().join("exec.log");
+    let mut rig =
+        Cluster { network, dir, database, db_host, admin_hosts, worker_hosts, admins, workers: Vec::new(), log };
+    for i in 0..n {
+        let order: Vec<String> = (0..n).map(|k| rig.admins[(i + k) % n].http.clone()).collect();
+        let worker = worker(&rig.worker_hosts[i], &order.join(","), &format!("w{i}"), rig.dir.path(), &rig.log, 4);
+        rig.workers.push(worker);
+    }
+    wait_until(Duration::from_secs(30), || {
+        (rig.admins.iter().map(|a| a.workers().len()).sum::<usize>() == n).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the workers did not connect"));
+    rig
+}
+
+/// Instance `i` on its host, on fixed ports (an instance that starts over
+/// listens where it did).
+fn start_admin(host: &net::Host, dir: &Path, i: usize, url: &str, timing: &[&str]) -> Server {
+    let wrapper = host.wrapper();
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let mut args = vec![
+        "--database-url",
+        url,
+        "--grpc",
+        "33646",
+        "--allow-insecure-bind",
+        "--heartbeat",
+        "1s",
+        "--orphan-grace",
+        "10s",
+        "--silence-timeout",
+        "60s",
+        "--recovery-interval",
+        "2s",
+        "--delivery-grace",
+        "5s",
+    ];
+    args.extend(timing);
+    Server::start_wrapped(&wrapper, &dir.join(format!("a{i}")), &host.at(23646), &args)
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::env::var_os("JOBCENTER_TEST_KEEP").is_some() {
+            let kept = std::path::PathBuf::from("/tmp/kept").join(self.dir.path().file_name().unwrap());
+            let _ = std::process::Command::new("cp").arg("-r").arg(self.dir.path()).arg(&kept).status();
+        }
+    }
+}
+
+impl Cluster {
+    fn active(&self) -> Vec<(String, String)> {
+        let rows = self
+            .database
+            .psql("jobcenter", "SELECT http_address || '|' || id FROM jobcenter.instances WHERE status = 'active'");
+        rows.lines().filter_map(|l| l.trim().split_once('|')).map(|(h, id)| (h.to_string(), id.to_string())).collect()
+    }
+
+    fn owner(&self, job: &str) -> String {
+        self.database
+            .psql("jobcenter", &format!("SELECT coalesce(owner::text, '') FROM jobcenter.jobs WHERE id = '{job}'"))
+            .trim()
+            .to_string()
+    }
+
+    /// Which instance leads `job` now, if a live one does.
+    fn leader(&self, job: &str) -> Option<usize> {
+        let owner = self.owner(job);
+        let http = self.active().into_iter().find(|(_, id)| *id == owner)?.0;
+        self.admins.iter().position(|a| a.http == http)
+    }
+
+    /// The job as an instance other than `except` reports it, once ended
+    /// (an instance that does not answer is asked no more this time round).
+    fn ended(&self, job: &str, except: &[usize], limit: Duration) -> serde_json::Value {
+        let mut last = serde_json::Value::Null;
+        wait_until(limit, || {
+            for i in (0..self.admins.len()).filter(|i| !except.contains(i)) {
+                let output = self.admins[i].cli(&["job", job, "--json"]);
+                let Ok(answer) = serde_json::from_slice::<serde_json::Value>(&output.stdout) else { continue };
+                last = answer;
+                return matches!(last["state"].as_str(), Some("succeeded" | "failed")).then(|| last.clone());
+            }
+            None
+        })
+        .unwrap_or_else(|| panic!("job {job} did not end within {limit:?}: {last}"))
+    }
+
+    fn ready(&self, i: usize) -> bool {
+        http_status(&self.admins[i].http, "/readyz") == Some(200)
+    }
+
+    /// Names (worker ids) of the workers connected to instance `i`.
+    fn workers_of(&self, i: usize) -> Vec<String> {
+        self.admins[i].workers().iter().filter_map(|w| w["worker_id"].as_str().map(String::from)).collect()
+    }
+
+    /// User jobs in the store (the recovery check's own left out).
+    fn user_jobs(&self) -> Vec<String> {
+        let rows =
+            self.database.psql("jobcenter", "SELECT id FROM jobcenter.jobs WHERE name <> 'recovery_check' ORDER BY id");
+        rows.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect()
+    }
+}
+
+/// The status of `GET path` at `address`, if it answered within 3 s.
+fn http_status(address: &str, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let address: std::net::SocketAddr = address.parse().ok()?;
+    let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(3)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    answer.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Every task of `job` succeeded exactly once, and no two executions of
+/// one task overlapped.
+fn each_task_succeeded_once(log: &Path, job: &str, n: usize) -> std::collections::BTreeMap<String, (u32, u32)> {
+    let events = exec_events(log, job);
+    let counts = executions(&events);
+    assert_eq!(counts.len(), n, "tasks that ran: {counts:?}");
+    for (task, (_, successes)) in &counts {
+        assert_eq!(*successes, 1, "task {task} succeeded {successes} times: {events:?}");
+    }
+    counts
+}
+
+/// An instance cut off from PostgreSQL but not from its worker: within the
+/// lag threshold it reports itself not ready, ends its worker's stream and
+/// takes none; the worker goes to the live instance; a submission to the
+/// cut-off instance is never acknowledged; the live instance deactivates it
+/// and finishes its job; once the network heals, the cut-off instance finds
+/// itself deactivated, and nothing it did meanwhile is in the store.
+#[test]
+fn an_instance_cut_off_from_its_database_fences_itself_and_its_worker_moves() {
+    let rig = cluster(2);
+    let job = submit(&rig.admins[0], rig.dir.path(), &independent(12, 3_000));
+    assert_eq!(rig.leader(&job), Some(0));
+    wait_until(Duration::from_secs(20), || (exec_events(&rig.log, &job).len() >= 4).then_some(()))
+        .expect("the job runs");
+    let instance_before = rig.active().into_iter().find(|(h, _)| *h == rig.admins[0].http).unwrap().1;
+
+    rig.network.partition(&[&rig.admin_hosts[0].address], &[&rig.db_host.address]);
+    let cut = Instant::now();
+    // A client submits to the cut-off instance meanwhile: never acknowledged.
+    let submit_file = rig.dir.path().join("during.json");
+    std::fs::write(&submit_file, independent(1, 10)).unwrap();
+    let mut during = std::process::Command::new(common::binary());
+    during.args(["submit", submit_file.to_str().unwrap(), "--admin", &rig.admins[0].http]);
+    let during = during.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let during = std::thread::spawn(move || common::wait_with_timeout(during, LAG * 4));
+    let fenced = wait_until(LAG * 2, || (!rig.ready(0)).then(|| cut.elapsed()))
+        .unwrap_or_else(|| panic!("the cut-off instance still says it is ready {:?} after the cut", LAG * 2));
+    let moved = wait_until(LAG * 3, || {
+        (rig.workers_of(0).is_empty() && rig.workers_of(1).contains(&"w0".to_string())).then(|| cut.elapsed())
+    })
+    .unwrap_or_else(|| {
+        panic!("w0 did not move to the live instance: {:?} / {:?}", rig.workers_of(0), rig.workers_of(1))
+    });
+    assert!(fenced < LAG, "the cut-off instance fenced itself only {fenced:?} after the cut (lag {LAG:?})");
+    let finished = rig.ended(&job, &[0], Duration::from_secs(90));
+    assert_eq!(finished["state"], "succeeded", "{finished}");
+    each_task_succeeded_once(&rig.log, &job, 12);
+    if let Some(output) = &during.join().unwrap() {
+        assert!(!output.status.success(), "a submission to the cut-off instance was acknowledged: {:?}", output);
+    }
+
+    rig.network.unblock_all();
+    let healed = Instant::now();
+    // It finds itself deactivated and starts over under a new id.
+    let back = wait_until(Duration::from_secs(30), || {
+        rig.active().iter().any(|(h, id)| *h == rig.admins[0].http && *id != instance_before).then(|| healed.elapsed())
+    })
+    .expect("the cut-off instance started over once healed");
+    // Nothing it did while cut off is in the store: no job but the one
+    // submitted before, and nothing of its old id written after the cut.
+    assert_eq!(rig.user_jobs(), vec![job.clone()], "the submission made while cut off is stored");
+    let late = rig.database.psql(
+        "jobcenter",
+        &format!("SELECT count(*) FROM jobcenter.instances WHERE id = '{instance_before}' AND status = 'active'"),
+    );
+    assert_eq!(late.trim(), "0", "the cut-off instance is still active");
+    eprintln!(
+        "instance cut off from its database: not ready {fenced:?} after the cut, its worker at the live instance {moved:?} after; started over {back:?} after the heal"
+    );
+}
+
+/// An instance cut off from its worker but not from the database: the
+/// worker goes to the other instance and carries on; the job's leader keeps
+/// leading it and the worker's reports reach it through the other instance.
+/// The other instance renews the worker's lease only once the leader
+/// vouched for its attempts (the cluster's heartbeats here are too slow to
+/// tell the leader in time that the worker is alive elsewhere): nothing is
+/// taken back, nothing runs twice.
+#[test]
+fn an_instance_cut_off_from_its_worker_keeps_leading_while_the_worker_moves() {
+    let rig = cluster_with(2, &SLOW_CLUSTER);
+    let job = submit(&rig.admins[0], rig.dir.path(), &independent(12, 4_000));
+    assert_eq!(rig.leader(&job), Some(0));
+    wait_until(Duration::from_secs(20), || (exec_events(&rig.log, &job).len() >= 4).then_some(()))
+        .expect("the job runs");
+    rig.network.partition(&[&rig.admin_hosts[0].address], &[&rig.worker_hosts[0].address]);
+    let cut = Instant::now();
+    let moved = wait_until(LAG * 3, || rig.workers_of(1).contains(&"w0".to_string()).then(|| cut.elapsed()))
+        .unwrap_or_else(|| panic!("w0 did not move to the other instance: {:?}", rig.workers_of(1)));
+    let finished = rig.ended(&job, &[], Duration::from_secs(90));
+    assert_eq!(finished["state"], "succeeded", "{finished}");
+    assert!(rig.ready(0), "the instance cut off from a worker only stays ready");
+    assert_eq!(rig.leader(&job).or(Some(0)), Some(0), "the job's leadership did not move");
+    // The worker carried its attempts through the move: nothing ran twice,
+    // and no attempt was handed out in vain meanwhile.
+    for (task, (starts, _)) in each_task_succeeded_once(&rig.log, &job, 12) {
+        assert_eq!(starts, 1, "task {task} ran {starts} times");
+    }
+    for task in finished["tasks"].as_array().unwrap() {
+        assert!(task["attempt"].as_u64().unwrap() <= 3, "attempts handed out in vain: {task}");
+    }
+    rig.network.unblock_all();
+    eprintln!("instance cut off from its worker: the worker at the other instance {moved:?} after the cut");
+}
+
+/// An instance cut off from the other instances, but from neither its
+/// database nor its worker: both stay active, each keeps its own workers;
+/// what crosses between them (tasks lent, reports on them) waits, and the
+/// job finishes once healed, nothing run twice.
+#[test]
+fn instances_cut_off_from_each_other_go_on_and_finish_once_healed() {
+    let rig = cluster(2);
+    let job = submit(&rig.admins[0], rig.dir.path(), &independent(16, 3_000));
+    wait_until(Duration::from_secs(20), || (exec_events(&rig.log, &job).len() >= 8).then_some(()))
+        .expect("the job runs on both workers");
+    let before: Vec<String> = rig.active().into_iter().map(|(_, id)| id).collect();
+    rig.network.partition(&[&rig.admin_hosts[0].address], &[&rig.admin_hosts[1].address]);
+    std::thread::sleep(LAG * 3);
+    // Neither was deactivated: both reach the database.
+    let during: Vec<String> = rig.active().into_iter().map(|(_, id)| id).collect();
+    assert_eq!(during, before, "an instance was deactivated though it reached the database");
+    assert!(rig.ready(0) && rig.ready(1), "both stay ready");
+    assert_eq!(rig.workers_of(0), ["w0"]);
+    assert_eq!(rig.workers_of(1), ["w1"]);
+    rig.network.unblock_all();
+    let healed = Instant::now();
+    let finished = rig.ended(&job, &[], Duration::from_secs(90));
+    assert_eq!(finished["state"], "succeeded", "{finished}");
+    let done = healed.elapsed();
+    each_task_succeeded_once(&rig.log, &job, 16);
+    eprintln!("instances cut off from each other for {:?}: the job ended {done:?} after the heal", LAG * 3);
+}
+
+/// Three instances split 1 + 2 (the database with the two), each side with
+/// its workers, for longer than the lag threshold: the one fences itself
+/// and writes nothing, the two deactivate it and lead every job; the
+/// attempts its worker held run again once, after that worker's lease; once
+/// healed, the one starts over and every job finishes.
+#[test]
+fn a_partition_of_one_against_two_leaves_every_job_to_the_two() {
+    let rig = cluster(3);
+    let jobs: Vec<String> = (0..3).map(|i| submit(&rig.admins[i], rig.dir.path(), &independent(8, 3_000))).collect();
+    wait_until(Duration::from_secs(30), || jobs.iter().all(|job| exec_events(&rig.log, job).len() >= 2).then_some(()))
+        .expect("every job runs");
+    let minority = rig.active().into_iter().find(|(h, _)| *h == rig.admins[0].http).unwrap().1;
+    let one = [rig.admin_hosts[0].address.as_str(), rig.worker_hosts[0].address.as_str()];
+    let two = [
+        rig.admin_hosts[1].address.as_str(),
+        rig.admin_hosts[2].address.as_str(),
+        rig.worker_hosts[1].address.as_str(),
+        rig.worker_hosts[2].address.as_str(),
+        rig.db_host.address.as_str(),
+    ];
+    let cut_at_ms: i64 =
+        rig.database.psql("jobcenter", "SELECT (extract(epoch FROM now()) * 1000)::int8").trim().parse().unwrap();
+    rig.network.partition(&one, &two);
+    let cut = Instant::now();
+    // Past the lag threshold (and the few seconds the database takes to end
+    // the one's sessions), the two lead every job that has not ended.
+    let settled = wait_until(LAG * 4, || {
+        let active = rig.active();
+        if active.iter().any(|(_, id)| *id == minority) {
+            return None;
+        }
+        let owners =
+            rig.database.psql("jobcenter", "SELECT coalesce(owner::text, '-') FROM jobcenter.jobs WHERE active");
+        owners.lines().all(|o| active.iter().any(|(_, id)| id == o.trim())).then(|| cut.elapsed())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the two did not take every job over: {}",
+            rig.database.psql("jobcenter", "SELECT id, owner FROM jobcenter.jobs WHERE active")
+        )
+    });
+    assert!(!rig.ready(0), "the one says it is ready while cut off");
+    std::thread::sleep((LAG * 3).saturating_sub(cut.elapsed()));
+    // The one wrote nothing after the cut: its last heartbeat is older.
+    let last_beat: i64 = rig
+        .database
+        .psql(
+            "jobcenter",
+            &format!(
+                "SELECT (extract(epoch FROM heartbeat) * 1000)::int8 FROM jobcenter.instances WHERE id = '{minority}'"
+            ),
+        )
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    assert!(last_beat <= cut_at_ms + 500, "the one wrote a heartbeat after the cut ({last_beat} > {cut_at_ms})");
+    rig.network.unblock_all();
+    let healed = Instant::now();
+    for job in &jobs {
+        let finished = rig.ended(job, &[], Duration::from_secs(90));
+        assert_eq!(finished["state"], "succeeded", "{finished}");
+        each_task_succeeded_once(&rig.log, job, 8);
+    }
+    let done = healed.elapsed();
+    let back = wait_until(Duration::from_secs(30), || {
+        rig.active().iter().any(|(h, id)| *h == rig.admins[0].http && *id != minority).then(|| healed.elapsed())
+    })
+    .expect("the one started over once healed");
+    eprintln!("partition 1 + 2: the two led every job {settled:?} after the cut; every job ended {done:?} after the heal, the one back {back:?} after it");
 }

@@ -105,6 +105,11 @@ pub(super) enum Command {
         handler: HandlerId,
         total: u32,
     },
+    /// The handler runs this many attempts not held here.
+    HandlerElsewhere {
+        handler: HandlerId,
+        running: u32,
+    },
     SetLimits {
         job_type: Arc<str>,
         limits: TypeLimits,
@@ -202,6 +207,21 @@ pub(super) enum Command {
     PeerHandlers {
         handlers: HashSet<HandlerId>,
     },
+    /// Which of these attempts the handler holds here (read from memory:
+    /// an attempt a worker runs was durable before it was sent).
+    Holds {
+        handler: HandlerId,
+        attempts: Vec<(TaskRef, u32)>,
+        reply: Reply<Vec<(TaskRef, u32)>>,
+    },
+    /// Another instance renews the handler's lease for these attempts: of
+    /// those it holds, none is taken back before `keep` from now.
+    Vouch {
+        handler: HandlerId,
+        attempts: Vec<(TaskRef, u32)>,
+        keep: Duration,
+        reply: Reply<Vec<(TaskRef, u32)>>,
+    },
     /// What this instance asks of the cluster's permits: limited job types and resources.
     PermitDemand {
         reply: oneshot::Sender<crate::dispatch::Demand>,
@@ -266,6 +286,9 @@ pub(super) struct Core {
     borrowed: HashMap<TaskRef, (u32, HandlerId, Arc<str>)>,
     /// Handlers connected to the other live instances: alive, though not here.
     peer_handlers: HashSet<HandlerId>,
+    /// Handlers whose attempts another instance vouched for (it renews
+    /// their lease): none of their attempts is taken back before this.
+    vouched: HashMap<HandlerId, Timestamp>,
     /// In a cluster: the resources (volumes) whose lock this instance holds;
     /// a task on another resource waits.
     resource_permits: Option<HashSet<String>>,
@@ -292,6 +315,7 @@ impl Core {
             released_at: HashMap::new(),
             borrowed: HashMap::new(),
             peer_handlers: HashSet::new(),
+            vouched: HashMap::new(),
             resource_permits: None,
             resource_jobs: HashMap::new(),
             removals: 0,
@@ -539,7 +563,8 @@ impl Core {
                         let seconds = wait.as_secs_f64();
                         let reason =
                             format!("lost with its worker: {reason}, and it did not come back within {seconds:.1} s");
-                        self.absent.insert(handler, now.plus_millis(wait.as_millis() as i64), reason);
+                        let until = self.not_before(handler, now.plus_millis(wait.as_millis() as i64));
+                        self.absent.insert(handler, until, reason);
                     }
                     Some(_) => {}
                     None => self.lose_handler(
@@ -556,12 +581,13 @@ impl Core {
                 self.lose_handler(handler, &loss, now, step);
             }
             Command::HandlerSlots { handler, total } => self.dispatch.report_slots(handler, total),
+            Command::HandlerElsewhere { handler, running } => self.dispatch.report_elsewhere(handler, running),
             Command::SetLimits { job_type, limits } => {
                 self.dispatch.set_limits(job_type.clone(), limits);
                 self.retime_held(&job_type, limits.execution_timeout_seconds);
             }
             Command::RecoverySnapshot { reply } => {
-                let _ = reply.send(self.recovery_snapshot());
+                let _ = reply.send(self.recovery_snapshot(now));
             }
             Command::ApplyRecovery { actions, reply } => {
                 let applied =
@@ -732,12 +758,48 @@ impl Core {
                             "lost with its worker: its admin instance went away, and the worker did not come back within {:.1} s",
                             grace.as_secs_f64()
                         );
-                        self.absent.insert(handler, now.plus_millis(grace.as_millis() as i64), reason);
+                        let until = self.not_before(handler, now.plus_millis(grace.as_millis() as i64));
+                        self.absent.insert(handler, until, reason);
                     }
                 }
                 self.peer_handlers = handlers;
             }
+            Command::Holds { handler, attempts, reply } => {
+                let _ = reply.send(self.held_by(handler, attempts));
+            }
+            Command::Vouch { handler, attempts, keep, reply } => {
+                let held = self.held_by(handler, attempts);
+                if !held.is_empty() {
+                    let until = now.plus_millis(keep.as_millis() as i64);
+                    self.vouched.retain(|_, at| *at > now);
+                    let floor = self.vouched.entry(handler).or_insert(until);
+                    *floor = (*floor).max(until);
+                    // Already counting down: not before the floor.
+                    if let Some((at, reason)) = self.absent.get(handler) {
+                        if at < until {
+                            self.absent.insert(handler, until, reason);
+                        }
+                    }
+                }
+                let _ = reply.send(held);
+            }
         }
+    }
+
+    /// Of these attempts, those the handler holds here.
+    fn held_by(&self, handler: HandlerId, attempts: Vec<(TaskRef, u32)>) -> Vec<(TaskRef, u32)> {
+        attempts
+            .into_iter()
+            .filter(|(task, attempt)| {
+                self.held.get(*task).is_some_and(|held| held.handler == handler && held.attempt == *attempt)
+            })
+            .collect()
+    }
+
+    /// When a handler's attempts may be taken back, from `at`: not before
+    /// another instance's vouch for them runs out.
+    fn not_before(&self, handler: HandlerId, at: Timestamp) -> Timestamp {
+        self.vouched.get(&handler).map_or(at, |floor| at.max(*floor))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -813,7 +875,7 @@ impl Core {
     /// A plain snapshot of the active jobs for the recovery rules: each job
     /// with its held and ready tasks, and the handlers that are connected or
     /// still within the time their attempts wait for them.
-    fn recovery_snapshot(&self) -> (Vec<recovery::JobSnapshot>, Vec<HandlerId>) {
+    fn recovery_snapshot(&self, now: Timestamp) -> (Vec<recovery::JobSnapshot>, Vec<HandlerId>) {
         let jobs = self
             .jobs
             .values()
@@ -857,6 +919,9 @@ impl Core {
             .collect();
         let mut handlers = self.dispatch.handler_ids();
         handlers.extend(self.absent.handlers());
+        // A handler another instance vouched for is alive there, whatever
+        // its membership says yet.
+        handlers.extend(self.vouched.iter().filter(|(_, until)| **until > now).map(|(handler, _)| *handler));
         (jobs, handlers)
     }
 
@@ -1211,7 +1276,8 @@ impl Core {
                         "lost with its worker: the admin restarted and the worker did not come back within {:.1} s",
                         grace.as_secs_f64()
                     );
-                    self.absent.insert(handler, now.plus_millis(grace.as_millis() as i64), reason);
+                    let until = self.not_before(handler, now.plus_millis(grace.as_millis() as i64));
+                    self.absent.insert(handler, until, reason);
                 }
                 if !self.held.is_empty() {
                     tracing::info!(

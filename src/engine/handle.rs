@@ -199,6 +199,12 @@ impl EngineHandle {
         self.send(Command::HandlerSlots { handler, total }).await
     }
 
+    /// The handler runs `running` attempts this instance does not hold: its
+    /// slots they take are not free.
+    pub async fn handler_elsewhere(&self, handler: HandlerId, running: u32) -> Result<(), Error> {
+        self.send(Command::HandlerElsewhere { handler, running }).await
+    }
+
     pub async fn set_limits(&self, job_type: Arc<str>, limits: TypeLimits) -> Result<(), Error> {
         self.send(Command::SetLimits { job_type, limits }).await
     }
@@ -389,6 +395,22 @@ impl EngineHandle {
     /// The handlers connected to the other live instances.
     pub async fn peer_handlers(&self, handlers: HashSet<HandlerId>) -> Result<(), Error> {
         self.send(Command::PeerHandlers { handlers }).await
+    }
+
+    /// Which of these attempts the handler holds here.
+    pub async fn holds(&self, handler: HandlerId, attempts: Vec<(TaskRef, u32)>) -> Result<Vec<(TaskRef, u32)>, Error> {
+        self.call(|reply| Command::Holds { handler, attempts, reply }).await
+    }
+
+    /// Another instance renews the handler's lease for these attempts: of
+    /// those it holds here (answered), none is taken back before `keep`.
+    pub async fn vouch(
+        &self,
+        handler: HandlerId,
+        attempts: Vec<(TaskRef, u32)>,
+        keep: Duration,
+    ) -> Result<Vec<(TaskRef, u32)>, Error> {
+        self.call(|reply| Command::Vouch { handler, attempts, keep, reply }).await
     }
 
     pub async fn active_jobs(&self) -> Result<Vec<JobRecord>, Error> {

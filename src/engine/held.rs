@@ -152,6 +152,11 @@ impl Absent {
         self.until.keys().copied()
     }
 
+    /// When the handler's attempts are taken back, and why, if it is absent.
+    pub fn get(&self, handler: HandlerId) -> Option<(Timestamp, String)> {
+        self.until.get(&handler).cloned()
+    }
+
     pub fn next_wake(&self) -> Option<Timestamp> {
         self.order.first().map(|(at, _)| *at)
     }

@@ -51,6 +51,11 @@ pub struct Node {
     detected: Mutex<BTreeMap<String, Instant>>,
     /// Work arrived: take the permits it needs now.
     permits_wake: tokio::sync::Notify,
+    /// When the last heartbeat that went through began, on this machine's
+    /// monotonic clock: the database's record of it is no older.
+    beat_ok: Mutex<Instant>,
+    /// Set while this instance is fenced by itself: see `spawn_fence`.
+    fenced: tokio::sync::watch::Sender<bool>,
 }
 
 impl Node {
@@ -77,7 +82,29 @@ impl Node {
             adoptions: AtomicU64::new(0),
             detected: Mutex::new(BTreeMap::new()),
             permits_wake: tokio::sync::Notify::new(),
+            beat_ok: Mutex::new(Instant::now()),
+            fenced: tokio::sync::watch::Sender::new(false),
         })
+    }
+
+    /// This instance fenced itself: no heartbeat went through for long
+    /// enough that the others may have deactivated it.
+    pub fn is_fenced(&self) -> bool {
+        *self.fenced.borrow()
+    }
+
+    /// Changes of `is_fenced`, for what must stop at once when it is set.
+    pub fn fencing(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.fenced.subscribe()
+    }
+
+    /// How long without a heartbeat this instance fences itself after: the
+    /// lag threshold less a margin of one heartbeat (at least a quarter of
+    /// the lag), so that it has stopped before another instance can
+    /// deactivate it.
+    pub fn fence_after(&self) -> Duration {
+        let margin = self.timing.heartbeat.max(self.timing.lag / 4);
+        self.timing.lag.saturating_sub(margin)
     }
 
     /// New work arrived here: its permits are asked for at once.
@@ -261,18 +288,53 @@ async fn settle_permits(shared: &Arc<Shared>, node: &Arc<Node>, last: &mut Settl
 pub fn spawn_loop(shared: Arc<Shared>) {
     let Some(node) = shared.cluster.clone() else { return };
     tokio::spawn(async move {
-        let mut last_ok = Instant::now();
         loop {
             let started = Instant::now();
             match beat(&shared, &node).await {
-                Ok(()) => last_ok = Instant::now(),
+                Ok(()) => {
+                    *node.beat_ok.lock().expect("beat lock") = started;
+                    if node.fenced.send_replace(false) {
+                        tracing::warn!(instance = %node.id, "the heartbeat went through again: this instance takes workers again");
+                    }
+                }
                 Err(store::Error::Fenced { .. }) => start_over(&node),
                 Err(e) => {
-                    tracing::warn!(error = %e, silent_for_ms = last_ok.elapsed().as_millis() as u64, "heartbeat failed");
+                    let silent = node.beat_ok.lock().expect("beat lock").elapsed();
+                    tracing::warn!(error = %e, silent_for_ms = silent.as_millis() as u64, "heartbeat failed");
                 }
             }
             let spent = started.elapsed();
             tokio::time::sleep(node.timing.heartbeat.saturating_sub(spent)).await;
+        }
+    });
+}
+
+/// An instance that cannot reach its database never hears that it was
+/// deactivated: it judges its own lease. Once no heartbeat has gone through
+/// for `Node::fence_after` (the lag less a margin), it fences itself before
+/// any other instance may deactivate it: it ends every worker stream and
+/// takes no new one (its workers go to another instance, and no lease is
+/// renewed here), and reports itself not ready. Its writes, which the
+/// database fences anyway, simply wait. A heartbeat that goes through again
+/// (it was not deactivated) lifts the fence; one refused (it was) starts it
+/// over as a new instance.
+pub fn spawn_fence(shared: Arc<Shared>) {
+    let Some(node) = shared.cluster.clone() else { return };
+    tokio::spawn(async move {
+        let after = node.fence_after();
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let silent = node.beat_ok.lock().expect("beat lock").elapsed();
+            if silent > after && !node.fenced.send_replace(true) {
+                tracing::error!(
+                    instance = %node.id,
+                    silent_for_ms = silent.as_millis() as u64,
+                    lag_ms = node.timing.lag.as_millis() as u64,
+                    workers = shared.registry.len(),
+                    "no heartbeat reached the database for too long: this instance fences itself, lets its workers go and takes none until a heartbeat goes through"
+                );
+                shared.registry.stop_all();
+            }
         }
     });
 }

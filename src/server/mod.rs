@@ -10,6 +10,7 @@ pub mod cluster;
 mod console;
 mod context;
 mod convert;
+mod cover;
 mod flight;
 mod http;
 pub mod master;
@@ -255,6 +256,7 @@ pub async fn run(
         LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;
     }
     cluster::spawn_loop(shared.clone());
+    cluster::spawn_fence(shared.clone());
     cluster::spawn_permits(shared.clone());
     peer::spawn_borrower(shared.clone());
     peer::spawn_foreign_orders(shared.clone(), foreign_receiver);

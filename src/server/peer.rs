@@ -23,13 +23,16 @@ use crate::model::{HandlerId, JobId, TaskRef};
 use crate::proto::peer::{
     peer_report, peer_service_client::PeerServiceClient, peer_service_server::PeerService, DedupeKeysRequest,
     DedupeKeysResponse, KnowsRequest, KnowsResponse, LendRequest, LendResponse, LentTask, PeerCancel,
-    PeerCancelResponse, PeerGiveUp, PeerOutcome, PeerProgress, PeerReport, PeerReportResponse,
+    PeerCancelResponse, PeerGiveUp, PeerOutcome, PeerProgress, PeerReport, PeerReportResponse, VouchRequest,
+    VouchResponse,
 };
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, CancelRequest, WorkKind};
 use crate::wire;
 
 /// How long one call to another instance may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// The most any call on a link to another instance may take.
+const LINK_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often an instance with idle slots asks the others for work, when
 /// nothing else wakes it.
 const IDLE_POLL: Duration = Duration::from_millis(200);
@@ -66,7 +69,17 @@ impl Peers {
         if let Some(client) = clients.get(address) {
             return Some(client.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{address}")).ok()?.tcp_nodelay(true);
+        // A link to an instance that a partition cut off fails in seconds,
+        // not when the system gives the connection up (many minutes): the
+        // connect, every call and an idle link are all bounded.
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .ok()?
+            .tcp_nodelay(true)
+            .connect_timeout(CALL_TIMEOUT)
+            .timeout(LINK_TIMEOUT)
+            .http2_keep_alive_interval(Duration::from_secs(2))
+            .keep_alive_timeout(Duration::from_secs(3))
+            .keep_alive_while_idle(true);
         let client = PeerServiceClient::new(endpoint.connect_lazy());
         clients.insert(address.to_string(), client.clone());
         Some(client)
@@ -110,6 +123,38 @@ pub async fn known_at(
     let request = KnowsRequest { handler: handler.to_string(), attempt_ids };
     let answer = client.knows(request_within(shared, request, CALL_TIMEOUT)).await.ok()?.into_inner();
     answer.heard.then(|| answer.known.iter().filter_map(|id| wire::parse_attempt_id(id)).collect())
+}
+
+/// How long a vouch for a worker's attempts lets another instance renew
+/// the worker's lease: its lease, but no longer than the orphan grace leaves
+/// after the worker's own wait (an instance that adopts the job, or this one
+/// restarted, waits the grace before it takes the attempts back; a worker
+/// renewed up to the end of the vouch has stopped by then).
+pub fn vouch_validity(options: &super::ServerOptions, lease: Duration) -> Duration {
+    lease.min(options.orphan_grace.saturating_sub(wire::take_back_after(lease)))
+}
+
+/// Asks the instance at `address`, which leads the jobs of `attempts`, to
+/// vouch for them: the attempts it holds for `handler` (a worker connected
+/// here whose lease is `lease`), and how long from the call they are covered.
+pub async fn vouch_at(
+    shared: &Shared,
+    address: &str,
+    handler: HandlerId,
+    attempts: &[(TaskRef, u32)],
+    lease: Duration,
+) -> Result<(Vec<(TaskRef, u32)>, Duration), String> {
+    let mut client = shared.peers.client(address).ok_or_else(|| format!("{address} is not an address"))?;
+    let attempt_ids = attempts.iter().map(|(task, attempt)| wire::attempt_id(*task, *attempt)).collect();
+    let message = VouchRequest { handler: handler.to_string(), attempt_ids, lease_ms: lease.as_millis() as u64 };
+    let call = client.vouch(request_within(shared, message, CALL_TIMEOUT));
+    let answer = match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(answer)) => answer.into_inner(),
+        Ok(Err(status)) => return Err(status.message().to_string()),
+        Err(_) => return Err(format!("no answer within {CALL_TIMEOUT:?}")),
+    };
+    let held = answer.held.iter().filter_map(|id| wire::parse_attempt_id(id)).collect();
+    Ok((held, Duration::from_millis(answer.valid_ms)))
 }
 
 /// The dedupe keys of the tasks not ended in the jobs the instance at
@@ -227,6 +272,31 @@ impl PeerService for PeerServiceImpl {
             }
         }
         Ok(Response::new(KnowsResponse { heard, known: answer }))
+    }
+
+    async fn vouch(&self, request: Request<VouchRequest>) -> Result<Response<VouchResponse>, Status> {
+        self.shared.auth.check(request.metadata())?;
+        // A fenced instance may have been deactivated: its word binds nobody.
+        if self.shared.cluster.as_ref().is_some_and(|node| node.is_fenced()) {
+            return Err(Status::unavailable("peer: this instance cannot reach its database and vouches for nothing"));
+        }
+        let request = request.into_inner();
+        let handler = handler_of(&request.handler)?;
+        let mut attempts = Vec::with_capacity(request.attempt_ids.len());
+        for id in &request.attempt_ids {
+            let attempt = wire::parse_attempt_id(id)
+                .ok_or_else(|| Status::invalid_argument(format!("peer: vouch: {id:?} is not an attempt id")))?;
+            attempts.push(attempt);
+        }
+        if request.lease_ms == 0 {
+            return Err(Status::invalid_argument("peer: vouch: lease_ms must be above 0"));
+        }
+        let lease = Duration::from_millis(request.lease_ms);
+        let valid = vouch_validity(&self.shared.options, lease);
+        let keep = valid + wire::take_back_after(lease);
+        let held = self.shared.engine.vouch(handler, attempts, keep).await.map_err(engine_status)?;
+        let held = held.into_iter().map(|(task, attempt)| wire::attempt_id(task, attempt)).collect();
+        Ok(Response::new(VouchResponse { held, valid_ms: valid.as_millis() as u64 }))
     }
 
     async fn dedupe_keys(&self, request: Request<DedupeKeysRequest>) -> Result<Response<DedupeKeysResponse>, Status> {

@@ -97,6 +97,12 @@ impl PluginControlService for WorkerStreamService {
         request: Request<Streaming<WorkerToAdminMessage>>,
     ) -> Result<Response<Self::WorkerStreamStream>, Status> {
         self.shared.auth.check(request.metadata())?;
+        if let Some(node) = self.shared.cluster.as_ref().filter(|node| node.is_fenced()) {
+            return Err(Status::unavailable(format!(
+                "admin instance {} cannot reach its database and takes no workers: connect to another instance",
+                node.id
+            )));
+        }
         let peer = request.remote_addr();
         let mut inbound = request.into_inner();
         let first = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
@@ -144,10 +150,12 @@ impl PluginControlService for WorkerStreamService {
             let _ = outbound.try_send(Ok(message(String::new(), body)));
             return Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))));
         }
+        let handler = handler_of(&hello);
+        let renewals = outbound.clone();
         let session = Session {
             shared: self.shared.clone(),
             requests: self.requests.clone(),
-            handler: handler_of(&hello),
+            handler,
             place: place_of(&hello, peer),
             hello,
             lease,
@@ -160,6 +168,7 @@ impl PluginControlService for WorkerStreamService {
             lent: std::sync::Mutex::default(),
             known: self.shared.cluster.as_ref().map(|_| KnownAttempts::default()),
             renewed_at: tokio::time::Instant::now(),
+            cover: lease.map(|lease| super::cover::Cover::new(self.shared.clone(), handler, lease, renewals.clone())),
         };
         tokio::spawn(session.run(inbound));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
@@ -221,11 +230,14 @@ struct Session {
     lent: std::sync::Mutex<HashMap<String, Lent>>,
     /// In a cluster: the attempts this session knows, for the recovery check.
     known: Option<KnownAttempts>,
-    /// When the hello or heartbeat this session last renewed the lease for
-    /// arrived: the worker stops its executions within its lease of that
-    /// moment, so its attempts are surely stopped `take_back_after(lease)`
+    /// When the last hello or heartbeat arrived: the worker stops its
+    /// executions within its lease of the last one renewed, which is no
+    /// later, so its attempts are surely stopped `take_back_after(lease)`
     /// after it.
     renewed_at: tokio::time::Instant,
+    /// For a worker with a lease: whether each attempt it runs is covered,
+    /// which a renewal of its lease needs.
+    cover: Option<super::cover::Cover>,
 }
 
 /// An attempt another instance lent to this session's worker.
@@ -295,10 +307,11 @@ impl Session {
                 reconnect_delay_seconds: 5,
             }),
         );
-        // A worker with a lease learns at once that this admin renews it, as
-        // of its hello.
+        // A worker with a lease learns at once that this admin renews it;
+        // the renewals that count come with its heartbeats, once what it
+        // runs is known to be covered.
         self.renewed_at = tokio::time::Instant::now();
-        let renewal = self.lease.is_some().then(|| message(wire::lease_renewal(0), None));
+        let renewal = self.lease.is_some().then(|| message(wire::LEASE_RENEWAL.into(), None));
         if !self.send(hello_reply).await
             || (renewal.is_some_and(|renewal| self.outbound.try_send(Ok(renewal)).is_err()))
             || shared.engine.connected(spec).await.is_err()
@@ -321,6 +334,7 @@ impl Session {
             }
         }
 
+        let mut fencing = shared.cluster.as_ref().map(|node| node.fencing());
         let reason = loop {
             // A worker with a lease heartbeats at least every quarter of it:
             // one silent for a whole lease has stopped its executions, or
@@ -356,6 +370,9 @@ impl Session {
                 () = sleep_until(silent_at), if silent_at.is_some() => {
                     break "the worker sent no heartbeat within its lease".to_string()
                 }
+                () = fenced(&mut fencing) => {
+                    break "this admin instance cannot reach its database: the worker goes to another".to_string()
+                }
             }
         };
         tracing::info!(worker.id = %self.hello.worker_id, %handler, reason, "worker disconnected");
@@ -381,6 +398,9 @@ impl Session {
                 }
                 let request = self.execute_request(&assignment);
                 let request_id = request.request_id.clone();
+                if let (Some(cover), None) = (&self.cover, &assignment.lent_by) {
+                    cover.sent((assignment.task, assignment.attempt));
+                }
                 let sent =
                     self.send(message(request_id, admin_to_worker_message::Body::ExecuteJobRequest(request))).await;
                 if sent {
@@ -457,12 +477,26 @@ impl Session {
                     let running = heartbeat.running_work.iter().filter_map(|w| wire::parse_attempt_id(&w.work_id));
                     known.lock().expect("known lock").heartbeat(running.collect());
                 }
-                if self.lease.is_some() {
-                    // Renewed as of this heartbeat, which the worker numbers.
+                if let Some(cover) = &self.cover {
+                    // Renewed as of this heartbeat, which the worker numbers,
+                    // once every attempt it lists is covered.
                     self.renewed_at = tokio::time::Instant::now();
                     let number = heartbeat.metadata.get(wire::HEARTBEAT_METADATA).and_then(|n| n.parse().ok());
-                    let renewal = number.map_or_else(|| wire::LEASE_RENEWAL.to_string(), wire::lease_renewal);
-                    self.send(message(renewal, None)).await;
+                    let running = {
+                        let lent = self.lent.lock().expect("lent lock");
+                        heartbeat
+                            .running_work
+                            .iter()
+                            .filter(|w| !lent.contains_key(&w.work_id))
+                            .filter_map(|w| wire::parse_attempt_id(&w.work_id))
+                            .collect()
+                    };
+                    match number {
+                        Some(number) => cover.heartbeat(number, running),
+                        None => {
+                            self.send(message(wire::LEASE_RENEWAL.into(), None)).await;
+                        }
+                    }
                 }
                 self.reconcile(&heartbeat).await;
                 let total = u32::try_from(heartbeat.execution_slots_total).unwrap_or(0);
@@ -779,6 +813,18 @@ async fn settle(
     }
     let _ = shared.engine.return_borrowed(task, attempt).await;
     shared.peers.wake();
+}
+
+/// Waits until this instance fences itself (never alone).
+async fn fenced(fencing: &mut Option<tokio::sync::watch::Receiver<bool>>) {
+    match fencing {
+        Some(fencing) => {
+            if fencing.wait_for(|fenced| *fenced).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// Waits until `at`, or for ever without one.

@@ -593,7 +593,9 @@ impl Session<'_> {
             let lease = self.work.lease_deadline();
             // A renewing admin that falls silent for half a lease is given up
             // for another connection (another admin, if there are several).
-            let silent_at = (self.admin_renews == Some(true)).then(|| self.work.renewed_as_of + self.work.lease / 2);
+            // A new session gets its half lease too, from its start.
+            let silent_at = (self.admin_renews == Some(true))
+                .then(|| self.work.renewed_as_of.max(self.connected_at) + self.work.lease / 2);
             // An admin that has not renewed within half a lease never will.
             let undecided_at = (self.admin_renews.is_none()).then(|| self.connected_at + self.work.lease / 2);
             let step = tokio::select! {

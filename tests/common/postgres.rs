@@ -344,6 +344,10 @@ pub fn port_open(port: u16) -> bool {
 /// A PostgreSQL cluster of its own: a data directory, a server, a watchdog.
 pub struct PgCluster {
     dir: tempfile::TempDir,
+    /// The address it listens on over TCP: `127.0.0.1`, or a test host's.
+    host: String,
+    /// The words that start its server on a test host (`ip netns exec NS`).
+    wrapper: Vec<String>,
     port: u16,
     password: String,
     /// Stops the server and removes `dir` once its stdin closes.
@@ -364,13 +368,93 @@ impl PgCluster {
     /// Creates a cluster in a fresh temporary directory and starts its
     /// server; returns once it accepts password connections over TCP.
     pub fn start() -> PgCluster {
+        PgCluster::create("127.0.0.1", &[]).start_on_free_port()
+    }
+
+    /// The same on a test host: the server runs under `wrapper` (`ip netns
+    /// exec NS`) and listens on `host` (its address), port 5432, taking
+    /// password connections and replication from any address.
+    pub fn start_on_host(host: &str, wrapper: &[String]) -> PgCluster {
+        let mut cluster = PgCluster::create(host, wrapper);
+        cluster.port = 5432;
+        cluster.write_settings();
+        if let Err(log) = cluster.pg_ctl_start() {
+            panic!("PostgreSQL did not start on {host}:\n{log}");
+        }
+        cluster.wait_ready();
+        cluster
+    }
+
+    /// A streaming replica of `primary` on a test host, made with
+    /// `pg_basebackup`; it follows the primary until [`promote`](Self::promote).
+    /// With `synchronous`, the primary acknowledges no commit before this
+    /// replica has it on disk (`synchronous_standby_names`).
+    pub fn replica_of(primary: &PgCluster, host: &str, wrapper: &[String], synchronous: bool) -> PgCluster {
+        let mut replica = PgCluster::empty(host, wrapper, primary.password.clone());
+        let mut backup = server_command("pg_basebackup");
+        backup.current_dir(replica.dir.path()).arg("-D").arg(replica.data_dir());
+        let source = format!("host={} port={} user={SUPERUSER} application_name=replica", primary.host, primary.port);
+        backup.arg("-d").arg(source).args(["-X", "stream", "-R", "--checkpoint=fast", "--no-sync"]);
+        backup.env("PGPASSWORD", &primary.password);
+        let output = run_bounded(backup, None, Duration::from_secs(120));
+        assert!(
+            output.status.success(),
+            "pg_basebackup failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        replica.port = 5432;
+        replica.write_settings();
+        if let Err(log) = replica.pg_ctl_start() {
+            panic!("the replica did not start on {host}:\n{log}");
+        }
+        replica.wait_ready();
+        if synchronous {
+            primary
+                .psql("postgres", "ALTER SYSTEM SET synchronous_standby_names = 'replica';\nSELECT pg_reload_conf();");
+            let streaming = wait_for(WAIT, || {
+                let state = primary.psql("postgres", "SELECT sync_state FROM pg_stat_replication");
+                (state.trim() == "sync").then_some(())
+            });
+            assert!(streaming.is_some(), "the replica did not become synchronous\n{}", primary.log());
+        }
+        replica
+    }
+
+    /// Promotes a replica to a primary (`pg_ctl promote`), waiting until it takes writes.
+    pub fn promote(&self) {
+        let mut pg_ctl = server_command("pg_ctl");
+        pg_ctl.current_dir(self.dir.path()).args(["promote", "-w", "-t", &WAIT.as_secs().to_string(), "-D"]);
+        pg_ctl.arg(self.data_dir());
+        let output = run_bounded(pg_ctl, None, WAIT + Duration::from_secs(10));
+        assert!(output.status.success(), "pg_ctl promote failed: {}", String::from_utf8_lossy(&output.stderr));
+        let writable =
+            wait_for(WAIT, || (self.psql("postgres", "SELECT pg_is_in_recovery()").trim() == "f").then_some(()));
+        assert!(writable.is_some(), "the promoted replica is still in recovery\n{}", self.log());
+    }
+
+    /// The address it listens on.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// A new directory, initialized, not started.
+    fn create(host: &str, wrapper: &[String]) -> PgCluster {
+        let cluster = PgCluster::empty(host, wrapper, uuid::Uuid::new_v4().simple().to_string());
+        cluster.initdb();
+        cluster
+    }
+
+    /// A new directory with its socket directory and watchdog, no data yet.
+    fn empty(host: &str, wrapper: &[String], password: String) -> PgCluster {
         let server_user = server_user();
         let dir = tempfile::Builder::new().prefix("jobcenter-pg-").tempdir().expect("create a temporary directory");
         give_to_server(dir.path());
         let watchdog = start_watchdog(dir.path());
-        let password = uuid::Uuid::new_v4().simple().to_string();
         let cluster = PgCluster {
             dir,
+            host: host.to_string(),
+            wrapper: wrapper.to_vec(),
             port: 0,
             password,
             watchdog,
@@ -389,8 +473,7 @@ impl PgCluster {
         }
         std::fs::create_dir(cluster.socket_dir()).expect("create the socket directory");
         give_to_server(&cluster.socket_dir());
-        cluster.initdb();
-        cluster.start_on_free_port()
+        cluster
     }
 
     fn initdb(&self) {
@@ -413,6 +496,13 @@ impl PgCluster {
         let conf = self.data_dir().join("postgresql.conf");
         let mut file = std::fs::OpenOptions::new().append(true).open(&conf).expect("open postgresql.conf");
         writeln!(file, "\ninclude 'jobcenter.conf'").expect("write postgresql.conf");
+        if self.host != "127.0.0.1" {
+            // On a test host: clients and replicas come from other hosts.
+            let hba = self.data_dir().join("pg_hba.conf");
+            let mut file = std::fs::OpenOptions::new().append(true).open(&hba).expect("open pg_hba.conf");
+            writeln!(file, "host all all 0.0.0.0/0 scram-sha-256\nhost replication all 0.0.0.0/0 scram-sha-256")
+                .expect("write pg_hba.conf");
+        }
     }
 
     /// Writes the settings, on a new free port each time, until the server
@@ -439,7 +529,7 @@ impl PgCluster {
     fn write_settings(&self) {
         let settings = format!(
             "# Written by the test harness (tests/common/postgres.rs).\n\
-             listen_addresses = '127.0.0.1'\n\
+             listen_addresses = '{host}'\n\
              port = {port}\n\
              unix_socket_directories = '{socket}'\n\
              max_connections = 200\n\
@@ -452,6 +542,7 @@ impl PgCluster {
              log_line_prefix = '%m [%p] %q%u@%d '\n\
              lc_messages = 'C'\n\
              timezone = 'UTC'\n",
+            host = self.host,
             port = self.port,
             socket = self.socket_dir().display(),
         );
@@ -462,7 +553,7 @@ impl PgCluster {
 
     /// `pg_ctl start`, waiting (bounded) until the server is ready; the log on failure.
     fn pg_ctl_start(&self) -> Result<(), String> {
-        let mut pg_ctl = server_command("pg_ctl");
+        let mut pg_ctl = self.wrapped(server_command("pg_ctl"));
         pg_ctl.current_dir(self.dir.path()).args(["start", "-s", "-w", "-t", &WAIT.as_secs().to_string()]);
         pg_ctl.arg("-D").arg(self.data_dir()).arg("-l").arg(self.log_path());
         let output = run_bounded(pg_ctl, None, WAIT + Duration::from_secs(10));
@@ -475,6 +566,23 @@ impl PgCluster {
             String::from_utf8_lossy(&output.stderr),
             self.log()
         ))
+    }
+
+    /// `command` run under the wrapper, if the server runs on a test host.
+    fn wrapped(&self, command: Command) -> Command {
+        let Some((program, rest)) = self.wrapper.split_first() else { return command };
+        let mut wrapped = Command::new(program);
+        wrapped.args(rest).arg(command.get_program()).args(command.get_args());
+        for (key, value) in command.get_envs() {
+            match value {
+                Some(value) => wrapped.env(key, value),
+                None => wrapped.env_remove(key),
+            };
+        }
+        if let Some(dir) = command.get_current_dir() {
+            wrapped.current_dir(dir);
+        }
+        wrapped
     }
 
     /// Waits until `select 1` runs over TCP with the password.
@@ -530,26 +638,26 @@ impl PgCluster {
         &self.password
     }
 
-    /// `postgres://jobcenter:PASSWORD@127.0.0.1:PORT/DATABASE`
+    /// `postgres://jobcenter:PASSWORD@HOST:PORT/DATABASE`
     pub fn url(&self, database: &str) -> String {
         self.url_as(SUPERUSER, Some(&self.password), database)
     }
 
-    /// `postgres://jobcenter@127.0.0.1:PORT/DATABASE`
+    /// `postgres://jobcenter@HOST:PORT/DATABASE`
     pub fn url_without_password(&self, database: &str) -> String {
         self.url_as(SUPERUSER, None, database)
     }
 
-    /// `postgres://USER[:PASSWORD]@127.0.0.1:PORT/DATABASE`, each part percent-encoded.
+    /// `postgres://USER[:PASSWORD]@HOST:PORT/DATABASE`, each part percent-encoded.
     pub fn url_as(&self, user: &str, password: Option<&str>, database: &str) -> String {
         let password = password.map(|p| format!(":{}", url_encode(p))).unwrap_or_default();
-        format!("postgres://{}{password}@127.0.0.1:{}/{}", url_encode(user), self.port, url_encode(database))
+        format!("postgres://{}{password}@{}:{}/{}", url_encode(user), self.host, self.port, url_encode(database))
     }
 
-    /// `host=127.0.0.1 port=PORT user=jobcenter dbname=DATABASE`, without the
+    /// `host=HOST port=PORT user=jobcenter dbname=DATABASE`, without the
     /// password, to extend with more `key=value` pairs (`sslmode=...`).
     pub fn conninfo(&self, database: &str) -> String {
-        format!("host=127.0.0.1 port={} user={SUPERUSER} dbname={}", self.port, conninfo_value(database))
+        format!("host={} port={} user={SUPERUSER} dbname={}", self.host, self.port, conninfo_value(database))
     }
 
     /// Runs `sql` as the superuser over the unix socket and returns stdout

@@ -125,8 +125,17 @@ impl Cluster for PgStore {
             let now_ms: i64 = mine.get(0);
             let deactivated = transaction
                 .query(
-                    "UPDATE jobcenter.instances SET status = 'deactivated' \
-                     WHERE status = 'active' AND heartbeat < now() - make_interval(secs => $1) RETURNING id",
+                    // A silent instance whose row a write of its own still
+                    // locks (the fence's share lock, in a transaction its
+                    // connection left open when the network failed) is
+                    // skipped, not waited for: the write may still land, and
+                    // the server ends that session within seconds
+                    // (`connect::SESSION_SETUP`); the next heartbeat
+                    // deactivates it then. Waiting would stall this
+                    // heartbeat, and make this instance look silent too.
+                    "UPDATE jobcenter.instances SET status = 'deactivated' WHERE id IN \
+                     (SELECT id FROM jobcenter.instances WHERE status = 'active' \
+                     AND heartbeat < now() - make_interval(secs => $1) FOR UPDATE SKIP LOCKED) RETURNING id",
                     &[&lag.as_secs_f64()],
                 )
                 .await

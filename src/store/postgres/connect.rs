@@ -15,8 +15,20 @@ use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// What every connection runs first: nothing is acknowledged before its
-/// commit is durable, and no session may sit idle inside a transaction.
-pub const SESSION_SETUP: &str = "SET synchronous_commit = on; SET idle_in_transaction_session_timeout = '60s'";
+/// commit is durable, and no session may sit idle inside a transaction. The
+/// server also watches the connection (keepalives, and a bound on data it
+/// sent that is not acknowledged): a session whose instance was cut off by
+/// the network ends within about `DEAD_PEER` seconds, and the locks its
+/// transaction held (the fence's share lock on the instance's row among
+/// them) with it, instead of when the network comes back.
+pub const SESSION_SETUP: &str = "SET synchronous_commit = on; SET idle_in_transaction_session_timeout = '60s'; \
+     SET tcp_keepalives_idle = 3; SET tcp_keepalives_interval = 1; SET tcp_keepalives_count = 3; \
+     SET tcp_user_timeout = 6000";
+
+/// How long a connection may be silent at the TCP level, either way, before
+/// its end gives it up: keepalives after 3 s of quiet, every 1 s, 3 unanswered;
+/// data unacknowledged for 6 s. The same on the server's side (`SESSION_SETUP`).
+const DEAD_PEER: std::time::Duration = std::time::Duration::from_secs(6);
 
 /// libpq's `sslmode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,6 +133,20 @@ impl Target {
             config.application_name("jobcenter");
         }
         config.connect_timeout(std::time::Duration::from_secs(10));
+        // A connection whose other end went quiet (a network partition, a
+        // host gone) fails within DEAD_PEER rather than after the system's
+        // retransmission limit of many minutes, so that the store reports
+        // itself away and the instance fences itself in time; what the URL
+        // sets itself is kept.
+        if !kept.iter().any(|pair| pair.starts_with("keepalives")) {
+            config.keepalives(true);
+            config.keepalives_idle(std::time::Duration::from_secs(3));
+            config.keepalives_interval(std::time::Duration::from_secs(1));
+            config.keepalives_retries(3);
+        }
+        if !kept.iter().any(|pair| pair.starts_with("tcp_user_timeout")) {
+            config.tcp_user_timeout(DEAD_PEER);
+        }
         config.ssl_mode(match mode {
             TlsMode::Disable => SslMode::Disable,
             TlsMode::Prefer => SslMode::Prefer,

@@ -1,0 +1,223 @@
+//! When a session may renew a worker's lease: only while every attempt the
+//! worker runs is covered, so that no instance takes an attempt back while
+//! another renews the lease it runs under.
+//!
+//! An attempt is covered when this instance holds it for the worker, when
+//! the instance leading its job lent it here, or when that leader vouched
+//! for it (`PeerService/Vouch`): a worker that moved here from another
+//! instance runs attempts that instance still counts down, and the vouch
+//! stops the count for as long as this session renews. A job that nobody
+//! leads (its leader died, no other has adopted it yet) covers its attempts
+//! for a bounded time too: the instance that adopts it waits the orphan
+//! grace before it takes them back. An attempt nobody vouches for is
+//! canceled on the worker, so that the lease can be renewed for the rest.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{peer, Shared};
+use crate::model::{HandlerId, TaskRef};
+use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, CancelRequest, WorkKind};
+use crate::wire;
+
+type Attempt = (TaskRef, u32);
+type Outbound = tokio::sync::mpsc::Sender<Result<AdminToWorkerMessage, tonic::Status>>;
+
+/// One leased worker's session: what covers the attempts its worker runs.
+#[derive(Clone)]
+pub struct Cover {
+    inner: Arc<Mutex<State>>,
+    shared: Arc<Shared>,
+    handler: HandlerId,
+    lease: Duration,
+    outbound: Outbound,
+}
+
+#[derive(Default)]
+struct State {
+    /// Attempts this instance holds for the worker, as last asked.
+    own: HashSet<Attempt>,
+    /// Attempts of jobs led elsewhere: until when each is covered.
+    vouched: HashMap<Attempt, Instant>,
+    /// The latest heartbeat: its number, and what it lists (lent ones left out).
+    latest: Option<(u64, HashSet<Attempt>)>,
+    /// A round of asking is under way.
+    asking: bool,
+    /// How many listed attempts are not held here, as last told the engine.
+    elsewhere: u32,
+}
+
+impl State {
+    fn covers(&self, running: &HashSet<Attempt>, now: Instant) -> bool {
+        running.iter().all(|a| self.own.contains(a) || self.vouched.get(a).is_some_and(|until| *until > now))
+    }
+
+    /// How many of the latest heartbeat's attempts are not held here, if
+    /// that changed since it was last told.
+    fn elsewhere_changed(&mut self) -> Option<u32> {
+        let running = self.latest.as_ref().map(|(_, running)| running)?;
+        let n = running.iter().filter(|a| !self.own.contains(a)).count() as u32;
+        (n != self.elsewhere).then(|| {
+            self.elsewhere = n;
+            n
+        })
+    }
+}
+
+impl Cover {
+    pub fn new(shared: Arc<Shared>, handler: HandlerId, lease: Duration, outbound: Outbound) -> Cover {
+        Cover { inner: Arc::default(), shared, handler, lease, outbound }
+    }
+
+    /// This session sent the worker an attempt held here.
+    pub fn sent(&self, attempt: Attempt) {
+        self.inner.lock().expect("cover lock").own.insert(attempt);
+    }
+
+    /// Heartbeat `number` lists `running` (attempts lent here left out):
+    /// renews the lease as of it if every one is covered, and asks about
+    /// the others (or about a vouch running out) meanwhile.
+    pub fn heartbeat(&self, number: u64, running: HashSet<Attempt>) {
+        let now = Instant::now();
+        let (covered, ask, elsewhere) = {
+            let mut state = self.inner.lock().expect("cover lock");
+            state.vouched.retain(|attempt, _| running.contains(attempt));
+            let covered = state.covers(&running, now);
+            // A vouch is asked again once half of it is spent.
+            let soon = now + peer::vouch_validity(&self.shared.options, self.lease) / 2;
+            let expiring = state.vouched.values().any(|until| *until < soon);
+            state.latest = Some((number, running));
+            let ask = !state.asking && (!covered || expiring);
+            state.asking |= ask;
+            (covered, ask, state.elsewhere_changed())
+        };
+        if covered {
+            self.renew(number);
+        }
+        self.tell_elsewhere(elsewhere);
+        if ask {
+            tokio::spawn(self.clone().ask());
+        }
+    }
+
+    /// Tells the engine how many slots the worker's attempts held
+    /// elsewhere take, when that changed.
+    fn tell_elsewhere(&self, running: Option<u32>) {
+        if let Some(running) = running {
+            let (engine, handler) = (self.shared.engine.clone(), self.handler);
+            tokio::spawn(async move {
+                let _ = engine.handler_elsewhere(handler, running).await;
+            });
+        }
+    }
+
+    fn renew(&self, number: u64) {
+        let renewal = AdminToWorkerMessage { request_id: wire::lease_renewal(number), sent_at: None, body: None };
+        // A full queue loses this renewal; the next heartbeat brings another.
+        let _ = self.outbound.try_send(Ok(renewal));
+    }
+
+    /// One round: which of the latest heartbeat's attempts are held here;
+    /// for the others, their leaders' vouches (or that nobody leads their
+    /// job); what nobody covers is canceled. Then the latest heartbeat is
+    /// renewed if it is covered now.
+    async fn ask(self) {
+        let running: Vec<Attempt> = {
+            let state = self.inner.lock().expect("cover lock");
+            state.latest.as_ref().map(|(_, running)| running.iter().copied().collect()).unwrap_or_default()
+        };
+        let held: HashSet<Attempt> =
+            self.shared.engine.holds(self.handler, running.clone()).await.unwrap_or_default().into_iter().collect();
+        let foreign: Vec<Attempt> = running.iter().copied().filter(|a| !held.contains(a)).collect();
+        let mut vouched = Vec::new();
+        let mut cancel = Vec::new();
+        if let Some(node) = &self.shared.cluster {
+            let mut by_leader: BTreeMap<String, Vec<Attempt>> = BTreeMap::new();
+            for attempt in foreign {
+                let asked_at = Instant::now();
+                match whereabouts(&self.shared, attempt.0.job).await {
+                    // The database cannot tell now: asked again next time.
+                    None => {}
+                    Some(None) => cancel.push((attempt, "its job does not exist")),
+                    Some(Some(w)) if w.state.is_terminal() => cancel.push((attempt, "its job has ended")),
+                    Some(Some(w)) => match w.owner {
+                        Some(owner) if owner.id == node.id => {
+                            cancel.push((attempt, "it was taken back while the worker was away"))
+                        }
+                        Some(owner) => by_leader.entry(owner.grpc_address).or_default().push(attempt),
+                        None => {
+                            let valid = peer::vouch_validity(&self.shared.options, self.lease);
+                            vouched.push((attempt, asked_at + valid));
+                        }
+                    },
+                }
+            }
+            for (address, attempts) in by_leader {
+                let asked_at = Instant::now();
+                match peer::vouch_at(&self.shared, &address, self.handler, &attempts, self.lease).await {
+                    Ok((held_there, valid)) => {
+                        for attempt in attempts {
+                            if held_there.contains(&attempt) {
+                                vouched.push((attempt, asked_at + valid));
+                            } else {
+                                cancel.push((attempt, "its job's leader no longer holds it for this worker"));
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(leader = %address, handler = %self.handler, error = %e, "the leader of attempts a worker runs here did not vouch for them: they are canceled on the worker");
+                        cancel.extend(attempts.into_iter().map(|a| (a, "its job's leader could not be reached")));
+                    }
+                }
+            }
+        } else {
+            cancel.extend(foreign.into_iter().map(|a| (a, "it was taken back while the worker was away")));
+        }
+        for ((task, attempt), why) in cancel {
+            tracing::warn!(handler = %self.handler, job.id = %task.job, task.idx = task.idx.0, attempt, why, "the worker runs an attempt that nothing here covers: canceling it");
+            let target_id = wire::attempt_id(task, attempt);
+            let cancel = CancelRequest {
+                target_id: target_id.clone(),
+                target_kind: WorkKind::Execution as i32,
+                reason: format!("canceled: {why}"),
+                force: true,
+            };
+            let message = AdminToWorkerMessage {
+                request_id: format!("cancel-{target_id}"),
+                sent_at: None,
+                body: Some(admin_to_worker_message::Body::CancelRequest(cancel)),
+            };
+            let _ = self.outbound.send(Ok(message)).await;
+        }
+        let renew = {
+            let mut state = self.inner.lock().expect("cover lock");
+            state.asking = false;
+            state.own.retain(|a| !running.contains(a) || held.contains(a));
+            state.own.extend(held.iter().copied());
+            for (attempt, until) in vouched {
+                let entry = state.vouched.entry(attempt).or_insert(until);
+                *entry = (*entry).max(until);
+            }
+            let now = Instant::now();
+            let renew =
+                state.latest.as_ref().filter(|(_, running)| state.covers(running, now)).map(|(number, _)| *number);
+            (renew, state.elsewhere_changed())
+        };
+        let (renew, elsewhere) = renew;
+        if let Some(number) = renew {
+            self.renew(number);
+        }
+        self.tell_elsewhere(elsewhere);
+    }
+}
+
+async fn whereabouts(shared: &Shared, job: crate::model::JobId) -> Option<Option<crate::store::cluster::Whereabouts>> {
+    let store = shared.engine.store().clone();
+    match tokio::task::spawn_blocking(move || store.cluster().map(|c| c.whereabouts(job))).await {
+        Ok(Some(Ok(found))) => Some(found),
+        _ => None,
+    }
+}
