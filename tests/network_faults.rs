@@ -6,10 +6,14 @@
 //! to), and progress again within a stated time once the fault heals.
 
 mod common;
+#[path = "common/layered.rs"]
+mod layered;
 #[path = "common/net.rs"]
 mod net;
 #[path = "common/postgres.rs"]
 mod pg_common;
+#[path = "common/proxy.rs"]
+mod proxy;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -172,31 +176,73 @@ struct Cluster {
     admins: Vec<Server>,
     workers: Vec<Process>,
     log: std::path::PathBuf,
+    /// The slow links every link goes through, when there are.
+    links: Vec<proxy::SlowLink>,
 }
 
 fn cluster(n: usize) -> Cluster {
-    cluster_with(n, &CLUSTER)
+    cluster_with(n, &CLUSTER, false)
 }
 
-fn cluster_with(n: usize, timing: &[&str]) -> Cluster {
+/// `n` instances with `timing`; with `slow`, every link (worker to
+/// instance, instance to instance, instance to database) goes through a
+/// `SlowLink` of the test process, which the rig keeps.
+fn cluster_with(n: usize, timing: &[&str], slow: bool) -> Cluster {
     let network = net::Network::new();
     let db_host = network.host("db");
     let database = pg_common::PgCluster::start_on_host(&db_host.address, &db_host.wrapper());
     database.create_database("jobcenter");
-    let url = database.url("jobcenter");
     let dir = tempfile::tempdir().unwrap();
     if std::env::var_os("JOBCENTER_TEST_KEEP").is_some() {
         eprintln!("keeping {}", dir.path().display());
     }
     let admin_hosts: Vec<net::Host> = (0..n).map(|i| network.host(&format!("a{i}"))).collect();
     let worker_hosts: Vec<net::Host> = (0..n).map(|i| network.host(&format!("w{i}"))).collect();
-    let admins: Vec<Server> =
-        admin_hosts.iter().enumerate().map(|(i, host)| start_admin(host, dir.path(), i, &url, timing)).collect();
+    let here = format!("{}:0", network.here());
+    let mut links = Vec::new();
+    let url = match slow {
+        true => {
+            let link = proxy::SlowLink::start(&here, &format!("{}:5432", db_host.address));
+            let url = database.url("jobcenter").replace(&format!("{}:5432", db_host.address), &link.address);
+            links.push(link);
+            url
+        }
+        false => database.url("jobcenter"),
+    };
+    // Each instance's gRPC port, as the others and the workers reach it.
+    let grpc: Vec<String> = admin_hosts
+        .iter()
+        .map(|host| match slow {
+            true => {
+                let link = proxy::SlowLink::start(&here, &host.at(33646));
+                let address = link.address.clone();
+                links.push(link);
+                address
+            }
+            false => host.at(33646),
+        })
+        .collect();
+    let admins: Vec<Server> = admin_hosts
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let mut extra: Vec<&str> = timing.to_vec();
+            if slow {
+                extra.extend(["--advertise-grpc", &grpc[i]]);
+            }
+            start_admin(host, dir.path(), i, &url, &extra)
+        })
+        .collect();
     let log = dir.path().join("exec.log");
     let mut rig =
-        Cluster { network, dir, database, db_host, admin_hosts, worker_hosts, admins, workers: Vec::new(), log };
+        Cluster { network, dir, database, db_host, admin_hosts, worker_hosts, admins, workers: Vec::new(), log, links };
     for i in 0..n {
-        let order: Vec<String> = (0..n).map(|k| rig.admins[(i + k) % n].http.clone()).collect();
+        let order: Vec<String> = (0..n)
+            .map(|k| match slow {
+                true => format!("grpc://{}", grpc[(i + k) % n]),
+                false => rig.admins[(i + k) % n].http.clone(),
+            })
+            .collect();
         let worker = worker(&rig.worker_hosts[i], &order.join(","), &format!("w{i}"), rig.dir.path(), &rig.log, 4);
         rig.workers.push(worker);
     }
@@ -209,7 +255,7 @@ fn cluster_with(n: usize, timing: &[&str]) -> Cluster {
 
 /// Instance `i` on its host, on fixed ports (an instance that starts over
 /// listens where it did).
-fn start_admin(host: &net::Host, dir: &Path, i: usize, url: &str, timing: &[&str]) -> Server {
+fn start_admin(host: &net::Host, dir: &Path, i: usize, url: &str, extra: &[&str]) -> Server {
     let wrapper = host.wrapper();
     let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
     let mut args = vec![
@@ -229,7 +275,7 @@ fn start_admin(host: &net::Host, dir: &Path, i: usize, url: &str, timing: &[&str
         "--delivery-grace",
         "5s",
     ];
-    args.extend(timing);
+    args.extend(extra);
     Server::start_wrapped(&wrapper, &dir.join(format!("a{i}")), &host.at(23646), &args)
 }
 
@@ -277,7 +323,13 @@ impl Cluster {
             }
             None
         })
-        .unwrap_or_else(|| panic!("job {job} did not end within {limit:?}: {last}"))
+        .unwrap_or_else(|| {
+            let mut states: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+            for task in last["tasks"].as_array().into_iter().flatten() {
+                *states.entry(task["state"].as_str().unwrap_or("?").to_string()).or_default() += 1;
+            }
+            panic!("job {job} did not end within {limit:?}: {} with tasks {states:?}", last["state"])
+        })
     }
 
     fn ready(&self, i: usize) -> bool {
@@ -390,7 +442,7 @@ fn an_instance_cut_off_from_its_database_fences_itself_and_its_worker_moves() {
 /// taken back, nothing runs twice.
 #[test]
 fn an_instance_cut_off_from_its_worker_keeps_leading_while_the_worker_moves() {
-    let rig = cluster_with(2, &SLOW_CLUSTER);
+    let rig = cluster_with(2, &SLOW_CLUSTER, false);
     let job = submit(&rig.admins[0], rig.dir.path(), &independent(12, 4_000));
     assert_eq!(rig.leader(&job), Some(0));
     wait_until(Duration::from_secs(20), || (exec_events(&rig.log, &job).len() >= 4).then_some(()))
@@ -512,4 +564,46 @@ fn a_partition_of_one_against_two_leaves_every_job_to_the_two() {
     })
     .expect("the one started over once healed");
     eprintln!("partition 1 + 2: the two led every job {settled:?} after the cut; every job ended {done:?} after the heal, the one back {back:?} after it");
+}
+
+/// A slow, lossy network: 50 ms ± 20 ms on every link (worker to instance,
+/// instance to instance, instance to database) and a connection dropped
+/// every 2 s, through a 2,000-task layered job on three instances. It ends
+/// as the reference model says, nothing succeeds twice, no task runs twice
+/// at once; the same job on the same rig without the delay is the measure
+/// of the slowdown.
+#[test]
+fn a_slow_lossy_network_slows_a_job_down_and_changes_nothing_else() {
+    let rig = cluster_with(3, &CLUSTER, true);
+    let run = |name: &str| {
+        let job = layered::layered_job(
+            &mut layered::Rng(0x5105_11e7),
+            name,
+            2_000,
+            200,
+            &layered::Work::Sleep { from: 1, spread: 10 },
+        );
+        let started = Instant::now();
+        let id = submit(&rig.admins[0], rig.dir.path(), &job.text);
+        let done = rig.ended(&id, &[], Duration::from_secs(240));
+        let took = started.elapsed();
+        job.assert_as_modelled(&done);
+        let events = exec_events(&rig.log, &id);
+        job.assert_each_succeeded_once(&events);
+        job.assert_orderly_executions(&done, &events);
+        executions(&events);
+        took
+    };
+    let fast = run("fast");
+    for link in &rig.links {
+        link.set(Duration::from_millis(50), Duration::from_millis(20), Some(Duration::from_secs(2)));
+    }
+    let slow = run("slow");
+    let dropped: u64 = rig.links.iter().map(|l| l.dropped()).sum();
+    assert!(dropped > 0, "no connection was dropped");
+    eprintln!(
+        "slow network: a 2,000-task layered job took {fast:?} without the delay, {slow:?} with 50 ms ± 20 ms on every link \
+         and {dropped} connections dropped ({:.1} times as long)",
+        slow.as_secs_f64() / fast.as_secs_f64()
+    );
 }

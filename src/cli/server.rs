@@ -103,6 +103,11 @@ pub struct ServerArgs {
     /// Attempts a task may lose with its worker before it fails.
     #[arg(long, default_value_t = 3)]
     pub lost_attempt_limit: u32,
+    /// With several admins on one database: the gRPC address the other
+    /// instances reach this one at, when it is not the one it listens on
+    /// (a proxy, a load balancer or NAT in between).
+    #[arg(long)]
+    pub advertise_grpc: Option<String>,
     /// A client (HTTP or gRPC) that takes none of a response's bytes for
     /// this long has its connection closed.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -213,6 +218,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         prune_interval: args.prune_interval,
         cluster_lock_turn: args.cluster_lock_turn,
         send_timeout: args.send_timeout,
+        advertise_grpc: args.advertise_grpc,
         ..ServerOptions::default()
     };
     server::run(store, options, http, grpc, shutdown_signal()).await?;

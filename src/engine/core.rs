@@ -719,6 +719,11 @@ impl Core {
             }
             Command::ReturnBorrowed { task, attempt } => self.return_borrowed(task, attempt),
             Command::Lend { slots, reply } => {
+                // A handler another live instance offers is connected there
+                // now: not away, as if its heartbeat had listed it.
+                for offered in &slots {
+                    self.absent.remove(offered.handler);
+                }
                 let lent = self.lend(slots, now, step);
                 step.reply(reply, lent);
             }

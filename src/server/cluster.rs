@@ -93,6 +93,17 @@ impl Node {
         *self.fenced.borrow()
     }
 
+    /// A heartbeat that began at `began` went through: this instance was
+    /// not deactivated, and is not silent as of then.
+    fn heartbeat_went_through(&self, began: Instant) {
+        let mut ok = self.beat_ok.lock().expect("beat lock");
+        *ok = (*ok).max(began);
+        drop(ok);
+        if self.fenced.send_replace(false) {
+            tracing::warn!(instance = %self.id, "the heartbeat went through again: this instance takes workers again");
+        }
+    }
+
     /// Changes of `is_fenced`, for what must stop at once when it is set.
     pub fn fencing(&self) -> tokio::sync::watch::Receiver<bool> {
         self.fenced.subscribe()
@@ -291,12 +302,7 @@ pub fn spawn_loop(shared: Arc<Shared>) {
         loop {
             let started = Instant::now();
             match beat(&shared, &node).await {
-                Ok(()) => {
-                    *node.beat_ok.lock().expect("beat lock") = started;
-                    if node.fenced.send_replace(false) {
-                        tracing::warn!(instance = %node.id, "the heartbeat went through again: this instance takes workers again");
-                    }
-                }
+                Ok(()) => {}
                 Err(store::Error::Fenced { .. }) => start_over(&node),
                 Err(e) => {
                     let silent = node.beat_ok.lock().expect("beat lock").elapsed();
@@ -366,9 +372,13 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
     let store = node.store.clone();
     let lag = node.timing.lag;
     let sent = node.clock.now().as_millis();
+    let began = Instant::now();
     let membership = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").heartbeat(&beat, lag))
         .await
         .map_err(|e| store::Error::Io(e.to_string()))??;
+    // The database holds a heartbeat no older than `began`: whatever else
+    // this beat does may fail, this instance is not silent.
+    node.heartbeat_went_through(began);
     let returned = node.clock.now().as_millis();
     let midpoint = sent + (returned - sent) / 2;
     node.offset_ms.store(membership.now_ms - midpoint, Ordering::Relaxed);

@@ -89,6 +89,9 @@ pub struct ServerOptions {
     pub cluster_lock_turn: Duration,
     /// A connection whose client takes no bytes for this long is closed.
     pub send_timeout: Duration,
+    /// The gRPC address other instances reach this one at, when it is not
+    /// the one it listens on.
+    pub advertise_grpc: Option<String>,
 }
 
 impl Default for ServerOptions {
@@ -116,6 +119,7 @@ impl Default for ServerOptions {
             prune_interval: Duration::from_secs(60),
             cluster_lock_turn: master::Turns::default().turn,
             send_timeout: Duration::from_secs(30),
+            advertise_grpc: None,
         }
     }
 }
@@ -189,8 +193,9 @@ pub async fn run(
     let node = match store.cluster() {
         Some(_) => {
             let (store, clock, timing) = (store.clone(), clock.clone(), options.cluster);
+            let advertised = options.advertise_grpc.clone();
             let join = move || {
-                let (grpc, http) = (grpc_addr.to_string(), http_addr.to_string());
+                let (grpc, http) = (advertised.unwrap_or_else(|| grpc_addr.to_string()), http_addr.to_string());
                 cluster::Node::join(store, clock, Role::Server, grpc, http, timing)
             };
             Some(Arc::new(tokio::task::spawn_blocking(join).await??))

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -105,80 +106,82 @@ impl Cluster for PgStore {
     fn heartbeat(&self, beat: &Beat, lag: Duration) -> Result<Membership, Error> {
         let me = self.me_or_refuse()?;
         let handlers: Vec<Uuid> = beat.handlers.iter().map(|h| h.0).collect();
+        let (jobs_led, workers, lag_s) = (count(beat.jobs_led), count(beat.workers), lag.as_secs_f64());
+        let remove_gone = |table: &str| {
+            format!(
+                "DELETE FROM jobcenter.{table} WHERE holder NOT IN \
+                 (SELECT id FROM jobcenter.instances WHERE status = 'active')"
+            )
+        };
+        let (leases, permits, wants) = (remove_gone("leases"), remove_gone("permits"), remove_gone("permit_wants"));
+        let forget = format!(
+            "DELETE FROM jobcenter.instances WHERE status = 'deactivated' AND heartbeat < now() - interval '{KEEP_DEACTIVATED}'"
+        );
+        let instances_query =
+            format!("SELECT {INSTANCE_COLUMNS} FROM jobcenter.instances WHERE status = 'active' ORDER BY id");
         self.block_on(async {
             let mut client = self.reader().await?;
             let transaction = client.transaction().await.map_err(|e| self.error(&e))?;
-            // The heartbeat is a write like any other: fenced.
-            transaction.execute("SELECT jobcenter.fence($1)", &[&me]).await.map_err(|e| self.error(&e))?;
-            let mine = transaction
-                .query_opt(
+            // Every statement goes out at once and runs in order (a
+            // pipeline, each statement typed so that none waits for its own
+            // preparation): a heartbeat costs about one round trip to the
+            // database besides its transaction's, however far it is.
+            let fence_params: [(&(dyn ToSql + Sync), Type); 1] = [(&me, Type::UUID)];
+            let beat_params: [(&(dyn ToSql + Sync), Type); 6] = [
+                (&me, Type::UUID),
+                (&jobs_led, Type::INT4),
+                (&workers, Type::INT4),
+                (&beat.detectors, Type::TEXT_ARRAY),
+                (&beat.detections, Type::TEXT_ARRAY),
+                (&handlers, Type::UUID_ARRAY),
+            ];
+            let lag_params: [(&(dyn ToSql + Sync), Type); 1] = [(&lag_s, Type::FLOAT8)];
+            let (fence, mine, deactivated, freed, leases, permits, wants, forgotten, instances, counts) = tokio::join!(
+                biased;
+                // The heartbeat is a write like any other: fenced.
+                transaction.execute_typed("SELECT jobcenter.fence($1)", &fence_params),
+                transaction.query_typed_opt(
                     "UPDATE jobcenter.instances SET heartbeat = now(), jobs_led = $2, workers = $3, \
                      detectors = $4, detections = $5, handlers = $6 \
                      WHERE id = $1 AND status = 'active' RETURNING (extract(epoch FROM now()) * 1000)::int8",
-                    &[&me, &count(beat.jobs_led), &count(beat.workers), &beat.detectors, &beat.detections, &handlers],
-                )
-                .await
-                .map_err(|e| self.error(&e))?;
-            let Some(mine) = mine else {
-                return Err(Error::Fenced { instance: me.to_string() });
-            };
-            let now_ms: i64 = mine.get(0);
-            let deactivated = transaction
-                .query(
-                    // A silent instance whose row a write of its own still
-                    // locks (the fence's share lock, in a transaction its
-                    // connection left open when the network failed) is
-                    // skipped, not waited for: the write may still land, and
-                    // the server ends that session within seconds
-                    // (`connect::SESSION_SETUP`); the next heartbeat
-                    // deactivates it then. Waiting would stall this
-                    // heartbeat, and make this instance look silent too.
+                    &beat_params,
+                ),
+                // A silent instance whose row a write of its own still locks
+                // (the fence's share lock, in a transaction its connection
+                // left open when the network failed) is skipped, not waited
+                // for: the write may still land, and the server ends that
+                // session within seconds (`connect::SESSION_SETUP`); the next
+                // heartbeat deactivates it then. Waiting would stall this
+                // heartbeat, and make this instance look silent too.
+                transaction.query_typed(
                     "UPDATE jobcenter.instances SET status = 'deactivated' WHERE id IN \
                      (SELECT id FROM jobcenter.instances WHERE status = 'active' \
                      AND heartbeat < now() - make_interval(secs => $1) FOR UPDATE SKIP LOCKED) RETURNING id",
-                    &[&lag.as_secs_f64()],
-                )
-                .await
-                .map_err(|e| self.error(&e))?;
-            transaction.execute(FREE_ORPHANED_JOBS, &[]).await.map_err(|e| self.error(&e))?;
-            // A lease, a permit slot or a want of an instance that is gone
-            // is free at once (a slot so held is free to take anyway).
-            for table in ["leases", "permits", "permit_wants"] {
-                transaction
-                    .execute(
-                        &format!(
-                            "DELETE FROM jobcenter.{table} WHERE holder NOT IN \
-                             (SELECT id FROM jobcenter.instances WHERE status = 'active')"
-                        ),
-                        &[],
-                    )
-                    .await
-                    .map_err(|e| self.error(&e))?;
-            }
-            transaction
-                .execute(
-                    &format!(
-                        "DELETE FROM jobcenter.instances WHERE status = 'deactivated' \
-                         AND heartbeat < now() - interval '{KEEP_DEACTIVATED}'"
-                    ),
-                    &[],
-                )
-                .await
-                .map_err(|e| self.error(&e))?;
-            let instances = transaction
-                .query(
-                    &format!("SELECT {INSTANCE_COLUMNS} FROM jobcenter.instances WHERE status = 'active' ORDER BY id"),
-                    &[],
-                )
-                .await
-                .map_err(|e| self.error(&e))?;
-            let counts = transaction
-                .query_one(
+                    &lag_params,
+                ),
+                transaction.execute_typed(FREE_ORPHANED_JOBS, &[]),
+                // A lease, a permit slot or a want of an instance that is
+                // gone is free at once (a slot so held is free to take anyway).
+                transaction.execute_typed(&leases, &[]),
+                transaction.execute_typed(&permits, &[]),
+                transaction.execute_typed(&wants, &[]),
+                transaction.execute_typed(&forget, &[]),
+                transaction.query_typed(&instances_query, &[]),
+                transaction.query_typed_one(
                     "SELECT count(*), count(*) FILTER (WHERE owner IS NULL) FROM jobcenter.jobs WHERE active",
                     &[],
-                )
-                .await
-                .map_err(|e| self.error(&e))?;
+                ),
+            );
+            fence.map_err(|e| self.error(&e))?;
+            let Some(mine) = mine.map_err(|e| self.error(&e))? else {
+                return Err(Error::Fenced { instance: me.to_string() });
+            };
+            let deactivated = deactivated.map_err(|e| self.error(&e))?;
+            for done in [freed, leases, permits, wants, forgotten] {
+                done.map_err(|e| self.error(&e))?;
+            }
+            let (instances, counts) = (instances.map_err(|e| self.error(&e))?, counts.map_err(|e| self.error(&e))?);
+            let now_ms: i64 = mine.get(0);
             transaction.commit().await.map_err(|e| self.error(&e))?;
             Ok(Membership {
                 now_ms,
