@@ -7,7 +7,6 @@
 //! ready. Any other store error is fail-stop. Its crash points are in
 //! `crate::crash`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +25,7 @@ pub(super) fn spawn(
     steps: mpsc::Receiver<Step>,
     events: broadcast::Sender<Event>,
     observer: Arc<std::sync::OnceLock<CommitObserver>>,
-    ready: Arc<AtomicBool>,
+    ready: Arc<super::Readiness>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("jobcenter-commit".into())
@@ -39,7 +38,7 @@ fn run(
     mut steps: mpsc::Receiver<Step>,
     events: broadcast::Sender<Event>,
     observer: Arc<std::sync::OnceLock<CommitObserver>>,
-    ready: Arc<AtomicBool>,
+    ready: Arc<super::Readiness>,
 ) {
     let mut pending: Vec<Step> = Vec::new();
     let crash = CrashPoint::from_env();
@@ -111,18 +110,18 @@ fn send_orders(steps: &mut [Step], events: &broadcast::Sender<Event>) {
 /// (backing off from 50 ms to 5 s, reporting the engine not ready
 /// meanwhile). Any other failure is fail-stop: nothing after it may be
 /// acknowledged.
-fn until_available(ready: &AtomicBool, mut call: impl FnMut() -> Result<(), store::Error>) {
+fn until_available(ready: &super::Readiness, mut call: impl FnMut() -> Result<(), store::Error>) {
     let mut delay = Duration::from_millis(50);
     loop {
         match call() {
             Ok(()) => {
-                if !ready.swap(true, Ordering::AcqRel) {
+                if !ready.set(true) {
                     tracing::warn!("the store is back: acknowledging again");
                 }
                 return;
             }
             Err(e) if e.is_transient() => {
-                if ready.swap(false, Ordering::AcqRel) {
+                if ready.set(false) {
                     tracing::error!(error = %e, "the store is away: nothing is acknowledged until it is back");
                 }
                 std::thread::sleep(delay);

@@ -3,7 +3,7 @@
 //! durable. Reads of jobs that have ended go to the store.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,7 +40,7 @@ pub struct EngineHandle {
     store: Arc<dyn Store>,
     events: broadcast::Sender<Event>,
     commit_observer: Arc<std::sync::OnceLock<CommitObserver>>,
-    ready: Arc<AtomicBool>,
+    ready: Arc<super::Readiness>,
     removals: Arc<AtomicU64>,
 }
 
@@ -50,14 +50,19 @@ impl EngineHandle {
         store: Arc<dyn Store>,
         events: broadcast::Sender<Event>,
         commit_observer: Arc<std::sync::OnceLock<CommitObserver>>,
-        (ready, removals): (Arc<AtomicBool>, Arc<AtomicU64>),
+        (ready, removals): (Arc<super::Readiness>, Arc<AtomicU64>),
     ) -> EngineHandle {
         EngineHandle { commands, store, events, commit_observer, ready, removals }
     }
 
     /// False while the store is away and nothing can be acknowledged.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.ready.is_ready()
+    }
+
+    /// How long the store has taken writes without a break, if it does now.
+    pub fn ready_for(&self) -> Option<std::time::Duration> {
+        self.ready.ready_for()
     }
 
     /// Sets (or with `None` removes) settings, written with the engine's

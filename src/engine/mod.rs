@@ -195,7 +195,7 @@ impl Engine {
         let (commands_tx, commands_rx) = mpsc::channel(65_536);
         let (steps_tx, steps_rx) = mpsc::channel(64);
         let commit_observer: Arc<std::sync::OnceLock<CommitObserver>> = Arc::default();
-        let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let ready = Arc::new(Readiness::default());
         committer::spawn(store.clone(), steps_rx, events.clone(), commit_observer.clone(), ready.clone())
             .map_err(|e| Error::Store(store::Error::Io(e.to_string())))?;
         // Steps made while restoring (orphans requeued, jobs finalized) go first.
@@ -228,5 +228,40 @@ mod tests {
         assert_eq!(line("", ""), "");
         let long = line("stage", &"é".repeat(600));
         assert!(long.len() <= MAX_STAGE_LEN && long.starts_with("stage: é"), "{}", long.len());
+    }
+}
+
+/// Whether the store takes writes now, and since when: nothing is
+/// acknowledged while it does not, and nothing that waited meanwhile could
+/// have gone out before it did again.
+#[derive(Debug)]
+pub struct Readiness {
+    ready: std::sync::atomic::AtomicBool,
+    since: std::sync::Mutex<std::time::Instant>,
+}
+
+impl Default for Readiness {
+    fn default() -> Readiness {
+        Readiness { ready: true.into(), since: std::sync::Mutex::new(std::time::Instant::now()) }
+    }
+}
+
+impl Readiness {
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// How long the store has taken writes without a break, if it does now.
+    pub fn ready_for(&self) -> Option<std::time::Duration> {
+        self.is_ready().then(|| self.since.lock().expect("readiness lock").elapsed())
+    }
+
+    /// Sets whether the store takes writes; returns what it was.
+    pub(crate) fn set(&self, ready: bool) -> bool {
+        let was = self.ready.swap(ready, std::sync::atomic::Ordering::AcqRel);
+        if ready && !was {
+            *self.since.lock().expect("readiness lock") = std::time::Instant::now();
+        }
+        was
     }
 }

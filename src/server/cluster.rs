@@ -56,6 +56,9 @@ pub struct Node {
     beat_ok: Mutex<Instant>,
     /// Set while this instance is fenced by itself: see `spawn_fence`.
     fenced: tokio::sync::watch::Sender<bool>,
+    /// Since when its heartbeats have all gone through (the first of the
+    /// run began then); `None` after one failed.
+    streak: Mutex<Option<Instant>>,
 }
 
 impl Node {
@@ -84,6 +87,7 @@ impl Node {
             permits_wake: tokio::sync::Notify::new(),
             beat_ok: Mutex::new(Instant::now()),
             fenced: tokio::sync::watch::Sender::new(false),
+            streak: Mutex::new(None),
         })
     }
 
@@ -99,6 +103,7 @@ impl Node {
         let mut ok = self.beat_ok.lock().expect("beat lock");
         *ok = (*ok).max(began);
         drop(ok);
+        self.streak.lock().expect("streak lock").get_or_insert(began);
         if self.fenced.send_replace(false) {
             tracing::warn!(instance = %self.id, "the heartbeat went through again: this instance takes workers again");
         }
@@ -368,6 +373,7 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
         detectors: detectors.into_iter().collect(),
         detections,
         handlers: handlers.clone(),
+        may_judge: node.streak.lock().expect("streak lock").is_some_and(|since| since.elapsed() >= node.timing.lag),
     };
     let store = node.store.clone();
     let lag = node.timing.lag;
@@ -375,7 +381,9 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
     let began = Instant::now();
     let membership = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").heartbeat(&beat, lag))
         .await
-        .map_err(|e| store::Error::Io(e.to_string()))??;
+        .map_err(|e| store::Error::Io(e.to_string()))
+        .and_then(|beat| beat)
+        .inspect_err(|_| *node.streak.lock().expect("streak lock") = None)?;
     // The database holds a heartbeat no older than `began`: whatever else
     // this beat does may fail, this instance is not silent.
     node.heartbeat_went_through(began);

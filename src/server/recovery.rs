@@ -48,8 +48,21 @@ pub async fn check(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Fi
 }
 
 async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
+    // While the store is away nothing is durable and no work order leaves:
+    // what the check would see then is the outage, not a fault.
+    let Some(ready_for) = shared.engine.ready_for() else {
+        anyhow::bail!("the store is away: the recovery check waits until it is back");
+    };
     let now = shared.clock.now().as_millis();
-    let (jobs, engine_handlers) = shared.engine.recovery_snapshot().await?;
+    let (mut jobs, engine_handlers) = shared.engine.recovery_snapshot().await?;
+    // No work order could leave before the store took writes again: an
+    // attempt is counted as handed over from then at the earliest.
+    let ready_since = now - ready_for.as_millis() as i64;
+    for task in jobs.iter_mut().flat_map(|job| job.tasks.iter_mut()) {
+        if let Some(assigned_at) = task.assigned_at.as_mut() {
+            *assigned_at = (*assigned_at).max(ready_since);
+        }
+    }
     let grace_ms = shared.options.delivery_grace.as_millis() as i64;
     let mut handlers = std::collections::BTreeMap::new();
     for worker in shared.registry.workers() {

@@ -46,6 +46,11 @@ pub struct Beat {
     pub detections: Vec<String>,
     /// Handlers (workers) connected to it.
     pub handlers: Vec<HandlerId>,
+    /// It has reached the database without a break for the lag threshold,
+    /// so it may judge others silent: one that has just reached it again
+    /// (the database restarted, or failed over) cannot tell an instance
+    /// that is silent from one the outage kept silent too.
+    pub may_judge: bool,
 }
 
 /// One instance as the store knows it.

@@ -85,6 +85,8 @@ struct SlowState {
     delay_us: std::sync::atomic::AtomicU64,
     jitter_us: std::sync::atomic::AtomicU64,
     drop_every_ms: std::sync::atomic::AtomicU64,
+    /// How long a new connection waits before it is made upstream, in ms.
+    connect_delay_ms: std::sync::atomic::AtomicU64,
     /// The connections open now, to drop one.
     open: std::sync::Mutex<Vec<(TcpStream, TcpStream)>>,
     /// Connections dropped so far.
@@ -102,6 +104,7 @@ impl SlowLink {
             delay_us: 0.into(),
             jitter_us: 0.into(),
             drop_every_ms: 0.into(),
+            connect_delay_ms: 0.into(),
             open: std::sync::Mutex::new(Vec::new()),
             dropped: 0.into(),
             stopped: AtomicBool::new(false),
@@ -113,15 +116,22 @@ impl SlowLink {
                     return;
                 }
                 let Ok(client) = client else { continue };
-                let Ok(server) = TcpStream::connect(&accepting.upstream) else { continue };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                accepting.open.lock().unwrap().push((client.try_clone().unwrap(), server.try_clone().unwrap()));
-                for (from, to) in [(&client, &server), (&server, &client)] {
-                    let (from, to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
-                    let state = accepting.clone();
-                    std::thread::spawn(move || delayed_pump(from, to, &state));
-                }
+                let state = accepting.clone();
+                std::thread::spawn(move || {
+                    let wait = state.connect_delay_ms.load(Ordering::SeqCst);
+                    if wait > 0 {
+                        std::thread::sleep(Duration::from_millis(wait));
+                    }
+                    let Ok(server) = TcpStream::connect(&state.upstream) else { return };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    state.open.lock().unwrap().push((client.try_clone().unwrap(), server.try_clone().unwrap()));
+                    for (from, to) in [(&client, &server), (&server, &client)] {
+                        let (from, to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+                        let state = state.clone();
+                        std::thread::spawn(move || delayed_pump(from, to, &state));
+                    }
+                });
             }
         });
         let dropping = state.clone();
@@ -157,6 +167,20 @@ impl SlowLink {
         self.state.delay_us.store(delay.as_micros() as u64, Ordering::SeqCst);
         self.state.jitter_us.store(jitter.as_micros() as u64, Ordering::SeqCst);
         self.state.drop_every_ms.store(drop_every.map_or(0, |d| d.as_millis() as u64), Ordering::SeqCst);
+    }
+
+    /// From now on, a new connection waits `delay` before it is made upstream.
+    pub fn delay_connects(&self, delay: Duration) {
+        self.state.connect_delay_ms.store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Drops every connection open now, both ways.
+    pub fn drop_all(&self) {
+        for (client, server) in self.state.open.lock().unwrap().drain(..) {
+            let _ = client.shutdown(std::net::Shutdown::Both);
+            let _ = server.shutdown(std::net::Shutdown::Both);
+            self.state.dropped.fetch_add(1, Ordering::SeqCst);
+        }
     }
 
     /// How many connections it dropped.

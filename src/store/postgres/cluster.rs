@@ -135,7 +135,7 @@ impl Cluster for PgStore {
                 (&beat.detections, Type::TEXT_ARRAY),
                 (&handlers, Type::UUID_ARRAY),
             ];
-            let lag_params: [(&(dyn ToSql + Sync), Type); 1] = [(&lag_s, Type::FLOAT8)];
+            let lag_params: [(&(dyn ToSql + Sync), Type); 2] = [(&lag_s, Type::FLOAT8), (&beat.may_judge, Type::BOOL)];
             let (fence, mine, deactivated, freed, leases, permits, wants, forgotten, instances, counts) = tokio::join!(
                 biased;
                 // The heartbeat is a write like any other: fenced.
@@ -146,6 +146,8 @@ impl Cluster for PgStore {
                      WHERE id = $1 AND status = 'active' RETURNING (extract(epoch FROM now()) * 1000)::int8",
                     &beat_params,
                 ),
+                // Only an instance that has reached the database without a
+                // break for the lag judges others silent (`Beat::may_judge`).
                 // A silent instance whose row a write of its own still locks
                 // (the fence's share lock, in a transaction its connection
                 // left open when the network failed) is skipped, not waited
@@ -155,7 +157,7 @@ impl Cluster for PgStore {
                 // heartbeat, and make this instance look silent too.
                 transaction.query_typed(
                     "UPDATE jobcenter.instances SET status = 'deactivated' WHERE id IN \
-                     (SELECT id FROM jobcenter.instances WHERE status = 'active' \
+                     (SELECT id FROM jobcenter.instances WHERE $2 AND status = 'active' \
                      AND heartbeat < now() - make_interval(secs => $1) FOR UPDATE SKIP LOCKED) RETURNING id",
                     &lag_params,
                 ),
