@@ -4,6 +4,8 @@
 //! Prometheus metrics at `/metrics`.
 
 mod common;
+#[path = "common/raw_http.rs"]
+mod raw_http;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -11,7 +13,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{nine_tasks, start_worker, wait_until, Server};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// One HTTP/1.1 request; returns the status and the body.
 fn http(address: &str, method: &str, path: &str, body: Option<(&str, &str)>, token: Option<&str>) -> (u16, String) {
@@ -479,4 +481,177 @@ fn a_job_of_more_tasks_than_one_part_is_read_watched_and_waited_for_whole_and_in
     assert_eq!(watched.status.code(), Some(1));
     let text = std::fs::read_to_string(&watch_out).unwrap();
     assert!(text.contains("job canceled"), "{text}");
+}
+
+/// A canceled job of one task of a type nobody serves; its id.
+fn ended_job(address: &str, name: &str) -> String {
+    let job = format!(r#"{{"name":"{name}","tasks":[{{"id":"a","job_type":"parked"}}]}}"#);
+    let created = raw_http::request(address, "POST", "/api/jobs", &[("Content-Type", "application/json")], Some(&job));
+    assert_eq!(created.status, 201, "{}", created.body);
+    let id = created.json()["job_id"].as_str().unwrap().to_string();
+    assert_eq!(raw_http::request(address, "POST", &format!("/api/jobs/{id}/cancel"), &[], None).status, 200);
+    id
+}
+
+/// The error of a 400 answer, which must name `what`.
+fn refused(answer: raw_http::Answer, what: &str) -> String {
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    let error = answer.json()["error"].as_str().expect("an error").to_string();
+    assert!(error.contains(what), "{error:?} does not name {what:?}");
+    error
+}
+
+#[test]
+fn a_query_parameter_that_breaks_its_rule_or_is_not_taken_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every ended job is due for removal after a second; no prune of its own.
+    let server = Server::start(&dir.path().join("data"), &["--keep-ended-for", "1s", "--prune-interval", "1h"]);
+    let address = server.http.as_str();
+    let id = ended_job(address, "kept");
+    std::thread::sleep(Duration::from_millis(1200));
+    let post = |path: &str| raw_http::request(address, "POST", path, &[], None);
+    let get = |path: &str| raw_http::request(address, "GET", path, &[], None);
+
+    // A misspelt or unreadable dry run removes nothing (both were read as
+    // "not a dry run" before).
+    refused(post("/api/prune?dry-run=true"), "\"dry-run\"");
+    let error = refused(post("/api/prune?dry_run=yes"), "dry_run");
+    assert!(error.contains("\"yes\"") && error.contains("true or false"), "{error}");
+    refused(post("/api/prune?dry_run="), "dry_run");
+    let (_, list) = json(address, "GET", "/api/jobs", None);
+    assert_eq!(list["jobs"].as_array().unwrap().len(), 1, "nothing was removed: {list}");
+    let named = post("/api/prune?dry_run=1");
+    assert_eq!((named.status, &named.json()["dry_run"]), (200, &Value::Bool(true)), "{}", named.body);
+    assert_eq!(named.json()["jobs"][0]["job"]["id"], id.as_str());
+    let (_, list) = json(address, "GET", "/api/jobs", None);
+    assert_eq!(list["jobs"].as_array().unwrap().len(), 1, "a dry run removes nothing: {list}");
+
+    // The recovery check runs for real only when asked in so many words.
+    refused(post("/api/recover?dry_run=null"), "dry_run");
+    refused(post("/api/recover?here_only=2"), "here_only");
+    refused(post("/api/recover?dryrun=true"), "\"dryrun\"");
+    let (_, overview) = json(address, "GET", "/api/overview", None);
+    assert_eq!(overview["recovery"], Value::Null, "no check ran: {overview}");
+    refused(post("/api/detect/noop?run=yes"), "run");
+
+    // Counts are whole numbers from 0; a negative one was read as 0 (all).
+    let error = refused(get("/api/jobs?limit=-1"), "limit");
+    assert!(error.contains("\"-1\"") && error.contains("whole number"), "{error}");
+    refused(get("/api/activities?limit=ten"), "limit");
+    refused(get("/api/jobs?stat=failed"), "\"stat\"");
+    let (status, list) = json(address, "GET", "/api/jobs?limit=1&state=", None);
+    assert_eq!((status, list["jobs"].as_array().map(Vec::len)), (200, Some(1)), "an empty state is no filter");
+
+    // A write that takes no query parameter takes none.
+    refused(post(&format!("/api/jobs/{id}/retry?force=1")), "this route takes no query parameter");
+    let (_, job) = json(address, "GET", &format!("/api/jobs/{id}"), None);
+    assert_eq!(job["state"], "canceled", "not retried: {job}");
+}
+
+#[test]
+fn a_json_body_that_is_not_json_or_not_of_its_shape_is_refused_as_json_naming_the_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "body-token\n").unwrap();
+    let server = Server::start(&dir.path().join("data"), &["--token-file", token_file.to_str().unwrap()]);
+    let address = server.http.as_str();
+    let bearer = ("Authorization", "Bearer body-token");
+    let json_type = ("Content-Type", "application/json");
+    let put = |headers: &[(&str, &str)], body: &str| {
+        raw_http::request(address, "PUT", "/api/policies/noop", headers, Some(body))
+    };
+
+    // Before: answers in plain text (415, 400, 422) that the document did not name.
+    let untyped = put(&[bearer], r#"{"retry_limit": 2}"#);
+    assert_eq!(untyped.status, 415, "{}", untyped.body);
+    assert!(untyped.json()["error"].as_str().unwrap().contains("content-type: application/json"), "{}", untyped.body);
+    let error = refused(put(&[bearer, json_type], r#"{"retry_limit": 2"#), "line 1 column");
+    assert!(error.starts_with("the body is not JSON"), "{error}");
+    let error = refused(put(&[bearer, json_type], r#"[2]"#), "line 1 column");
+    assert!(error.starts_with("the body does not fit"), "{error}");
+    let policy = raw_http::request(address, "GET", "/api/policies/noop", &[bearer], None).json();
+    assert_eq!(policy["sources"]["retry_limit"], "default", "nothing was set: {policy}");
+
+    let sign_in =
+        |headers: &[(&str, &str)], body: &str| raw_http::request(address, "POST", "/api/session", headers, Some(body));
+    assert_eq!(sign_in(&[], r#"{"token": "body-token"}"#).status, 415);
+    refused(sign_in(&[json_type], r#"{"token": 7}"#), "token");
+    refused(sign_in(&[json_type], "\u{0}"), "line 1 column 1");
+    let signed_in = sign_in(&[json_type], r#"{"token": "body-token"}"#);
+    assert_eq!(signed_in.status, 200, "{}", signed_in.body);
+    assert!(signed_in.header("set-cookie").is_some_and(|c| c.starts_with("jobcenter_session=")));
+}
+
+#[test]
+fn an_admin_running_alone_pauses_its_scheduler_by_the_id_it_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let address = server.http.as_str();
+    let post = |path: &str| raw_http::request(address, "POST", path, &[], None);
+    let paused = || json(address, "GET", "/api/instances", None).1["instances"][0].clone();
+    let instance = paused();
+    assert_eq!((&instance["id"], &instance["paused"]), (&json!("local"), &json!(false)), "{instance}");
+
+    // The console pauses an instance by the id it lists: `local` was refused as not a UUID.
+    let answer = post("/api/scheduler/pause?instance=local");
+    assert_eq!((answer.status, &answer.json()["changed"]), (200, &json!(1)), "{}", answer.body);
+    assert_eq!(paused()["paused"], true);
+    let answer = post("/api/scheduler/resume?instance=local");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(paused()["paused"], false);
+
+    // Another instance's id is no instance here; a word that is no id is refused.
+    let answer = post("/api/scheduler/pause?instance=0190a2b4-0000-7000-8000-000000000009");
+    assert_eq!(answer.status, 404, "{}", answer.body);
+    assert!(answer.json()["error"].as_str().unwrap().contains("\"local\""), "{}", answer.body);
+    refused(post("/api/scheduler/pause?instance=everyone"), "\"everyone\"");
+    assert_eq!(paused()["paused"], false, "neither paused it");
+}
+
+#[test]
+fn a_method_or_path_the_api_does_not_serve_is_405_or_404_whoever_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "route-token\n").unwrap();
+    let server = Server::start(&dir.path().join("data"), &["--token-file", token_file.to_str().unwrap()]);
+    let address = server.http.as_str();
+    let signed_in = raw_http::request(
+        address,
+        "POST",
+        "/api/session",
+        &[("Content-Type", "application/json")],
+        Some(r#"{"token": "route-token"}"#),
+    );
+    let cookie = signed_in.header("set-cookie").and_then(|c| c.split(';').next()).unwrap().to_string();
+
+    // A session without its anti-forgery token got 403 for a method no route serves.
+    let trace = raw_http::request(address, "TRACE", "/api/session", &[("Cookie", &cookie)], None);
+    assert_eq!(trace.status, 405, "{}", trace.body);
+    assert_eq!(trace.header("allow"), Some("GET,HEAD,POST,DELETE"));
+    // Without a credential: 401 before, whatever the method or path.
+    let delete = raw_http::request(address, "DELETE", "/api/jobs", &[], None);
+    assert_eq!((delete.status, delete.header("allow")), (405, Some("GET,HEAD,POST")));
+    assert_eq!(raw_http::request(address, "GET", "/api/no-such-route", &[], None).status, 404);
+
+    // What is served is guarded as before.
+    let listed = raw_http::request(address, "GET", "/api/jobs", &[], None);
+    assert_eq!(listed.status, 401, "{}", listed.body);
+    let write = raw_http::request(address, "POST", "/api/scheduler/pause", &[("Cookie", &cookie)], None);
+    assert_eq!(write.status, 403, "{}", write.body);
+    let read = raw_http::request(address, "GET", "/api/jobs", &[("Cookie", &cookie)], None);
+    assert_eq!(read.status, 200, "{}", read.body);
+}
+
+#[test]
+fn a_path_parameter_that_is_not_utf8_is_a_json_400_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let address = server.http.as_str();
+    // Before: `Invalid URL: Invalid UTF-8 in `id`` in plain text.
+    refused(raw_http::request(address, "GET", "/api/jobs/%FF", &[], None), "path parameter id");
+    refused(raw_http::request(address, "GET", "/api/policies/%C0%AF", &[], None), "path parameter job_type");
+    let (task, file) = ("/api/jobs/0190a2b4-0000-7000-8000-000000000009/tasks/%FF", "/console/%FF.js");
+    refused(raw_http::request(address, "GET", task, &[], None), "path parameter task");
+    let console = raw_http::request(address, "GET", file, &[], None);
+    assert_eq!((console.status, console.body.as_str()), (404, "no such file\n"));
 }

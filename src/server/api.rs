@@ -113,6 +113,10 @@ fn job_too_large(source_name: &str, limit: u64) -> Error {
     ))
 }
 
+/// The id `instances` gives an admin that runs alone (it has no UUID in a
+/// shared database); `set_scheduler_paused` takes it too.
+const LOCAL_INSTANCE: &str = "local";
+
 type JobServiceClientOf = api::job_service_client::JobServiceClient<tonic::transport::Channel>;
 
 fn parse_job_id(text: &str) -> Result<JobId, Error> {
@@ -303,7 +307,7 @@ impl Api {
         let Some(node) = self.shared.cluster.clone() else {
             let led = self.shared.engine.active_jobs().await?.len();
             return Ok(vec![api::Instance {
-                id: "local".into(),
+                id: LOCAL_INSTANCE.into(),
                 role: "server".into(),
                 grpc_address: format!("127.0.0.1:{}", self.shared.grpc_port),
                 status: "active".into(),
@@ -341,21 +345,31 @@ impl Api {
 
     /// Pauses or resumes the scheduler loop of one instance (by id) or of all.
     pub async fn set_scheduler_paused(&self, paused: bool, instance: &str) -> Result<u32, Error> {
-        let target = match instance {
-            "" => None,
-            text => Some(text.parse::<uuid::Uuid>().map_err(|_| {
-                Error::Invalid(format!("{text:?} is not an instance id (a UUID): see `jobcenter instances`"))
-            })?),
-        };
         let Some(node) = self.shared.cluster.clone() else {
-            if target.is_some() {
-                return Err(Error::Invalid("this admin runs alone: give no instance".into()));
+            // Alone, the one instance is `local`, as `instances` lists it.
+            match instance {
+                "" | LOCAL_INSTANCE => {}
+                text if text.parse::<uuid::Uuid>().is_ok() => {
+                    return Err(Error::NotFound(format!(
+                        "no instance {text}: this admin runs alone, as instance {LOCAL_INSTANCE:?}"
+                    )))
+                }
+                text => {
+                    return Err(Error::Invalid(format!(
+                        "{text:?} is not an instance id: this admin runs alone, as instance {LOCAL_INSTANCE:?}"
+                    )))
+                }
             }
             self.shared.scheduler_paused.store(paused, std::sync::atomic::Ordering::Relaxed);
             self.shared.scheduler.wake();
             return Ok(1);
         };
-        let target = target.map(crate::model::HandlerId);
+        let target = match instance {
+            "" => None,
+            text => Some(crate::model::HandlerId(text.parse::<uuid::Uuid>().map_err(|_| {
+                Error::Invalid(format!("{text:?} is not an instance id (a UUID): see `jobcenter instances`"))
+            })?)),
+        };
         let store = self.shared.engine.store().clone();
         let changed = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").set_paused(target, paused))
             .await

@@ -5,12 +5,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio_stream::StreamExt;
@@ -80,40 +82,50 @@ async fn readyz(State(state): State<AppState>) -> (axum::http::StatusCode, &'sta
 pub fn router(shared: Arc<Shared>, api: Api) -> Router {
     let body_limit = shared.options.max_request_bytes;
     let state = AppState { shared, api };
+    // The guard runs once a route and its method are matched: an unknown
+    // path is 404 and a method the route does not serve is 405 for every
+    // caller, as the OpenAPI document says; everything served is judged.
+    let guarded = |methods: MethodRouter<AppState>| {
+        methods.route_layer(axum::middleware::from_fn_with_state(state.clone(), guard))
+    };
     Router::new()
-        .route("/", get(|| async { console::asset("index.html") }))
-        .route("/console/{file}", get(|Path(file): Path<String>| async move { console::asset(&file) }))
-        .route("/api/session", get(session).post(sign_in).delete(sign_out))
-        .route("/api/overview", get(overview))
-        .route("/api/jobs/{id}/graph", get(graph))
-        .route("/api/jobs/{id}/tasks/{task}", get(task))
-        .route("/api/jobs/{id}/events", get(events))
-        .route("/api/job-types", get(job_types))
-        .route("/api/job-types/{job_type}", get(job_type))
-        .route(PLUGIN_STATUS_PATH, get(plugin_status))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/api/jobs", get(list_jobs).post(submit_job))
-        .route("/api/jobs/{id}", get(get_job))
-        .route("/api/jobs/{id}/cancel", post(cancel_job))
-        .route("/api/jobs/{id}/retry", post(retry_job))
-        .route("/api/workers", get(workers))
-        .route("/api/instances", get(instances))
-        .route("/api/capacity", get(capacity))
-        .route("/api/scheduler/pause", post(pause_scheduler))
-        .route("/api/scheduler/resume", post(resume_scheduler))
-        .route("/api/stats", get(stats))
-        .route("/api/recover", post(recover))
-        .route("/api/prune", post(prune))
-        .route("/api/detect/{job_type}", post(detect))
-        .route("/api/activities", get(activities))
-        .route("/api/runs/{job_type}", get(runs))
-        .route("/api/policies/{job_type}", get(get_policy).put(set_policy))
-        .route("/api/openapi.json", get(openapi))
-        .route("/metrics", get(metrics))
+        .route("/", guarded(get(|| async { console::asset("index.html") })))
+        .route("/console/{file}", guarded(get(console_asset)))
+        .route("/api/session", guarded(get(session).post(sign_in).delete(sign_out)))
+        .route("/api/overview", guarded(get(overview)))
+        .route("/api/jobs/{id}/graph", guarded(get(graph)))
+        .route("/api/jobs/{id}/tasks/{task}", guarded(get(task)))
+        .route("/api/jobs/{id}/events", guarded(get(events)))
+        .route("/api/job-types", guarded(get(job_types)))
+        .route("/api/job-types/{job_type}", guarded(get(job_type)))
+        .route(PLUGIN_STATUS_PATH, guarded(get(plugin_status)))
+        .route("/healthz", guarded(get(|| async { "ok\n" })))
+        .route("/readyz", guarded(get(readyz)))
+        .route("/api/jobs", guarded(get(list_jobs).post(submit_job)))
+        .route("/api/jobs/{id}", guarded(get(get_job)))
+        .route("/api/jobs/{id}/cancel", guarded(post(cancel_job)))
+        .route("/api/jobs/{id}/retry", guarded(post(retry_job)))
+        .route("/api/workers", guarded(get(workers)))
+        .route("/api/instances", guarded(get(instances)))
+        .route("/api/capacity", guarded(get(capacity)))
+        .route("/api/scheduler/pause", guarded(post(pause_scheduler)))
+        .route("/api/scheduler/resume", guarded(post(resume_scheduler)))
+        .route("/api/stats", guarded(get(stats)))
+        .route("/api/recover", guarded(post(recover)))
+        .route("/api/prune", guarded(post(prune)))
+        .route("/api/detect/{job_type}", guarded(post(detect)))
+        .route("/api/activities", guarded(get(activities)))
+        .route("/api/runs/{job_type}", guarded(get(runs)))
+        .route("/api/policies/{job_type}", guarded(get(get_policy).put(set_policy)))
+        .route("/api/openapi.json", guarded(get(openapi)))
+        .route("/metrics", guarded(get(metrics)))
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
+}
+
+/// A console file; a name that cannot be read is no file's.
+async fn console_asset(file: Result<Path<String>, PathRejection>) -> Response {
+    console::asset(file.as_ref().map_or("", |Path(file)| file.as_str()))
 }
 
 async fn plugin_status(State(state): State<AppState>) -> Json<Value> {
@@ -122,14 +134,137 @@ async fn plugin_status(State(state): State<AppState>) -> Json<Value> {
 
 type Reply = Result<Response, Error>;
 
-async fn list_jobs(State(s): State<AppState>, Query(q): Query<HashMap<String, String>>) -> Reply {
-    let text = |key: &str| q.get(key).cloned().unwrap_or_default();
+/// A request's query parameters, read by the rules of the OpenAPI document:
+/// a value that breaks its parameter's rule is refused (400, naming the
+/// parameter), never read as the default.
+struct Params(HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Params {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Params, Error> {
+        let Query(params) = Query::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| Error::Invalid(format!("the query string: {}", lowercase_first(&e.body_text()))))?;
+        Ok(Params(params))
+    }
+}
+
+impl Params {
+    /// The parameters of a route that takes `names` and no other: one it
+    /// does not take is refused, so that a misspelt `dry_run` never runs
+    /// the real thing.
+    fn taking(self, names: &[&str]) -> Result<Params, Error> {
+        let mut unknown: Vec<&String> = self.0.keys().filter(|k| !names.contains(&k.as_str())).collect();
+        unknown.sort();
+        let Some(first) = unknown.first() else { return Ok(self) };
+        let takes = match names {
+            [] => "no query parameter".to_string(),
+            [one] => one.to_string(),
+            [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+        };
+        Err(Error::Invalid(format!("unknown query parameter {first:?}: this route takes {takes}")))
+    }
+
+    /// A text parameter; empty when it is absent (an empty value is the same as none).
+    fn text(&self, name: &str) -> &str {
+        self.0.get(name).map_or("", String::as_str)
+    }
+
+    /// A boolean: `true` or `1`, `false` or `0`; false when absent.
+    fn flag(&self, name: &str) -> Result<bool, Error> {
+        match self.0.get(name).map(String::as_str) {
+            None | Some("false" | "0") => Ok(false),
+            Some("true" | "1") => Ok(true),
+            Some(other) => Err(Error::Invalid(format!(
+                "query parameter {name}: {other:?} is not a boolean: use true or false (or 1 or 0)"
+            ))),
+        }
+    }
+
+    /// A whole number from 0 to 4294967295; 0 when absent.
+    fn count(&self, name: &str) -> Result<u32, Error> {
+        match self.0.get(name) {
+            None => Ok(0),
+            Some(text) => text.parse().map_err(|_| {
+                Error::Invalid(format!("query parameter {name}: {text:?} is not a whole number from 0 to {}", u32::MAX))
+            }),
+        }
+    }
+}
+
+/// A route's path parameters; one that cannot be read is refused as JSON (400).
+struct PathParams<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for PathParams<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<PathParams<T>, Error> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(PathParams(value)),
+            Err(PathRejection::FailedToDeserializePathParams(e)) => match e.into_kind() {
+                axum::extract::path::ErrorKind::InvalidUtf8InPathParam { key } => {
+                    Err(Error::Invalid(format!("path parameter {key}: not UTF-8 once percent-decoded")))
+                }
+                kind => Err(Error::Invalid(format!("the path: {}", lowercase_first(&kind.to_string())))),
+            },
+            Err(e) => Err(Error::Invalid(format!("the path: {}", lowercase_first(&e.body_text())))),
+        }
+    }
+}
+
+/// A JSON request body. One not declared JSON (`content-type:
+/// application/json`) is refused with 415; one that is not JSON, or not of
+/// the shape the route takes, with 400 naming what and where.
+struct JsonBody<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<JsonBody<T>, Response> {
+        let rejection = match Json::<T>::from_request(request, state).await {
+            Ok(Json(value)) => return Ok(JsonBody(value)),
+            Err(rejection) => rejection,
+        };
+        // The cause (serde's message, with its field, line and column) comes after axum's prefix.
+        let cause = |e: &dyn std::error::Error| e.source().map(|s| s.to_string()).unwrap_or_default();
+        let (status, message) = match &rejection {
+            JsonRejection::MissingJsonContentType(_) => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "the body must be JSON: send `content-type: application/json`".to_string(),
+            ),
+            JsonRejection::JsonSyntaxError(e) => {
+                (StatusCode::BAD_REQUEST, format!("the body is not JSON: {}", cause(e)))
+            }
+            JsonRejection::JsonDataError(e) => {
+                (StatusCode::BAD_REQUEST, format!("the body does not fit this route: {}", cause(e)))
+            }
+            other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "the body is larger than the server's --max-request-bytes".to_string())
+            }
+            other => (
+                StatusCode::BAD_REQUEST,
+                format!("the body could not be read: {}", lowercase_first(&other.body_text())),
+            ),
+        };
+        Err((status, Json(json!({ "error": message }))).into_response())
+    }
+}
+
+/// axum's rejection texts start with a capital; the API's errors do not.
+fn lowercase_first(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map(|c| c.to_lowercase().chain(chars).collect()).unwrap_or_default()
+}
+
+async fn list_jobs(State(s): State<AppState>, q: Params) -> Reply {
+    let q = q.taking(&["state", "limit", "name", "origin", "before"])?;
     let request = crate::proto::api::ListJobsRequest {
-        state: text("state"),
-        limit: q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0),
-        name: text("name"),
-        origin: text("origin"),
-        before: text("before"),
+        state: q.text("state").into(),
+        limit: q.count("limit")?,
+        name: q.text("name").into(),
+        origin: q.text("origin").into(),
+        before: q.text("before").into(),
     };
     let page = s.api.list(&request).await?;
     let next = Some(page.next).filter(|n| !n.is_empty());
@@ -138,9 +273,10 @@ async fn list_jobs(State(s): State<AppState>, Query(q): Query<HashMap<String, St
 
 async fn submit_job(
     State(s): State<AppState>,
-    Query(q): Query<HashMap<String, String>>,
+    q: Params,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Reply {
+    let q = q.taking(&["format", "name"])?;
     let body = body.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => Error::TooLarge(format!(
             "the job file is larger than {} bytes, the most one request takes (the server's --max-request-bytes \
@@ -149,14 +285,12 @@ async fn submit_job(
         )),
         _ => Error::Invalid(format!("the job file could not be read: {e}")),
     })?;
-    let format = q.get("format").map(String::as_str).unwrap_or("json");
-    let name = q.get("name").map(String::as_str).unwrap_or("");
-    let job_id = s.api.submit(body.to_vec(), format, name).await?;
+    let job_id = s.api.submit(body.to_vec(), q.text("format"), q.text("name")).await?;
     Ok((StatusCode::CREATED, Json(json!({ "job_id": job_id }))).into_response())
 }
 
 /// A job of any size: its JSON is written part by part as the reader takes it.
-async fn get_job(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
+async fn get_job(State(s): State<AppState>, PathParams(id): PathParams<String>) -> Reply {
     let parts = s.api.read(&id).await?;
     let mut writer = crate::wire::JobJson::new(false);
     let chunks = parts
@@ -167,42 +301,41 @@ async fn get_job(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
         .into_response())
 }
 
-async fn cancel_job(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
+async fn cancel_job(State(s): State<AppState>, PathParams(id): PathParams<String>, q: Params) -> Reply {
+    q.taking(&[])?;
     s.api.cancel(&id).await?;
     Ok(Json(json!({ "job_id": id, "canceled": true })).into_response())
 }
 
-async fn retry_job(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
+async fn retry_job(State(s): State<AppState>, PathParams(id): PathParams<String>, q: Params) -> Reply {
+    q.taking(&[])?;
     s.api.retry(&id).await?;
     Ok(Json(json!({ "job_id": id, "retried": true })).into_response())
 }
 
-async fn detect(
-    State(s): State<AppState>,
-    Path(job_type): Path<String>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Reply {
-    let run = q.get("run").is_some_and(|v| v == "true" || v == "1");
+async fn detect(State(s): State<AppState>, PathParams(job_type): PathParams<String>, q: Params) -> Reply {
+    let run = q.taking(&["run"])?.flag("run")?;
     Ok(Json(s.api.detect(&job_type, run).await?).into_response())
 }
 
-async fn activities(State(s): State<AppState>, Query(q): Query<HashMap<String, String>>) -> Reply {
-    let job_type = q.get("job_type").map(String::as_str).unwrap_or("");
-    let limit = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
-    Ok(Json(json!({ "activities": s.api.activities(job_type, limit) })).into_response())
+async fn activities(State(s): State<AppState>, q: Params) -> Reply {
+    let q = q.taking(&["job_type", "limit"])?;
+    let limit = q.count("limit")?;
+    Ok(Json(json!({ "activities": s.api.activities(q.text("job_type"), limit) })).into_response())
 }
 
-async fn runs(State(s): State<AppState>, Path(job_type): Path<String>) -> Reply {
+async fn runs(State(s): State<AppState>, PathParams(job_type): PathParams<String>) -> Reply {
     Ok(Json(s.api.runs(&job_type)).into_response())
 }
 
-async fn recover(State(s): State<AppState>, Query(q): Query<HashMap<String, String>>) -> Reply {
-    let flag = |name: &str| q.get(name).is_some_and(|v| v == "true" || v == "1");
-    Ok(Json(s.api.recover(flag("dry_run"), flag("here_only")).await?).into_response())
+async fn recover(State(s): State<AppState>, q: Params) -> Reply {
+    let q = q.taking(&["dry_run", "here_only"])?;
+    let (dry_run, here_only) = (q.flag("dry_run")?, q.flag("here_only")?);
+    Ok(Json(s.api.recover(dry_run, here_only).await?).into_response())
 }
 
-async fn prune(State(s): State<AppState>, Query(q): Query<HashMap<String, String>>) -> Reply {
-    let dry_run = q.get("dry_run").is_some_and(|v| v == "true" || v == "1");
+async fn prune(State(s): State<AppState>, q: Params) -> Reply {
+    let dry_run = q.taking(&["dry_run"])?.flag("dry_run")?;
     Ok(Json(s.api.prune(dry_run).await?).into_response())
 }
 
@@ -241,21 +374,17 @@ fn instance_json(i: &crate::proto::api::Instance) -> Value {
     })
 }
 
-async fn pause_scheduler(state: State<AppState>, query: Query<HashMap<String, String>>) -> Reply {
+async fn pause_scheduler(state: State<AppState>, query: Params) -> Reply {
     set_scheduler_paused(state, query, true).await
 }
 
-async fn resume_scheduler(state: State<AppState>, query: Query<HashMap<String, String>>) -> Reply {
+async fn resume_scheduler(state: State<AppState>, query: Params) -> Reply {
     set_scheduler_paused(state, query, false).await
 }
 
-async fn set_scheduler_paused(
-    State(s): State<AppState>,
-    Query(q): Query<HashMap<String, String>>,
-    paused: bool,
-) -> Reply {
-    let instance = q.get("instance").map(String::as_str).unwrap_or("");
-    let changed = s.api.set_scheduler_paused(paused, instance).await?;
+async fn set_scheduler_paused(State(s): State<AppState>, q: Params, paused: bool) -> Reply {
+    let q = q.taking(&["instance"])?;
+    let changed = s.api.set_scheduler_paused(paused, q.text("instance")).await?;
     Ok(Json(json!({ "paused": paused, "changed": changed })).into_response())
 }
 
@@ -279,7 +408,8 @@ struct SignIn {
 
 /// Opens a console session for the right token; a wrong one waits a little
 /// before it is refused, to slow down guessing.
-async fn sign_in(State(s): State<AppState>, Json(body): Json<SignIn>) -> Reply {
+async fn sign_in(State(s): State<AppState>, q: Params, JsonBody(body): JsonBody<SignIn>) -> Reply {
+    q.taking(&[])?;
     let presented = format!("Bearer {}", body.token.trim());
     if !s.shared.auth.check_header(Some(&presented)) {
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -293,26 +423,27 @@ async fn sign_in(State(s): State<AppState>, Json(body): Json<SignIn>) -> Reply {
     Ok(response)
 }
 
-async fn sign_out(State(s): State<AppState>, headers: HeaderMap) -> Response {
+async fn sign_out(State(s): State<AppState>, q: Params, headers: HeaderMap) -> Reply {
+    q.taking(&[])?;
     s.shared.sessions.close(&headers);
     let mut response = Json(json!({ "signed_out": true })).into_response();
     response.headers_mut().insert(axum::http::header::SET_COOKIE, console::cookie(None));
-    response
+    Ok(response)
 }
 
 async fn overview(State(s): State<AppState>) -> Reply {
     Ok(Json(views::overview(&s.shared, &s.api).await?).into_response())
 }
 
-async fn graph(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
+async fn graph(State(s): State<AppState>, PathParams(id): PathParams<String>) -> Reply {
     Ok(Json(views::graph(&s.shared, &id).await?).into_response())
 }
 
-async fn task(State(s): State<AppState>, Path((id, task)): Path<(String, String)>) -> Reply {
+async fn task(State(s): State<AppState>, PathParams((id, task)): PathParams<(String, String)>) -> Reply {
     Ok(Json(views::task(&s.shared, &id, &task).await?).into_response())
 }
 
-async fn events(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
+async fn events(State(s): State<AppState>, PathParams(id): PathParams<String>) -> Reply {
     let stream = views::events(&s.api, &id).await?;
     let stream = stream
         .map(|(name, data)| Ok::<_, std::convert::Infallible>(SseEvent::default().event(name).data(data.to_string())));
@@ -323,19 +454,21 @@ async fn job_types(State(s): State<AppState>) -> Json<Value> {
     Json(views::job_types(&s.shared))
 }
 
-async fn job_type(State(s): State<AppState>, Path(job_type): Path<String>) -> Reply {
+async fn job_type(State(s): State<AppState>, PathParams(job_type): PathParams<String>) -> Reply {
     Ok(Json(views::job_type(&s.shared, &s.api, &job_type)?).into_response())
 }
 
-async fn get_policy(State(s): State<AppState>, Path(job_type): Path<String>) -> Reply {
+async fn get_policy(State(s): State<AppState>, PathParams(job_type): PathParams<String>) -> Reply {
     Ok(Json(s.api.policy(&job_type)?).into_response())
 }
 
 async fn set_policy(
     State(s): State<AppState>,
-    Path(job_type): Path<String>,
-    Json(changes): Json<BTreeMap<String, Value>>,
+    PathParams(job_type): PathParams<String>,
+    q: Params,
+    JsonBody(changes): JsonBody<BTreeMap<String, Value>>,
 ) -> Reply {
+    q.taking(&[])?;
     let changes: BTreeMap<String, String> =
         changes.into_iter().map(|(k, v)| (k, v.as_str().map(String::from).unwrap_or_else(|| v.to_string()))).collect();
     let policy = s.api.set_policy(&job_type, &changes).await?;
