@@ -21,6 +21,28 @@ pub struct StoreArgs {
     /// PGPASSWORD, then PGPASSFILE or ~/.pgpass).
     #[arg(long)]
     pub database_password_file: Option<PathBuf>,
+    /// Room the data directory's disk keeps free (without --database-url):
+    /// a write that would leave less waits until there is room, and
+    /// nothing is acknowledged meanwhile. 512, 64KiB, 64MiB, 1GiB; 0 never waits.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    pub min_free_space: u64,
+}
+
+/// A size in bytes: a number, with KiB, MiB, GiB or TiB (or K, M, G, T) after it.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().map_err(|_| format!("{text:?} is not a size such as 512, 64MiB or 1GiB"))?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        other => return Err(format!("{text:?}: unknown unit {other:?}; use KiB, MiB, GiB or TiB")),
+    };
+    number.checked_mul(1u64 << shift).ok_or_else(|| format!("{text:?} is too large"))
 }
 
 impl StoreArgs {
@@ -36,10 +58,27 @@ impl StoreArgs {
 
     /// Opens the store off the async threads; a refusal is one line naming the place.
     pub async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
-        open(self.location()).await
+        let (location, keep) = (self.location(), self.min_free_space);
+        Ok(tokio::task::spawn_blocking(move || location.open_keeping(keep)).await.context("opening the store")??)
     }
 }
 
 pub async fn open(location: Location) -> anyhow::Result<Arc<dyn Store>> {
     Ok(tokio::task::spawn_blocking(move || location.open()).await.context("opening the store")??)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_size("512"), Ok(512));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("0"), Ok(0));
+        assert!(parse_size("64MB").is_err());
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999TiB").is_err());
+    }
 }

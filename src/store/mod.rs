@@ -45,8 +45,18 @@ pub enum Location {
 impl Location {
     /// Opens the store; the error is one line naming the place and what to do.
     pub fn open(&self) -> Result<Arc<dyn Store>, Error> {
+        self.open_keeping(self::sled::KEEP_FREE)
+    }
+
+    /// The same, a data directory keeping `keep_free` bytes free on its
+    /// disk: a write that would leave less waits, as for a database away.
+    pub fn open_keeping(&self, keep_free: u64) -> Result<Arc<dyn Store>, Error> {
         match self {
-            Location::DataDir(path) => open_data_dir(path),
+            Location::DataDir(path) => {
+                let store = SledStore::open(path)?;
+                store.keep_free(keep_free);
+                Ok(Arc::new(store))
+            }
             Location::Database { url, passwords } => Ok(Arc::new(PgStore::open(url, passwords)?)),
         }
     }
@@ -87,6 +97,8 @@ pub enum Error {
     Database { database: String, detail: String },
     #[error("this admin instance ({instance}) was deactivated by the cluster: it stops acting and registers again")]
     Fenced { instance: String },
+    #[error("the disk holding data directory {path} has {free} bytes free, and a write needs {needed} (--min-free-space keeps {keep} free): writes wait until there is room")]
+    NoRoom { path: String, free: u64, needed: u64, keep: u64 },
 }
 
 impl Error {
@@ -94,7 +106,7 @@ impl Error {
     /// connection): the same write may be tried again later. Anything else
     /// is fail-stop.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Unavailable { .. })
+        matches!(self, Error::Unavailable { .. } | Error::NoRoom { .. })
     }
 }
 

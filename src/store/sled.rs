@@ -75,6 +75,11 @@ const SLED_SNAPSHOT_PREFIX: &str = "snap.";
 /// `COMPACT_AT_LEAST` bytes).
 const COMPACT_GROWTH: u64 = 2;
 const COMPACT_AT_LEAST: u64 = 8 * 1024 * 1024;
+/// What a data directory keeps free on its disk unless told otherwise.
+pub const KEEP_FREE: u64 = 64 * 1024 * 1024;
+/// A generous count of what a batch writes to sled per task it holds (a
+/// new job's spec and records, a task record changed), a few times over.
+const BYTES_PER_TASK_WRITTEN: u64 = 1024;
 /// Keys per batch when a compaction copies a tree.
 const COPY_BATCH: usize = 2_000;
 const SCHEMA_KEY: &[u8] = b"schema_version";
@@ -119,6 +124,8 @@ pub struct SledStore {
     removed: AtomicU64,
     /// No compaction below this size.
     compact_floor: AtomicU64,
+    /// Bytes its disk keeps free: a write that would leave less waits.
+    keep_free: AtomicU64,
     /// `compaction-copied` and `compaction-switched`, for crash tests.
     crash: crate::crash::CrashPoint,
     /// Locked for as long as the store is open.
@@ -326,6 +333,30 @@ impl SledStore {
     /// process gives an error naming the path; it is never re-initialized.
     /// Creation is itself crash-safe: `JOBCENTER.creating` is written first
     /// and `JOBCENTER` last, so a creation cut short is started over.
+    /// Keeps `bytes` free on the data directory's disk from now on.
+    pub fn keep_free(&self, bytes: u64) {
+        self.keep_free.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Refuses, as a wait, a write that would leave the disk with less than
+    /// it keeps free: sled cannot go on after a write of its own fails for
+    /// want of room, so none is let near that point. A batch is counted at
+    /// a generous size for what it adds (its new jobs' tasks above all).
+    fn room_for(&self, batch: &Batch) -> Result<(), Error> {
+        let keep = self.keep_free.load(Ordering::Relaxed);
+        if keep == 0 {
+            return Ok(());
+        }
+        let Ok(stat) = nix::sys::statvfs::statvfs(&self.path) else { return Ok(()) };
+        let free = stat.blocks_available().saturating_mul(stat.fragment_size());
+        let tasks: usize = batch.new_jobs.iter().map(|(_, spec)| spec.len()).sum::<usize>() + batch.tasks.len();
+        let needed = keep.saturating_add((tasks as u64).saturating_mul(BYTES_PER_TASK_WRITTEN));
+        if free >= needed {
+            return Ok(());
+        }
+        Err(Error::NoRoom { path: self.path.display().to_string(), free, needed, keep })
+    }
+
     pub fn open(path: &Path) -> Result<SledStore, Error> {
         let display = path.display().to_string();
         let unusable = |detail: String| Error::Unusable { path: display.clone(), detail };
@@ -415,6 +446,7 @@ impl SledStore {
             added: AtomicU64::new(0),
             removed: AtomicU64::new(0),
             compact_floor: AtomicU64::new(COMPACT_AT_LEAST),
+            keep_free: AtomicU64::new(KEEP_FREE),
             crash: crate::crash::CrashPoint::from_env(),
             _lock: lock,
         })
@@ -1090,6 +1122,7 @@ fn open_guarded(path: &Path, display: &str) -> Result<sled::Db, Error> {
 
 impl Store for SledStore {
     fn write(&self, batch: &Batch) -> Result<(), Error> {
+        self.room_for(batch)?;
         let mut state = self.writes.lock().unwrap_or_else(PoisonError::into_inner);
         let generation = self.generation();
         let data = &generation.data;
@@ -1319,6 +1352,17 @@ impl Store for SledStore {
         );
         if size < self.compact_floor.load(Ordering::Relaxed) || !due {
             return Ok(None);
+        }
+        // The copy takes room beside the live generation: never so much
+        // that the live one's own writes run short.
+        let copy = self.copied.load(Ordering::Relaxed) + self.added.load(Ordering::Relaxed);
+        let needed = self.keep_free.load(Ordering::Relaxed).saturating_add(copy.saturating_mul(2));
+        if let Ok(stat) = nix::sys::statvfs::statvfs(&self.path) {
+            let free = stat.blocks_available().saturating_mul(stat.fragment_size());
+            if free < needed {
+                tracing::info!(path = %self.path.display(), free, needed, "compaction put off: too little room on the disk for the copy");
+                return Ok(None);
+            }
         }
         self.compact().map(Some)
     }
