@@ -61,14 +61,74 @@ pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> Timestamp;
 }
 
+/// The system's time, as the process keeps it: the wall clock, followed
+/// while it moves with the system's monotonic clock, and not when it steps.
+/// A step of the wall clock while the process runs (an hour back, a manual
+/// change, a correction) moves no deadline and no time it records: the
+/// process goes on at the monotonic clock's pace from where it was, and
+/// follows the wall clock again once the two agree (or at its next start).
+/// It never goes back.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemClock;
 
+/// How far the wall clock may stray from the process's time and still be
+/// followed: more is a step.
+const FOLLOW_MS: i64 = 1_000;
+
+/// The process's time `elapsed` ms after a start whose wall reading was
+/// `base`, given the wall clock now: the wall clock and the new base when
+/// it is within `FOLLOW_MS` of it, else the process's own time alone.
+fn keep_time(base: i64, elapsed: i64, wall: i64) -> (i64, Option<i64>) {
+    let kept = base.saturating_add(elapsed);
+    match (wall - kept).abs() <= FOLLOW_MS {
+        true => (wall, Some(wall - elapsed)),
+        false => (kept, None),
+    }
+}
+
+/// The process's one timeline, shared by every `SystemClock`.
+struct Timeline {
+    start: std::time::Instant,
+    /// The wall clock's reading at `start`, as last followed.
+    base_ms: AtomicI64,
+    /// The latest time handed out: none is ever earlier.
+    last_ms: AtomicI64,
+    /// A step is said once, until the clocks agree again.
+    stepped: std::sync::atomic::AtomicBool,
+}
+
+static TIMELINE: std::sync::OnceLock<Timeline> = std::sync::OnceLock::new();
+
+#[allow(clippy::disallowed_methods)]
+fn wall_ms() -> i64 {
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+}
+
 impl Clock for SystemClock {
-    #[allow(clippy::disallowed_methods)]
     fn now(&self) -> Timestamp {
-        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        Timestamp(i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX))
+        let timeline = TIMELINE.get_or_init(|| Timeline {
+            start: std::time::Instant::now(),
+            base_ms: AtomicI64::new(wall_ms()),
+            last_ms: AtomicI64::new(i64::MIN),
+            stepped: false.into(),
+        });
+        let elapsed = i64::try_from(timeline.start.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let wall = wall_ms();
+        let (now, followed) = keep_time(timeline.base_ms.load(Ordering::Relaxed), elapsed, wall);
+        if let Some(base) = followed {
+            timeline.base_ms.store(base, Ordering::Relaxed);
+            if timeline.stepped.swap(false, Ordering::Relaxed) {
+                tracing::info!("the wall clock agrees with this process's time again: followed");
+            }
+        } else if !timeline.stepped.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                step_ms = wall - now,
+                "the wall clock stepped: this process keeps its own time (deadlines move with the monotonic clock) until the two agree again or it restarts"
+            );
+        }
+        let last = timeline.last_ms.fetch_max(now, Ordering::Relaxed);
+        Timestamp(now.max(last))
     }
 }
 
@@ -107,6 +167,18 @@ mod tests {
         assert_eq!(Timestamp(0).to_rfc3339(), "1970-01-01T00:00:00.000Z");
         assert_eq!(Timestamp(1_795_000_000_123).to_rfc3339(), "2026-11-18T11:06:40.123Z");
         assert_eq!(Timestamp(951_782_400_000).to_rfc3339(), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn the_process_follows_the_wall_clock_but_not_its_steps() {
+        let base = 1_000_000;
+        // Drifting a little: followed.
+        assert_eq!(keep_time(base, 5_000, base + 5_300), (base + 5_300, Some(base + 300)));
+        // Stepped an hour back, then an hour ahead: the process's own time.
+        assert_eq!(keep_time(base, 5_000, base + 5_000 - 3_600_000), (base + 5_000, None));
+        assert_eq!(keep_time(base, 6_000, base + 6_000 + 3_600_000), (base + 6_000, None));
+        // Back where it was: followed again.
+        assert_eq!(keep_time(base, 7_000, base + 7_000), (base + 7_000, Some(base)));
     }
 
     #[test]
