@@ -484,6 +484,81 @@ async fn a_vouched_worker_s_attempts_are_not_taken_back_before_the_vouch_runs_ou
     assert!(engine.vouch(other.handler, vec![(a.task, 1)], Duration::from_secs(60)).await.unwrap().is_empty());
 }
 
+/// An engine whose `noop` attempts that end without success keep their
+/// volume for `window`.
+async fn start_with_rollback(store: Arc<dyn Store>, window: Duration) -> EngineHandle {
+    let rollback_windows = std::collections::HashMap::from([("noop".to_string(), window)]);
+    let options = Options { orphans: KEEP, rollback_windows, ..Options::default() };
+    Engine::start(store, Arc::new(SystemClock), options).await.expect("engine starts")
+}
+
+async fn a_failed_attempt_keeps_its_volume_for_its_rollback_window_across_a_restart(subject: Subject) {
+    let window = Duration::from_millis(1500);
+    let engine = start_with_rollback(subject.open().await, window).await;
+    let on_volume = |name: &str, volume: u32| {
+        spec(&format!(
+            r#"{{"name":"{name}","tasks":[{{"id":"t","job_type":"noop","labels":{{"volume_id":"{volume}"}}}}]}}"#
+        ))
+    };
+    engine.submit(on_volume("succeeds", 9), JobOrigin::User).await.unwrap();
+    let mut worker = manual(&engine, 4).await;
+    let WorkOrder::Execute(first) = worker.next().await else { panic!("expected an execution") };
+    // A success ends nothing of the kind: the next task on volume 9 starts at once.
+    engine.complete(first.task, first.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    engine.submit(on_volume("fails", 9), JobOrigin::User).await.unwrap();
+    let WorkOrder::Execute(second) = worker.next().await else { panic!("expected an execution") };
+    let failed = Outcome::Failed { error: "broke".into(), output: vec![] };
+    engine.complete(second.task, second.attempt, worker.handler, failed).await.unwrap().unwrap();
+    let ended = std::time::Instant::now();
+    engine.submit(on_volume("waits", 9), JobOrigin::User).await.unwrap();
+    engine.submit(on_volume("elsewhere", 10), JobOrigin::User).await.unwrap();
+    let WorkOrder::Execute(other) = worker.next().await else { panic!("expected an execution") };
+    assert_eq!(other.labels["volume_id"], "10", "a task on another volume is not held up");
+    worker.none_within(300).await;
+
+    // The window outlives a restart.
+    drop((engine, worker));
+    let engine = start_with_rollback(subject.open().await, window).await;
+    let mut worker = manual(&engine, 4).await;
+    let WorkOrder::Execute(third) = worker.next().await else { panic!("expected an execution") };
+    let waited = ended.elapsed();
+    assert_eq!(third.labels["volume_id"], "9");
+    assert!(waited >= window, "the next task on volume 9 started {waited:?} after the failure, inside its {window:?}");
+    engine.complete(third.task, third.attempt, worker.handler, ok()).await.unwrap().unwrap();
+}
+
+async fn a_worker_without_a_lease_back_under_a_new_handler_settles_what_its_old_handler_held(subject: Subject) {
+    let engine = start(subject.open().await, KEEP).await;
+    let job =
+        engine.submit(spec(r#"{"name":"one","tasks":[{"id":"a","job_type":"noop"}]}"#), JobOrigin::User).await.unwrap();
+    let old = manual(&engine, 1).await;
+    assert!(engine.returned(old.handler, Arc::from("weed-1")).await.unwrap().is_empty(), "nothing held yet");
+    let mut old = old;
+    let WorkOrder::Execute(a) = old.next().await else { panic!("expected an execution") };
+    drop((engine, old));
+
+    // After a restart the same worker id says hello as a new handler, and
+    // another worker's id comes too: only the first settles anything.
+    let engine = start(subject.open().await, KEEP).await;
+    let mut stranger = manual(&engine, 1).await;
+    assert!(engine.returned(stranger.handler, Arc::from("weed-2")).await.unwrap().is_empty());
+    stranger.none_within(200).await;
+    let mut back = manual(&engine, 1).await;
+    let settled = engine.returned(back.handler, Arc::from("weed-1")).await.unwrap();
+    assert_eq!(settled.iter().map(|r| (r.task, r.attempt)).collect::<Vec<_>>(), vec![(a.task, a.attempt)]);
+    assert!(!settled[0].from_scheduler);
+    let order = tokio::select! {
+        order = back.next() => order,
+        order = stranger.next() => order,
+    };
+    let WorkOrder::Execute(again) = order else { panic!("expected the task again") };
+    assert_eq!((again.task, again.attempt), (a.task, 2));
+    let stored = engine.job(job).await.unwrap().unwrap();
+    assert_eq!(stored.tasks[0].lost, 0, "a worker that came back lost nothing: {:?}", stored.tasks[0]);
+    // Said once: the same handler again settles nothing more.
+    assert!(engine.returned(back.handler, Arc::from("weed-1")).await.unwrap().is_empty());
+}
+
 on_every_store!(
     nine_tasks_through_the_engine_dispatch_in_dependency_order,
     acknowledged_submits_and_completions_survive_a_crash,
@@ -497,4 +572,6 @@ on_every_store!(
     attempts_of_a_worker_that_does_not_come_back_are_lost_and_counted,
     a_worker_that_no_longer_runs_an_attempt_gives_it_back_uncounted,
     a_vouched_worker_s_attempts_are_not_taken_back_before_the_vouch_runs_out,
+    a_failed_attempt_keeps_its_volume_for_its_rollback_window_across_a_restart,
+    a_worker_without_a_lease_back_under_a_new_handler_settles_what_its_old_handler_held,
 );

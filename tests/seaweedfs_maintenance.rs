@@ -579,12 +579,8 @@ fn shard_spread(cluster: &Cluster, id: u32) -> Option<BTreeMap<String, usize>> {
 #[test]
 fn the_scheduler_detects_and_runs_erasure_coding_ec_balance_and_an_admin_script() {
     let started = Instant::now();
-    let mut setup = Setup::start(ClusterOptions {
-        volume_servers: 5,
-        volume_size_limit_mb: 16,
-        on_tmpfs: true,
-        ..ClusterOptions::default()
-    });
+    let mut setup =
+        Setup::start(ClusterOptions { volume_servers: 5, volume_size_limit_mb: 16, ..ClusterOptions::default() });
     let _worker = setup.start_weed_worker("weed-all");
 
     // The fifth server is down while the volume is written and encoded: the
@@ -662,7 +658,7 @@ fn the_scheduler_detects_and_runs_erasure_coding_ec_balance_and_an_admin_script(
 #[test]
 fn the_scheduler_balances_volumes_piled_on_one_server() {
     let started = Instant::now();
-    let setup = Setup::start(ClusterOptions { on_tmpfs: true, ..ClusterOptions::default() });
+    let setup = Setup::start(ClusterOptions::default());
     let cluster = &setup.cluster;
     let _worker = setup.start_weed_worker("weed-all");
     // Four volumes of one collection, all grown on the first server.
@@ -873,7 +869,7 @@ impl Drop for OperatorLock {
 #[test]
 fn a_weed_worker_killed_halfway_through_an_encode_leaves_the_volume_encoded_exactly_once() {
     let started = Instant::now();
-    let setup = Setup::start(ClusterOptions { volume_servers: 5, on_tmpfs: true, ..ClusterOptions::default() });
+    let setup = Setup::start(ClusterOptions { volume_servers: 5, ..ClusterOptions::default() });
     let cluster = &setup.cluster;
     let mut first = setup.start_weed_worker("weed-first");
     // About 30 MB, so that copying and encoding it take a while.
@@ -926,7 +922,7 @@ fn a_weed_worker_killed_halfway_through_an_encode_leaves_the_volume_encoded_exac
 #[test]
 fn the_same_encode_from_a_submitted_job_and_the_scheduler_runs_once() {
     let started = Instant::now();
-    let setup = Setup::start(ClusterOptions { volume_servers: 5, on_tmpfs: true, ..ClusterOptions::default() });
+    let setup = Setup::start(ClusterOptions { volume_servers: 5, ..ClusterOptions::default() });
     let cluster = &setup.cluster;
     let _worker = setup.start_weed_worker("weed-all");
     // A submitted encode, carrying the dedupe key the detector gives the
@@ -1039,7 +1035,7 @@ fn a_hung_vacuum_worker_is_taken_for_silent_and_another_worker_vacuums_the_volum
 #[test]
 fn a_master_restarted_during_an_encode_gets_its_lock_back_and_the_volume_is_encoded_once() {
     let started = Instant::now();
-    let mut setup = Setup::start(ClusterOptions { volume_servers: 5, on_tmpfs: true, ..ClusterOptions::default() });
+    let mut setup = Setup::start(ClusterOptions { volume_servers: 5, ..ClusterOptions::default() });
     let _worker = setup.start_weed_worker("weed-all");
     let encode = submit_encode(&setup, "mre", 480);
     let (job_id, id) = (encode.job_id.clone(), encode.id);
@@ -1211,7 +1207,7 @@ fn shards_with_pending(disk: &Value) -> i64 {
 #[test]
 fn the_capacity_view_counts_an_encode_under_way_across_a_master_restart_until_the_master_shows_it() {
     let started = Instant::now();
-    let mut setup = Setup::start(ClusterOptions { volume_servers: 5, on_tmpfs: true, ..ClusterOptions::default() });
+    let mut setup = Setup::start(ClusterOptions { volume_servers: 5, ..ClusterOptions::default() });
     let _worker = setup.start_weed_worker("weed-all");
 
     // At rest: the master's figures, nothing pending.
@@ -1294,7 +1290,6 @@ fn a_detection_sets_aside_an_encode_onto_a_disk_that_the_encode_under_way_fills(
     // The fifth server has one volume slot: room for ten EC shards.
     let mut setup = Setup::start(ClusterOptions {
         volume_servers: 5,
-        on_tmpfs: true,
         max_volumes: vec![20, 20, 20, 20, 1],
         ..ClusterOptions::default()
     });
@@ -1439,6 +1434,86 @@ fn a_vacuum_without_progress_for_twice_its_estimate_is_canceled_on_its_live_work
     eprintln!(
         "stuck vacuum: taken back {taken_back_after:?} after its submission, done as attempt {} ({:?})",
         t["attempt"],
+        started.elapsed()
+    );
+}
+
+/// The admin SIGKILLed while a `weed worker` encodes a volume, and started
+/// again at once. The worker, which cancelled the encode when its stream
+/// broke (its rollback then runs on its own 60 s clock and wipes the
+/// volume's EC state), comes back within seconds: the attempt ends then,
+/// uncounted, and the activity log says why, rather than after the orphan
+/// grace as if the worker had not come back. The encode runs again only
+/// once the rollback window of the volume has passed, and the volume ends
+/// encoded exactly once.
+#[test]
+fn a_weed_worker_back_after_an_admin_restart_settles_its_encode_and_no_encode_starts_during_its_rollback() {
+    let started = Instant::now();
+    let cluster = Cluster::start(ClusterOptions { volume_servers: 5, ..ClusterOptions::default() });
+    let dir = tempfile::tempdir().unwrap();
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
+    let master = cluster.master_address();
+    let args = ["--master", master.as_str(), "--grpc", grpc.as_str(), "--orphan-grace", "30s"];
+    let data = dir.path().join("data");
+    let server = Server::start_on(&data, &http, &args);
+    for job_type in JOB_TYPES {
+        let output = server.cli(&["policy", "set", job_type, "detection_enabled=0"]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    }
+    let mut setup = Setup { cluster, server, dir };
+    let _worker = setup.start_weed_worker("weed-ec");
+    let encode = submit_encode(&setup, "ecr", 480);
+    let (job_id, id) = (encode.job_id.clone(), encode.id);
+    let (frozen, halfway) = hold_while_distributing(&setup, &encode, "weed-ec");
+
+    // The admin dies and starts again at once, where it listened.
+    setup.server.process.kill();
+    setup.server = Server::start_on(&data, &http, &args);
+    let restarted = Instant::now();
+    drop(frozen);
+    eprintln!("admin killed during {halfway:?}, started again at {:?}", started.elapsed());
+    let back = wait_until(WAIT, || {
+        setup.server.workers().iter().any(|w| w["worker_id"] == "weed-ec").then(|| restarted.elapsed())
+    })
+    .unwrap_or_else(|| panic!("weed-ec did not come back: {}", setup.context(&["weed-ec"])));
+    // Settled as soon as the worker is back, not after the 30 s grace.
+    let settled = wait_until(Duration::from_secs(20), || {
+        let job = setup.job(&job_id);
+        (task(&job, "ec")["attempt"] == 1 && task(&job, "ec")["state"] == "ready").then(|| restarted.elapsed())
+    })
+    .unwrap_or_else(|| panic!("attempt 1 was not settled: {}\n{}", setup.job(&job_id), setup.context(&["weed-ec"])));
+    let settled_at = Instant::now();
+    assert!(
+        settled < Duration::from_secs(25),
+        "settled {settled:?} after the restart: the orphan grace was waited out"
+    );
+    let job = setup.job(&job_id);
+    assert_eq!(task(&job, "ec")["lost"], 0, "an admin restart is not counted against the task: {job}");
+    let line = activity_matching(&setup, |m| m.contains("came back without task ec"))
+        .unwrap_or_else(|| panic!("the activity log does not say what happened"));
+    assert!(line.contains("weed-ec"), "{line}");
+
+    // The encode runs again, but not while the worker's rollback may run.
+    let job = wait_for_end(&setup, &job_id, Duration::from_secs(240));
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", setup.context(&["weed-ec"]));
+    let again = task(&job, "ec");
+    assert_eq!((again["attempt"].clone(), again["lost"].clone()), (json!(2), json!(0)), "{again}");
+    let assigned_ms = again["assigned_at_ms"].as_i64().unwrap();
+    let waited =
+        Duration::from_millis((assigned_ms - (now_ms() - settled_at.elapsed().as_millis() as i64)).max(0) as u64);
+    assert!(
+        waited >= Duration::from_secs(60),
+        "the encode ran again {waited:?} after the settle, inside the 60 s rollback"
+    );
+    let spread = setup.cluster.wait_for(&format!("volume {id} as 14 EC shards"), |t| {
+        t.volume(id).is_none().then(|| shard_spread(&setup.cluster, id)).flatten()
+    });
+    assert_eq!(spread.values().sum::<usize>(), 14, "{spread:?}");
+    assert_readable(&setup.cluster, &encode.files, id);
+    eprintln!(
+        "admin restarted during an encode: weed-ec back {back:?} after, its attempt settled {settled:?} after; \
+         encoded again {waited:?} after the settle: {spread:?} ({:?})",
         started.elapsed()
     );
 }

@@ -214,6 +214,14 @@ pub(super) enum Command {
         attempts: Vec<(TaskRef, u32)>,
         reply: Reply<Vec<(TaskRef, u32)>>,
     },
+    /// A worker without a lease (it drops its work with its stream)
+    /// connected as `handler`: the attempts any other handler of the same
+    /// worker id holds while away are over now. Answers them.
+    Returned {
+        handler: HandlerId,
+        name: Arc<str>,
+        reply: Reply<Vec<Returned>>,
+    },
     /// Another instance renews the handler's lease for these attempts: of
     /// those it holds, none is taken back before `keep` from now.
     Vouch {
@@ -232,6 +240,24 @@ pub(super) enum Command {
         permits: HashMap<Arc<str>, u32>,
         resources: HashSet<String>,
     },
+}
+
+/// The settings that keep what the engine must remember across a restart:
+/// cooling resources (`cooling/<resource>`: until when, ms, big-endian) and
+/// the workers of handlers without a lease (`handler/<id>`: the worker id).
+pub(super) const COOLING: &str = "cooling/";
+pub(super) const HANDLER_NAME: &str = "handler/";
+
+/// An attempt that ended because its worker came back without it.
+#[derive(Clone, Debug)]
+pub struct Returned {
+    pub task: TaskRef,
+    pub task_id: Arc<str>,
+    pub job_type: Arc<str>,
+    pub attempt: u32,
+    /// Its job came from a detection: it fails whole, and the next
+    /// detection proposes the work again.
+    pub from_scheduler: bool,
 }
 
 /// Work that may only happen after the iteration's batch is durable.
@@ -289,6 +315,13 @@ pub(super) struct Core {
     /// Handlers whose attempts another instance vouched for (it renews
     /// their lease): none of their attempts is taken back before this.
     vouched: HashMap<HandlerId, Timestamp>,
+    /// Resources (volumes) an attempt that ended without success keeps
+    /// locked until then: its worker may still be undoing it.
+    cooling: HashMap<String, Timestamp>,
+    /// The worker (its id) of each handler without a lease that holds or
+    /// held attempts: such a worker drops its work with its stream, so when
+    /// it comes back, under another handler, what its old one holds is over.
+    names: HashMap<HandlerId, Arc<str>>,
     /// In a cluster: the resources (volumes) whose lock this instance holds;
     /// a task on another resource waits.
     resource_permits: Option<HashSet<String>>,
@@ -316,6 +349,8 @@ impl Core {
             borrowed: HashMap::new(),
             peer_handlers: HashSet::new(),
             vouched: HashMap::new(),
+            cooling: HashMap::new(),
+            names: HashMap::new(),
             resource_permits: None,
             resource_jobs: HashMap::new(),
             removals: 0,
@@ -334,6 +369,8 @@ impl Core {
     fn permit_demand(&mut self) -> crate::dispatch::Demand {
         let mut resources: std::collections::BTreeMap<String, bool> =
             self.held.resources().map(|key| (key.clone(), true)).collect();
+        // A cooling volume stays locked here, as if still held.
+        resources.extend(self.cooling.keys().map(|key| (key.clone(), true)));
         self.resource_jobs.retain(|id, _| self.jobs.contains_key(id));
         for (id, job) in &self.jobs {
             let on_resources = *self
@@ -420,10 +457,49 @@ impl Core {
     }
 
     /// The one place an attempt stops being held, however it ended: its
-    /// slot, its volume lock and its deadline are released together.
-    fn end_attempt(&mut self, task: TaskRef) {
-        if let Some(held) = self.held.remove(task) {
-            self.dispatch.release_slot(held.handler, &held.job_type);
+    /// slot, its volume lock and its deadline are released together. One
+    /// that did not succeed, of a type whose worker undoes it on its own,
+    /// keeps its volume locked while that may run (`Options::rollback_windows`).
+    fn end_attempt(&mut self, task: TaskRef, succeeded: bool, now: Timestamp, step: &mut Step) {
+        let Some(held) = self.held.remove(task) else { return };
+        self.dispatch.release_slot(held.handler, &held.job_type);
+        let window = self.options.rollback_windows.get(&*held.job_type).filter(|_| !succeeded);
+        if let (Some(window), Some(key)) = (window, held.resource) {
+            let until = now.plus_millis(window.as_millis() as i64);
+            tracing::info!(job.id = %task.job, task.idx = task.idx.0, resource = %key, until_ms = until.as_millis(), "an attempt that ended without success keeps its volume locked while its worker may undo it");
+            let kept = self.cooling.entry(key.clone()).or_insert(until);
+            *kept = (*kept).max(until);
+            step.batch.settings.push((format!("{COOLING}{key}"), Some(kept.as_millis().to_be_bytes().to_vec())));
+        }
+    }
+
+    /// Resources still cooling at `now`; those done are forgotten (in the
+    /// store too).
+    fn cooled(&mut self, now: Timestamp, step: &mut Step) {
+        let done: Vec<String> =
+            self.cooling.iter().filter(|(_, until)| **until <= now).map(|(k, _)| k.clone()).collect();
+        for key in done {
+            self.cooling.remove(&key);
+            step.batch.settings.push((format!("{COOLING}{key}"), None));
+        }
+    }
+
+    /// What the store kept of cooling resources and of the workers of
+    /// handlers without a lease, at start.
+    pub fn remember(&mut self, cooling: Vec<(String, Vec<u8>)>, names: Vec<(String, Vec<u8>)>) {
+        for (key, value) in cooling {
+            let (Some(resource), Ok(bytes)) = (key.strip_prefix(COOLING), <[u8; 8]>::try_from(value.as_slice())) else {
+                continue;
+            };
+            self.cooling.insert(resource.to_string(), Timestamp(i64::from_be_bytes(bytes)));
+        }
+        for (key, value) in names {
+            let (Some(Ok(handler)), Ok(name)) =
+                (key.strip_prefix(HANDLER_NAME).map(str::parse::<HandlerId>), String::from_utf8(value))
+            else {
+                continue;
+            };
+            self.names.insert(handler, Arc::from(name));
         }
     }
 
@@ -772,6 +848,10 @@ impl Core {
             Command::Holds { handler, attempts, reply } => {
                 let _ = reply.send(self.held_by(handler, attempts));
             }
+            Command::Returned { handler, name, reply } => {
+                let returned = self.returned(handler, name, now, step);
+                step.reply(reply, returned);
+            }
             Command::Vouch { handler, attempts, keep, reply } => {
                 let held = self.held_by(handler, attempts);
                 if !held.is_empty() {
@@ -789,6 +869,45 @@ impl Core {
                 let _ = reply.send(held);
             }
         }
+    }
+
+    /// A worker without a lease connected as `handler`, under its id
+    /// `name`: any other handler of that worker, away, dropped what it held
+    /// when its stream broke, so its attempts end now (uncounted: the
+    /// worker itself is fine) rather than when it is given up for gone.
+    fn returned(&mut self, handler: HandlerId, name: Arc<str>, now: Timestamp, step: &mut Step) -> Vec<Returned> {
+        let before: Vec<HandlerId> = self
+            .names
+            .iter()
+            .filter(|(old, old_name)| **old != handler && **old_name == name && !self.dispatch.has_handler(**old))
+            .map(|(old, _)| *old)
+            .collect();
+        let mut ended = Vec::new();
+        for old in before {
+            self.absent.remove(old);
+            self.names.remove(&old);
+            step.batch.settings.push((format!("{HANDLER_NAME}{old}"), None));
+            let reason = format!(
+                "its worker {name} came back without it (a worker without a lease drops its work with its stream)"
+            );
+            for task in self.held.of_handler(old) {
+                let Some(job) = self.jobs.get(&task.job) else { continue };
+                let spec = &job.spec.tasks[task.idx.index()];
+                let attempt = job.tasks[task.idx.index()].attempt;
+                ended.push(Returned {
+                    task,
+                    task_id: Arc::from(&*spec.id),
+                    job_type: spec.job_type.clone(),
+                    attempt,
+                    from_scheduler: matches!(job.record.origin, JobOrigin::Scheduler { .. }),
+                });
+                self.lose_attempt(task, &Loss::NotCounted(reason.clone()), now, step);
+            }
+        }
+        if self.names.insert(handler, name.clone()).as_deref() != Some(&*name) {
+            step.batch.settings.push((format!("{HANDLER_NAME}{handler}"), Some(name.as_bytes().to_vec())));
+        }
+        ended
     }
 
     /// Of these attempts, those the handler holds here.
@@ -828,7 +947,7 @@ impl Core {
             let job_type = held.job_type.clone();
             self.dispatch.record_duration(handler, &job_type, now.as_millis() - since.as_millis(), now);
         }
-        self.end_attempt(task);
+        self.end_attempt(task, succeeded, now, step);
         self.after_release(task.job, released, received, now, step);
         Ok(())
     }
@@ -859,7 +978,7 @@ impl Core {
         let running = leader::fail_job(job, reason, now, &mut step.batch);
         for (idx, attempt, handler) in running.running {
             let task = TaskRef { job: job_id, idx: TaskIdx(idx) };
-            self.end_attempt(task);
+            self.end_attempt(task, false, now, step);
             self.cancel_attempt(handler, task, attempt, step);
         }
         self.dispatch.forget_job(job_id);
@@ -873,7 +992,7 @@ impl Core {
             return;
         }
         let released = follower::lose(job, task.idx.0, loss, limit, now, &mut step.batch);
-        self.end_attempt(task);
+        self.end_attempt(task, false, now, step);
         self.after_release(task.job, released, None, now, step);
     }
 
@@ -965,7 +1084,7 @@ impl Core {
                     let limit_reason = format!("{reason}: its node is unresponsive");
                     let Some(job) = self.jobs.get_mut(&job_id) else { return false };
                     let released = follower::abandon(job, *task, &limit_reason, now, &mut step.batch);
-                    self.end_attempt(task_ref);
+                    self.end_attempt(task_ref, false, now, step);
                     self.after_release(job_id, released, None, now, step);
                 } else {
                     let loss = if rule == recovery::Rule::HandlerSilent {
@@ -1057,6 +1176,7 @@ impl Core {
     /// Hands queued tasks to handlers with free slots, type by type.
     pub fn dispatch_ready(&mut self, now: Timestamp, step: &mut Step) {
         self.dispatch.promote_due(now);
+        self.cooled(now, step);
         for job_type in self.dispatch.queued_types() {
             let mut blocked: Vec<(TaskRef, crate::model::Priority)> = Vec::new();
             loop {
@@ -1099,7 +1219,9 @@ impl Core {
         // A task never runs while another task on the same volume runs,
         // whatever job or job type that one belongs to.
         let locked_elsewhere = |key: &String| self.resource_permits.as_ref().is_some_and(|held| !held.contains(key));
-        if resource_of(&spec.labels).is_some_and(|key| self.held.locks(&key) || locked_elsewhere(&key)) {
+        let cooling = |key: &String| self.cooling.get(key).is_some_and(|until| *until > now);
+        if resource_of(&spec.labels).is_some_and(|key| self.held.locks(&key) || locked_elsewhere(&key) || cooling(&key))
+        {
             blocked.push((task, spec.priority));
             return Take::Skipped;
         }
@@ -1192,7 +1314,11 @@ impl Core {
 
     /// When the next delayed task, execution deadline or take-back is due.
     fn next_wake(&self) -> Option<Timestamp> {
-        [self.dispatch.next_wake(), self.held.next_deadline(), self.absent.next_wake()].into_iter().flatten().min()
+        let cooled = self.cooling.values().min().copied();
+        [self.dispatch.next_wake(), self.held.next_deadline(), self.absent.next_wake(), cooled]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Ends attempts that ran past their execution timeout (the handler is

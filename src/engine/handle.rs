@@ -402,6 +402,13 @@ impl EngineHandle {
         self.send(Command::PeerHandlers { handlers }).await
     }
 
+    /// A worker without a lease (it drops its work with its stream)
+    /// connected as `handler` under its worker id `name`: what another
+    /// handler of the same worker held while away ends now. Answers it.
+    pub async fn returned(&self, handler: HandlerId, name: Arc<str>) -> Result<Vec<super::Returned>, Error> {
+        self.call(|reply| Command::Returned { handler, name, reply }).await
+    }
+
     /// Which of these attempts the handler holds here.
     pub async fn holds(&self, handler: HandlerId, attempts: Vec<(TaskRef, u32)>) -> Result<Vec<(TaskRef, u32)>, Error> {
         self.call(|reply| Command::Holds { handler, attempts, reply }).await

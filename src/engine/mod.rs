@@ -25,6 +25,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 
 pub use self::committer::CommitObserver;
+pub use self::core::Returned;
 pub use self::handle::{Answer, EngineHandle, Reconciled};
 use crate::clock::{Clock, Timestamp};
 use crate::model::{HandlerId, JobId, JobRecord, JobState, StateCounts, TaskState};
@@ -70,6 +71,10 @@ pub struct Options {
     /// Where work orders go for handlers connected to another instance (in
     /// a cluster): the attempts lent to them.
     pub foreign_orders: Option<ForeignOrders>,
+    /// Job types whose workers undo an attempt that ended without success on
+    /// their own, after it ended, within this long: its volume stays locked
+    /// for that long (no other task on it starts while the undoing may run).
+    pub rollback_windows: HashMap<String, Duration>,
 }
 
 /// Work orders for handlers connected elsewhere, with the handler they are for.
@@ -83,6 +88,7 @@ impl Default for Options {
             lost_attempt_limit: 3,
             max_commands_per_iteration: 8192,
             foreign_orders: None,
+            rollback_windows: HashMap::new(),
         }
     }
 }
@@ -177,12 +183,17 @@ impl Engine {
     /// Loads every active job, makes start-up repairs durable, then runs the
     /// loop and the committer until every handle is dropped.
     pub async fn start(store: Arc<dyn Store>, clock: Arc<dyn Clock>, options: Options) -> Result<EngineHandle, Error> {
-        let loaded = {
+        let (loaded, cooling, names) = {
             let store = store.clone();
-            tokio::task::spawn_blocking(move || store.load_active()).await.map_err(|_| Error::Stopped)??
+            tokio::task::spawn_blocking(move || -> Result<_, store::Error> {
+                Ok((store.load_active()?, store.settings(core::COOLING)?, store.settings(core::HANDLER_NAME)?))
+            })
+            .await
+            .map_err(|_| Error::Stopped)??
         };
         let (events, _) = broadcast::channel(65_536);
         let mut core = core::Core::new(options, events.clone());
+        core.remember(cooling, names);
         let mut step = core::Step::default();
         core.restore(loaded, clock.now(), &mut step);
         if !step.batch.is_empty() {

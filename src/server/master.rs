@@ -182,6 +182,16 @@ pub fn lane(job_type: &str) -> &'static str {
     }
 }
 
+/// Job types whose SeaweedFS worker undoes an attempt that ended without
+/// success on its own, after the attempt ended, and how long that may take:
+/// a canceled or failed erasure-coding encode is rolled back on a 60 s clock
+/// of the worker's, which wipes the volume's EC state whatever the shard
+/// generation, so no other task on that volume may start before it is done
+/// (the margin covers a late start of the rollback and the clocks' drift).
+pub fn rollback_windows() -> std::collections::HashMap<String, std::time::Duration> {
+    std::collections::HashMap::from([("erasure_coding".to_string(), std::time::Duration::from_secs(75))])
+}
+
 /// How jobcenter shares the cluster's `shell` lock with an operator's
 /// `weed shell`, which asks the master for it once a second.
 #[derive(Clone, Copy, Debug)]

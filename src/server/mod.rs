@@ -208,6 +208,7 @@ pub async fn run(
         orphans: Orphans::Keep { grace: options.orphan_grace },
         lost_attempt_limit: options.lost_attempt_limit,
         instance: node.as_ref().map(|n| n.id).unwrap_or_else(crate::model::HandlerId::new),
+        rollback_windows: master::rollback_windows(),
         ..Options::default()
     };
     let engine = Engine::start(store.clone(), clock.clone(), engine_options).await?;

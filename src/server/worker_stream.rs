@@ -319,6 +319,28 @@ impl Session {
             shared.registry.unregister(handler, registration.session);
             return;
         }
+        // A worker without a lease dropped whatever it ran when its last
+        // stream broke: what it held then (under another handler: a
+        // SeaweedFS worker is a new instance at each connection) ends now,
+        // not when that handler is given up for gone.
+        if self.lease.is_none() && !self.hello.worker_id.is_empty() {
+            let name: Arc<str> = Arc::from(self.hello.worker_id.as_str());
+            if let Ok(ended) = shared.engine.returned(handler, name).await {
+                for attempt in ended {
+                    let what = if attempt.from_scheduler {
+                        "its scheduler job is failed now, and the next detection proposes the work again"
+                    } else {
+                        "the task runs again, uncounted"
+                    };
+                    let line = format!(
+                        "worker {} came back without task {} of job {} (attempt {}): a SeaweedFS worker cancels what it runs when its stream breaks; {what}",
+                        self.hello.worker_id, attempt.task_id, attempt.task.job, attempt.attempt
+                    );
+                    tracing::warn!(worker.id = %self.hello.worker_id, %handler, job.id = %attempt.task.job, task.id = %attempt.task_id, "{line}");
+                    scheduler::record(&shared, &attempt.job_type, line);
+                }
+            }
+        }
         shared.scheduler.wake();
         shared.peers.wake();
         for capability in self.hello.capabilities.clone() {

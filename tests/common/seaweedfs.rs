@@ -420,7 +420,7 @@ impl Default for ClusterOptions {
             volume_servers: 4,
             volume_size_limit_mb: 64,
             volume_args: Vec::new(),
-            on_tmpfs: false,
+            on_tmpfs: true,
             security: None,
             max_volumes: Vec::new(),
         }
@@ -643,6 +643,9 @@ impl Cluster {
                     format!("-max={}", options.max_volumes.get(i - 1).copied().unwrap_or(20)),
                     format!("-master={master_address}"),
                     "-preStopSeconds=0".into(),
+                    // By default a server stops writing with 1% of its disk
+                    // free, which a busy build machine's large disk may be.
+                    "-minFreeSpace=128MiB".into(),
                     format!("-rack=rack{i}"),
                     "-dataCenter=dc1".into(),
                     // 4.48 refuses copies between loopback servers without it.
