@@ -390,6 +390,10 @@ fn syntax(message: &str) -> Problem {
         "wrong type"
     } else if message.starts_with("invalid value") {
         "invalid value"
+    } else if message.starts_with("invalid length") {
+        // A list where an object is wanted (the reader takes one in a
+        // field's order), with too few items.
+        "wrong length"
     } else {
         "syntax"
     };

@@ -622,6 +622,20 @@ fn a_yaml_syntax_error_names_its_line_and_column() {
 }
 
 #[test]
+fn a_list_too_short_for_a_job_is_a_wrong_length_not_a_syntax_error() {
+    let error = jobfile::parse(b"[\"x\"]", Format::Json, "job.json", &Limits::default()).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid job job.json: wrong length: invalid length 1, expected struct JobFile with 2 elements at line 1 column 5"
+    );
+    let error = jobfile::parse(b"- x\n", Format::Yaml, "job.yaml", &Limits::default()).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid job job.yaml: wrong length: invalid length 1, expected struct JobFile with 2 elements"
+    );
+}
+
+#[test]
 fn a_toml_syntax_error_names_its_line_and_column() {
     let parse = |text: &str| jobfile::parse(text.as_bytes(), Format::Toml, "job.toml", &Limits::default());
     // The reader's message is one line, and the column counts characters.
