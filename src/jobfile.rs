@@ -304,10 +304,17 @@ pub fn parse(bytes: &[u8], format: Format, source_name: &str, limits: &Limits) -
 }
 
 fn parse_other(bytes: &[u8], format: Format) -> Result<serde_json::Value, Problem> {
-    let text = std::str::from_utf8(bytes)
-        .map_err(|e| Problem::Syntax { rule: "syntax", message: format!("not UTF-8: {e}") })?;
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        // Up to the invalid byte, the text is valid.
+        let valid = std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default();
+        let (line, column) = place(valid, valid.len());
+        Problem::Syntax {
+            rule: "syntax",
+            message: format!("not UTF-8: an invalid byte at line {line} column {column}"),
+        }
+    })?;
     match format {
-        Format::Toml => toml::from_str::<serde_json::Value>(text).map_err(|e| syntax(e.message())),
+        Format::Toml => toml::from_str::<serde_json::Value>(text).map_err(|e| toml_syntax(text, &e)),
         _ => serde_yaml_ng::from_str::<serde_json::Value>(text).map_err(|e| {
             // The YAML reader stops at 128 levels, beyond the document limit: report it as that limit.
             let message = e.to_string();
@@ -315,9 +322,52 @@ fn parse_other(bytes: &[u8], format: Format) -> Result<serde_json::Value, Proble
                 Some(at) if message.starts_with("recursion limit exceeded") => {
                     Problem::TooDeep { line: at.line(), column: at.column() }
                 }
-                _ => syntax(&message),
+                at => syntax(&yaml_placed(text, message, at)),
             }
         }),
+    }
+}
+
+/// A YAML reader's message with the place it is about as a line and a
+/// column. The reader leaves the place out when it is the document's first
+/// character, and names a character it cannot read by its byte offset.
+fn yaml_placed(text: &str, message: String, at: Option<serde_yaml_ng::Location>) -> String {
+    if message.contains(" at line ") {
+        return message;
+    }
+    if let Some((head, rest)) = message.split_once(" at position ") {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if let Ok(offset) = rest[..digits].parse::<usize>() {
+            let (line, column) = place(text, offset);
+            return format!("{head} at line {line} column {column}{}", &rest[digits..]);
+        }
+    }
+    match at {
+        Some(at) => format!("{message} at line {} column {}", at.line(), at.column()),
+        None => message,
+    }
+}
+
+/// The 1-based line and column (in characters) of byte `offset` of `text`.
+fn place(text: &str, offset: usize) -> (usize, usize) {
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = &text[..end];
+    (before.matches('\n').count() + 1, before.rsplit('\n').next().unwrap_or("").chars().count() + 1)
+}
+
+/// A TOML reader's error on one line, with the place it names (1-based
+/// line and column, in characters), as the JSON and YAML readers give theirs.
+fn toml_syntax(text: &str, e: &toml::de::Error) -> Problem {
+    let message = e.message().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(": ");
+    match e.span() {
+        Some(span) => {
+            let (line, column) = place(text, span.start);
+            syntax(&format!("{message} at line {line} column {column}"))
+        }
+        None => syntax(&message),
     }
 }
 
@@ -340,6 +390,10 @@ fn syntax(message: &str) -> Problem {
         "wrong type"
     } else if message.starts_with("invalid value") {
         "invalid value"
+    } else if message.starts_with("invalid length") {
+        // A list where an object is wanted (the reader takes one in a
+        // field's order), with too few items.
+        "wrong length"
     } else {
         "syntax"
     };

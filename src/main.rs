@@ -11,7 +11,7 @@ use tracing_subscriber::EnvFilter;
 /// databases) in each thread's arena for good. Its options (a background
 /// thread that does so about a second after their last use) are built in
 /// by `.cargo/config.toml`.
-#[cfg(not(target_env = "msvc"))]
+#[cfg(all(not(target_env = "msvc"), feature = "jemalloc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

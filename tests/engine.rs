@@ -240,6 +240,26 @@ async fn refused_completions_are_typed_and_idempotent(subject: Subject) {
     assert_eq!(job.tasks[0].attempt, 1);
 }
 
+/// A report naming a task the job does not have is refused, and the engine
+/// goes on serving.
+async fn a_report_on_a_task_the_job_does_not_have_is_refused(subject: Subject) {
+    let engine = start(subject.open().await, KEEP).await;
+    engine.submit(spec(r#"{"name":"one","tasks":[{"id":"a","job_type":"noop"}]}"#), JobOrigin::User).await.unwrap();
+    let mut worker = manual(&engine, 1).await;
+    let WorkOrder::Execute(a) = worker.next().await else { panic!() };
+    let beyond = jobcenter::model::TaskRef { job: a.task.job, idx: jobcenter::model::TaskIdx(5) };
+    assert_eq!(
+        engine.complete(beyond, a.attempt, worker.handler, ok()).await.unwrap(),
+        Err(Rejection::UnknownTask { job: a.task.job, idx: 5 })
+    );
+    assert_eq!(
+        engine.started(beyond, a.attempt, worker.handler).await.unwrap(),
+        Err(Rejection::UnknownTask { job: a.task.job, idx: 5 })
+    );
+    engine.complete(a.task, a.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    assert_eq!(engine.wait(a.task.job).await.unwrap().state, JobState::Succeeded);
+}
+
 async fn cancel_stops_running_work_and_ends_the_job_canceled(subject: Subject) {
     let engine = start(subject.open().await, KEEP).await;
     let job = engine.submit(nine_tasks(None), JobOrigin::User).await.unwrap();
@@ -563,6 +583,7 @@ on_every_store!(
     nine_tasks_through_the_engine_dispatch_in_dependency_order,
     acknowledged_submits_and_completions_survive_a_crash,
     refused_completions_are_typed_and_idempotent,
+    a_report_on_a_task_the_job_does_not_have_is_refused,
     cancel_stops_running_work_and_ends_the_job_canceled,
     executor_runs_many_jobs_and_retry_reruns_the_failed_part,
     restart_requeues_orphaned_attempts_as_new_attempts,

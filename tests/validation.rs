@@ -583,12 +583,72 @@ fn toml_nested_too_deep_is_refused_by_the_toml_reader() {
     // The TOML reader refuses inline values nested 80 levels, before the document check can.
     for arrays in [80, 101, 100_000] {
         let error = parse(&toml_of_arrays(arrays)).unwrap_err();
+        let [Problem::Syntax { rule: "syntax", message }] = &error.problems[..] else {
+            panic!("{arrays}: expected one syntax problem, got: {error}")
+        };
+        assert!(message.starts_with("recursion limit exceeded at line 5 column "), "{arrays}: {message}");
+    }
+}
+
+#[test]
+fn a_toml_or_yaml_file_that_is_not_utf8_is_refused_naming_the_place() {
+    for format in [Format::Toml, Format::Yaml] {
+        let error = jobfile::parse(b"name = \"x\"\n[[t\xe9\xff", format, "job", &Limits::default()).unwrap_err();
         assert_eq!(
             error.problems,
-            vec![Problem::Syntax { rule: "syntax", message: "recursion limit exceeded".into() }],
-            "{arrays}"
+            vec![Problem::Syntax { rule: "syntax", message: "not UTF-8: an invalid byte at line 2 column 4".into() }],
+            "{format:?}"
         );
     }
+}
+
+#[test]
+fn a_yaml_syntax_error_names_its_line_and_column() {
+    // The reader names a character it cannot read by its byte offset, and
+    // a place at the document's first character not at all.
+    for (text, message) in [
+        (&b"name: x\ntasks: [\x00]\n"[..], "control characters are not allowed at line 2 column 9"),
+        (b"name: \xc3\xa9\ntasks: [\x01]", "control characters are not allowed at line 2 column 9"),
+        (b"\x00", "control characters are not allowed at line 1 column 1"),
+        (b":", "did not find expected key, while parsing a block mapping at line 1 column 1"),
+        (
+            b"name: [x\n",
+            "did not find expected ',' or ']' at line 2 column 1, while parsing a flow sequence at line 1 column 7",
+        ),
+    ] {
+        let error = jobfile::parse(text, Format::Yaml, "job.yaml", &Limits::default()).unwrap_err();
+        assert_eq!(error.problems, vec![Problem::Syntax { rule: "syntax", message: message.into() }]);
+    }
+}
+
+#[test]
+fn a_list_too_short_for_a_job_is_a_wrong_length_not_a_syntax_error() {
+    let error = jobfile::parse(b"[\"x\"]", Format::Json, "job.json", &Limits::default()).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid job job.json: wrong length: invalid length 1, expected struct JobFile with 2 elements at line 1 column 5"
+    );
+    let error = jobfile::parse(b"- x\n", Format::Yaml, "job.yaml", &Limits::default()).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid job job.yaml: wrong length: invalid length 1, expected struct JobFile with 2 elements"
+    );
+}
+
+#[test]
+fn a_toml_syntax_error_names_its_line_and_column() {
+    let parse = |text: &str| jobfile::parse(text.as_bytes(), Format::Toml, "job.toml", &Limits::default());
+    // The reader's message is one line, and the column counts characters.
+    let error = parse("name = \"x\"\n[[tasks]\nid = 1\n").unwrap_err();
+    assert_eq!(
+        error.problems,
+        vec![Problem::Syntax {
+            rule: "syntax",
+            message: "invalid table header: expected `.`, `]]` at line 2 column 8".into()
+        }]
+    );
+    let error = parse("name = \"é\" x\n").unwrap_err();
+    assert_eq!(error.to_string(), "invalid job job.toml: syntax: expected newline, `#` at line 1 column 12");
 }
 
 // ---- limits on size ----

@@ -941,7 +941,8 @@ impl Core {
             return Err(Rejection::JobEnded { job: task.job });
         };
         let succeeded = matches!(outcome, Outcome::Succeeded { .. });
-        let since = job.tasks[task.idx.index()].assigned_at;
+        // A report may name a task the job does not have: `complete` refuses it.
+        let since = job.tasks.get(task.idx.index()).and_then(|t| t.assigned_at);
         let released = follower::complete(job, task.idx.0, attempt, handler, outcome, now, &mut step.batch)?;
         if let (true, Some(since), Some(held)) = (succeeded, since, self.held.get(task)) {
             let job_type = held.job_type.clone();

@@ -12,6 +12,9 @@ mod context;
 mod convert;
 mod cover;
 mod flight;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod http;
 pub mod master;
 pub mod metrics;
@@ -202,61 +205,8 @@ pub async fn run(
         }
         None => None,
     };
-    let (foreign_orders, foreign_receiver) = tokio::sync::mpsc::unbounded_channel();
-    let engine_options = Options {
-        foreign_orders: node.is_some().then_some(foreign_orders),
-        orphans: Orphans::Keep { grace: options.orphan_grace },
-        lost_attempt_limit: options.lost_attempt_limit,
-        instance: node.as_ref().map(|n| n.id).unwrap_or_else(crate::model::HandlerId::new),
-        rollback_windows: master::rollback_windows(),
-        ..Options::default()
-    };
-    let engine = Engine::start(store.clone(), clock.clone(), engine_options).await?;
-    let policies = {
-        let store = store.clone();
-        let engine = engine.clone();
-        tokio::task::spawn_blocking(move || policies::Policies::load(store, engine)).await??
-    };
-    for job_type in policies.job_types().iter().map(String::as_str).chain(["noop", "shell"]) {
-        policies.push_limits(&engine, job_type).await;
-    }
-    let shared = Arc::new(Shared {
-        stats: Stats::default(),
-        cluster_lock: master::ClusterLock::new(master::Turns {
-            turn: options.cluster_lock_turn,
-            ..master::Turns::default()
-        }),
-        capacity: capacity::Tracker::default(),
-        cluster_nodes: context::Known::default(),
-        scheduler: scheduler::SchedulerState::default(),
-        recovery_gate: recovery::Gate::default(),
-        prune_gate: retention::Gate::default(),
-        metrics: metrics::Metrics::new(),
-        engine: engine.clone(),
-        registry: Registry::default(),
-        policies,
-        auth: Auth::new(options.token.clone()),
-        options: options.clone(),
-        grpc_port: grpc_addr.port(),
-        clock,
-        cluster: node.clone(),
-        scheduler_paused: std::sync::atomic::AtomicBool::new(false),
-        peers: peer::Peers::default(),
-        sessions: console::Sessions::default(),
-    });
-
-    engine.on_commit(Arc::new(shared.metrics.commit_observer()));
-    shared.metrics.declare_recovery_rules(&[
-        "R1",
-        "R2",
-        "R2-undelivered",
-        "R3",
-        "R3-pinned",
-        "R3-progress",
-        "R4",
-        "R5",
-        "R6",
-    ]);
+    let (shared, foreign_receiver) = assemble(store.clone(), &options, clock, node.clone(), grpc_addr.port()).await?;
+    let engine = shared.engine.clone();
     for _ in 0..options.local_workers {
         let handlers = HandlerRegistry::new(builtin_handlers());
         LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;
@@ -341,4 +291,75 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// Work orders for handlers connected to other instances, with their handler.
+type ForeignReceiver = tokio::sync::mpsc::UnboundedReceiver<(crate::model::HandlerId, crate::dispatch::WorkOrder)>;
+
+/// What a server shares before it listens: the engine over `store`, the
+/// policy book, and the state every part reads. With it, the work orders
+/// the engine gives for handlers connected to other instances.
+async fn assemble(
+    store: Arc<dyn Store>,
+    options: &ServerOptions,
+    clock: Arc<dyn Clock>,
+    node: Option<Arc<cluster::Node>>,
+    grpc_port: u16,
+) -> anyhow::Result<(Arc<Shared>, ForeignReceiver)> {
+    let (foreign_orders, foreign_receiver) = tokio::sync::mpsc::unbounded_channel();
+    let engine_options = Options {
+        foreign_orders: node.is_some().then_some(foreign_orders),
+        orphans: Orphans::Keep { grace: options.orphan_grace },
+        lost_attempt_limit: options.lost_attempt_limit,
+        instance: node.as_ref().map(|n| n.id).unwrap_or_default(),
+        rollback_windows: master::rollback_windows(),
+        ..Options::default()
+    };
+    let engine = Engine::start(store.clone(), clock.clone(), engine_options).await?;
+    let policies = {
+        let store = store.clone();
+        let engine = engine.clone();
+        tokio::task::spawn_blocking(move || policies::Policies::load(store, engine)).await??
+    };
+    for job_type in policies.job_types().iter().map(String::as_str).chain(["noop", "shell"]) {
+        policies.push_limits(&engine, job_type).await;
+    }
+    let shared = Arc::new(Shared {
+        stats: Stats::default(),
+        cluster_lock: master::ClusterLock::new(master::Turns {
+            turn: options.cluster_lock_turn,
+            ..master::Turns::default()
+        }),
+        capacity: capacity::Tracker::default(),
+        cluster_nodes: context::Known::default(),
+        scheduler: scheduler::SchedulerState::default(),
+        recovery_gate: recovery::Gate::default(),
+        prune_gate: retention::Gate::default(),
+        metrics: metrics::Metrics::new(),
+        engine: engine.clone(),
+        registry: Registry::default(),
+        policies,
+        auth: Auth::new(options.token.clone()),
+        options: options.clone(),
+        grpc_port,
+        clock,
+        cluster: node,
+        scheduler_paused: std::sync::atomic::AtomicBool::new(false),
+        peers: peer::Peers::default(),
+        sessions: console::Sessions::default(),
+    });
+
+    engine.on_commit(Arc::new(shared.metrics.commit_observer()));
+    shared.metrics.declare_recovery_rules(&[
+        "R1",
+        "R2",
+        "R2-undelivered",
+        "R3",
+        "R3-pinned",
+        "R3-progress",
+        "R4",
+        "R5",
+        "R6",
+    ]);
+    Ok((shared, foreign_receiver))
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::peer;
@@ -35,8 +35,14 @@ use crate::wire;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Messages waiting to go out to one worker.
 const OUTBOUND_QUEUE: usize = 1024;
-/// Output lines kept from a worker's result.
+/// Output lines kept from a worker's result, the longest line kept, and
+/// the longest error kept (as the built-in handlers keep theirs); longer
+/// ones are cut.
 const MAX_OUTPUT_LINES: usize = 200;
+const MAX_LINE_BYTES: usize = 1000;
+const MAX_ERROR_BYTES: usize = 4096;
+/// The most job types one worker may declare in its hello.
+const MAX_CAPABILITIES: usize = 256;
 
 type Outbound = mpsc::Sender<Result<AdminToWorkerMessage, Status>>;
 
@@ -104,12 +110,28 @@ impl PluginControlService for WorkerStreamService {
             )));
         }
         let peer = request.remote_addr();
-        let mut inbound = request.into_inner();
-        let first = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
+        let outbound = self.open(request.into_inner(), peer).await?;
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(outbound))))
+    }
+}
+
+impl WorkerStreamService {
+    /// Opens a session for a worker whose messages arrive on `inbound`: it
+    /// waits for the hello, checks it, and starts the session. Returns the
+    /// messages for the worker (the stream's answer), or why it is refused.
+    pub(super) async fn open<S>(
+        &self,
+        mut inbound: S,
+        peer: Option<std::net::SocketAddr>,
+    ) -> Result<mpsc::Receiver<Result<AdminToWorkerMessage, Status>>, Status>
+    where
+        S: Stream<Item = Result<WorkerToAdminMessage, Status>> + Unpin + Send + 'static,
+    {
+        let first = match tokio::time::timeout(HELLO_TIMEOUT, inbound.next()).await {
             Err(_) => return Err(Status::deadline_exceeded("no hello within 10 s: the first message must be hello")),
-            Ok(Err(status)) => return Err(status),
-            Ok(Ok(None)) => return Err(Status::cancelled("the stream ended before hello")),
-            Ok(Ok(Some(first))) => first,
+            Ok(Some(Err(status))) => return Err(status),
+            Ok(None) => return Err(Status::cancelled("the stream ended before hello")),
+            Ok(Some(Ok(first))) => first,
         };
         let hello = match first.body {
             Some(worker_to_admin_message::Body::Hello(hello)) => hello,
@@ -122,6 +144,12 @@ impl PluginControlService for WorkerStreamService {
         };
         if hello.worker_id.is_empty() && hello.worker_instance_id.is_empty() {
             return Err(Status::invalid_argument("hello: worker_id and worker_instance_id are both empty"));
+        }
+        if hello.capabilities.len() > MAX_CAPABILITIES {
+            return Err(Status::invalid_argument(format!(
+                "hello: {} capabilities, the most a worker may declare is {MAX_CAPABILITIES}",
+                hello.capabilities.len()
+            )));
         }
         for (n, capability) in hello.capabilities.iter().enumerate() {
             if !jobfile::is_job_type(&capability.job_type) {
@@ -148,7 +176,7 @@ impl PluginControlService for WorkerStreamService {
                 reconnect_delay_seconds: 30,
             });
             let _ = outbound.try_send(Ok(message(String::new(), body)));
-            return Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))));
+            return Ok(receiver);
         }
         let handler = handler_of(&hello);
         let renewals = outbound.clone();
@@ -171,7 +199,7 @@ impl PluginControlService for WorkerStreamService {
             cover: lease.map(|lease| super::cover::Cover::new(self.shared.clone(), handler, lease, renewals.clone())),
         };
         tokio::spawn(session.run(inbound));
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
+        Ok(receiver)
     }
 }
 
@@ -257,7 +285,10 @@ impl Session {
         self.outbound.send(Ok(message)).await.is_ok()
     }
 
-    async fn run(mut self, mut inbound: Streaming<WorkerToAdminMessage>) {
+    async fn run<S>(mut self, mut inbound: S)
+    where
+        S: Stream<Item = Result<WorkerToAdminMessage, Status>> + Unpin,
+    {
         let shared = self.shared.clone();
         let handler = self.handler;
         let now = shared.clock.now();
@@ -363,16 +394,16 @@ impl Session {
             // will before the admin takes them back.
             let silent_at = self.lease.map(|lease| self.renewed_at + lease);
             tokio::select! {
-                incoming = inbound.message() => match incoming {
-                    Ok(Some(message)) => {
+                incoming = inbound.next() => match incoming {
+                    Some(Ok(message)) => {
                         if let Err(status) = self.handle(message).await {
                             let reason = status.message().to_string();
                             let _ = self.outbound.send(Err(status)).await;
                             break reason;
                         }
                     }
-                    Ok(None) => break "the worker closed its stream".to_string(),
-                    Err(status) => {
+                    None => break "the worker closed its stream".to_string(),
+                    Some(Err(status)) => {
                         // Say why before closing: a message over the size limit ends up here.
                         let reason = format!("the worker stream failed: {}", status.message());
                         let _ = self.outbound.send(Err(Status::new(status.code(), reason.clone()))).await;
@@ -535,12 +566,9 @@ impl Session {
                     self.shared.scheduler.route(&update.request_id, event);
                     return Ok(());
                 }
-                let Some((task, attempt)) = wire::parse_attempt_id(&update.job_id) else {
-                    tracing::warn!(handler = %self.handler, job_id = update.job_id, "progress for an unknown job id");
-                    return Ok(());
-                };
+                let (task, attempt) = attempt_of("job_progress_update", &update.job_id)?;
                 let progress = Progress {
-                    percent: update.progress_percent as f32,
+                    percent: percent(update.progress_percent),
                     stage: update.stage.clone(),
                     message: update.message.clone(),
                 };
@@ -558,9 +586,23 @@ impl Session {
                 }
                 let _ = engine.progress(task, attempt, self.handler, progress).await;
             }
-            Some(Body::JobCompleted(completed)) => self.completed(completed).await,
+            Some(Body::JobCompleted(completed)) => self.completed(completed).await?,
             Some(Body::ConfigSchemaResponse(response)) => {
-                self.pending_schema.remove(&response.request_id);
+                // A descriptor is kept only as the answer to this session's
+                // own request, for the job type it asked about: no worker
+                // writes the policy book of a job type unasked.
+                let Some(asked) = self.pending_schema.remove(&response.request_id) else {
+                    return Err(Status::failed_precondition(format!(
+                        "protocol: config_schema_response {:?} answers no request this session sent",
+                        response.request_id
+                    )));
+                };
+                if let Some(other) = response.job_type_descriptor.as_ref().filter(|d| d.job_type != asked) {
+                    return Err(Status::failed_precondition(format!(
+                        "protocol: config_schema_response {:?} describes job type {:?}, the request asked about {asked:?}",
+                        response.request_id, other.job_type
+                    )));
+                }
                 match response.job_type_descriptor {
                     Some(descriptor) if response.success => {
                         let job_type = descriptor.job_type.clone();
@@ -672,7 +714,7 @@ impl Session {
             let Some((task, attempt)) = wire::parse_attempt_id(&work.work_id) else { continue };
             entry.started = true;
             let progress =
-                Progress { percent: work.progress_percent as f32, stage: work.stage.clone(), message: String::new() };
+                Progress { percent: percent(work.progress_percent), stage: work.stage.clone(), message: String::new() };
             let (shared, handler, leader) = (self.shared.clone(), self.handler, entry.leader.clone());
             tokio::spawn(async move {
                 let report = peer::progress_report(&progress);
@@ -728,13 +770,10 @@ impl Session {
         tokio::spawn(settle(shared, leader, handler, attempt, report, outbound, known));
     }
 
-    async fn completed(&self, completed: JobCompleted) {
+    async fn completed(&self, completed: JobCompleted) -> Result<(), Status> {
         let received = std::time::Instant::now();
         let engine = &self.shared.engine;
-        let Some((task, attempt)) = wire::parse_attempt_id(&completed.job_id) else {
-            tracing::warn!(handler = %self.handler, job_id = completed.job_id, "completion for an unknown job id: ignored");
-            return;
-        };
+        let (task, attempt) = attempt_of("job_completed", &completed.job_id)?;
         self.note(task, attempt);
         let lent_by = self.lent.lock().expect("lent lock").remove(&completed.job_id).map(|l| l.leader);
         let given_up = match completed.error_message.as_str() {
@@ -747,12 +786,12 @@ impl Session {
         if let Some(loss) = given_up {
             if lent_by.is_some() {
                 self.settle_lent(lent_by, (task, attempt), peer::give_up_report(&loss));
-                return;
+                return Ok(());
             }
             let answer =
                 self.answer(task, attempt, peer::give_up_report(&loss)).or(self.acknowledgement(&completed.job_id));
             let _ = engine.give_up(task, attempt, self.handler, loss, answer).await;
-            return;
+            return Ok(());
         }
         let mut output: Vec<String> = completed
             .result
@@ -774,20 +813,21 @@ impl Session {
         if output.len() > MAX_OUTPUT_LINES {
             output.drain(..output.len() - MAX_OUTPUT_LINES);
         }
+        let output: Vec<String> = output.into_iter().map(|line| cut(line, MAX_LINE_BYTES)).collect();
         let outcome = if completed.success {
             Outcome::Succeeded { output }
         } else {
             let error = if completed.error_message.is_empty() {
                 "the worker reported a failure".into()
             } else {
-                completed.error_message
+                cut(completed.error_message, MAX_ERROR_BYTES)
             };
             Outcome::Failed { error, output }
         };
         if lent_by.is_some() {
             // Lent by the instance that leads the job: the report goes there.
             self.settle_lent(lent_by, (task, attempt), peer::outcome_report(&outcome));
-            return;
+            return Ok(());
         }
         let answer = match self.shared.cluster {
             Some(_) => self.answer(task, attempt, peer::outcome_report(&outcome)),
@@ -798,6 +838,7 @@ impl Session {
         if let Err(e) = engine.report(task, attempt, self.handler, outcome, received, answer).await {
             tracing::debug!(error = %e, "engine stopped before a completion");
         }
+        Ok(())
     }
 }
 
@@ -857,6 +898,40 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     }
 }
 
+/// The attempt a report names by the id its execute request gave it; a
+/// report naming anything else breaks the protocol and ends the stream.
+fn attempt_of(what: &str, job_id: &str) -> Result<(TaskRef, u32), Status> {
+    wire::parse_attempt_id(job_id).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "protocol: {what} names job {job_id:?}, which is no attempt id (JOB_UUID.TASK_INDEX.ATTEMPT) this admin gives"
+        ))
+    })
+}
+
+/// A worker's progress as a task keeps it: a percentage from 0 to 100, and
+/// 0 for what is not a number.
+fn percent(reported: f64) -> f32 {
+    if reported.is_nan() {
+        0.0
+    } else {
+        reported.clamp(0.0, 100.0) as f32
+    }
+}
+
+/// `text` cut to at most `limit` bytes, at a character boundary, and marked
+/// as cut.
+fn cut(mut text: String, limit: usize) -> String {
+    if text.len() > limit {
+        let mut end = limit;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(" [...]");
+    }
+    text
+}
+
 fn acknowledge(outbound: &Outbound, attempt_id: &str, refusal: Option<&str>) {
     let request_id = wire::outcome_ack(attempt_id, refusal);
     // A full queue loses the acknowledgement; the worker reports again and is refused as a repeat.
@@ -884,5 +959,258 @@ async fn led_elsewhere(
         // Unsure (the database away): keep the attempt rather than cancel it.
         Ok(Some(Err(_))) | Err(_) => true,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio_stream::wrappers::UnboundedReceiverStream;
+
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::model::{JobId, JobOrigin, TaskRecord};
+    use crate::proto::plugin::{
+        ConfigSchemaResponse, JobProgressUpdate, JobResult, JobTypeCapability, JobTypeDescriptor, StringList,
+    };
+    use crate::store::MemoryStore;
+
+    type Inbound = mpsc::UnboundedSender<Result<WorkerToAdminMessage, Status>>;
+    type Answers = mpsc::Receiver<Result<AdminToWorkerMessage, Status>>;
+
+    /// An admin over the memory store, with no listener.
+    async fn service() -> WorkerStreamService {
+        let clock: Arc<dyn crate::clock::Clock> = Arc::new(SystemClock);
+        let store = Arc::new(MemoryStore::new());
+        let (shared, _) = super::super::assemble(store, &super::super::ServerOptions::default(), clock, None, 0)
+            .await
+            .expect("an admin");
+        WorkerStreamService::new(shared)
+    }
+
+    fn send(inbound: &Inbound, body: worker_to_admin_message::Body) {
+        inbound.send(Ok(WorkerToAdminMessage { body: Some(body), ..WorkerToAdminMessage::default() })).expect("open");
+    }
+
+    fn hello(job_types: &[&str]) -> worker_to_admin_message::Body {
+        worker_to_admin_message::Body::Hello(WorkerHello {
+            worker_id: "test".into(),
+            worker_instance_id: uuid::Uuid::new_v4().to_string(),
+            capabilities: job_types
+                .iter()
+                .map(|t| JobTypeCapability {
+                    job_type: (*t).into(),
+                    can_execute: true,
+                    max_execution_concurrency: 4,
+                    ..JobTypeCapability::default()
+                })
+                .collect(),
+            ..WorkerHello::default()
+        })
+    }
+
+    /// Opens a session that said `hello`.
+    async fn open(service: &WorkerStreamService, hello: worker_to_admin_message::Body) -> (Inbound, Answers) {
+        let (inbound, messages) = mpsc::unbounded_channel();
+        send(&inbound, hello);
+        let answers = service.open(UnboundedReceiverStream::new(messages), None).await.expect("accepted");
+        (inbound, answers)
+    }
+
+    /// The next answer of the session, skipping requests for descriptors.
+    async fn next(answers: &mut Answers) -> Option<Result<AdminToWorkerMessage, Status>> {
+        loop {
+            let answer = tokio::time::timeout(Duration::from_secs(10), answers.recv()).await.expect("an answer");
+            match &answer {
+                Some(Ok(AdminToWorkerMessage {
+                    body: Some(admin_to_worker_message::Body::RequestConfigSchema(_)),
+                    ..
+                })) => {}
+                _ => return answer,
+            }
+        }
+    }
+
+    /// The status the session ended with.
+    async fn ended_with(answers: &mut Answers) -> Status {
+        loop {
+            match next(answers).await {
+                Some(Ok(_)) => {}
+                Some(Err(status)) => return status,
+                None => panic!("the session ended without a status"),
+            }
+        }
+    }
+
+    async fn schema_request(answers: &mut Answers) -> (String, String) {
+        loop {
+            let answer = tokio::time::timeout(Duration::from_secs(10), answers.recv()).await.expect("an answer");
+            if let Some(Ok(AdminToWorkerMessage {
+                request_id,
+                body: Some(admin_to_worker_message::Body::RequestConfigSchema(request)),
+                ..
+            })) = answer
+            {
+                return (request_id, request.job_type);
+            }
+        }
+    }
+
+    fn schema(request_id: &str, job_type: &str) -> worker_to_admin_message::Body {
+        worker_to_admin_message::Body::ConfigSchemaResponse(ConfigSchemaResponse {
+            request_id: request_id.into(),
+            job_type: job_type.into(),
+            success: true,
+            error_message: String::new(),
+            job_type_descriptor: Some(JobTypeDescriptor { job_type: job_type.into(), ..JobTypeDescriptor::default() }),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_descriptor_is_kept_only_as_the_answer_to_the_sessions_request() {
+        let service = service().await;
+        let policies = &service.shared.policies;
+
+        // Unasked: refused, and nothing is stored.
+        let (inbound, mut answers) = open(&service, hello(&["noop"])).await;
+        send(&inbound, schema("schema-999", "vacuum"));
+        let status = ended_with(&mut answers).await;
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+        assert!(status.message().contains("answers no request this session sent"), "{status:?}");
+        assert!(!policies.has_descriptor("vacuum"));
+
+        // Asked about one job type, describing another: refused, nothing stored.
+        let (inbound, mut answers) = open(&service, hello(&["noop"])).await;
+        let (request_id, job_type) = schema_request(&mut answers).await;
+        assert_eq!(job_type, "noop");
+        send(&inbound, schema(&request_id, "vacuum"));
+        let status = ended_with(&mut answers).await;
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+        assert!(status.message().contains("describes job type \"vacuum\""), "{status:?}");
+        assert!(!policies.has_descriptor("vacuum") && !policies.has_descriptor("noop"));
+
+        // The answer to the request: kept.
+        let (inbound, mut answers) = open(&service, hello(&["noop"])).await;
+        let (request_id, _) = schema_request(&mut answers).await;
+        send(&inbound, schema(&request_id, "noop"));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !policies.has_descriptor("noop") {
+            assert!(tokio::time::Instant::now() < deadline, "the asked-for descriptor was not kept");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_report_naming_no_attempt_id_ends_the_stream() {
+        let service = service().await;
+        for body in [
+            worker_to_admin_message::Body::JobCompleted(JobCompleted {
+                job_id: "not-an-attempt".into(),
+                success: true,
+                ..JobCompleted::default()
+            }),
+            worker_to_admin_message::Body::JobProgressUpdate(JobProgressUpdate {
+                job_id: "7.7".into(),
+                ..JobProgressUpdate::default()
+            }),
+        ] {
+            let (inbound, mut answers) = open(&service, hello(&["noop"])).await;
+            send(&inbound, body);
+            let status = ended_with(&mut answers).await;
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+            assert!(status.message().contains("which is no attempt id"), "{status:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hello_with_too_many_job_types_is_refused() {
+        let service = service().await;
+        let (inbound, messages) = mpsc::unbounded_channel();
+        let job_types: Vec<String> = (0..=MAX_CAPABILITIES).map(|n| format!("type{n}")).collect();
+        send(&inbound, hello(&job_types.iter().map(String::as_str).collect::<Vec<_>>()));
+        let status = service.open(UnboundedReceiverStream::new(messages), None).await.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert_eq!(status.message(), "hello: 257 capabilities, the most a worker may declare is 256");
+        assert!(service.shared.registry.is_empty());
+    }
+
+    /// Runs one `noop` task on a session: the record it leaves after the
+    /// worker reports `reports` on its attempt.
+    async fn task_after(reports: impl FnOnce(String) -> Vec<worker_to_admin_message::Body>) -> TaskRecord {
+        let service = service().await;
+        let spec = crate::jobfile::parse(
+            br#"{"name":"one","tasks":[{"id":"a","job_type":"noop"}]}"#,
+            crate::jobfile::Format::Json,
+            "one.json",
+            &crate::jobfile::Limits::default(),
+        )
+        .expect("a job");
+        let engine = service.shared.engine.clone();
+        let job: JobId = engine.submit(spec, JobOrigin::User).await.expect("submitted");
+        let (inbound, mut answers) = open(&service, hello(&["noop"])).await;
+        let attempt_id = loop {
+            match next(&mut answers).await {
+                Some(Ok(AdminToWorkerMessage {
+                    body: Some(admin_to_worker_message::Body::ExecuteJobRequest(request)),
+                    ..
+                })) => break request.job.expect("a job").job_id,
+                Some(Ok(_)) => {}
+                other => panic!("no work came: {other:?}"),
+            }
+        };
+        for body in reports(attempt_id) {
+            send(&inbound, body);
+        }
+        drop(inbound);
+        while next(&mut answers).await.is_some() {}
+        engine.job(job).await.expect("the engine runs").expect("the job").tasks.swap_remove(0)
+    }
+
+    fn progress(attempt_id: &str, percent: f64) -> worker_to_admin_message::Body {
+        worker_to_admin_message::Body::JobProgressUpdate(JobProgressUpdate {
+            job_id: attempt_id.into(),
+            progress_percent: percent,
+            stage: "copying".into(),
+            ..JobProgressUpdate::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn a_progress_is_kept_between_0_and_100() {
+        for (reported, kept) in [(f64::NAN, 0.0), (-5.0, 0.0), (1e12, 100.0), (f64::INFINITY, 100.0), (42.5, 42.5)] {
+            let task = task_after(|id| vec![progress(&id, reported)]).await;
+            assert_eq!(task.progress_percent, kept, "reported {reported}");
+            assert_eq!(&*task.stage, "copying");
+        }
+    }
+
+    #[tokio::test]
+    async fn long_output_lines_and_errors_are_cut() {
+        let line = "é".repeat(MAX_LINE_BYTES);
+        let error = "x".repeat(3 * MAX_ERROR_BYTES);
+        let (reported_line, reported_error) = (line.clone(), error.clone());
+        let task = task_after(move |id| {
+            let output = crate::proto::plugin::ConfigValue {
+                kind: Some(crate::proto::plugin::config_value::Kind::StringList(StringList {
+                    values: vec![reported_line, "short".into()],
+                })),
+            };
+            vec![worker_to_admin_message::Body::JobCompleted(JobCompleted {
+                job_id: id,
+                success: false,
+                error_message: reported_error,
+                result: Some(JobResult {
+                    output_values: HashMap::from([("output".to_string(), output)]),
+                    summary: String::new(),
+                }),
+                ..JobCompleted::default()
+            })]
+        })
+        .await;
+        assert_eq!(task.state, crate::model::TaskState::Failed);
+        let kept_line = format!("{} [...]", "é".repeat(MAX_LINE_BYTES / 2));
+        assert_eq!(task.output.iter().map(|l| l.to_string()).collect::<Vec<_>>(), [kept_line, "short".to_string()]);
+        assert_eq!(task.error.as_deref(), Some(format!("{} [...]", &error[..MAX_ERROR_BYTES]).as_str()));
     }
 }

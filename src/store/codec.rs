@@ -26,7 +26,7 @@ struct SpecHeader {
     fingerprint: [u8; 32],
 }
 
-pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+pub fn encode<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     postcard::to_allocvec(value).expect("postcard encodes plain data")
 }
 
@@ -78,8 +78,11 @@ pub fn decode_spec(chunks: &[Vec<u8>]) -> Result<JobSpec, String> {
     if bodies.len() != header.n_chunks as usize {
         return Err(format!("spec has {} chunks, its header says {}", bodies.len(), header.n_chunks));
     }
-    let mut tasks = Vec::with_capacity(header.n_tasks as usize);
-    let mut parent_lists = Vec::with_capacity(header.n_tasks as usize);
+    // Every task takes at least a byte of its chunk: a damaged header that
+    // claims more tasks sizes nothing beyond what the chunks hold.
+    let capacity = (header.n_tasks as usize).min(bodies.iter().map(Vec::len).sum());
+    let mut tasks = Vec::with_capacity(capacity);
+    let mut parent_lists = Vec::with_capacity(capacity);
     let mut job_types: Vec<Arc<str>> = Vec::new();
     for body in bodies {
         let stored: Vec<StoredTaskSpec> = decode(body, "spec chunk")?;
@@ -105,4 +108,16 @@ pub fn decode_spec(chunks: &[Vec<u8>]) -> Result<JobSpec, String> {
 
 pub fn decode_job(bytes: &[u8]) -> Result<JobRecord, Error> {
     decode(bytes, "job record").map_err(Error::Io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_claiming_more_tasks_than_its_chunks_hold_is_refused_without_allocating_for_them() {
+        let header = SpecHeader { name: "x".into(), n_tasks: u32::MAX, n_chunks: 1, fingerprint: [0; 32] };
+        let chunks = vec![encode(&Vec::<StoredTaskSpec>::new()), encode(&header)];
+        assert_eq!(decode_spec(&chunks).unwrap_err(), "spec has 0 tasks, its header says 4294967295");
+    }
 }

@@ -39,7 +39,7 @@ pub(super) const TEMPORARY: &str = "journal.tmp";
 /// The journal's size; a flush that does not fit checkpoints instead.
 pub(super) const CAPACITY: u64 = 4 * 1024 * 1024;
 /// Frames start on block boundaries, the header has a block of its own.
-const BLOCK: u64 = 4096;
+pub(super) const BLOCK: u64 = 4096;
 /// Each of the header's two slots, a disk sector.
 const HEADER_SLOT: u64 = 512;
 const HEADER_MAGIC: &[u8; 8] = b"JCJOURN1";
@@ -169,8 +169,8 @@ fn frame_crc(epoch: u64, payload: &[u8]) -> u32 {
 }
 
 /// One frame, padded with zeros to a whole number of blocks.
-#[cfg(test)]
-fn encode_frame(epoch: u64, payload: &[u8]) -> Vec<u8> {
+#[cfg(any(test, feature = "fuzzing"))]
+pub(super) fn encode_frame(epoch: u64, payload: &[u8]) -> Vec<u8> {
     let mut frame = Vec::new();
     encode_frame_into(epoch, payload, &mut frame);
     frame
@@ -223,7 +223,7 @@ fn read_frames(bytes: &[u8], epoch: u64) -> (Vec<&[u8]>, u64) {
 /// The header of `epoch`, and where it goes: epochs alternate between two
 /// slots, so that a header torn while it was written leaves the other,
 /// whose epoch's entries the checkpoint before made durable anyway.
-fn header(epoch: u64) -> (u64, Vec<u8>) {
+pub(super) fn header(epoch: u64) -> (u64, Vec<u8>) {
     let mut slot = Vec::with_capacity(HEADER_SLOT as usize);
     slot.extend_from_slice(HEADER_MAGIC);
     slot.extend_from_slice(&epoch.to_le_bytes());
@@ -246,6 +246,16 @@ fn parse_header(block: &[u8]) -> Option<u64> {
 
 /// The payloads of a journal's frames, in order.
 pub(super) type Frames = Vec<Vec<u8>>;
+
+/// A journal file's contents: the epoch of its newest whole header, the
+/// payloads of that epoch's whole frames in order, and where the next frame
+/// goes; `None` when no header is whole.
+pub(super) fn read(bytes: &[u8]) -> Option<(u64, Vec<&[u8]>, u64)> {
+    let epoch = parse_header(bytes)?;
+    let body = bytes.get(BLOCK as usize..).unwrap_or_default();
+    let (payloads, next) = read_frames(body, epoch);
+    Some((epoch, payloads, next))
+}
 
 /// The open journal of one generation.
 pub(super) struct Journal {
@@ -292,9 +302,7 @@ impl Journal {
         };
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let epoch = parse_header(&bytes).ok_or_else(|| format!("{} has a damaged header", path.display()))?;
-        let body = bytes.get(BLOCK as usize..).unwrap_or_default();
-        let (payloads, next) = read_frames(body, epoch);
+        let (epoch, payloads, next) = read(&bytes).ok_or_else(|| format!("{} has a damaged header", path.display()))?;
         let payloads = payloads.into_iter().map(<[u8]>::to_vec).collect();
         Ok(Some((Journal { file, epoch, next, frame: Vec::new() }, payloads)))
     }

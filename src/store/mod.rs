@@ -10,6 +10,9 @@
 pub mod cluster;
 mod codec;
 pub mod conformance;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod journal;
 mod memory;
 mod postgres;

@@ -1,0 +1,68 @@
+//! An admin as the fuzz targets reach it (feature `fuzzing`, hidden from
+//! the documentation): its shared state and engine over a given store, with
+//! no listener and no background loop; worker sessions fed from any stream
+//! of decoded messages, exactly as the worker stream feeds them; and the
+//! peer service.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tonic::Status;
+
+use super::peer::PeerServiceImpl;
+use super::worker_stream::WorkerStreamService;
+use super::{assemble, ServerOptions, Shared};
+use crate::clock::{Clock, SystemClock};
+use crate::engine::EngineHandle;
+use crate::model::HandlerId;
+use crate::proto::plugin::{AdminToWorkerMessage, WorkerToAdminMessage};
+use crate::store::Store;
+
+/// One admin, alone (no cluster).
+pub struct Admin {
+    shared: Arc<Shared>,
+    workers: WorkerStreamService,
+}
+
+impl Admin {
+    /// Starts the engine over `store` and assembles what a server shares.
+    pub async fn start(store: Arc<dyn Store>, options: ServerOptions) -> anyhow::Result<Admin> {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let (shared, _foreign_orders) = assemble(store, &options, clock, None, 0).await?;
+        let workers = WorkerStreamService::new(shared.clone());
+        Ok(Admin { shared, workers })
+    }
+
+    pub fn engine(&self) -> &EngineHandle {
+        &self.shared.engine
+    }
+
+    /// Opens a worker session whose messages arrive on `inbound`, as a
+    /// worker stream does: the messages for the worker, ending when the
+    /// session has ended, or the status that refused the stream.
+    pub async fn open_worker_stream<S>(
+        &self,
+        inbound: S,
+    ) -> Result<mpsc::Receiver<Result<AdminToWorkerMessage, Status>>, Status>
+    where
+        S: Stream<Item = Result<WorkerToAdminMessage, Status>> + Unpin + Send + 'static,
+    {
+        self.workers.open(inbound, None).await
+    }
+
+    /// The peer service other instances call.
+    pub fn peer_service(&self) -> PeerServiceImpl {
+        PeerServiceImpl::new(self.shared.clone())
+    }
+
+    /// The workers whose sessions are registered now.
+    pub fn connected_workers(&self) -> Vec<HandlerId> {
+        self.shared.registry.handlers()
+    }
+
+    /// Whether a job type's descriptor is in the policy book.
+    pub fn has_descriptor(&self, job_type: &str) -> bool {
+        self.shared.policies.has_descriptor(job_type)
+    }
+}
