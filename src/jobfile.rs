@@ -242,7 +242,7 @@ struct TaskFile {
     parameters: Option<Box<RawValue>>,
     #[serde(default)]
     depends_on: Vec<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "priority_by_name")]
     priority: Priority,
     #[serde(default)]
     labels: BTreeMap<String, serde_json::Value>,
@@ -256,6 +256,31 @@ struct TaskFile {
 
 fn default_backoff() -> u64 {
     5
+}
+
+/// A priority is one of its names; anything else (a number, a list) is the
+/// wrong type, said as such, rather than the reader's bare "expected value".
+fn priority_by_name<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Priority, D::Error> {
+    const NAMES: &[&str] = &["low", "normal", "high", "critical"];
+    struct Named;
+    impl serde::de::Visitor<'_> for Named {
+        type Value = Priority;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("one of `low`, `normal`, `high`, `critical`")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<Priority, E> {
+            match name {
+                "low" => Ok(Priority::Low),
+                "normal" => Ok(Priority::Normal),
+                "high" => Ok(Priority::High),
+                "critical" => Ok(Priority::Critical),
+                _ => Err(E::unknown_variant(name, NAMES)),
+            }
+        }
+    }
+    deserializer.deserialize_str(Named)
 }
 
 /// Reads and validates a job file; the format follows the extension.

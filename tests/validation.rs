@@ -636,6 +636,25 @@ fn a_list_too_short_for_a_job_is_a_wrong_length_not_a_syntax_error() {
 }
 
 #[test]
+fn a_priority_that_is_not_a_name_is_a_wrong_type_in_every_format() {
+    let expected = "wrong type: invalid type: integer `2`, expected one of `low`, `normal`, `high`, `critical`";
+    let json = r#"{"name":"j","tasks":[{"id":"a","job_type":"noop","priority":2}]}"#;
+    let toml = "name = \"j\"\n[[tasks]]\nid = \"a\"\njob_type = \"noop\"\npriority = 2\n";
+    let yaml = "name: j\ntasks:\n  - id: a\n    job_type: noop\n    priority: 2\n";
+    for (text, format, name, place) in [
+        (json, Format::Json, "job.json", " at line 1 column 61"),
+        (toml, Format::Toml, "job.toml", ""),
+        (yaml, Format::Yaml, "job.yaml", ""),
+    ] {
+        let error = jobfile::parse(text.as_bytes(), format, name, &Limits::default()).unwrap_err();
+        assert_eq!(error.to_string(), format!("invalid job {name}: {expected}{place}"));
+    }
+    let named = r#"{"name":"j","tasks":[{"id":"a","job_type":"noop","priority":"high"}]}"#;
+    let spec = jobfile::parse(named.as_bytes(), Format::Json, "job.json", &Limits::default()).unwrap();
+    assert_eq!(spec.tasks[0].priority.as_str(), "high");
+}
+
+#[test]
 fn a_toml_syntax_error_names_its_line_and_column() {
     let parse = |text: &str| jobfile::parse(text.as_bytes(), Format::Toml, "job.toml", &Limits::default());
     // The reader's message is one line, and the column counts characters.
