@@ -58,11 +58,7 @@ impl Admin {
     }
 
     fn submit(&self, dir: &Path, name: &str, text: &str) -> String {
-        let file = dir.join(format!("{name}.json"));
-        std::fs::write(&file, text).unwrap();
-        let output = self.server().cli(&["submit", file.to_str().unwrap()]);
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        String::from_utf8(output.stdout).unwrap().trim().to_string()
+        self.server().submit_file(dir, name, text)
     }
 
     fn job(&self, id: &str) -> serde_json::Value {

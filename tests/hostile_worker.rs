@@ -186,14 +186,6 @@ fn attempt_id(request: &ExecuteJobRequest) -> String {
     request.job.as_ref().expect("a job").job_id.clone()
 }
 
-fn submit(server: &Server, dir: &Path, name: &str, text: &str) -> String {
-    let file = dir.join(format!("{name}.json"));
-    std::fs::write(&file, text).unwrap();
-    let output = server.cli(&["submit", file.to_str().unwrap()]);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8(output.stdout).unwrap().trim().to_string()
-}
-
 fn job(server: &Server, id: &str) -> Value {
     server.cli_json(&["job", id, "--json"])
 }
@@ -221,7 +213,7 @@ fn real_worker_alongside(server: &Server, dir: &Path, sleep_ms: u64) -> (common:
     let log = dir.join("exec.log");
     let worker = start_worker(server, "real", &["--job-types", "noop"], Some(&log));
     server.wait_for_workers(1);
-    let id = submit(server, dir, "nine", &nine_tasks(None, sleep_ms));
+    let id = server.submit_file(dir, "nine", &nine_tasks(None, sleep_ms));
     (worker, id)
 }
 
@@ -330,7 +322,7 @@ async fn malformed_messages_are_refused_naming_the_rule() {
 
     // A 100 MB output line for an attempt the sender holds: over the
     // message limit, the stream fails and the outcome is not taken.
-    let big_job = submit(&server, dir.path(), "big", r#"{"name":"big","tasks":[{"id":"b","job_type":"big"}]}"#);
+    let big_job = server.submit_file(dir.path(), "big", r#"{"name":"big","tasks":[{"id":"b","job_type":"big"}]}"#);
     let mut raw = Raw::hello(&server, hello(&["big"], false)).await;
     let held = attempt_id(&raw.execute().await);
     let line = "x".repeat(100 * 1024 * 1024);
@@ -357,14 +349,13 @@ async fn reports_on_attempts_the_sender_does_not_hold_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = Server::start(&dir.path().join("data"), &[]);
     let (_worker, real_job) = real_worker_alongside(&server, dir.path(), 1500);
-    let victim_job = submit(
-        &server,
+    let victim_job = server.submit_file(
         dir.path(),
         "victim",
         r#"{"name":"victim","tasks":[{"id":"v1","job_type":"victim"},{"id":"v2","job_type":"victim"}]}"#,
     );
     let parked_job =
-        submit(&server, dir.path(), "parked", r#"{"name":"parked","tasks":[{"id":"p","job_type":"parked"}]}"#);
+        server.submit_file(dir.path(), "parked", r#"{"name":"parked","tasks":[{"id":"p","job_type":"parked"}]}"#);
     // The victim runs its job's tasks, one at a time unless the job type's
     // limit of one came after the first dispatch.
     let mut victim = Raw::hello(&server, hello(&["victim"], true)).await;
@@ -477,8 +468,7 @@ async fn reports_on_attempts_the_sender_does_not_hold_change_nothing() {
 async fn what_a_worker_reports_is_kept_within_bounds() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"), &[]);
-    let id = submit(
-        &server,
+    let id = server.submit_file(
         dir.path(),
         "bounds",
         r#"{"name":"bounds","tasks":[{"id":"t1","job_type":"bounds"},{"id":"t2","job_type":"bounds"}]}"#,

@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{exec_events, start_worker, wait_until, Process, Server};
@@ -15,14 +14,6 @@ use nix::unistd::Pid;
 
 fn signal(process: &Process, signal: Signal) {
     kill(Pid::from_raw(process.child.id() as i32), signal).expect("signal the worker");
-}
-
-fn submit(server: &Server, dir: &Path, name: &str, text: &str) -> String {
-    let file = dir.join(format!("{name}.json"));
-    std::fs::write(&file, text).unwrap();
-    let output = server.cli(&["submit", file.to_str().unwrap()]);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8(output.stdout).unwrap().trim().to_string()
 }
 
 fn job(server: &Server, id: &str) -> serde_json::Value {
@@ -47,8 +38,7 @@ fn a_stalled_worker_s_task_is_resubmitted_once_and_its_late_completion_refused()
     let log = dir.path().join("exec.log");
     let stalled = start_worker(&server, "stalled", &["--max-execute", "1", "--lease", "1s"], Some(&log));
     server.wait_for_workers(1);
-    let id = submit(
-        &server,
+    let id = server.submit_file(
         dir.path(),
         "one",
         r#"{"name":"one","tasks":[{"id":"work","job_type":"noop","parameters":{"sleep_ms":4000}}]}"#,
@@ -91,8 +81,7 @@ fn a_task_that_kills_its_worker_every_time_ends_failed() {
     let lease = ["--lease", "1s"];
     let mut workers: Vec<Process> = (0..2).map(|n| start_worker(&server, &format!("w{n}"), &lease, None)).collect();
     server.wait_for_workers(2);
-    let id = submit(
-        &server,
+    let id = server.submit_file(
         dir.path(),
         "killer",
         r#"{"name":"killer","tasks":[
@@ -148,9 +137,7 @@ fn a_killed_worker_s_task_runs_again_within_the_bound() {
     // With a lease of 1.5 s, the admin waits 2 s for a worker whose stream ended.
     let mut victim = start_worker(&server, "victim", &["--max-execute", "1", "--lease", "1500ms"], Some(&log));
     server.wait_for_workers(1);
-    let id = submit(
-        &server,
-        dir.path(),
+    let id = server.submit_file(dir.path(),
         "two",
         r#"{"name":"two","tasks":[{"id":"a","job_type":"noop","parameters":{"sleep_ms":3000}},{"id":"b","job_type":"noop","parameters":{"sleep_ms":3000}}]}"#,
     );
@@ -234,8 +221,7 @@ async fn recover_reports_findings_and_applies_them() {
     );
     let _silent = silent_worker(&server).await;
     server.wait_for_workers(1);
-    let id = submit(
-        &server,
+    let id = server.submit_file(
         dir.path(),
         "one",
         r#"{"name":"one","tasks":[{"id":"work","job_type":"noop","parameters":{"sleep_ms":60000}}]}"#,

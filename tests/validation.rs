@@ -655,6 +655,23 @@ fn a_priority_that_is_not_a_name_is_a_wrong_type_in_every_format() {
 }
 
 #[test]
+fn a_number_in_parameters_reads_back_as_written_whatever_its_digits() {
+    let literal =
+        "505555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555551";
+    let exact: f64 = literal.parse().unwrap();
+    let yaml = format!("name: j\ntasks:\n  - id: a\n    job_type: noop\n    parameters: {{x: {literal}}}\n");
+    let json = format!(r#"{{"name":"j","tasks":[{{"id":"a","job_type":"noop","parameters":{{"x":{literal}}}}}]}}"#);
+    for (text, format) in [(yaml, Format::Yaml), (json, Format::Json)] {
+        let spec = jobfile::parse(text.as_bytes(), format, "job", &Limits::default()).unwrap();
+        let parameters: serde_json::Value = serde_json::from_str(&spec.tasks[0].parameters).unwrap();
+        assert_eq!(parameters["x"].as_f64(), Some(exact), "{format:?}: {}", spec.tasks[0].parameters);
+        // Written again and read back, it is the same number.
+        let again: serde_json::Value = serde_json::from_str(&parameters.to_string()).unwrap();
+        assert_eq!(again["x"].as_f64(), Some(exact), "{format:?}: written back as {parameters}");
+    }
+}
+
+#[test]
 fn a_toml_syntax_error_names_its_line_and_column() {
     let parse = |text: &str| jobfile::parse(text.as_bytes(), Format::Toml, "job.toml", &Limits::default());
     // The reader's message is one line, and the column counts characters.

@@ -6,7 +6,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,14 +15,6 @@ use portable_pty::{native_pty_system, CommandBuilder, PtySize};
 
 const ROWS: u16 = 32;
 const COLS: u16 = 110;
-
-fn submit(server: &Server, dir: &Path, name: &str, content: &str) -> String {
-    let file = dir.join(format!("{name}.json"));
-    std::fs::write(&file, content).unwrap();
-    let output = server.cli(&["submit", file.to_str().unwrap()]);
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8(output.stdout).unwrap().trim().to_string()
-}
 
 /// `jobcenter watch` in a pseudo-terminal, its output fed to a terminal emulator.
 struct Tui {
@@ -135,7 +126,7 @@ fn the_graph_follows_a_failing_job_to_its_end_in_a_terminal() {
     let server = Server::start(&dir.path().join("data"), &[]);
     let _worker = start_worker(&server, "worker-1", &[], None);
     server.wait_for_workers(1);
-    let id = submit(&server, dir.path(), "nine", &nine_tasks(Some(4), 400));
+    let id = server.submit_file(dir.path(), "nine", &nine_tasks(Some(4), 400));
     let mut tui = Tui::start(&["watch", &id, "--admin", &server.http]);
 
     // The header names the job; the graph has its three levels.
@@ -193,7 +184,7 @@ fn cancel_and_retry_from_the_terminal_ask_first() {
     let server = Server::start(&dir.path().join("data"), &[]);
     let _worker = start_worker(&server, "worker-1", &[], None);
     server.wait_for_workers(1);
-    let id = submit(&server, dir.path(), "slow", &nine_tasks(None, 30_000));
+    let id = server.submit_file(dir.path(), "slow", &nine_tasks(None, 30_000));
     let mut tui = Tui::start(&["watch", &id, "--admin", &server.http]);
     tui.wait_for("a running task", Duration::from_secs(30), |s| s.contains(" running ") && s.contains("● live"));
     tui.send("c");
@@ -231,7 +222,7 @@ fn piped_it_prints_one_line_per_transition_and_a_summary() {
     server.wait_for_workers(1);
 
     // Slow enough that the watch starts before task 4 fails.
-    let id = submit(&server, dir.path(), "nine", &nine_tasks(Some(4), 500));
+    let id = server.submit_file(dir.path(), "nine", &nine_tasks(Some(4), 500));
     let output = server.cli(&["watch", &id]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
@@ -288,7 +279,7 @@ fn the_watch_survives_a_server_restart() {
     let grpc = grpc_port.to_string();
     let extra = ["--grpc", grpc.as_str(), "--local-workers", "1", "--orphan-grace", "1s"];
     let mut server = Server::start_on(&data, &http, &extra);
-    let id = submit(&server, dir.path(), "nine", &nine_tasks(Some(4), 1_500));
+    let id = server.submit_file(dir.path(), "nine", &nine_tasks(Some(4), 1_500));
 
     let mut watch = Command::new(common::binary())
         .args(["watch", &id, "--plain", "--admin", &http])
@@ -337,7 +328,7 @@ fn jobs_and_workers_watch_print_tables_again_and_again() {
     let server = Server::start(&dir.path().join("data"), &[]);
     let _worker = start_worker(&server, "worker-1", &[], None);
     server.wait_for_workers(1);
-    let id = submit(&server, dir.path(), "nine", &nine_tasks(None, 10));
+    let id = server.submit_file(dir.path(), "nine", &nine_tasks(None, 10));
 
     let started = Instant::now();
     let output = server.cli(&["jobs", "--watch", "--count", "3"]);

@@ -30,6 +30,7 @@ use crate::proto::plugin::{
     WorkerHeartbeat, WorkerHello, WorkerToAdminMessage,
 };
 use crate::wire;
+use crate::worker::cut;
 
 /// How long a new stream may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -916,20 +917,6 @@ fn percent(reported: f64) -> f32 {
     } else {
         reported.clamp(0.0, 100.0) as f32
     }
-}
-
-/// `text` cut to at most `limit` bytes, at a character boundary, and marked
-/// as cut.
-fn cut(mut text: String, limit: usize) -> String {
-    if text.len() > limit {
-        let mut end = limit;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push_str(" [...]");
-    }
-    text
 }
 
 fn acknowledge(outbound: &Outbound, attempt_id: &str, refusal: Option<&str>) {

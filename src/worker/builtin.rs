@@ -183,17 +183,25 @@ impl Drop for ProcessGroup {
 
 type Lines = Arc<std::sync::Mutex<VecDeque<String>>>;
 
+/// `text` cut to at most `limit` bytes, at a character boundary, and marked
+/// ` [...]` where it was cut: how every output line and error a task keeps
+/// is bounded, whoever ran it.
+pub fn cut(mut text: String, limit: usize) -> String {
+    if text.len() > limit {
+        let mut end = limit;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(" [...]");
+    }
+    text
+}
+
 async fn collect_lines(stream: impl tokio::io::AsyncRead + Unpin, prefix: &'static str, output: Lines) {
     let mut lines = BufReader::new(stream).lines();
-    while let Ok(Some(mut line)) = lines.next_line().await {
-        if line.len() > MAX_LINE_BYTES {
-            let mut cut = MAX_LINE_BYTES;
-            while !line.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            line.truncate(cut);
-            line.push_str(" [...]");
-        }
+    while let Ok(Some(line)) = lines.next_line().await {
+        let line = cut(line, MAX_LINE_BYTES);
         let mut kept = output.lock().expect("output lock");
         if kept.len() == MAX_OUTPUT_LINES {
             kept.pop_front();

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-pub use builtin::{builtin_handlers, NoopHandler, ShellHandler};
+pub use builtin::{builtin_handlers, cut, NoopHandler, ShellHandler};
 pub use local::{ExecLog, LocalExecutor};
 pub use recovery_check::RecoveryCheckHandler;
 

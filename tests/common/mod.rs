@@ -110,6 +110,15 @@ impl Server {
         run_with_timeout(command, Duration::from_secs(120))
     }
 
+    /// Writes `text` as `dir/NAME.json`, submits it and returns the job id.
+    pub fn submit_file(&self, dir: &Path, name: &str, text: &str) -> String {
+        let file = dir.join(format!("{name}.json"));
+        std::fs::write(&file, text).unwrap();
+        let output = self.cli(&["submit", file.to_str().unwrap()]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap().trim().to_string()
+    }
+
     pub fn cli_json(&self, args: &[&str]) -> serde_json::Value {
         let output = self.cli(args);
         let stdout = String::from_utf8_lossy(&output.stdout);

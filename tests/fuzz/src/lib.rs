@@ -22,3 +22,22 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     }
     RUNTIME.with(|runtime| runtime.block_on(future))
 }
+
+/// Waits, at most `limit`, for `job` (canceled) to end, then removes it, so
+/// that the next run starts from an empty store.
+pub async fn remove_once_ended(
+    engine: &jobcenter::engine::EngineHandle,
+    job: jobcenter::model::JobId,
+    limit: std::time::Duration,
+) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let summary = engine.summary(job).await.expect("the engine runs").expect("the job is known");
+        if summary.record.state.is_terminal() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the job did not end once canceled: {summary:?}");
+        tokio::task::yield_now().await;
+    }
+    engine.remove(vec![job]).await.expect("the job is removed");
+}

@@ -251,16 +251,7 @@ impl Harness {
                 assert!(answer.into_inner().applied, "a holder's giving up was not applied");
             }
         }
-        let deadline = tokio::time::Instant::now() + LIMIT;
-        loop {
-            let summary = engine.summary(job).await.expect("the engine runs").expect("the job is known");
-            if summary.record.state.is_terminal() {
-                break;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "the job did not end once canceled: {summary:?}");
-            tokio::task::yield_now().await;
-        }
-        engine.remove(vec![job]).await.expect("the job is removed");
+        crate::remove_once_ended(engine, job, LIMIT).await;
     }
 
     async fn check_lend(
