@@ -89,6 +89,7 @@ pub enum Problem {
     ParametersNotObject { task: String },
     ParametersTooLarge { task: String, bytes: usize, limit: usize },
     ParametersTooDeep { task: String, depth: usize, limit: usize },
+    ParametersUnreadable { task: String, reason: String },
     BadLabel { task: String, key: String, reason: String },
     Cycle { path: Vec<String> },
 }
@@ -148,6 +149,9 @@ impl fmt::Display for Problem {
                 f,
                 "parameters too deep: task {task:?} nests its parameters {depth} levels, the limit is {limit}"
             ),
+            Problem::ParametersUnreadable { task, reason } => {
+                write!(f, "parameters: task {task:?} has parameters that a worker could not read back: {reason}")
+            }
             Problem::BadLabel { task, key, reason } => {
                 write!(f, "label: task {task:?} label {key:?} {reason}")
             }
@@ -172,6 +176,7 @@ impl Problem {
             | Problem::ParametersNotObject { task }
             | Problem::ParametersTooLarge { task, .. }
             | Problem::ParametersTooDeep { task, .. }
+            | Problem::ParametersUnreadable { task, .. }
             | Problem::BadLabel { task, .. } => Some(task),
             Problem::Cycle { path } => path.first().map(String::as_str),
             _ => None,
@@ -604,6 +609,11 @@ fn validate(file: JobFile, fingerprint: [u8; 32], limits: &Limits) -> Result<Job
                             depth,
                             limit: limits.max_parameter_depth,
                         });
+                    } else if let Err(e) = serde_json::from_str::<serde_json::Value>(text) {
+                        // Kept as written, yet a reader must take them: a
+                        // number beyond a double's range is refused here.
+                        problems
+                            .push(Problem::ParametersUnreadable { task: task.id.clone(), reason: strip_position(&e) });
                     }
                 }
                 Box::<str>::from(raw)

@@ -672,6 +672,16 @@ fn a_number_in_parameters_reads_back_as_written_whatever_its_digits() {
 }
 
 #[test]
+fn parameters_with_a_number_beyond_a_double_are_refused() {
+    let json = r#"{"name":"x","tasks":[{"id":"a","job_type":"noop","parameters":{"p":9999629999E96966}}]}"#;
+    let error = jobfile::parse(json.as_bytes(), Format::Json, "job.json", &Limits::default()).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid job job.json: parameters: task \"a\" has parameters that a worker could not read back: number out of range"
+    );
+}
+
+#[test]
 fn a_toml_syntax_error_names_its_line_and_column() {
     let parse = |text: &str| jobfile::parse(text.as_bytes(), Format::Toml, "job.toml", &Limits::default());
     // The reader's message is one line, and the column counts characters.
