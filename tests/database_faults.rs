@@ -85,6 +85,19 @@ impl Submitter {
 }
 
 /// Waits until every instance answers `/readyz` with 200; how long it took.
+/// Connections the database still takes from clients that are not superusers.
+fn free_connections(rig: &Cluster) -> i64 {
+    rig.database
+        .psql(
+            "postgres",
+            "SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int \
+             - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
+        )
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 fn all_ready(rig: &Cluster, limit: Duration) -> Duration {
     let from = Instant::now();
     wait_until(limit, || {
@@ -188,16 +201,7 @@ fn postgres_out_of_connections_acknowledges_nothing_and_the_job_resumes() {
     // Others take every connection the instance's role could have: its
     // connections are cut, and its new ones wait long enough at the link
     // for the others to take the slots they leave.
-    let free: usize = rig
-        .database
-        .psql(
-            "postgres",
-            "SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int \
-             - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
-        )
-        .trim()
-        .parse()
-        .unwrap();
+    let free = free_connections(&rig).max(0) as usize;
     rig.links[0].delay_connects(Duration::from_secs(3));
     let mut others = Hogs::start(&rig, free.saturating_sub(2));
     rig.links[0].drop_all();
@@ -279,16 +283,7 @@ impl Hogs {
     /// Adds sessions until the database refuses more; how many there are.
     fn fill(&mut self, rig: &Cluster) -> usize {
         for _ in 0..50 {
-            let free: i64 = rig
-                .database
-                .psql(
-                    "postgres",
-                    "SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int \
-                     - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
-                )
-                .trim()
-                .parse()
-                .unwrap();
+            let free = free_connections(rig);
             if free <= 0 {
                 return self.sessions.len();
             }

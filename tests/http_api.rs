@@ -8,8 +8,6 @@ mod common;
 mod raw_http;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{nine_tasks, start_worker, wait_until, Server};
@@ -17,40 +15,16 @@ use serde_json::{json, Value};
 
 /// One HTTP/1.1 request; returns the status and the body.
 fn http(address: &str, method: &str, path: &str, body: Option<(&str, &str)>, token: Option<&str>) -> (u16, String) {
-    let mut stream = TcpStream::connect(address).expect("connect to the server");
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
-    if let Some(token) = token {
-        request.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    let bearer = token.map(|token| format!("Bearer {token}"));
+    let mut headers: Vec<(&str, &str)> = Vec::new();
+    if let Some(bearer) = &bearer {
+        headers.push(("Authorization", bearer));
     }
-    match body {
-        Some((content_type, body)) => {
-            request.push_str(&format!("Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}", body.len()))
-        }
-        None => request.push_str("Content-Length: 0\r\n\r\n"),
+    if let Some((content_type, _)) = body {
+        headers.push(("Content-Type", content_type));
     }
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).unwrap();
-    let response = String::from_utf8(response).expect("UTF-8 response");
-    let (head, body) = response.split_once("\r\n\r\n").expect("a header and a body");
-    let status: u16 = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("a status code");
-    let chunked = head.lines().any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding: chunked"));
-    let body = if chunked { dechunk(body) } else { body.to_string() };
-    (status, body)
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if size == 0 {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = &rest[size + 2..];
-    }
-    out
+    let answer = raw_http::request(address, method, path, &headers, body.map(|(_, body)| body));
+    (answer.status, answer.body)
 }
 
 fn json(address: &str, method: &str, path: &str, body: Option<(&str, &str)>) -> (u16, Value) {

@@ -269,9 +269,12 @@ impl Readiness {
 
     /// Sets whether the store takes writes; returns what it was.
     pub(crate) fn set(&self, ready: bool) -> bool {
+        // `since` is held while the flag changes: a reader that sees the
+        // store ready again waits for the new `since`, never the old one.
+        let mut since = self.since.lock().expect("readiness lock");
         let was = self.ready.swap(ready, std::sync::atomic::Ordering::AcqRel);
         if ready && !was {
-            *self.since.lock().expect("readiness lock") = std::time::Instant::now();
+            *since = std::time::Instant::now();
         }
         was
     }
