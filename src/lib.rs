@@ -7,6 +7,7 @@ pub mod crash;
 pub mod dag;
 pub mod dispatch;
 pub mod engine;
+pub mod fate;
 pub mod follower;
 pub mod jobfile;
 pub mod leader;

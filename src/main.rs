@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use jobcenter::cli::{self, Cli, LogFormat};
+use jobcenter::fate::Fatal;
 use tracing_subscriber::EnvFilter;
 
 /// jemalloc returns the pages it frees to the system within seconds, where
@@ -42,5 +43,35 @@ fn main() -> ExitCode {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
-    cli::main(cli)
+    match cli::main(cli) {
+        Ok(code) => code,
+        Err(fatal @ Fatal::Store(_)) => {
+            eprintln!("jobcenter: {fatal}");
+            ExitCode::from(EXIT_STORE_FAILED)
+        }
+        Err(fatal @ Fatal::Deactivated) => {
+            eprintln!("jobcenter: {fatal}");
+            start_over()
+        }
+    }
+}
+
+/// A store write failed for good (sysexits' EX_IOERR).
+const EXIT_STORE_FAILED: u8 = 74;
+/// Deactivated, and told not to start over (sysexits' EX_TEMPFAIL).
+const EXIT_DEACTIVATED: u8 = 75;
+
+/// Starts this process over as a new instance after it was deactivated:
+/// the same program with the same arguments, replacing this one (its
+/// sockets close on exec). Nothing of the deactivated instance survives;
+/// `JOBCENTER_NO_RESTART` makes it exit with code 75 instead.
+fn start_over() -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("JOBCENTER_NO_RESTART").is_none() {
+        if let Ok(program) = std::env::current_exe() {
+            let error = std::process::Command::new(program).args(std::env::args_os().skip(1)).exec();
+            eprintln!("jobcenter: cannot start over ({error}); exiting");
+        }
+    }
+    ExitCode::from(EXIT_DEACTIVATED)
 }

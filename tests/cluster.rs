@@ -3,7 +3,8 @@
 //! writes refused by the database, and started over under a new id; each
 //! detection interval claimed by exactly one instance, across a kill and
 //! with one instance's clock an hour ahead; an attempt a leader made durable
-//! and died before handing over runs again soon after the takeover.
+//! and died before handing over runs again soon after the takeover; an
+//! instance stopped with SIGTERM hands its jobs over before it exits.
 
 mod common;
 #[path = "common/postgres.rs"]
@@ -115,6 +116,41 @@ fn jobs_are_split_evenly_and_an_instance_that_dies_is_taken_over() {
     assert_eq!(jobs.trim(), "30|30", "every job led by a live instance");
     eprintln!("jobs of the dead instance led again {:.1} s after its SIGKILL", moved.as_secs_f64());
     drop(b);
+}
+
+/// SIGTERM stops an instance in order: it takes no more work, writes its
+/// last steps, hands its jobs over (they are released and its row is gone
+/// by the time it exits) and exits 0; the other instance leads them all.
+#[test]
+fn an_instance_stopped_with_sigterm_hands_its_jobs_over_before_it_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = pg().new_database();
+    let url = pg().url(&database);
+    let a = start(dir.path(), "a", &url, &[]);
+    let mut b = start(dir.path(), "b", &url, &[]);
+    wait_until(Duration::from_secs(20), || (active(&a).len() == 2).then_some(()))
+        .unwrap_or_else(|| panic!("2 instances did not register: {:?}", instances(&a)));
+    for n in 0..20 {
+        submit(&a, &parked_job(dir.path(), n));
+    }
+    let b_id = my_id(&b);
+    wait_until(Duration::from_secs(30), || (jobs_led(&a).get(&b_id).copied().unwrap_or(0) > 0).then_some(()))
+        .unwrap_or_else(|| panic!("b leads no job: {:?}", jobs_led(&a)));
+
+    let pid = nix::unistd::Pid::from_raw(b.process.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = wait_until(Duration::from_secs(30), || b.process.child.try_wait().ok().flatten())
+        .unwrap_or_else(|| panic!("b still runs 30 s after SIGTERM"));
+    assert_eq!(status.code(), Some(0), "a stop on SIGTERM is a success");
+    let owned = pg().psql(&database, &format!("SELECT count(*) FROM jobcenter.jobs WHERE active AND owner = '{b_id}'"));
+    assert_eq!(owned.trim(), "0", "b exited still leading jobs");
+    let row = pg().psql(&database, &format!("SELECT count(*) FROM jobcenter.instances WHERE id = '{b_id}'"));
+    assert_eq!(row.trim(), "0", "b exited without leaving the cluster");
+    wait_until(Duration::from_secs(30), || {
+        let led = jobs_led(&a);
+        (led.len() == 1 && led.values().sum::<u64>() == 20).then_some(())
+    })
+    .unwrap_or_else(|| panic!("a does not lead every job after b left: {:?}", jobs_led(&a)));
 }
 
 #[test]

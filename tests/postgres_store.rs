@@ -364,3 +364,34 @@ fn on_postgres_prune_removes_rows_and_a_backup_restores_into_a_data_directory() 
     assert_eq!(job["state"], "succeeded");
     assert_eq!(job["tasks"].as_array().map(Vec::len), Some(9));
 }
+
+/// A write the database refuses for good (here a constraint added under the
+/// server's feet) is not waited out: the server acknowledges nothing after
+/// it and stops with exit code 74 and one line that names the failure. What
+/// was acknowledged before is kept.
+#[test]
+fn a_write_refused_for_good_stops_the_server_with_74_and_acknowledges_nothing() {
+    let cluster = pg::shared();
+    let database = cluster.new_database();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(&dir.path().join("unused"), &["--database-url", &cluster.url(&database)]);
+    let job = r#"{"name": "kept", "tasks": [{"id": "a", "job_type": "noop"}]}"#;
+    let kept = server.submit_file(dir.path(), "kept", job);
+
+    cluster.psql(&database, "ALTER TABLE jobcenter.jobs ADD CONSTRAINT no_more_jobs CHECK (false) NOT VALID");
+    let file = dir.path().join("refused.json");
+    std::fs::write(&file, job.replace("kept", "refused")).unwrap();
+    let refused = server.cli(&["submit", file.to_str().unwrap()]);
+    assert!(!refused.status.success(), "a submission the store refused was acknowledged");
+
+    let status = wait_until(Duration::from_secs(30), || server.process.child.try_wait().ok().flatten())
+        .unwrap_or_else(|| panic!("the server still runs after a write refused for good"));
+    // The log is copied from the server's stderr by a thread that may lag its exit.
+    let read_log = || std::fs::read_to_string(&server.log).unwrap();
+    let log = wait_until(Duration::from_secs(10), || Some(read_log()).filter(|l| l.contains("jobcenter: store write failed:")))
+        .unwrap_or_else(read_log);
+    assert_eq!(status.code(), Some(74), "{log}");
+    assert!(log.contains("jobcenter: store write failed:") && log.contains("no_more_jobs"), "{log}");
+    let names = cluster.psql(&database, "SELECT string_agg(id::text || ' ' || name, ',') FROM jobcenter.jobs");
+    assert_eq!(names.trim(), format!("{kept} kept"), "only the acknowledged job is stored");
+}

@@ -93,8 +93,9 @@ pub enum Command {
     Restore(transfer::RestoreArgs),
 }
 
-/// Runs a parsed command line; returns the process exit code.
-pub fn main(cli: Cli) -> ExitCode {
+/// Runs a parsed command line; returns the process exit code, or the
+/// fatal condition that stopped a server (`main` decides what follows).
+pub fn main(cli: Cli) -> Result<ExitCode, crate::fate::Fatal> {
     // A worker process is one stream and the executions it runs, all of
     // them waiting on I/O (handlers are async; a shell command is a child
     // process): on one thread, a message goes from the session to the
@@ -107,7 +108,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("jobcenter: cannot start the runtime: {e}");
-            return ExitCode::from(EXIT_USAGE);
+            return Ok(ExitCode::from(EXIT_USAGE));
         }
     };
     let result = runtime.block_on(async move {
@@ -145,11 +146,16 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Restore(args) => transfer::restore(args).await,
         }
     });
+    // A blocking call stuck on a failed store must not hold the process.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("jobcenter: {e:#}");
-            ExitCode::from(EXIT_USAGE)
-        }
+        Ok(code) => Ok(code),
+        Err(e) => match e.downcast::<crate::fate::Fatal>() {
+            Ok(fatal) => Err(fatal),
+            Err(e) => {
+                eprintln!("jobcenter: {e:#}");
+                Ok(ExitCode::from(EXIT_USAGE))
+            }
+        },
     }
 }

@@ -119,8 +119,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     LocalExecutor::start(engine.clone(), registry, args.concurrency, exec_log).await?;
 
     let progress = tokio::spawn(show_progress(engine.clone(), job));
-    let record = engine.wait(job).await?;
+    let waited = engine.wait(job).await;
     progress.abort();
+    // An engine that stopped for good says why; `main` owns what follows.
+    let record = match (waited, engine.fate().fatal()) {
+        (Ok(record), _) => record,
+        (Err(_), Some(fatal)) => return Err(fatal.clone().into()),
+        (Err(e), None) => return Err(e.into()),
+    };
     if std::io::stderr().is_terminal() {
         eprintln!();
     }

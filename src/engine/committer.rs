@@ -4,7 +4,8 @@
 //! see it too. A store that is away for a while (a database
 //! restarting) is waited for: the same batch is flushed again with backoff,
 //! nothing is acknowledged meanwhile, and the engine reports itself not
-//! ready. Any other store error is fail-stop. Its crash points are in
+//! ready. Any other store error is fail-stop: the thread records it in the
+//! engine's `Fate` and ends, so that nothing after it is acknowledged. Its crash points are in
 //! `crate::crash`.
 
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use tokio::sync::{broadcast, mpsc};
 use super::core::{Action, Step};
 use super::Event;
 use crate::crash::CrashPoint;
+use crate::fate::{Fatal, Fate};
 use crate::store::{self, Batch, Store};
 
 /// Called after each group commit with the time of its write and flush, and of the flush alone.
@@ -26,10 +28,19 @@ pub(super) fn spawn(
     events: broadcast::Sender<Event>,
     observer: Arc<std::sync::OnceLock<CommitObserver>>,
     ready: Arc<super::Readiness>,
+    fate: Fate,
+    done: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("jobcenter-commit".into())
-        .spawn(move || run(store, steps, events, observer, ready))
+        .spawn(move || {
+            if let Err(fatal) = run(store, steps, events, observer, ready) {
+                // The receiver drops with this thread: the engine loop stops
+                // at its next step and nothing more is acknowledged.
+                fate.meet(fatal);
+            }
+            done.cancel();
+        })
         .map(|_| ())
 }
 
@@ -39,7 +50,7 @@ fn run(
     events: broadcast::Sender<Event>,
     observer: Arc<std::sync::OnceLock<CommitObserver>>,
     ready: Arc<super::Readiness>,
-) {
+) -> Result<(), Fatal> {
     let mut pending: Vec<Step> = Vec::new();
     let crash = CrashPoint::from_env();
     while let Some(step) = steps.blocking_recv() {
@@ -53,7 +64,7 @@ fn run(
         }
         if !batch.is_empty() {
             let started = std::time::Instant::now();
-            until_available(&ready, || store.write(&batch));
+            until_available(&ready, || store.write(&batch))?;
             crash.reached("before-flush");
             let flush_started = std::time::Instant::now();
             let mut sent = false;
@@ -66,7 +77,7 @@ fn run(
                         send_orders(&mut pending, &events);
                     }
                 })
-            });
+            })?;
             if let Some(observe) = observer.get() {
                 observe(started.elapsed(), flush_started.elapsed());
             }
@@ -77,6 +88,7 @@ fn run(
             }
         }
     }
+    Ok(())
 }
 
 fn perform(action: Action, events: &broadcast::Sender<Event>) {
@@ -110,7 +122,7 @@ fn send_orders(steps: &mut [Step], events: &broadcast::Sender<Event>) {
 /// (backing off from 50 ms to 5 s, reporting the engine not ready
 /// meanwhile). Any other failure is fail-stop: nothing after it may be
 /// acknowledged.
-fn until_available(ready: &super::Readiness, mut call: impl FnMut() -> Result<(), store::Error>) {
+fn until_available(ready: &super::Readiness, mut call: impl FnMut() -> Result<(), store::Error>) -> Result<(), Fatal> {
     let mut delay = Duration::from_millis(50);
     loop {
         match call() {
@@ -118,7 +130,7 @@ fn until_available(ready: &super::Readiness, mut call: impl FnMut() -> Result<()
                 if !ready.set(true) {
                     tracing::warn!("the store is back: acknowledging again");
                 }
-                return;
+                return Ok(());
             }
             Err(e) if e.is_transient() => {
                 if ready.set(false) {
@@ -128,15 +140,10 @@ fn until_available(ready: &super::Readiness, mut call: impl FnMut() -> Result<()
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
             Err(e @ store::Error::Fenced { .. }) => {
-                tracing::error!(error = %e, "write refused: this instance was deactivated");
-                eprintln!("jobcenter: {e}");
-                store::cluster::start_over();
+                tracing::warn!(error = %e, "write refused: this instance was deactivated");
+                return Err(Fatal::Deactivated);
             }
-            Err(e) => {
-                tracing::error!(error = %e, "store write failed; stopping");
-                eprintln!("jobcenter: {e}; stopping so that nothing unwritten is acknowledged");
-                std::process::exit(74);
-            }
+            Err(e) => return Err(Fatal::Store(e.to_string())),
         }
     }
 }

@@ -1500,6 +1500,7 @@ pub(super) async fn run_loop(
     clock: Arc<dyn Clock>,
     mut commands: mpsc::Receiver<Command>,
     steps: mpsc::Sender<Step>,
+    stop: tokio_util::sync::CancellationToken,
 ) {
     let max = core.options.max_commands_per_iteration;
     let mut received: Vec<Command> = Vec::with_capacity(max);
@@ -1513,11 +1514,15 @@ pub(super) async fn run_loop(
                         None => break,
                     },
                     () = tokio::time::sleep(wait) => None,
+                    () = stop.cancelled() => break,
                 }
             }
-            None => match commands.recv().await {
-                Some(command) => Some(command),
-                None => break,
+            None => tokio::select! {
+                command = commands.recv() => match command {
+                    Some(command) => Some(command),
+                    None => break,
+                },
+                () = stop.cancelled() => break,
             },
         };
         received.extend(first);

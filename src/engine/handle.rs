@@ -40,8 +40,20 @@ pub struct EngineHandle {
     store: Arc<dyn Store>,
     events: broadcast::Sender<Event>,
     commit_observer: Arc<std::sync::OnceLock<CommitObserver>>,
-    ready: Arc<super::Readiness>,
-    removals: Arc<AtomicU64>,
+    lifetime: Lifetime,
+}
+
+/// What a handle knows of the engine's life: whether its store takes
+/// writes, what stopped it for good, and how to stop it.
+#[derive(Clone)]
+pub(super) struct Lifetime {
+    pub(super) ready: Arc<super::Readiness>,
+    pub(super) removals: Arc<AtomicU64>,
+    pub(super) fate: crate::fate::Fate,
+    /// Ends the loop.
+    pub(super) stop: tokio_util::sync::CancellationToken,
+    /// Cancelled once the committer wrote its last step and ended.
+    pub(super) done: tokio_util::sync::CancellationToken,
 }
 
 impl EngineHandle {
@@ -50,19 +62,32 @@ impl EngineHandle {
         store: Arc<dyn Store>,
         events: broadcast::Sender<Event>,
         commit_observer: Arc<std::sync::OnceLock<CommitObserver>>,
-        (ready, removals): (Arc<super::Readiness>, Arc<AtomicU64>),
+        lifetime: Lifetime,
     ) -> EngineHandle {
-        EngineHandle { commands, store, events, commit_observer, ready, removals }
+        EngineHandle { commands, store, events, commit_observer, lifetime }
+    }
+
+    /// What stopped the engine for good, once something has.
+    pub fn fate(&self) -> &crate::fate::Fate {
+        &self.lifetime.fate
+    }
+
+    /// Stops the engine: the loop takes no more commands (those waiting are
+    /// answered `Stopped`), and this returns once every step it made is
+    /// durable and its actions performed.
+    pub async fn close(&self) {
+        self.lifetime.stop.cancel();
+        self.lifetime.done.cancelled().await;
     }
 
     /// False while the store is away and nothing can be acknowledged.
     pub fn is_ready(&self) -> bool {
-        self.ready.is_ready()
+        self.lifetime.ready.is_ready()
     }
 
     /// How long the store has taken writes without a break, if it does now.
     pub fn ready_for(&self) -> Option<std::time::Duration> {
-        self.ready.ready_for()
+        self.lifetime.ready.ready_for()
     }
 
     /// Sets (or with `None` removes) settings, written with the engine's
@@ -158,7 +183,7 @@ impl EngineHandle {
     pub async fn retry(&self, job: JobId) -> Result<(), Error> {
         loop {
             // A removal taken between the read and the retry may have been this job's.
-            let removals = self.removals.load(Ordering::Acquire);
+            let removals = self.lifetime.removals.load(Ordering::Acquire);
             let stored = self.stored(job).await?.ok_or(Error::UnknownJob(job))?;
             if let Some(result) = self.call(|reply| Command::Retry { job: stored, removals, reply }).await? {
                 return result;

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
 
 pub use self::committer::CommitObserver;
 pub use self::core::Returned;
@@ -75,6 +76,8 @@ pub struct Options {
     /// their own, after it ended, within this long: its volume stays locked
     /// for that long (no other task on it starts while the undoing may run).
     pub rollback_windows: HashMap<String, Duration>,
+    /// Where the committer records a store failure it cannot wait out.
+    pub fate: crate::fate::Fate,
 }
 
 /// Work orders for handlers connected elsewhere, with the handler they are for.
@@ -89,6 +92,7 @@ impl Default for Options {
             max_commands_per_iteration: 8192,
             foreign_orders: None,
             rollback_windows: HashMap::new(),
+            fate: crate::fate::Fate::default(),
         }
     }
 }
@@ -192,6 +196,7 @@ impl Engine {
             .map_err(|_| Error::Stopped)??
         };
         let (events, _) = broadcast::channel(65_536);
+        let fate = options.fate.clone();
         let mut core = core::Core::new(options, events.clone());
         core.remember(cooling, names);
         let mut step = core::Step::default();
@@ -207,15 +212,25 @@ impl Engine {
         let (steps_tx, steps_rx) = mpsc::channel(64);
         let commit_observer: Arc<std::sync::OnceLock<CommitObserver>> = Arc::default();
         let ready = Arc::new(Readiness::default());
-        committer::spawn(store.clone(), steps_rx, events.clone(), commit_observer.clone(), ready.clone())
-            .map_err(|e| Error::Store(store::Error::Io(e.to_string())))?;
+        let (stop, done) = (CancellationToken::new(), CancellationToken::new());
+        committer::spawn(
+            store.clone(),
+            steps_rx,
+            events.clone(),
+            commit_observer.clone(),
+            ready.clone(),
+            fate.clone(),
+            done.clone(),
+        )
+        .map_err(|e| Error::Store(store::Error::Io(e.to_string())))?;
         // Steps made while restoring (orphans requeued, jobs finalized) go first.
         if !step.actions.is_empty() {
             let _ = steps_tx.send(step).await;
         }
         let removals = core.removals();
-        tokio::spawn(core::run_loop(core, clock, commands_rx, steps_tx));
-        Ok(EngineHandle::new(commands_tx, store, events, commit_observer, (ready, removals)))
+        tokio::spawn(core::run_loop(core, clock, commands_rx, steps_tx, stop.clone()));
+        let lifetime = handle::Lifetime { ready, removals, fate, stop, done };
+        Ok(EngineHandle::new(commands_tx, store, events, commit_observer, lifetime))
     }
 }
 

@@ -151,7 +151,7 @@ impl Api {
             .map_err(Error::Rejected)?;
         let started = std::time::Instant::now();
         let id = self.shared.engine.submit(spec, JobOrigin::User).await?;
-        if let Some(node) = &self.shared.cluster {
+        if let Some(node) = self.shared.topology.member() {
             node.wake_permits();
         }
         // Until the committer reports its own timings: a submission is a step that waits to be durable.
@@ -242,7 +242,7 @@ impl Api {
     /// In a cluster: the gRPC address of the live instance that leads an
     /// active job, when that is not this one.
     async fn led_by(&self, id: crate::model::JobId) -> Result<Option<String>, Error> {
-        let Some(node) = &self.shared.cluster else { return Ok(None) };
+        let Some(node) = self.shared.topology.member() else { return Ok(None) };
         let store = self.shared.engine.store().clone();
         let whereabouts = tokio::task::spawn_blocking(move || store.cluster().map(|c| c.whereabouts(id)))
             .await
@@ -273,7 +273,7 @@ impl Api {
         let id = parse_job_id(id)?;
         let started = std::time::Instant::now();
         match self.shared.engine.cancel(id).await {
-            Err(crate::engine::Error::JobEnded(_)) if self.shared.cluster.is_some() => {
+            Err(crate::engine::Error::JobEnded(_)) if self.shared.topology.member().is_some() => {
                 let Some(address) = self.led_by(id).await? else {
                     return Err(crate::engine::Error::JobEnded(id).into());
                 };
@@ -304,7 +304,7 @@ impl Api {
 
     /// The instances sharing this one's database; this one alone otherwise.
     pub async fn instances(&self) -> Result<Vec<api::Instance>, Error> {
-        let Some(node) = self.shared.cluster.clone() else {
+        let Some(node) = self.shared.topology.member().cloned() else {
             let led = self.shared.engine.active_jobs().await?.len();
             return Ok(vec![api::Instance {
                 id: LOCAL_INSTANCE.into(),
@@ -345,7 +345,7 @@ impl Api {
 
     /// Pauses or resumes the scheduler loop of one instance (by id) or of all.
     pub async fn set_scheduler_paused(&self, paused: bool, instance: &str) -> Result<u32, Error> {
-        let Some(node) = self.shared.cluster.clone() else {
+        let Some(node) = self.shared.topology.member().cloned() else {
             // Alone, the one instance is `local`, as `instances` lists it.
             match instance {
                 "" | LOCAL_INSTANCE => {}
@@ -589,7 +589,7 @@ async fn forward(
     // In a cluster, a job led by another instance (from the start, or
     // since it moved) sends no events here: its durable state is read
     // every second instead, and sent as a fresh snapshot when it changed.
-    let cluster = api.shared.cluster.is_some();
+    let cluster = api.shared.topology.member().is_some();
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     // What was last sent, to compare with (kept only where it is needed).
     let mut last = cluster.then_some((snapshot.record, snapshot.tasks));

@@ -669,30 +669,28 @@ impl Tracker {
 }
 
 /// Follows the engine's events and resyncs every 2 s, while masters are given.
-pub fn spawn(shared: Arc<super::Shared>) {
+pub async fn follow(shared: Arc<super::Shared>) {
     use crate::engine::Event;
     use crate::model::TaskState;
     let mut events = shared.engine.subscribe();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
-        loop {
-            tokio::select! {
-                _ = tick.tick() => shared.capacity.resync(&shared).await,
-                event = events.recv() => match event {
-                    Ok(Event::Task { job, idx, state, at, .. }) => match state {
-                        TaskState::Assigned | TaskState::Running if shared.capacity.may_change(job) => {
-                            shared.capacity.follow(&shared, job, idx as usize).await;
-                        }
-                        TaskState::Succeeded => shared.capacity.ended(job, idx, true, at),
-                        _ => shared.capacity.ended(job, idx, false, at),
-                    },
-                    Ok(Event::Job { .. }) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => shared.capacity.resync(&shared).await,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => shared.capacity.resync(&shared).await,
+            event = events.recv() => match event {
+                Ok(Event::Task { job, idx, state, at, .. }) => match state {
+                    TaskState::Assigned | TaskState::Running if shared.capacity.may_change(job) => {
+                        shared.capacity.follow(&shared, job, idx as usize).await;
+                    }
+                    TaskState::Succeeded => shared.capacity.ended(job, idx, true, at),
+                    _ => shared.capacity.ended(job, idx, false, at),
                 },
-            }
+                Ok(Event::Job { .. }) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => shared.capacity.resync(&shared).await,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            },
         }
-    });
+    }
 }
 
 #[cfg(test)]

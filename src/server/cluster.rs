@@ -183,6 +183,29 @@ impl Node {
     }
 }
 
+/// Whether this server runs alone or as a member of a cluster of
+/// instances sharing one database.
+pub enum Topology {
+    Alone,
+    Member(Arc<Node>),
+}
+
+impl Topology {
+    /// This instance's place in its cluster, when it is a member.
+    pub fn member(&self) -> Option<&Arc<Node>> {
+        match self {
+            Topology::Alone => None,
+            Topology::Member(node) => Some(node),
+        }
+    }
+
+    /// A member that fenced itself (no heartbeat went through for too
+    /// long) takes no workers and no requests that need the database.
+    pub fn is_fenced(&self) -> bool {
+        self.member().is_some_and(|node| node.is_fenced())
+    }
+}
+
 /// How often an instance settles its permits when nothing wakes it.
 const PERMITS_EVERY: Duration = Duration::from_millis(250);
 /// What a type wanted over this many settlements counts: permits are not
@@ -193,26 +216,23 @@ const WANT_WINDOW: usize = 8;
 /// split over the instances that have its tasks to run (slots in the
 /// database, `jobcenter.permits`), so the limit holds cluster-wide; this
 /// instance dispatches a type's tasks only within the slots it holds.
-pub fn spawn_permits(shared: Arc<Shared>) {
-    let Some(node) = shared.cluster.clone() else { return };
-    tokio::spawn(async move {
-        // Nothing of a limited type, and nothing on a volume, runs here
-        // before its first permits are held.
-        let nothing = (std::collections::HashMap::new(), std::collections::HashSet::new());
-        let _ = shared.engine.set_permits(nothing.0, nothing.1).await;
-        let mut last = Settled::default();
-        loop {
-            match settle_permits(&shared, &node, &mut last).await {
-                Ok(()) => {}
-                Err(store::Error::Fenced { .. }) => start_over(&node),
-                Err(e) => tracing::warn!(error = %e, "cannot settle the permits"),
-            }
-            tokio::select! {
-                () = tokio::time::sleep(PERMITS_EVERY) => {}
-                () = node.permits_wake.notified() => {}
-            }
+pub async fn permits(shared: Arc<Shared>, node: Arc<Node>) {
+    // Nothing of a limited type, and nothing on a volume, runs here
+    // before its first permits are held.
+    let nothing = (std::collections::HashMap::new(), std::collections::HashSet::new());
+    let _ = shared.engine.set_permits(nothing.0, nothing.1).await;
+    let mut last = Settled::default();
+    loop {
+        match settle_permits(&shared, &node, &mut last).await {
+            Ok(()) => {}
+            Err(store::Error::Fenced { .. }) => return deactivated(&shared, &node),
+            Err(e) => tracing::warn!(error = %e, "cannot settle the permits"),
         }
-    });
+        tokio::select! {
+            () = tokio::time::sleep(PERMITS_EVERY) => {}
+            () = node.permits_wake.notified() => {}
+        }
+    }
 }
 
 /// A job type's permit key.
@@ -301,23 +321,20 @@ async fn settle_permits(shared: &Arc<Shared>, node: &Arc<Node>, last: &mut Settl
 }
 
 /// The loop of a server instance: heartbeat, then its share of the jobs.
-pub fn spawn_loop(shared: Arc<Shared>) {
-    let Some(node) = shared.cluster.clone() else { return };
-    tokio::spawn(async move {
-        loop {
-            let started = Instant::now();
-            match beat(&shared, &node).await {
-                Ok(()) => {}
-                Err(store::Error::Fenced { .. }) => start_over(&node),
-                Err(e) => {
-                    let silent = node.beat_ok.lock().expect("beat lock").elapsed();
-                    tracing::warn!(error = %e, silent_for_ms = silent.as_millis() as u64, "heartbeat failed");
-                }
+pub async fn heartbeats(shared: Arc<Shared>, node: Arc<Node>) {
+    loop {
+        let started = Instant::now();
+        match beat(&shared, &node).await {
+            Ok(()) => {}
+            Err(store::Error::Fenced { .. }) => return deactivated(&shared, &node),
+            Err(e) => {
+                let silent = node.beat_ok.lock().expect("beat lock").elapsed();
+                tracing::warn!(error = %e, silent_for_ms = silent.as_millis() as u64, "heartbeat failed");
             }
-            let spent = started.elapsed();
-            tokio::time::sleep(node.timing.heartbeat.saturating_sub(spent)).await;
         }
-    });
+        let spent = started.elapsed();
+        tokio::time::sleep(node.timing.heartbeat.saturating_sub(spent)).await;
+    }
 }
 
 /// An instance that cannot reach its database never hears that it was
@@ -329,25 +346,22 @@ pub fn spawn_loop(shared: Arc<Shared>) {
 /// database fences anyway, simply wait. A heartbeat that goes through again
 /// (it was not deactivated) lifts the fence; one refused (it was) starts it
 /// over as a new instance.
-pub fn spawn_fence(shared: Arc<Shared>) {
-    let Some(node) = shared.cluster.clone() else { return };
-    tokio::spawn(async move {
-        let after = node.fence_after();
-        loop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let silent = node.beat_ok.lock().expect("beat lock").elapsed();
-            if silent > after && !node.fenced.send_replace(true) {
-                tracing::error!(
-                    instance = %node.id,
-                    silent_for_ms = silent.as_millis() as u64,
-                    lag_ms = node.timing.lag.as_millis() as u64,
-                    workers = shared.registry.len(),
-                    "no heartbeat reached the database for too long: this instance fences itself, lets its workers go and takes none until a heartbeat goes through"
-                );
-                shared.registry.stop_all();
-            }
+pub async fn fence(shared: Arc<Shared>, node: Arc<Node>) {
+    let after = node.fence_after();
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let silent = node.beat_ok.lock().expect("beat lock").elapsed();
+        if silent > after && !node.fenced.send_replace(true) {
+            tracing::error!(
+                instance = %node.id,
+                silent_for_ms = silent.as_millis() as u64,
+                lag_ms = node.timing.lag.as_millis() as u64,
+                workers = shared.registry.len(),
+                "no heartbeat reached the database for too long: this instance fences itself, lets its workers go and takes none until a heartbeat goes through"
+            );
+            shared.registry.stop_all();
         }
-    });
+    }
 }
 
 async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error> {
@@ -449,7 +463,8 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
 /// an interval later. The part runs single-flight here, as it does when the
 /// periodic check asks for it.
 fn check_adopted(shared: Arc<Shared>) {
-    tokio::spawn(async move {
+    let duties = shared.duties.clone();
+    duties.spawn(async move {
         tokio::time::sleep(shared.options.delivery_grace + Duration::from_millis(100)).await;
         match super::recovery::check(&shared, false).await {
             Ok(findings) => {
@@ -467,15 +482,12 @@ fn engine_error(e: crate::engine::Error) -> store::Error {
     }
 }
 
-/// This instance was deactivated: it stops acting at once and starts over
-/// as a new instance (a new id), as if restarted. Its workers keep their
-/// attempts through it, as through any restart.
-pub fn start_over(node: &Node) -> ! {
-    eprintln!(
-        "jobcenter: this admin instance ({}) was deactivated by the cluster; its writes are refused; starting over as a new instance",
-        node.id
-    );
-    store::cluster::start_over()
+/// This instance was deactivated: it stops acting at once, and `main`
+/// starts the process over as a new instance (a new id), as if restarted.
+/// Its workers keep their attempts through it, as through any restart.
+pub fn deactivated(shared: &Shared, node: &Node) {
+    tracing::error!(instance = %node.id, "deactivated by the cluster: its writes are refused");
+    shared.engine.fate().meet(crate::fate::Fatal::Deactivated);
 }
 
 #[cfg(test)]

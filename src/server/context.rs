@@ -116,19 +116,14 @@ impl Budget {
 }
 
 /// Asks the masters for their filers and S3 servers every [`REFRESH`].
-pub fn spawn_refresh(shared: Arc<Shared>) {
-    if shared.options.masters.is_empty() {
-        return;
-    }
-    tokio::spawn(async move {
-        loop {
-            match super::master::cluster_nodes(&shared.options.masters).await {
-                Ok(nodes) => shared.cluster_nodes.set(nodes),
-                Err(e) => tracing::debug!(error = %e, "cannot list the cluster's filers and S3 servers"),
-            }
-            tokio::time::sleep(REFRESH).await;
+pub async fn refresh(shared: Arc<Shared>) {
+    loop {
+        match super::master::cluster_nodes(&shared.options.masters).await {
+            Ok(nodes) => shared.cluster_nodes.set(nodes),
+            Err(e) => tracing::debug!(error = %e, "cannot list the cluster's filers and S3 servers"),
         }
-    });
+        tokio::time::sleep(REFRESH).await;
+    }
 }
 
 #[cfg(test)]

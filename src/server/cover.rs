@@ -134,7 +134,7 @@ impl Cover {
         let foreign: Vec<Attempt> = running.iter().copied().filter(|a| !held.contains(a)).collect();
         let mut vouched = Vec::new();
         let mut cancel = Vec::new();
-        if let Some(node) = &self.shared.cluster {
+        if let Some(node) = self.shared.topology.member() {
             let mut by_leader: BTreeMap<String, Vec<Attempt>> = BTreeMap::new();
             for attempt in foreign {
                 let asked_at = Instant::now();

@@ -70,7 +70,7 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
 /// Ready while the store takes writes: a server whose database is away
 /// acknowledges nothing and says so here.
 async fn readyz(State(state): State<AppState>) -> (axum::http::StatusCode, &'static str) {
-    if state.shared.cluster.as_ref().is_some_and(|node| node.is_fenced()) {
+    if state.shared.topology.is_fenced() {
         (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not ready: this instance cannot reach its database\n")
     } else if state.shared.engine.is_ready() {
         (axum::http::StatusCode::OK, "ready\n")

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 
+use super::duties::{Duties, Stage};
 use super::Shared;
 use crate::proto::master::{
     seaweed_client::SeaweedClient, DisableVacuumRequest, EnableVacuumRequest, LeaseAdminTokenRequest,
@@ -384,56 +385,67 @@ async fn execution_lock(shared: Arc<Shared>) {
 /// Holds the presence lock, keeps the master's vacuum off while a
 /// vacuum-capable worker is connected, and runs cluster job types only under
 /// the cluster lock.
-pub fn spawn_duties(shared: Arc<Shared>) {
-    if shared.options.masters.is_empty() {
-        return;
-    }
+pub fn keep_duties(duties: &Duties, shared: &Arc<Shared>) {
     let keeper = shared.clone();
-    tokio::spawn(async move { keeper.cluster_lock.keep(keeper.options.masters.clone()).await });
-    super::context::spawn_refresh(shared.clone());
-    super::capacity::spawn(shared.clone());
-    tokio::spawn(execution_lock(shared.clone()));
+    duties.keep("cluster lock", Stage::Intake, move || {
+        let keeper = keeper.clone();
+        async move { keeper.cluster_lock.keep(keeper.options.masters.clone()).await }
+    });
+    let refresher = shared.clone();
+    duties.keep("cluster nodes", Stage::Intake, move || super::context::refresh(refresher.clone()));
+    let follower = shared.clone();
+    duties.keep("capacity", Stage::Intake, move || super::capacity::follow(follower.clone()));
+    let runner = shared.clone();
+    duties.keep("execution lock", Stage::Intake, move || execution_lock(runner.clone()));
     let presence = shared.clone();
-    tokio::spawn(async move {
-        let masters = presence.options.masters.clone();
-        loop {
-            match acquire(&masters, PRESENCE_LOCK, "jobcenter admin connected", Duration::from_secs(5)).await {
-                Ok(mut lease) => loop {
-                    tokio::time::sleep(RENEW_EVERY).await;
-                    if let Err(e) = renew(&masters, &mut lease, "jobcenter admin connected").await {
-                        tracing::warn!(error = %e, "lost the master presence lock; taking it again");
-                        break;
-                    }
-                },
-                Err(e) => {
-                    tracing::debug!(error = %e, "master presence lock not taken yet");
-                    tokio::time::sleep(Duration::from_secs(5)).await;
+    duties.keep("presence lock", Stage::Intake, move || presence_lock(presence.clone()));
+    let vacuum = shared.clone();
+    duties.keep("master vacuum", Stage::Intake, move || master_vacuum(vacuum.clone()));
+}
+
+/// Holds the presence lock that tells the masters an admin is connected.
+async fn presence_lock(presence: Arc<Shared>) {
+    let masters = presence.options.masters.clone();
+    loop {
+        match acquire(&masters, PRESENCE_LOCK, "jobcenter admin connected", Duration::from_secs(5)).await {
+            Ok(mut lease) => loop {
+                tokio::time::sleep(RENEW_EVERY).await;
+                if let Err(e) = renew(&masters, &mut lease, "jobcenter admin connected").await {
+                    tracing::warn!(error = %e, "lost the master presence lock; taking it again");
+                    break;
                 }
+            },
+            Err(e) => {
+                tracing::debug!(error = %e, "master presence lock not taken yet");
+                tokio::time::sleep(Duration::from_secs(5)).await;
             }
         }
-    });
-    tokio::spawn(async move {
-        let masters = shared.options.masters.clone();
-        let mut disabled: Option<bool> = None;
-        loop {
-            let capable = shared
-                .registry
-                .workers()
-                .iter()
-                .any(|w| w.capabilities.iter().any(|c| c.job_type == "vacuum" && c.can_execute));
-            if disabled != Some(capable) {
-                match set_vacuum(&masters, !capable).await {
-                    Ok(()) => {
-                        let state = if capable { "off: a vacuum worker is connected" } else { "on" };
-                        tracing::info!(state, "master periodic vacuum");
-                        disabled = Some(capable);
-                    }
-                    Err(e) => tracing::debug!(error = %e, "cannot switch the master's vacuum yet"),
+    }
+}
+
+/// Keeps the master's periodic vacuum off while a vacuum-capable worker is
+/// connected, and on otherwise.
+async fn master_vacuum(shared: Arc<Shared>) {
+    let masters = shared.options.masters.clone();
+    let mut disabled: Option<bool> = None;
+    loop {
+        let capable = shared
+            .registry
+            .workers()
+            .iter()
+            .any(|w| w.capabilities.iter().any(|c| c.job_type == "vacuum" && c.can_execute));
+        if disabled != Some(capable) {
+            match set_vacuum(&masters, !capable).await {
+                Ok(()) => {
+                    let state = if capable { "off: a vacuum worker is connected" } else { "on" };
+                    tracing::info!(state, "master periodic vacuum");
+                    disabled = Some(capable);
                 }
+                Err(e) => tracing::debug!(error = %e, "cannot switch the master's vacuum yet"),
             }
-            tokio::time::sleep(Duration::from_secs(5)).await;
         }
-    });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ mod console;
 mod context;
 mod convert;
 mod cover;
+pub mod duties;
 mod flight;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
@@ -49,6 +50,8 @@ use crate::proto::plugin::plugin_control_service_server::PluginControlServiceSer
 use crate::store::cluster::Role;
 use crate::store::Store;
 use crate::worker::{builtin_handlers, LocalExecutor, Registry as HandlerRegistry};
+pub use cluster::Topology;
+use duties::Stage;
 
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
@@ -172,8 +175,10 @@ pub struct Shared {
     pub options: ServerOptions,
     pub grpc_port: u16,
     pub clock: Arc<dyn Clock>,
-    /// This instance among several on one database; `None` alone.
-    pub cluster: Option<Arc<cluster::Node>>,
+    /// Alone, or this instance among several on one database.
+    pub topology: Topology,
+    /// The background duties, supervised.
+    pub duties: duties::Duties,
     /// The scheduler loop is paused (alone; in a cluster, `cluster` says).
     pub scheduler_paused: std::sync::atomic::AtomicBool,
     /// Links to the other instances of the cluster.
@@ -182,7 +187,12 @@ pub struct Shared {
     pub sessions: console::Sessions,
 }
 
-/// Runs the server on listeners that are already bound until `shutdown` resolves.
+/// Runs the server on listeners that are already bound until `shutdown`
+/// resolves, then stops in order: it takes no more work (the listeners
+/// close, worker streams end, the duties that take work end); it hands its
+/// jobs over (the engine writes its last steps, then the instance leaves
+/// its cluster); it flushes the store; it closes (every duty has ended).
+/// A fatal condition ends it at once, as the error `crate::fate::Fatal`.
 pub async fn run(
     store: Arc<dyn Store>,
     options: ServerOptions,
@@ -193,7 +203,7 @@ pub async fn run(
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let grpc_addr: SocketAddr = grpc.local_addr()?;
     let http_addr: SocketAddr = http.local_addr()?;
-    let node = match store.cluster() {
+    let topology = match store.cluster() {
         Some(_) => {
             let (store, clock, timing) = (store.clone(), clock.clone(), options.cluster);
             let advertised = options.advertise_grpc.clone();
@@ -201,25 +211,18 @@ pub async fn run(
                 let (grpc, http) = (advertised.unwrap_or_else(|| grpc_addr.to_string()), http_addr.to_string());
                 cluster::Node::join(store, clock, Role::Server, grpc, http, timing)
             };
-            Some(Arc::new(tokio::task::spawn_blocking(join).await??))
+            Topology::Member(Arc::new(tokio::task::spawn_blocking(join).await??))
         }
-        None => None,
+        None => Topology::Alone,
     };
-    let (shared, foreign_receiver) = assemble(store.clone(), &options, clock, node.clone(), grpc_addr.port()).await?;
+    let (shared, foreign_receiver) = assemble(store.clone(), &options, clock, topology, grpc_addr.port()).await?;
     let engine = shared.engine.clone();
+    let fate = engine.fate().clone();
     for _ in 0..options.local_workers {
         let handlers = HandlerRegistry::new(builtin_handlers());
         LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;
     }
-    cluster::spawn_loop(shared.clone());
-    cluster::spawn_fence(shared.clone());
-    cluster::spawn_permits(shared.clone());
-    peer::spawn_borrower(shared.clone());
-    peer::spawn_foreign_orders(shared.clone(), foreign_receiver);
-    recovery::spawn_loop(shared.clone());
-    retention::spawn_loop(shared.clone());
-    scheduler::spawn_loop(shared.clone());
-    master::spawn_duties(shared.clone());
+    keep_duties(&shared, foreign_receiver);
 
     let api = api::Api::new(shared.clone());
     let worker_service = PluginControlServiceServer::new(worker_stream::WorkerStreamService::new(shared.clone()))
@@ -230,19 +233,7 @@ pub async fn run(
         .max_decoding_message_size(options.max_request_bytes.max(2 * 1024 * 1024))
         .max_encoding_message_size(options.max_request_bytes.max(64 * 1024 * 1024));
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopping = shared.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-        // Worker streams live as long as their workers: end them, so that
-        // the servers' graceful shutdown does not wait for the workers.
-        stopping.registry.stop_all();
-    });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-
+    let closing = tokio_util::sync::CancellationToken::new();
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = options.tls.clone() {
         builder = builder.tls_config(tls)?;
@@ -259,42 +250,113 @@ pub async fn run(
             tonic::transport::server::TcpIncoming::from(grpc)
                 .with_nodelay(Some(true))
                 .map(move |stream| stream.map(|stream| stall::Bounded::new(stream, options.send_timeout))),
-            stopped(stop_rx.clone()),
+            closing.clone().cancelled_owned(),
         );
     let http = stall::HttpListener { listener: http, limit: options.send_timeout };
     let http_server =
-        axum::serve(http, http::router(shared.clone(), api)).with_graceful_shutdown(stopped(stop_rx.clone()));
-    match &node {
-        Some(node) => eprintln!("jobcenter server listening: http {http_addr} grpc {grpc_addr} instance {}", node.id),
-        None => eprintln!("jobcenter server listening: http {http_addr} grpc {grpc_addr}"),
+        axum::serve(http, http::router(shared.clone(), api)).with_graceful_shutdown(closing.clone().cancelled_owned());
+    match &shared.topology {
+        Topology::Member(node) => {
+            eprintln!("jobcenter server listening: http {http_addr} grpc {grpc_addr} instance {}", node.id)
+        }
+        Topology::Alone => eprintln!("jobcenter server listening: http {http_addr} grpc {grpc_addr}"),
     }
     tracing::info!(%http_addr, %grpc_addr, "listening");
-    let serve = async { tokio::join!(grpc_server, http_server) };
-    let mut stop_watch = stop_rx.clone();
-    let bounded = async move {
-        let _ = stop_watch.wait_for(|stop| *stop).await;
-        tokio::time::sleep(Duration::from_secs(10)).await;
-    };
+    let mut serve = std::pin::pin!(async { tokio::join!(grpc_server, http_server) });
     tokio::select! {
-        (grpc_result, http_result) = serve => {
+        (grpc_result, http_result) = &mut serve => {
             grpc_result?;
             http_result?;
         }
-        () = bounded => tracing::warn!("connections still open 10 s after the stop signal; stopping anyway"),
+        () = shutdown => {
+            // Take no more work: the listeners close, and worker streams,
+            // which live as long as their workers, end.
+            closing.cancel();
+            shared.registry.stop_all();
+            shared.duties.stop_intake().await;
+            tokio::select! {
+                (grpc_result, http_result) = &mut serve => {
+                    for e in [grpc_result.err().map(anyhow::Error::from), http_result.err().map(anyhow::Error::from)].into_iter().flatten() {
+                        tracing::warn!(error = %e, "a listener ended with an error while stopping");
+                    }
+                }
+                () = tokio::time::sleep(Duration::from_secs(10)) => {
+                    tracing::warn!("connections still open 10 s after the stop signal; stopping anyway");
+                }
+                fatal = fate.met() => return Err(fatal.into()),
+            }
+        }
+        // Nothing of this instance may go on: no hand-over, no last writes.
+        fatal = fate.met() => return Err(fatal.into()),
     }
-    if let Some(node) = node {
+    stop(&shared).await;
+    match fate.fatal() {
+        Some(fatal) => Err(fatal.clone().into()),
+        None => Ok(()),
+    }
+}
+
+/// The steps of a stop after the intake: hand the jobs over, flush, close.
+async fn stop(shared: &Shared) {
+    // The engine writes its last steps while this instance still leads.
+    shared.engine.close().await;
+    shared.duties.stop_all().await;
+    let store = shared.engine.store().clone();
+    if let Topology::Member(node) = &shared.topology {
         // A clean stop hands the jobs over at once instead of after the lag.
-        crate::store::cluster::leaving();
-        let store = store.clone();
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").leave()).await {
+        shared.engine.fate().leaving();
+        let leaving = store.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || leaving.cluster().expect("cluster").leave()).await {
             tracing::warn!(instance = %node.id, error = %e, "could not leave the cluster cleanly; the others will notice the silence");
         }
     }
-    Ok(())
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.flush()).await {
+        tracing::warn!(error = %e, "the last flush failed");
+    }
 }
 
-/// Work orders for handlers connected to other instances, with their handler.
-type ForeignReceiver = tokio::sync::mpsc::UnboundedReceiver<(crate::model::HandlerId, crate::dispatch::WorkOrder)>;
+/// Starts every background duty this server has, in one supervised set.
+fn keep_duties(shared: &Arc<Shared>, foreign_receiver: ForeignOrders) {
+    let duties = &shared.duties;
+    let each = |duty: fn(Arc<Shared>) -> _| {
+        let shared = shared.clone();
+        move || duty(shared.clone())
+    };
+    duties.keep("recovery", Stage::Intake, each(|s| Box::pin(recovery::checks(s)) as Duty));
+    duties.keep("retention", Stage::Intake, each(|s| Box::pin(retention::prunes(s)) as Duty));
+    if !shared.options.masters.is_empty() {
+        master::keep_duties(duties, shared);
+    }
+    match &shared.topology {
+        Topology::Alone => {
+            duties.keep("scheduler", Stage::Intake, each(|s| Box::pin(scheduler::detections(s)) as Duty))
+        }
+        Topology::Member(node) => {
+            let member = |duty: fn(Arc<Shared>, Arc<cluster::Node>) -> Duty| {
+                let (shared, node) = (shared.clone(), node.clone());
+                move || duty(shared.clone(), node.clone())
+            };
+            duties.keep("scheduler", Stage::Intake, member(|s, n| Box::pin(scheduler::cluster_detections(s, n))));
+            duties.keep("permits", Stage::Intake, member(|s, n| Box::pin(cluster::permits(s, n))));
+            duties.keep("borrower", Stage::Intake, member(|s, n| Box::pin(peer::borrower(s, n))));
+            let orders = Arc::new(tokio::sync::Mutex::new(foreign_receiver));
+            let (lender, node) = (shared.clone(), node.clone());
+            duties.keep("foreign orders", Stage::Intake, move || {
+                peer::foreign_orders(lender.clone(), node.clone(), orders.clone())
+            });
+            duties.keep("heartbeats", Stage::Membership, member(|s, n| Box::pin(cluster::heartbeats(s, n))));
+            duties.keep("fence", Stage::Membership, member(|s, n| Box::pin(cluster::fence(s, n))));
+        }
+    }
+}
+
+/// A duty's loop, boxed so that duties of different shapes share one list.
+type Duty = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Work orders for handlers connected to other instances, with their
+/// handler; a duty started again takes the receiver over.
+type ForeignReceiver = Arc<tokio::sync::Mutex<ForeignOrders>>;
+type ForeignOrders = tokio::sync::mpsc::UnboundedReceiver<(crate::model::HandlerId, crate::dispatch::WorkOrder)>;
 
 /// What a server shares before it listens: the engine over `store`, the
 /// policy book, and the state every part reads. With it, the work orders
@@ -303,16 +365,19 @@ async fn assemble(
     store: Arc<dyn Store>,
     options: &ServerOptions,
     clock: Arc<dyn Clock>,
-    node: Option<Arc<cluster::Node>>,
+    topology: Topology,
     grpc_port: u16,
-) -> anyhow::Result<(Arc<Shared>, ForeignReceiver)> {
+) -> anyhow::Result<(Arc<Shared>, ForeignOrders)> {
     let (foreign_orders, foreign_receiver) = tokio::sync::mpsc::unbounded_channel();
+    let fate = crate::fate::Fate::default();
+    let member = topology.member();
     let engine_options = Options {
-        foreign_orders: node.is_some().then_some(foreign_orders),
+        foreign_orders: member.is_some().then_some(foreign_orders),
         orphans: Orphans::Keep { grace: options.orphan_grace },
         lost_attempt_limit: options.lost_attempt_limit,
-        instance: node.as_ref().map(|n| n.id).unwrap_or_default(),
+        instance: member.map(|n| n.id).unwrap_or_default(),
         rollback_windows: master::rollback_windows(),
+        fate: fate.clone(),
         ..Options::default()
     };
     let engine = Engine::start(store.clone(), clock.clone(), engine_options).await?;
@@ -343,7 +408,8 @@ async fn assemble(
         options: options.clone(),
         grpc_port,
         clock,
-        cluster: node,
+        topology,
+        duties: duties::Duties::new(fate),
         scheduler_paused: std::sync::atomic::AtomicBool::new(false),
         peers: peer::Peers::default(),
         sessions: console::Sessions::default(),

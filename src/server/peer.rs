@@ -277,7 +277,7 @@ impl PeerService for PeerServiceImpl {
     async fn vouch(&self, request: Request<VouchRequest>) -> Result<Response<VouchResponse>, Status> {
         self.shared.auth.check(request.metadata())?;
         // A fenced instance may have been deactivated: its word binds nobody.
-        if self.shared.cluster.as_ref().is_some_and(|node| node.is_fenced()) {
+        if self.shared.topology.is_fenced() {
             return Err(Status::unavailable("peer: this instance cannot reach its database and vouches for nothing"));
         }
         let request = request.into_inner();
@@ -327,40 +327,36 @@ impl PeerService for PeerServiceImpl {
 
 /// Stops attempts of jobs led here that workers connected to other
 /// instances run: each order goes to the instance the worker is connected to.
-pub fn spawn_foreign_orders(
-    shared: Arc<Shared>,
-    mut orders: tokio::sync::mpsc::UnboundedReceiver<(HandlerId, crate::dispatch::WorkOrder)>,
-) {
-    tokio::spawn(async move {
-        while let Some((handler, order)) = orders.recv().await {
-            let crate::dispatch::WorkOrder::Cancel { task, attempt } = order else { continue };
-            let Some(node) = shared.cluster.clone() else { continue };
-            // Where it was lent to, else where the cluster last saw it.
-            let lent_to =
-                shared.peers.handler_at.lock().expect("handler_at lock").get(&handler).map(|(a, _)| a.clone());
-            let address = lent_to.or_else(|| {
-                let live = node.live();
-                let instance = live.iter().find(|i| i.id != node.id && i.handlers.contains(&handler))?;
-                Some(Arc::from(instance.grpc_address.as_str()))
-            });
-            let Some(address) = address else {
-                tracing::warn!(%handler, job.id = %task.job, attempt, "no live instance has the worker of an attempt to stop");
-                continue;
+pub async fn foreign_orders(shared: Arc<Shared>, node: Arc<super::cluster::Node>, orders: super::ForeignReceiver) {
+    // Held while this duty runs: a duty started again takes it over.
+    let mut orders = orders.lock().await;
+    while let Some((handler, order)) = orders.recv().await {
+        let crate::dispatch::WorkOrder::Cancel { task, attempt } = order else { continue };
+        // Where it was lent to, else where the cluster last saw it.
+        let lent_to = shared.peers.handler_at.lock().expect("handler_at lock").get(&handler).map(|(a, _)| a.clone());
+        let address = lent_to.or_else(|| {
+            let live = node.live();
+            let instance = live.iter().find(|i| i.id != node.id && i.handlers.contains(&handler))?;
+            Some(Arc::from(instance.grpc_address.as_str()))
+        });
+        let Some(address) = address else {
+            tracing::warn!(%handler, job.id = %task.job, attempt, "no live instance has the worker of an attempt to stop");
+            continue;
+        };
+        let duty = shared.clone();
+        shared.duties.spawn(async move {
+            let shared = duty;
+            let message = PeerCancel {
+                handler: handler.to_string(),
+                attempt_id: wire::attempt_id(task, attempt),
+                reason: "canceled by jobcenter".into(),
             };
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                let message = PeerCancel {
-                    handler: handler.to_string(),
-                    attempt_id: wire::attempt_id(task, attempt),
-                    reason: "canceled by jobcenter".into(),
-                };
-                let Some(mut client) = shared.peers.client(&address) else { return };
-                if let Err(status) = client.cancel(request(&shared, message)).await {
-                    tracing::warn!(instance = %address, %handler, error = %status, "could not stop an attempt on another instance's worker");
-                }
-            });
-        }
-    });
+            let Some(mut client) = shared.peers.client(&address) else { return };
+            if let Err(status) = client.cancel(request(&shared, message)).await {
+                tracing::warn!(instance = %address, %handler, error = %status, "could not stop an attempt on another instance's worker");
+            }
+        });
+    }
 }
 
 /// Applies a report to this instance's engine.
@@ -475,7 +471,7 @@ pub async fn report_to_leader(
     attempt: u32,
     kind: peer_report::Kind,
 ) -> Option<Settled> {
-    let node = shared.cluster.as_ref()?;
+    let node = shared.topology.member()?;
     let peers = &shared.peers;
     let deadline = tokio::time::Instant::now() + REPORT_PATIENCE;
     let mut address = leader.or_else(|| peers.leaders.lock().expect("leaders lock").get(&task.job).cloned());
@@ -546,27 +542,24 @@ pub async fn report_to_leader(
 
 /// The borrower: while this instance's workers have slots nothing queued
 /// here can use, ask the other live servers for ready tasks.
-pub fn spawn_borrower(shared: Arc<Shared>) {
-    let Some(node) = shared.cluster.clone() else { return };
-    tokio::spawn(async move {
-        let mut first = 0usize;
-        loop {
-            let others: Vec<Arc<str>> = node
-                .live()
-                .iter()
-                .filter(|i| i.id != node.id && i.role == crate::store::cluster::Role::Server && i.active)
-                .map(|i| Arc::from(i.grpc_address.as_str()))
-                .collect();
-            let got = if others.is_empty() { 0 } else { borrow_round(&shared, &node, &others, first).await };
-            first = first.wrapping_add(1);
-            if got == 0 {
-                tokio::select! {
-                    () = shared.peers.wake.notified() => {}
-                    () = tokio::time::sleep(IDLE_POLL) => {}
-                }
+pub async fn borrower(shared: Arc<Shared>, node: Arc<super::cluster::Node>) {
+    let mut first = 0usize;
+    loop {
+        let others: Vec<Arc<str>> = node
+            .live()
+            .iter()
+            .filter(|i| i.id != node.id && i.role == crate::store::cluster::Role::Server && i.active)
+            .map(|i| Arc::from(i.grpc_address.as_str()))
+            .collect();
+        let got = if others.is_empty() { 0 } else { borrow_round(&shared, &node, &others, first).await };
+        first = first.wrapping_add(1);
+        if got == 0 {
+            tokio::select! {
+                () = shared.peers.wake.notified() => {}
+                () = tokio::time::sleep(IDLE_POLL) => {}
             }
         }
-    });
+    }
 }
 
 /// One round: reserve the idle slots, offer them to each other instance in

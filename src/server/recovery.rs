@@ -81,7 +81,7 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
     // one of them runs for a job led here is not orphaned. Their instances
     // say which of the attempts held here for them past the delivery grace
     // their sessions know.
-    if let Some(node) = &shared.cluster {
+    if let Some(node) = shared.topology.member() {
         let timing = &shared.options.cluster;
         let lent = shared.peers.lent_within(timing.heartbeat * 2 + timing.lag);
         let live = node.live();
@@ -176,7 +176,7 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
             action,
             detail: finding.detail,
             applied,
-            instance: shared.cluster.as_ref().map(|n| n.id.to_string()).unwrap_or_default(),
+            instance: shared.topology.member().map(|n| n.id.to_string()).unwrap_or_default(),
         });
     }
     Ok(out)
@@ -188,7 +188,7 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
 /// silent past the lag threshold, it is deactivated and its jobs taken over.
 pub async fn check_cluster(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
     let mut findings = check(shared, dry_run).await?;
-    let Some(node) = &shared.cluster else { return Ok(findings) };
+    let Some(node) = shared.topology.member() else { return Ok(findings) };
     for instance in node.live().into_iter().filter(|i| i.id != node.id && i.role == crate::store::cluster::Role::Server)
     {
         match check_elsewhere(shared, &instance.grpc_address, dry_run).await {
@@ -212,7 +212,7 @@ async fn check_elsewhere(shared: &Shared, address: &str, dry_run: bool) -> anyho
 /// cluster, the instance holding the recovery lease (one at a time, a live
 /// one: the lease of a silent holder runs out and another takes it).
 async fn my_turn(shared: &Shared) -> bool {
-    let Some(_) = &shared.cluster else { return true };
+    let Some(_) = shared.topology.member() else { return true };
     let store = shared.engine.store().clone();
     let ttl = shared.options.recovery_interval * 3;
     let lease = tokio::task::spawn_blocking(move || store.cluster().map(|c| c.lease("recovery", ttl))).await;
@@ -220,37 +220,35 @@ async fn my_turn(shared: &Shared) -> bool {
 }
 
 /// Every interval: a cluster task when a worker can run one, else the check here.
-pub fn spawn_loop(shared: Arc<Shared>) {
-    tokio::spawn(async move {
-        tokio::time::sleep(shared.options.orphan_grace.min(shared.options.recovery_interval)).await;
-        let mut in_flight: Option<crate::model::JobId> = None;
-        loop {
-            if !my_turn(&shared).await {
-                tokio::time::sleep(shared.options.recovery_interval).await;
-                continue;
-            }
-            let capable = shared
-                .registry
-                .workers()
-                .iter()
-                .any(|w| w.capabilities.iter().any(|c| c.job_type == JOB_TYPE && c.can_execute));
-            if capable {
-                let busy = match in_flight {
-                    Some(job) => match shared.engine.summary(job).await {
-                        Ok(Some(summary)) => !summary.record.state.is_terminal(),
-                        _ => false,
-                    },
-                    None => false,
-                };
-                if !busy {
-                    in_flight = submit_cluster_task(&shared).await;
-                }
-            } else if let Err(e) = check_cluster(&shared, false).await {
-                tracing::debug!(error = %e, "recovery check skipped");
-            }
+pub async fn checks(shared: Arc<Shared>) {
+    tokio::time::sleep(shared.options.orphan_grace.min(shared.options.recovery_interval)).await;
+    let mut in_flight: Option<crate::model::JobId> = None;
+    loop {
+        if !my_turn(&shared).await {
             tokio::time::sleep(shared.options.recovery_interval).await;
+            continue;
         }
-    });
+        let capable = shared
+            .registry
+            .workers()
+            .iter()
+            .any(|w| w.capabilities.iter().any(|c| c.job_type == JOB_TYPE && c.can_execute));
+        if capable {
+            let busy = match in_flight {
+                Some(job) => match shared.engine.summary(job).await {
+                    Ok(Some(summary)) => !summary.record.state.is_terminal(),
+                    _ => false,
+                },
+                None => false,
+            };
+            if !busy {
+                in_flight = submit_cluster_task(&shared).await;
+            }
+        } else if let Err(e) = check_cluster(&shared, false).await {
+            tracing::debug!(error = %e, "recovery check skipped");
+        }
+        tokio::time::sleep(shared.options.recovery_interval).await;
+    }
 }
 
 async fn submit_cluster_task(shared: &Shared) -> Option<crate::model::JobId> {

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use super::Topology;
 use super::{convert, Shared};
 use crate::model::{JobId, JobRecord};
 use crate::proto::api;
@@ -93,29 +94,27 @@ async fn prune_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<api::Prun
 /// Whether this instance prunes: alone always; in a cluster, the live
 /// instance with the lowest id.
 fn prunes_here(shared: &Shared) -> bool {
-    match &shared.cluster {
-        None => true,
-        Some(node) => node.live().iter().map(|i| i.id).min().is_none_or(|lowest| lowest == node.id),
+    match &shared.topology {
+        Topology::Alone => true,
+        Topology::Member(node) => node.live().iter().map(|i| i.id).min().is_none_or(|lowest| lowest == node.id),
     }
 }
 
 /// Prunes every `--prune-interval`.
-pub fn spawn_loop(shared: std::sync::Arc<Shared>) {
-    tokio::spawn(async move {
-        let mut compactions = Backoff::default();
-        loop {
-            tokio::time::sleep(shared.options.prune_interval).await;
-            if !prunes_here(&shared) {
-                continue;
-            }
-            if let Err(e) = prune(&shared, false).await {
-                tracing::warn!(error = %e, "pruning ended jobs failed; trying again at the next interval");
-            }
-            if compactions.try_now() {
-                compactions.record(reclaim(&shared).await);
-            }
+pub async fn prunes(shared: std::sync::Arc<Shared>) {
+    let mut compactions = Backoff::default();
+    loop {
+        tokio::time::sleep(shared.options.prune_interval).await;
+        if !prunes_here(&shared) {
+            continue;
         }
-    });
+        if let Err(e) = prune(&shared, false).await {
+            tracing::warn!(error = %e, "pruning ended jobs failed; trying again at the next interval");
+        }
+        if compactions.try_now() {
+            compactions.record(reclaim(&shared).await);
+        }
+    }
 }
 
 /// After a failed compaction (a full disk, most likely), the next tries

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, Notify};
 
 use super::Shared;
+use super::Topology;
 use crate::clock::Timestamp;
 use crate::model::{HandlerId, JobId, JobOrigin};
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, JobProposal, RunDetectionRequest};
@@ -148,7 +149,7 @@ pub(crate) fn record(shared: &Shared, job_type: &str, message: String) {
         }
     }
     let engine = shared.engine.clone();
-    tokio::spawn(async move {
+    shared.duties.spawn(async move {
         if let Err(e) = engine.put_settings(settings).await {
             tracing::error!(error = %e, "cannot store the activity log");
         }
@@ -239,66 +240,62 @@ fn detectors(shared: &Shared) -> BTreeMap<String, Vec<HandlerId>> {
 
 /// Whether the scheduler loop of this instance is paused.
 pub fn paused(shared: &Shared) -> bool {
-    match &shared.cluster {
-        Some(node) => node.is_paused(),
-        None => shared.scheduler_paused.load(std::sync::atomic::Ordering::Relaxed),
+    match &shared.topology {
+        Topology::Member(node) => node.is_paused(),
+        Topology::Alone => shared.scheduler_paused.load(std::sync::atomic::Ordering::Relaxed),
     }
 }
 
-/// The loop: run what is due, then sleep until the next due time or a wake-up.
-pub fn spawn_loop(shared: Arc<Shared>) {
-    if shared.cluster.is_some() {
-        tokio::spawn(cluster_loop(shared));
-        return;
-    }
-    tokio::spawn(async move {
-        load(&shared).await;
-        loop {
-            if paused(&shared) {
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
-                    () = shared.scheduler.wake.notified() => {}
-                }
-                continue;
-            }
-            let now = shared.clock.now();
-            let types = detectors(&shared);
-            let mut next: Option<Timestamp> = None;
-            for job_type in types.keys() {
-                let (policy, _) = shared.policies.effective(job_type);
-                if policy.detection_enabled == 0 {
-                    continue;
-                }
-                let interval = u64::from(policy.detection_interval_seconds.max(1));
-                if shared.scheduler.in_flight.is_taken(job_type) {
-                    continue;
-                }
-                let due = shared.scheduler.due.lock().expect("due lock").mark_detection_due(job_type, interval, now);
-                if due {
-                    let shared = shared.clone();
-                    let job_type = job_type.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = detect(&shared, &job_type, true).await {
-                            tracing::debug!(job_type, error = %e, "detection did not run");
-                        }
-                    });
-                }
-                let at = shared.scheduler.due.lock().expect("due lock").next_due([job_type.as_str()], now);
-                next = match (next, at) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            }
-            let wait = next
-                .map(|at| Duration::from_millis(at.millis_since(shared.clock.now())))
-                .unwrap_or(Duration::from_secs(60));
-            let wait = wait.clamp(Duration::from_millis(50), Duration::from_secs(60));
+/// The loop of an instance alone: run what is due, then sleep until the
+/// next due time or a wake-up.
+pub async fn detections(shared: Arc<Shared>) {
+    load(&shared).await;
+    loop {
+        if paused(&shared) {
             tokio::select! {
-                () = tokio::time::sleep(wait) => {}
+                () = tokio::time::sleep(Duration::from_millis(500)) => {}
                 () = shared.scheduler.wake.notified() => {}
             }
+            continue;
         }
-    });
+        let now = shared.clock.now();
+        let types = detectors(&shared);
+        let mut next: Option<Timestamp> = None;
+        for job_type in types.keys() {
+            let (policy, _) = shared.policies.effective(job_type);
+            if policy.detection_enabled == 0 {
+                continue;
+            }
+            let interval = u64::from(policy.detection_interval_seconds.max(1));
+            if shared.scheduler.in_flight.is_taken(job_type) {
+                continue;
+            }
+            let due = shared.scheduler.due.lock().expect("due lock").mark_detection_due(job_type, interval, now);
+            if due {
+                let duty = shared.clone();
+                let job_type = job_type.clone();
+                shared.duties.spawn(async move {
+                    let shared = duty;
+                    if let Err(e) = detect(&shared, &job_type, true).await {
+                        tracing::debug!(job_type, error = %e, "detection did not run");
+                    }
+                });
+            }
+            let at = shared.scheduler.due.lock().expect("due lock").next_due([job_type.as_str()], now);
+            next = match (next, at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        let wait = next
+            .map(|at| Duration::from_millis(at.millis_since(shared.clock.now())))
+            .unwrap_or(Duration::from_secs(60));
+        let wait = wait.clamp(Duration::from_millis(50), Duration::from_secs(60));
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shared.scheduler.wake.notified() => {}
+        }
+    }
 }
 
 /// The loop of an instance among several: intervals are counted on the
@@ -307,8 +304,7 @@ pub fn spawn_loop(shared: Arc<Shared>) {
 /// instance. The slots of a type take turns over the live instances that
 /// have a detector for it; when the instance whose turn it is has not
 /// claimed a slot by its middle (it died, or is paused), any other claims it.
-async fn cluster_loop(shared: Arc<Shared>) {
-    let node = shared.cluster.clone().expect("a cluster node");
+pub async fn cluster_detections(shared: Arc<Shared>, node: Arc<super::cluster::Node>) {
     load(&shared).await;
     let mut tried: HashMap<String, i64> = HashMap::new();
     loop {
@@ -341,9 +337,10 @@ async fn cluster_loop(shared: Arc<Shared>) {
                 continue;
             }
             tried.insert(job_type.clone(), slot);
-            let shared = shared.clone();
+            let duty = shared.clone();
             let node = node.clone();
-            tokio::spawn(async move {
+            shared.duties.spawn(async move {
+                let shared = duty;
                 let store = shared.engine.store().clone();
                 let claim_type = job_type.clone();
                 let claimed = tokio::task::spawn_blocking(move || {
@@ -358,7 +355,7 @@ async fn cluster_loop(shared: Arc<Shared>) {
                         }
                     }
                     Ok(Ok(false)) => tracing::trace!(job_type, slot, "another instance detects this interval"),
-                    Ok(Err(crate::store::Error::Fenced { .. })) => super::cluster::start_over(&node),
+                    Ok(Err(crate::store::Error::Fenced { .. })) => super::cluster::deactivated(&shared, &node),
                     Ok(Err(e)) => tracing::warn!(job_type, error = %e, "cannot claim a detection"),
                     Err(e) => tracing::warn!(job_type, error = %e, "cannot claim a detection"),
                 }
@@ -558,7 +555,7 @@ async fn place_on_capacity(
 /// risk starting work that is already in hand.
 async fn active_dedupe_keys(shared: &Shared) -> anyhow::Result<HashSet<String>> {
     let mut keys = shared.engine.active_dedupe_keys().await?;
-    let Some(node) = &shared.cluster else { return Ok(keys) };
+    let Some(node) = shared.topology.member() else { return Ok(keys) };
     // Read now, not as of the last heartbeat: an instance that joined since
     // may already lead jobs.
     let store = shared.engine.store().clone();
@@ -581,7 +578,8 @@ fn spawn_runtime_limit(shared: Arc<Shared>, job_type: String, job: JobId, second
     if seconds == 0 {
         return;
     }
-    tokio::spawn(async move {
+    let duty = shared.clone();
+    duty.duties.spawn(async move {
         tokio::time::sleep(Duration::from_secs(u64::from(seconds))).await;
         if let Ok(Some(summary)) = shared.engine.summary(job).await {
             if !summary.record.state.is_terminal() && shared.engine.cancel(job).await.is_ok() {

@@ -17,6 +17,7 @@ use super::peer;
 use super::registry::KnownAttempts;
 use super::scheduler;
 use super::Shared;
+use super::Topology;
 use crate::dispatch::{Assignment, HandlerSpec, Place, WorkOrder};
 use crate::engine::Answer;
 use crate::engine::Progress;
@@ -104,7 +105,7 @@ impl PluginControlService for WorkerStreamService {
         request: Request<Streaming<WorkerToAdminMessage>>,
     ) -> Result<Response<Self::WorkerStreamStream>, Status> {
         self.shared.auth.check(request.metadata())?;
-        if let Some(node) = self.shared.cluster.as_ref().filter(|node| node.is_fenced()) {
+        if let Some(node) = self.shared.topology.member().filter(|node| node.is_fenced()) {
             return Err(Status::unavailable(format!(
                 "admin instance {} cannot reach its database and takes no workers: connect to another instance",
                 node.id
@@ -195,7 +196,7 @@ impl WorkerStreamService {
             reconciled_at: None,
             adoptions_seen: 0,
             lent: std::sync::Mutex::default(),
-            known: self.shared.cluster.as_ref().map(|_| KnownAttempts::default()),
+            known: self.shared.topology.member().map(|_| KnownAttempts::default()),
             renewed_at: tokio::time::Instant::now(),
             cover: lease.map(|lease| super::cover::Cover::new(self.shared.clone(), handler, lease, renewals.clone())),
         };
@@ -388,7 +389,7 @@ impl Session {
             }
         }
 
-        let mut fencing = shared.cluster.as_ref().map(|node| node.fencing());
+        let mut fencing = shared.topology.member().map(|node| node.fencing());
         let reason = loop {
             // A worker with a lease heartbeats at least every quarter of it:
             // one silent for a whole lease has stopped its executions, or
@@ -664,7 +665,7 @@ impl Session {
         // Jobs adopted from another instance may hold attempts of this worker:
         // compare at once. Held attempts it does not report are not dropped
         // here: their outcomes may still be on their way.
-        let adoptions = self.shared.cluster.as_ref().map_or(0, |node| node.adoptions());
+        let adoptions = self.shared.topology.member().map_or(0, |node| node.adoptions());
         let adopted = adoptions != self.adoptions_seen;
         self.adoptions_seen = adoptions;
         let first = self.reconciled_at.is_none();
@@ -741,7 +742,7 @@ impl Session {
     /// first, and is acknowledged once that one settled it.
     fn answer(&self, task: TaskRef, attempt: u32, report: peer_report::Kind) -> Option<Answer> {
         let ack = self.acknowledgement(&wire::attempt_id(task, attempt));
-        self.shared.cluster.as_ref()?;
+        self.shared.topology.member()?;
         let shared = self.shared.clone();
         let (handler, outbound, lease) = (self.handler, self.outbound.clone(), self.lease.is_some());
         let known = self.known.clone();
@@ -830,9 +831,9 @@ impl Session {
             self.settle_lent(lent_by, (task, attempt), peer::outcome_report(&outcome));
             return Ok(());
         }
-        let answer = match self.shared.cluster {
-            Some(_) => self.answer(task, attempt, peer::outcome_report(&outcome)),
-            None => self.acknowledgement(&completed.job_id),
+        let answer = match self.shared.topology {
+            Topology::Member(_) => self.answer(task, attempt, peer::outcome_report(&outcome)),
+            Topology::Alone => self.acknowledgement(&completed.job_id),
         };
         // The engine logs a refusal; the stream goes on with the next message
         // while the step is written, and the acknowledgement follows it.
@@ -928,9 +929,9 @@ fn acknowledge(outbound: &Outbound, attempt_id: &str, refusal: Option<&str>) {
 /// Whether an attempt of `job` that this instance does not hold belongs to
 /// a job led elsewhere (or about to be), so the worker must keep it.
 async fn keep_foreign(shared: &Shared, job: crate::model::JobId) -> bool {
-    match &shared.cluster {
-        Some(node) => led_elsewhere(node, shared.engine.store().clone(), job).await,
-        None => false,
+    match &shared.topology {
+        Topology::Member(node) => led_elsewhere(node, shared.engine.store().clone(), job).await,
+        Topology::Alone => false,
     }
 }
 
@@ -970,9 +971,10 @@ mod tests {
     async fn service() -> WorkerStreamService {
         let clock: Arc<dyn crate::clock::Clock> = Arc::new(SystemClock);
         let store = Arc::new(MemoryStore::new());
-        let (shared, _) = super::super::assemble(store, &super::super::ServerOptions::default(), clock, None, 0)
-            .await
-            .expect("an admin");
+        let (shared, _) =
+            super::super::assemble(store, &super::super::ServerOptions::default(), clock, super::Topology::Alone, 0)
+                .await
+                .expect("an admin");
         WorkerStreamService::new(shared)
     }
 

@@ -181,33 +181,6 @@ pub trait Cluster: Send + Sync {
     fn permits(&self, requests: &[PermitRequest]) -> Result<Vec<u32>, Error>;
 }
 
-/// Starts this process over as a new instance, after it was deactivated:
-/// the same program with the same arguments, replacing this one (its
-/// listening sockets close with it). Nothing of the deactivated instance
-/// survives it; `JOBCENTER_NO_RESTART` makes it exit with code 75 instead.
-pub fn start_over() -> ! {
-    use std::os::unix::process::CommandExt;
-    if LEAVING.load(std::sync::atomic::Ordering::Acquire) {
-        // Refused because this instance left on purpose: it was stopping anyway.
-        std::process::exit(0);
-    }
-    if std::env::var_os("JOBCENTER_NO_RESTART").is_none() {
-        if let Ok(program) = std::env::current_exe() {
-            let error = std::process::Command::new(program).args(std::env::args_os().skip(1)).exec();
-            eprintln!("jobcenter: cannot start over ({error}); exiting");
-        }
-    }
-    std::process::exit(75)
-}
-
-static LEAVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// This process is leaving the cluster on purpose (a clean stop): a write
-/// refused from now on ends it instead of starting it over.
-pub fn leaving() {
-    LEAVING.store(true, std::sync::atomic::Ordering::Release);
-}
-
 #[cfg(test)]
 mod tests {
     use super::allot;

@@ -1,0 +1,223 @@
+//! The server's background duties in one supervised set. Each duty is a
+//! loop meant to run until the server stops; one that panics or ends early
+//! is reported and started again after a pause, never lost silently. A stop
+//! goes in a stated order: the duties that take work end first, the
+//! cluster's heartbeats last, after the jobs were handed over. A fatal
+//! condition (`crate::fate`) ends them all without a restart.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::fate::Fate;
+
+/// When a duty ends in a stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// With the first step: it takes or makes work (detections, recovery,
+    /// borrowing, pruning, the SeaweedFS locks).
+    Intake,
+    /// Once the jobs are handed over: it keeps this instance a member of its
+    /// cluster (heartbeats, the fence) until then.
+    Membership,
+}
+
+/// The pause before a duty that failed starts again, doubling up to the most.
+const FIRST_PAUSE: Duration = Duration::from_secs(1);
+const MOST_PAUSE: Duration = Duration::from_secs(30);
+
+/// The supervised set. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Duties {
+    intake: Group,
+    membership: Group,
+    fate: Fate,
+}
+
+/// The duties of one stage: their tasks, and what ends them.
+#[derive(Clone, Debug, Default)]
+struct Group {
+    tasks: TaskTracker,
+    stop: CancellationToken,
+}
+
+impl Group {
+    async fn end(&self) {
+        self.stop.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+impl Duties {
+    pub fn new(fate: Fate) -> Duties {
+        Duties { intake: Group::default(), membership: Group::default(), fate }
+    }
+
+    fn group(&self, stage: Stage) -> &Group {
+        match stage {
+            Stage::Intake => &self.intake,
+            Stage::Membership => &self.membership,
+        }
+    }
+
+    /// Keeps the loop `duty` makes running until its stage of a stop: one
+    /// that panics or ends before it is started again after a pause (1 s,
+    /// doubling to 30 s) and reported at error level each time. Nothing is
+    /// started again once a fatal condition was met.
+    pub fn keep<F, Fut>(&self, name: &'static str, stage: Stage, duty: F)
+    where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let group = self.group(stage);
+        let stop = group.stop.clone();
+        let fate = self.fate.clone();
+        group.tasks.spawn(async move {
+            let mut pause = FIRST_PAUSE;
+            loop {
+                let mut run = tokio::spawn(duty());
+                let ended = tokio::select! {
+                    ended = &mut run => ended,
+                    () = stop.cancelled() => {
+                        run.abort();
+                        let _ = run.await;
+                        return;
+                    }
+                };
+                if fate.fatal().is_some() || stop.is_cancelled() {
+                    return;
+                }
+                match ended {
+                    Ok(()) => tracing::error!(duty = name, pause_ms = pause.as_millis() as u64, "duty ended early; starting it again"),
+                    Err(e) => tracing::error!(duty = name, error = %panic_text(e), pause_ms = pause.as_millis() as u64, "duty panicked; starting it again"),
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = stop.cancelled() => return,
+                }
+                pause = (pause * 2).min(MOST_PAUSE);
+            }
+        });
+    }
+
+    /// Runs a one-off piece of a duty (a detection, a deferred check) in the
+    /// set: it ends at the first step of a stop if it has not by then.
+    pub fn spawn<Fut>(&self, work: Fut)
+    where
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let stop = self.intake.stop.clone();
+        self.intake.tasks.spawn(async move {
+            tokio::select! {
+                () = work => {}
+                () = stop.cancelled() => {}
+            }
+        });
+    }
+
+    /// The first step of a stop: every duty that takes or makes work has
+    /// ended when this returns.
+    pub async fn stop_intake(&self) {
+        self.intake.end().await;
+    }
+
+    /// The last step: every duty has ended when this returns.
+    pub async fn stop_all(&self) {
+        self.intake.end().await;
+        self.membership.end().await;
+    }
+}
+
+fn panic_text(error: tokio::task::JoinError) -> String {
+    match error.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic".into()),
+        Err(error) => error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_duty_that_panics_is_started_again() {
+        let duties = Duties::new(Fate::default());
+        let runs = Arc::new(AtomicU32::new(0));
+        let counted = runs.clone();
+        duties.keep("flaky", Stage::Intake, move || {
+            let counted = counted.clone();
+            async move {
+                if counted.fetch_add(1, Ordering::SeqCst) < 2 {
+                    panic!("boom");
+                }
+                std::future::pending::<()>().await;
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "two panics, then a run that lasts");
+        duties.stop_all().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_duty_that_ends_early_is_started_again_and_a_stop_ends_it() {
+        let duties = Duties::new(Fate::default());
+        let runs = Arc::new(AtomicU32::new(0));
+        let counted = runs.clone();
+        duties.keep("short", Stage::Membership, move || {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        // Pauses of 1, 2, 4 and 8 s: five runs within 16 s.
+        tokio::time::sleep(Duration::from_millis(15_500)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 5);
+        duties.stop_intake().await;
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 6, "a membership duty outlives the first step of a stop");
+        duties.stop_all().await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 6, "nothing runs after the stop");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_starts_again_after_a_fatal_condition() {
+        let fate = Fate::default();
+        let duties = Duties::new(fate.clone());
+        let runs = Arc::new(AtomicU32::new(0));
+        let (counted, meets) = (runs.clone(), fate.clone());
+        duties.keep("heartbeats", Stage::Membership, move || {
+            let (counted, meets) = (counted.clone(), meets.clone());
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                meets.meet(crate::fate::Fatal::Deactivated);
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        duties.stop_all().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_one_off_piece_ends_with_the_intake() {
+        let duties = Duties::new(Fate::default());
+        let finished = Arc::new(AtomicU32::new(0));
+        let marked = finished.clone();
+        duties.spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            marked.fetch_add(1, Ordering::SeqCst);
+        });
+        duties.stop_all().await;
+        assert_eq!(finished.load(Ordering::SeqCst), 0);
+    }
+}
