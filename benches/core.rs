@@ -240,7 +240,7 @@ async fn propagate(dir: &Path) -> serde_json::Value {
     let Some(WorkOrder::Execute(root)) = orders.recv().await else { panic!("the root is dispatched") };
     let started = Instant::now();
     let failed = Outcome::Failed { error: "root fails".into(), output: vec![] };
-    engine.complete(root.task, root.attempt, handler, failed).await.unwrap().unwrap();
+    engine.complete(root.attempt, handler, failed).await.unwrap().unwrap();
     let elapsed = started.elapsed();
     let record = engine.wait(job).await.unwrap();
     assert_eq!(record.state, JobState::Failed);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::clock::Timestamp;
-use crate::model::{HandlerId, JobId, Priority, TaskRef};
+use crate::model::{AttemptId, HandlerId, JobId, Priority, TaskRef};
 
 /// A unit of work sent to a handler.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,16 +17,14 @@ pub enum WorkOrder {
     Execute(Assignment),
     /// Stop the attempt; the handler answers with a `canceled` outcome.
     Cancel {
-        task: TaskRef,
-        attempt: u32,
+        attempt: AttemptId,
     },
 }
 
 /// Everything a handler needs to execute one attempt of a task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Assignment {
-    pub task: TaskRef,
-    pub attempt: u32,
+    pub attempt: AttemptId,
     pub job_name: String,
     pub task_id: Box<str>,
     pub job_type: Arc<str>,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Number, Value};
 
-use crate::model::{JobId, Priority, TaskIdx, TaskRef};
+use crate::model::Priority;
 use crate::proto::api;
 use crate::proto::plugin::{config_value::Kind, ConfigValue, JobPriority};
 
@@ -101,27 +101,10 @@ pub fn parse_outcome_ack(request_id: &str) -> Option<(&str, Option<&str>)> {
     }
 }
 
-/// The stream's name for one attempt of one task: `JOB_UUID.TASK_INDEX.ATTEMPT`.
-pub fn attempt_id(task: TaskRef, attempt: u32) -> String {
-    format!("{}.{}.{}", task.job, task.idx.0, attempt)
-}
-
 /// Reads a shared token from the first line of a file (for servers, clients and workers).
 pub fn read_token(path: &std::path::Path) -> std::io::Result<String> {
     let text = std::fs::read_to_string(path)?;
     Ok(text.lines().next().unwrap_or("").trim().to_string())
-}
-
-/// Reads back an `attempt_id`.
-pub fn parse_attempt_id(text: &str) -> Option<(TaskRef, u32)> {
-    let mut parts = text.split('.');
-    let job: JobId = parts.next()?.parse().ok()?;
-    let idx: u32 = parts.next()?.parse().ok()?;
-    let attempt: u32 = parts.next()?.parse().ok()?;
-    if parts.next().is_some() {
-        return None;
-    }
-    Some((TaskRef { job, idx: TaskIdx(idx) }, attempt))
 }
 
 pub fn priority_to_wire(priority: Priority) -> JobPriority {
@@ -404,15 +387,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn attempt_ids_round_trip() {
-        let task = TaskRef { job: JobId::new(), idx: TaskIdx(42) };
-        assert_eq!(parse_attempt_id(&attempt_id(task, 3)), Some((task, 3)));
-        assert_eq!(parse_attempt_id("not-a-job.1.2"), None);
-        assert_eq!(parse_attempt_id(&format!("{}.1", task.job)), None);
-        assert_eq!(parse_attempt_id(&format!("{}.1.2.3", task.job)), None);
-    }
-
-    #[test]
     fn json_parameters_round_trip_through_typed_values() {
         let json = serde_json::json!({
             "volume_id": 7, "ratio": 0.3, "server": "127.0.0.1:8080", "force": true,
@@ -432,8 +406,8 @@ mod tests {
 
     #[test]
     fn outcome_acknowledgements_round_trip() {
-        let task = TaskRef { job: JobId::new(), idx: TaskIdx(4) };
-        let id = attempt_id(task, 2);
+        let task = crate::model::TaskRef { job: crate::model::JobId::new(), idx: crate::model::TaskIdx(4) };
+        let id = crate::model::AttemptId::new(task, 2).to_string();
         assert_eq!(parse_outcome_ack(&outcome_ack(&id, None)), Some((id.as_str(), None)));
         let refused = outcome_ack(&id, Some("stale attempt: the task is on attempt 3"));
         assert_eq!(parse_outcome_ack(&refused), Some((id.as_str(), Some("stale attempt: the task is on attempt 3"))));

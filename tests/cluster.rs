@@ -143,9 +143,10 @@ fn an_instance_stopped_with_sigterm_hands_its_jobs_over_before_it_exits() {
         .unwrap_or_else(|| panic!("b still runs 30 s after SIGTERM"));
     assert_eq!(status.code(), Some(0), "a stop on SIGTERM is a success");
     let owned = pg().psql(&database, &format!("SELECT count(*) FROM jobcenter.jobs WHERE active AND owner = '{b_id}'"));
-    assert_eq!(owned.trim(), "0", "b exited still leading jobs");
+    let log = || std::fs::read_to_string(&b.log).unwrap_or_default();
+    assert_eq!(owned.trim(), "0", "b exited still leading jobs: {}", log());
     let row = pg().psql(&database, &format!("SELECT count(*) FROM jobcenter.instances WHERE id = '{b_id}'"));
-    assert_eq!(row.trim(), "0", "b exited without leaving the cluster");
+    assert_eq!(row.trim(), "0", "b exited without leaving the cluster: {}", log());
     wait_until(Duration::from_secs(30), || {
         let led = jobs_led(&a);
         (led.len() == 1 && led.values().sum::<u64>() == 20).then_some(())

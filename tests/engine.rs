@@ -11,7 +11,7 @@ use jobcenter::dispatch::{HandlerSpec, WorkOrder};
 use jobcenter::engine::{Engine, EngineHandle, Error, Options, Orphans, Reconciled};
 use jobcenter::follower::{Outcome, Rejection};
 use jobcenter::jobfile::{self, Format, Limits};
-use jobcenter::model::{HandlerId, JobOrigin, JobSpec, JobState, TaskState};
+use jobcenter::model::{AttemptId, HandlerId, JobOrigin, JobSpec, JobState, TaskState};
 use jobcenter::store::{Location, MemoryStore, PasswordSources, SledStore, Store};
 use jobcenter::worker::{builtin_handlers, LocalExecutor, Registry};
 use tokio::sync::mpsc;
@@ -174,7 +174,7 @@ async fn nine_tasks_through_the_engine_dispatch_in_dependency_order(subject: Sub
     for id in ["1", "2", "3", "5", "4", "6", "8", "9", "7"] {
         let position = held.iter().position(|a| &*a.task_id == id).unwrap_or_else(|| panic!("{id} not dispatched"));
         let a = held.remove(position);
-        engine.complete(a.task, a.attempt, worker.handler, ok()).await.unwrap().unwrap();
+        engine.complete(a.attempt, worker.handler, ok()).await.unwrap().unwrap();
         dispatched.push(id.to_string());
         let expected: &[&str] = match id {
             "2" => &["4", "5", "6"],
@@ -206,14 +206,18 @@ async fn acknowledged_submits_and_completions_survive_a_crash(subject: Subject) 
     subject.crash();
     let stored = store.get_job(job).unwrap().unwrap();
     assert_eq!(
-        stored.tasks[a.task.idx.index()].state,
+        stored.tasks[a.attempt.task.idx.index()].state,
         TaskState::Assigned,
         "dispatched only after the assignment is durable"
     );
-    engine.complete(a.task, a.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    engine.complete(a.attempt, worker.handler, ok()).await.unwrap().unwrap();
     subject.crash();
     let stored = store.get_job(job).unwrap().unwrap();
-    assert_eq!(stored.tasks[a.task.idx.index()].state, TaskState::Succeeded, "an acknowledged completion is durable");
+    assert_eq!(
+        stored.tasks[a.attempt.task.idx.index()].state,
+        TaskState::Succeeded,
+        "an acknowledged completion is durable"
+    );
 }
 
 async fn refused_completions_are_typed_and_idempotent(subject: Subject) {
@@ -222,20 +226,14 @@ async fn refused_completions_are_typed_and_idempotent(subject: Subject) {
     let mut worker = manual(&engine, 1).await;
     let WorkOrder::Execute(a) = worker.next().await else { panic!() };
     let stranger = HandlerId::new();
+    assert!(matches!(engine.complete(a.attempt, stranger, ok()).await.unwrap(), Err(Rejection::NotHolder { .. })));
     assert!(matches!(
-        engine.complete(a.task, a.attempt, stranger, ok()).await.unwrap(),
-        Err(Rejection::NotHolder { .. })
-    ));
-    assert!(matches!(
-        engine.complete(a.task, a.attempt + 1, worker.handler, ok()).await.unwrap(),
+        engine.complete(AttemptId::new(a.attempt.task, a.attempt.number + 1), worker.handler, ok()).await.unwrap(),
         Err(Rejection::StaleAttempt { .. })
     ));
-    engine.complete(a.task, a.attempt, worker.handler, ok()).await.unwrap().unwrap();
-    assert!(matches!(
-        engine.complete(a.task, a.attempt, worker.handler, ok()).await.unwrap(),
-        Err(Rejection::JobEnded { .. })
-    ));
-    let job = engine.job(a.task.job).await.unwrap().unwrap();
+    engine.complete(a.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    assert!(matches!(engine.complete(a.attempt, worker.handler, ok()).await.unwrap(), Err(Rejection::JobEnded { .. })));
+    let job = engine.job(a.attempt.task.job).await.unwrap().unwrap();
     assert_eq!(job.record.state, JobState::Succeeded);
     assert_eq!(job.tasks[0].attempt, 1);
 }
@@ -247,17 +245,17 @@ async fn a_report_on_a_task_the_job_does_not_have_is_refused(subject: Subject) {
     engine.submit(spec(r#"{"name":"one","tasks":[{"id":"a","job_type":"noop"}]}"#), JobOrigin::User).await.unwrap();
     let mut worker = manual(&engine, 1).await;
     let WorkOrder::Execute(a) = worker.next().await else { panic!() };
-    let beyond = jobcenter::model::TaskRef { job: a.task.job, idx: jobcenter::model::TaskIdx(5) };
+    let beyond = jobcenter::model::TaskRef { job: a.attempt.task.job, idx: jobcenter::model::TaskIdx(5) };
     assert_eq!(
-        engine.complete(beyond, a.attempt, worker.handler, ok()).await.unwrap(),
-        Err(Rejection::UnknownTask { job: a.task.job, idx: 5 })
+        engine.complete(AttemptId::new(beyond, a.attempt.number), worker.handler, ok()).await.unwrap(),
+        Err(Rejection::UnknownTask { job: a.attempt.task.job, idx: 5 })
     );
     assert_eq!(
-        engine.started(beyond, a.attempt, worker.handler).await.unwrap(),
-        Err(Rejection::UnknownTask { job: a.task.job, idx: 5 })
+        engine.started(AttemptId::new(beyond, a.attempt.number), worker.handler).await.unwrap(),
+        Err(Rejection::UnknownTask { job: a.attempt.task.job, idx: 5 })
     );
-    engine.complete(a.task, a.attempt, worker.handler, ok()).await.unwrap().unwrap();
-    assert_eq!(engine.wait(a.task.job).await.unwrap().state, JobState::Succeeded);
+    engine.complete(a.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    assert_eq!(engine.wait(a.attempt.task.job).await.unwrap().state, JobState::Succeeded);
 }
 
 async fn cancel_stops_running_work_and_ends_the_job_canceled(subject: Subject) {
@@ -271,12 +269,8 @@ async fn cancel_stops_running_work_and_ends_the_job_canceled(subject: Subject) {
     }
     engine.cancel(job).await.unwrap();
     for _ in 0..2 {
-        let WorkOrder::Cancel { task, attempt } = worker.next().await else { panic!("expected a cancel") };
-        engine
-            .complete(task, attempt, worker.handler, Outcome::Canceled { reason: "asked".into() })
-            .await
-            .unwrap()
-            .unwrap();
+        let WorkOrder::Cancel { attempt } = worker.next().await else { panic!("expected a cancel") };
+        engine.complete(attempt, worker.handler, Outcome::Canceled { reason: "asked".into() }).await.unwrap().unwrap();
     }
     let record = engine.wait(job).await.unwrap();
     assert_eq!(record.state, JobState::Canceled);
@@ -316,7 +310,7 @@ async fn restart_requeues_orphaned_attempts_as_new_attempts(subject: Subject) {
         let job = engine.submit(nine_tasks(None), JobOrigin::User).await.unwrap();
         let mut worker = manual(&engine, 3).await;
         let WorkOrder::Execute(a) = worker.next().await else { panic!() };
-        engine.complete(a.task, a.attempt, worker.handler, ok()).await.unwrap().unwrap();
+        engine.complete(a.attempt, worker.handler, ok()).await.unwrap().unwrap();
         for _ in 0..2 {
             let WorkOrder::Execute(_) = worker.next().await else { panic!() };
         }
@@ -354,10 +348,10 @@ async fn tasks_on_the_same_volume_never_run_at_once_across_jobs(subject: Subject
     assert!(volumes.contains(&"5".to_string()) && volumes.contains(&"6".to_string()), "{volumes:?}");
     worker.none_within(200).await;
     let on_five = if a.labels["volume_id"] == "5" { a } else { b };
-    engine.complete(on_five.task, on_five.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    engine.complete(on_five.attempt, worker.handler, ok()).await.unwrap().unwrap();
     let WorkOrder::Execute(c) = worker.next().await else { panic!() };
     assert_eq!(c.labels["volume_id"], "5", "the second task on volume 5 runs once the first ended");
-    assert_ne!(c.task.job, on_five.task.job);
+    assert_ne!(c.attempt.task.job, on_five.attempt.task.job);
 }
 
 fn now() -> Timestamp {
@@ -385,17 +379,17 @@ async fn a_restart_keeps_held_attempts_with_their_volume_and_their_deadline(subj
 
     let engine = start(subject.open().await, KEEP).await;
     let mut back = manual_as(&engine, worker.handler, 2, 1).await;
-    let running = HashSet::from([(a.task, a.attempt)]);
+    let running = HashSet::from([a.attempt]);
     let reconciled = engine.reconcile(worker.handler, running, Some(now())).await.unwrap().await.unwrap();
     assert_eq!(reconciled, Reconciled { adopted: 1, dropped: 0, not_held: vec![] });
     back.none_within(300).await;
     // The deadline, two seconds after the assignment, still holds: the worker is told to stop.
-    let WorkOrder::Cancel { task, attempt } = back.next().await else { panic!("expected a cancel") };
-    assert_eq!((task, attempt), (a.task, a.attempt));
+    let WorkOrder::Cancel { attempt } = back.next().await else { panic!("expected a cancel") };
+    assert_eq!(attempt, a.attempt);
     // Only then does the second task on volume 7 start.
     let WorkOrder::Execute(b) = back.next().await else { panic!("expected an execution") };
     assert_eq!(&*b.task_id, "b");
-    engine.complete(b.task, b.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    engine.complete(b.attempt, worker.handler, ok()).await.unwrap().unwrap();
     let stored = engine.job(job).await.unwrap().unwrap();
     assert_eq!(stored.tasks[0].state, TaskState::Failed);
     assert_eq!(stored.tasks[0].error.as_deref(), Some("execution timed out after 2 s"));
@@ -419,12 +413,12 @@ async fn a_worker_back_within_its_wait_keeps_its_attempts(subject: Subject) {
     let mut other = manual(&engine, 2).await;
     other.none_within(200).await;
     let _back = manual_as(&engine, worker.handler, 2, 1).await;
-    let running = HashSet::from([(a.task, a.attempt), (b.task, b.attempt)]);
+    let running = HashSet::from([a.attempt, b.attempt]);
     let reconciled = engine.reconcile(worker.handler, running, Some(now())).await.unwrap().await.unwrap();
     assert_eq!(reconciled.adopted, 2);
     other.none_within(800).await;
     for held in [&a, &b] {
-        engine.complete(held.task, held.attempt, worker.handler, ok()).await.unwrap().unwrap();
+        engine.complete(held.attempt, worker.handler, ok()).await.unwrap().unwrap();
     }
     let stored = engine.job(job).await.unwrap().unwrap();
     assert_eq!(stored.record.state, JobState::Succeeded);
@@ -444,17 +438,17 @@ async fn attempts_of_a_worker_that_does_not_come_back_are_lost_and_counted(subje
     let mut other = manual(&engine, 1).await;
     other.none_within(300).await;
     let WorkOrder::Execute(again) = other.next().await else { panic!("expected the task again") };
-    assert_eq!((again.task, again.attempt), (a.task, 2));
+    assert_eq!(again.attempt, AttemptId::new(a.attempt.task, 2));
     // Its first worker comes back after all: it must stop what it runs.
     let _late = manual_as(&engine, gone.handler, 1, 1).await;
-    let running = HashSet::from([(a.task, a.attempt)]);
+    let running = HashSet::from([a.attempt]);
     let reconciled = engine.reconcile(gone.handler, running, Some(now())).await.unwrap().await.unwrap();
-    assert_eq!(reconciled.not_held, vec![(a.task, a.attempt)]);
+    assert_eq!(reconciled.not_held, vec![a.attempt]);
     assert!(matches!(
-        engine.complete(a.task, a.attempt, gone.handler, ok()).await.unwrap(),
+        engine.complete(a.attempt, gone.handler, ok()).await.unwrap(),
         Err(Rejection::StaleAttempt { .. })
     ));
-    engine.complete(again.task, again.attempt, other.handler, ok()).await.unwrap().unwrap();
+    engine.complete(again.attempt, other.handler, ok()).await.unwrap().unwrap();
     let stored = engine.job(job).await.unwrap().unwrap();
     assert_eq!((stored.record.state, stored.tasks[0].lost), (JobState::Succeeded, 1));
 }
@@ -471,8 +465,8 @@ async fn a_worker_that_no_longer_runs_an_attempt_gives_it_back_uncounted(subject
     let reconciled = engine.reconcile(worker.handler, HashSet::new(), Some(now())).await.unwrap().await.unwrap();
     assert_eq!(reconciled.dropped, 1);
     let WorkOrder::Execute(again) = back.next().await else { panic!("expected the task again") };
-    assert_eq!(again.attempt, 2);
-    engine.complete(again.task, again.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    assert_eq!(again.attempt.number, 2);
+    engine.complete(again.attempt, worker.handler, ok()).await.unwrap().unwrap();
     let stored = engine.job(job).await.unwrap().unwrap();
     assert_eq!((stored.tasks[0].attempt, stored.tasks[0].lost), (2, 0));
     let _ = a;
@@ -486,10 +480,9 @@ async fn a_vouched_worker_s_attempts_are_not_taken_back_before_the_vouch_runs_ou
     let WorkOrder::Execute(a) = moved.next().await else { panic!("expected an execution") };
     // The worker moved to another instance, which renews its lease once
     // this one vouched: 1.2 s here, though the worker's own wait is 0.3 s.
-    let stranger = (a.task, a.attempt + 1);
-    let held =
-        engine.vouch(moved.handler, vec![(a.task, a.attempt), stranger], Duration::from_millis(1200)).await.unwrap();
-    assert_eq!(held, vec![(a.task, a.attempt)], "only what the handler holds is vouched for");
+    let stranger = AttemptId::new(a.attempt.task, a.attempt.number + 1);
+    let held = engine.vouch(moved.handler, vec![a.attempt, stranger], Duration::from_millis(1200)).await.unwrap();
+    assert_eq!(held, vec![a.attempt], "only what the handler holds is vouched for");
     engine.disconnected(moved.handler, 0, Some(Duration::from_millis(300)), "the stream broke").await.unwrap();
     let mut other = manual(&engine, 1).await;
     other.none_within(900).await;
@@ -497,11 +490,15 @@ async fn a_vouched_worker_s_attempts_are_not_taken_back_before_the_vouch_runs_ou
     let WorkOrder::Execute(again) = tokio::time::timeout(Duration::from_secs(5), other.next()).await.unwrap() else {
         panic!("expected the task again")
     };
-    assert_eq!((again.task, again.attempt), (a.task, 2));
-    engine.complete(again.task, again.attempt, other.handler, ok()).await.unwrap().unwrap();
+    assert_eq!(again.attempt, AttemptId::new(a.attempt.task, 2));
+    engine.complete(again.attempt, other.handler, ok()).await.unwrap().unwrap();
     assert_eq!(engine.job(job).await.unwrap().unwrap().record.state, JobState::Succeeded);
     // Nothing is vouched for a handler that holds nothing here.
-    assert!(engine.vouch(other.handler, vec![(a.task, 1)], Duration::from_secs(60)).await.unwrap().is_empty());
+    assert!(engine
+        .vouch(other.handler, vec![AttemptId::new(a.attempt.task, 1)], Duration::from_secs(60))
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 /// An engine whose `noop` attempts that end without success keep their
@@ -524,11 +521,11 @@ async fn a_failed_attempt_keeps_its_volume_for_its_rollback_window_across_a_rest
     let mut worker = manual(&engine, 4).await;
     let WorkOrder::Execute(first) = worker.next().await else { panic!("expected an execution") };
     // A success ends nothing of the kind: the next task on volume 9 starts at once.
-    engine.complete(first.task, first.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    engine.complete(first.attempt, worker.handler, ok()).await.unwrap().unwrap();
     engine.submit(on_volume("fails", 9), JobOrigin::User).await.unwrap();
     let WorkOrder::Execute(second) = worker.next().await else { panic!("expected an execution") };
     let failed = Outcome::Failed { error: "broke".into(), output: vec![] };
-    engine.complete(second.task, second.attempt, worker.handler, failed).await.unwrap().unwrap();
+    engine.complete(second.attempt, worker.handler, failed).await.unwrap().unwrap();
     let ended = std::time::Instant::now();
     engine.submit(on_volume("waits", 9), JobOrigin::User).await.unwrap();
     engine.submit(on_volume("elsewhere", 10), JobOrigin::User).await.unwrap();
@@ -544,7 +541,7 @@ async fn a_failed_attempt_keeps_its_volume_for_its_rollback_window_across_a_rest
     let waited = ended.elapsed();
     assert_eq!(third.labels["volume_id"], "9");
     assert!(waited >= window, "the next task on volume 9 started {waited:?} after the failure, inside its {window:?}");
-    engine.complete(third.task, third.attempt, worker.handler, ok()).await.unwrap().unwrap();
+    engine.complete(third.attempt, worker.handler, ok()).await.unwrap().unwrap();
 }
 
 async fn a_worker_without_a_lease_back_under_a_new_handler_settles_what_its_old_handler_held(subject: Subject) {
@@ -565,14 +562,14 @@ async fn a_worker_without_a_lease_back_under_a_new_handler_settles_what_its_old_
     stranger.none_within(200).await;
     let mut back = manual(&engine, 1).await;
     let settled = engine.returned(back.handler, Arc::from("weed-1")).await.unwrap();
-    assert_eq!(settled.iter().map(|r| (r.task, r.attempt)).collect::<Vec<_>>(), vec![(a.task, a.attempt)]);
+    assert_eq!(settled.iter().map(|r| r.attempt).collect::<Vec<_>>(), vec![a.attempt]);
     assert!(!settled[0].from_scheduler);
     let order = tokio::select! {
         order = back.next() => order,
         order = stranger.next() => order,
     };
     let WorkOrder::Execute(again) = order else { panic!("expected the task again") };
-    assert_eq!((again.task, again.attempt), (a.task, 2));
+    assert_eq!(again.attempt, AttemptId::new(a.attempt.task, 2));
     let stored = engine.job(job).await.unwrap().unwrap();
     assert_eq!(stored.tasks[0].lost, 0, "a worker that came back lost nothing: {:?}", stored.tasks[0]);
     // Said once: the same handler again settles nothing more.

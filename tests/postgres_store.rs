@@ -388,8 +388,10 @@ fn a_write_refused_for_good_stops_the_server_with_74_and_acknowledges_nothing() 
         .unwrap_or_else(|| panic!("the server still runs after a write refused for good"));
     // The log is copied from the server's stderr by a thread that may lag its exit.
     let read_log = || std::fs::read_to_string(&server.log).unwrap();
-    let log = wait_until(Duration::from_secs(10), || Some(read_log()).filter(|l| l.contains("jobcenter: store write failed:")))
-        .unwrap_or_else(read_log);
+    let log = wait_until(Duration::from_secs(10), || {
+        Some(read_log()).filter(|l| l.contains("jobcenter: store write failed:"))
+    })
+    .unwrap_or_else(read_log);
     assert_eq!(status.code(), Some(74), "{log}");
     assert!(log.contains("jobcenter: store write failed:") && log.contains("no_more_jobs"), "{log}");
     let names = cluster.psql(&database, "SELECT string_agg(id::text || ' ' || name, ',') FROM jobcenter.jobs");

@@ -77,3 +77,15 @@ fn dependencies_point_inward() {
         assert!(offending.is_empty(), "{dir} must not use {forbidden}: {offending:?}");
     }
 }
+
+#[test]
+fn only_main_ends_or_replaces_the_process() {
+    assert_eq!(
+        src_files_naming("process::exit"),
+        ["src/main.rs"],
+        "library code must not exit: return a crate::fate::Fatal"
+    );
+    assert_eq!(src_files_naming(".exec()"), ["src/main.rs"], "only main starts the process over");
+    // The crash points of the kill tests stand for a power cut, on request only.
+    assert_eq!(src_files_naming("process::abort"), ["src/crash.rs"], "library code must not abort");
+}

@@ -18,7 +18,7 @@ use crate::dispatch::{Assignment, Dispatch, FreeSlots, HandlerSpec, Place, Sink,
 use crate::follower::{self, Loss, Outcome, Rejection, Released};
 use crate::leader;
 use crate::model::{
-    HandlerId, JobId, JobOrigin, JobRecord, JobSpec, JobState, TaskIdx, TaskRecord, TaskRef, TaskState,
+    AttemptId, HandlerId, JobId, JobOrigin, JobRecord, JobSpec, JobState, TaskIdx, TaskRecord, TaskRef, TaskState,
 };
 use crate::store::{Batch, StoredJob};
 
@@ -41,14 +41,12 @@ pub(super) enum Command {
         reply: Reply<Result<JobId, Error>>,
     },
     Started {
-        task: TaskRef,
-        attempt: u32,
+        attempt: AttemptId,
         handler: HandlerId,
         reply: Option<Reply<Result<(), Rejection>>>,
     },
     Complete {
-        task: TaskRef,
-        attempt: u32,
+        attempt: AttemptId,
         handler: HandlerId,
         outcome: Outcome,
         /// When the report reached the server, to measure dispatch latency.
@@ -74,15 +72,13 @@ pub(super) enum Command {
         reply: Reply<usize>,
     },
     Progress {
-        task: TaskRef,
-        attempt: u32,
+        attempt: AttemptId,
         handler: HandlerId,
         progress: Progress,
     },
     /// The handler gave the attempt up without an outcome.
     GiveUp {
-        task: TaskRef,
-        attempt: u32,
+        attempt: AttemptId,
         handler: HandlerId,
         loss: Loss,
         answer: Option<Answer>,
@@ -123,7 +119,7 @@ pub(super) enum Command {
     },
     Reconcile {
         handler: HandlerId,
-        running: HashSet<(TaskRef, u32)>,
+        running: HashSet<AttemptId>,
         dropped_before: Option<Timestamp>,
         reply: Reply<super::Reconciled>,
     },
@@ -195,8 +191,7 @@ pub(super) enum Command {
     },
     /// A borrowed attempt's report was settled with its leader.
     ReturnBorrowed {
-        task: TaskRef,
-        attempt: u32,
+        attempt: AttemptId,
     },
     /// Lends queued tasks to another instance's handlers.
     Lend {
@@ -211,8 +206,8 @@ pub(super) enum Command {
     /// an attempt a worker runs was durable before it was sent).
     Holds {
         handler: HandlerId,
-        attempts: Vec<(TaskRef, u32)>,
-        reply: Reply<Vec<(TaskRef, u32)>>,
+        attempts: Vec<AttemptId>,
+        reply: Reply<Vec<AttemptId>>,
     },
     /// A worker without a lease (it drops its work with its stream)
     /// connected as `handler`: the attempts any other handler of the same
@@ -226,9 +221,9 @@ pub(super) enum Command {
     /// those it holds, none is taken back before `keep` from now.
     Vouch {
         handler: HandlerId,
-        attempts: Vec<(TaskRef, u32)>,
+        attempts: Vec<AttemptId>,
         keep: Duration,
-        reply: Reply<Vec<(TaskRef, u32)>>,
+        reply: Reply<Vec<AttemptId>>,
     },
     /// What this instance asks of the cluster's permits: limited job types and resources.
     PermitDemand {
@@ -251,10 +246,9 @@ pub(super) const HANDLER_NAME: &str = "handler/";
 /// An attempt that ended because its worker came back without it.
 #[derive(Clone, Debug)]
 pub struct Returned {
-    pub task: TaskRef,
+    pub attempt: AttemptId,
     pub task_id: Arc<str>,
     pub job_type: Arc<str>,
-    pub attempt: u32,
     /// Its job came from a detection: it fails whole, and the next
     /// detection proposes the work again.
     pub from_scheduler: bool,
@@ -446,7 +440,7 @@ impl Core {
     /// Tells a handler to stop an attempt, here or, when it is connected to
     /// another instance, there.
     fn cancel_attempt(&self, handler: HandlerId, task: TaskRef, attempt: u32, step: &mut Step) {
-        let order = WorkOrder::Cancel { task, attempt };
+        let order = WorkOrder::Cancel { attempt: AttemptId::new(task, attempt) };
         match (self.dispatch.sink(handler), &self.options.foreign_orders) {
             (Some(sink), _) => step.send(Some(sink), order),
             (None, Some(to)) => {
@@ -529,7 +523,7 @@ impl Core {
                 self.queue_ready(id, &ready, now);
                 step.reply(reply, Ok(id));
             }
-            Command::Started { task, attempt, handler, reply } => {
+            Command::Started { attempt: AttemptId { task, number: attempt }, handler, reply } => {
                 let result = match self.jobs.get_mut(&task.job) {
                     Some(job) => follower::start(job, task.idx.0, attempt, handler, now),
                     None => Err(Rejection::JobEnded { job: task.job }),
@@ -538,7 +532,7 @@ impl Core {
                     step.reply(reply, result);
                 }
             }
-            Command::Complete { task, attempt, handler, outcome, received, answer } => {
+            Command::Complete { attempt: AttemptId { task, number: attempt }, handler, outcome, received, answer } => {
                 let result = self.complete(task, attempt, handler, outcome, received, now, step);
                 if let Err(rejection) = &result {
                     tracing::warn!(job.id = %task.job, task.idx = task.idx.0, attempt, %handler, %rejection, "completion rejected");
@@ -598,7 +592,7 @@ impl Core {
                     let _ = reply.send(count);
                 })));
             }
-            Command::Progress { task, attempt, handler, progress } => {
+            Command::Progress { attempt: AttemptId { task, number: attempt }, handler, progress } => {
                 let Some(job) = self.jobs.get_mut(&task.job) else { return };
                 if follower::start(job, task.idx.0, attempt, handler, now).is_ok() {
                     let stage = job.texts.text(&progress.stage_line());
@@ -611,7 +605,7 @@ impl Core {
                     }
                 }
             }
-            Command::GiveUp { task, attempt, handler, loss, answer } => {
+            Command::GiveUp { attempt: AttemptId { task, number: attempt }, handler, loss, answer } => {
                 let result = match self.jobs.get(&task.job) {
                     Some(job) => follower::check_holder(job, task.idx.0, attempt, handler),
                     None => Err(Rejection::JobEnded { job: task.job }),
@@ -793,7 +787,9 @@ impl Core {
                 let unsent = self.borrowed(handler, reserved, lent, step);
                 let _ = reply.send(unsent);
             }
-            Command::ReturnBorrowed { task, attempt } => self.return_borrowed(task, attempt),
+            Command::ReturnBorrowed { attempt: AttemptId { task, number: attempt } } => {
+                self.return_borrowed(task, attempt)
+            }
             Command::Lend { slots, reply } => {
                 // A handler another live instance offers is connected there
                 // now: not away, as if its heartbeat had listed it.
@@ -895,10 +891,9 @@ impl Core {
                 let spec = &job.spec.tasks[task.idx.index()];
                 let attempt = job.tasks[task.idx.index()].attempt;
                 ended.push(Returned {
-                    task,
+                    attempt: AttemptId::new(task, attempt),
                     task_id: Arc::from(&*spec.id),
                     job_type: spec.job_type.clone(),
-                    attempt,
                     from_scheduler: matches!(job.record.origin, JobOrigin::Scheduler { .. }),
                 });
                 self.lose_attempt(task, &Loss::NotCounted(reason.clone()), now, step);
@@ -911,12 +906,10 @@ impl Core {
     }
 
     /// Of these attempts, those the handler holds here.
-    fn held_by(&self, handler: HandlerId, attempts: Vec<(TaskRef, u32)>) -> Vec<(TaskRef, u32)> {
+    fn held_by(&self, handler: HandlerId, attempts: Vec<AttemptId>) -> Vec<AttemptId> {
         attempts
             .into_iter()
-            .filter(|(task, attempt)| {
-                self.held.get(*task).is_some_and(|held| held.handler == handler && held.attempt == *attempt)
-            })
+            .filter(|a| self.held.get(a.task).is_some_and(|held| held.handler == handler && held.attempt == a.number))
             .collect()
     }
 
@@ -1139,23 +1132,23 @@ impl Core {
     fn reconcile(
         &mut self,
         handler: HandlerId,
-        running: &HashSet<(TaskRef, u32)>,
+        running: &HashSet<AttemptId>,
         dropped_before: Option<Timestamp>,
         now: Timestamp,
         step: &mut Step,
     ) -> super::Reconciled {
         let mut reconciled = super::Reconciled::default();
-        for &(task, attempt) in running {
-            match self.held.get(task) {
-                Some(held) if held.handler == handler && held.attempt == attempt => reconciled.adopted += 1,
-                _ => reconciled.not_held.push((task, attempt)),
+        for &attempt in running {
+            match self.held.get(attempt.task) {
+                Some(held) if held.handler == handler && held.attempt == attempt.number => reconciled.adopted += 1,
+                _ => reconciled.not_held.push(attempt),
             }
         }
         if let Some(before) = dropped_before {
             for task in self.held.of_handler(handler) {
                 let Some(held) = self.held.get(task) else { continue };
                 let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at);
-                if !running.contains(&(task, held.attempt)) && assigned_at.is_some_and(|at| at < before) {
+                if !running.contains(&AttemptId::new(task, held.attempt)) && assigned_at.is_some_and(|at| at < before) {
                     reconciled.dropped += 1;
                     self.lose_attempt(task, &Loss::NotCounted("its worker no longer runs it".into()), now, step);
                 }
@@ -1236,8 +1229,7 @@ impl Core {
         let spec = &job.spec.tasks[task.idx.index()];
         let assignment = Assignment {
             released_at: self.released_at.remove(&task),
-            task,
-            attempt,
+            attempt: AttemptId::new(task, attempt),
             job_name: job.record.name.clone(),
             task_id: spec.id.clone(),
             job_type: spec.job_type.clone(),
@@ -1298,7 +1290,8 @@ impl Core {
         let Some(sink) = self.dispatch.sink(handler).cloned() else { return lent };
         for assignment in lent {
             self.dispatch.take_slot(handler, &assignment.job_type);
-            self.borrowed.insert(assignment.task, (assignment.attempt, handler, assignment.job_type.clone()));
+            self.borrowed
+                .insert(assignment.attempt.task, (assignment.attempt.number, handler, assignment.job_type.clone()));
             step.send(Some(&sink), WorkOrder::Execute(assignment));
         }
         Vec::new()

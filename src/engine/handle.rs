@@ -15,7 +15,7 @@ use super::{CommitObserver, Error, Event, Progress, Summary};
 use crate::clock::Timestamp;
 use crate::dispatch::{Assignment, FreeSlots, HandlerSpec, TypeLimits};
 use crate::follower::{Loss, Outcome, Rejection};
-use crate::model::{HandlerId, JobId, JobOrigin, JobRecord, JobSpec, StateCounts, TaskRef};
+use crate::model::{AttemptId, HandlerId, JobId, JobOrigin, JobRecord, JobSpec, StateCounts};
 use crate::store::{JobFilter, Store, StoredJob};
 
 /// Told how a report ended: applied (durably) or refused with its reason.
@@ -30,7 +30,7 @@ pub struct Reconciled {
     pub dropped: usize,
     /// Attempts it runs that it does not hold (taken back while it was away,
     /// or never given): it must stop them.
-    pub not_held: Vec<(TaskRef, u32)>,
+    pub not_held: Vec<AttemptId>,
 }
 
 /// A cheap, cloneable handle to a running engine.
@@ -117,20 +117,14 @@ impl EngineHandle {
     }
 
     /// Reports that an attempt began executing.
-    pub async fn started(
-        &self,
-        task: TaskRef,
-        attempt: u32,
-        handler: HandlerId,
-    ) -> Result<Result<(), Rejection>, Error> {
-        self.call(|reply| Command::Started { task, attempt, handler, reply: Some(reply) }).await
+    pub async fn started(&self, attempt: AttemptId, handler: HandlerId) -> Result<Result<(), Rejection>, Error> {
+        self.call(|reply| Command::Started { attempt, handler, reply: Some(reply) }).await
     }
 
     /// Reports an attempt's outcome; the answer comes once the step is durable.
     pub async fn complete(
         &self,
-        task: TaskRef,
-        attempt: u32,
+        attempt: AttemptId,
         handler: HandlerId,
         outcome: Outcome,
     ) -> Result<Result<(), Rejection>, Error> {
@@ -138,7 +132,7 @@ impl EngineHandle {
         let answer: Answer = Box::new(move |result| {
             let _ = tx.send(result);
         });
-        self.send(Command::Complete { task, attempt, handler, outcome, received: None, answer: Some(answer) }).await?;
+        self.send(Command::Complete { attempt, handler, outcome, received: None, answer: Some(answer) }).await?;
         rx.await.map_err(|_| Error::Stopped)
     }
 
@@ -148,14 +142,13 @@ impl EngineHandle {
     /// the server.
     pub async fn report(
         &self,
-        task: TaskRef,
-        attempt: u32,
+        attempt: AttemptId,
         handler: HandlerId,
         outcome: Outcome,
         received: std::time::Instant,
         answer: Option<Answer>,
     ) -> Result<(), Error> {
-        self.send(Command::Complete { task, attempt, handler, outcome, received: Some(received), answer }).await
+        self.send(Command::Complete { attempt, handler, outcome, received: Some(received), answer }).await
     }
 
     /// The handler gave an attempt up without an outcome: at capacity
@@ -163,13 +156,12 @@ impl EngineHandle {
     /// ready again unless that takes it past its lost-attempt limit.
     pub async fn give_up(
         &self,
-        task: TaskRef,
-        attempt: u32,
+        attempt: AttemptId,
         handler: HandlerId,
         loss: Loss,
         answer: Option<Answer>,
     ) -> Result<(), Error> {
-        self.send(Command::GiveUp { task, attempt, handler, loss, answer }).await
+        self.send(Command::GiveUp { attempt, handler, loss, answer }).await
     }
 
     pub async fn cancel(&self, job: JobId) -> Result<(), Error> {
@@ -214,14 +206,8 @@ impl EngineHandle {
     }
 
     /// Progress of an attempt; the first report also marks it running.
-    pub async fn progress(
-        &self,
-        task: TaskRef,
-        attempt: u32,
-        handler: HandlerId,
-        progress: Progress,
-    ) -> Result<(), Error> {
-        self.send(Command::Progress { task, attempt, handler, progress }).await
+    pub async fn progress(&self, attempt: AttemptId, handler: HandlerId, progress: Progress) -> Result<(), Error> {
+        self.send(Command::Progress { attempt, handler, progress }).await
     }
 
     /// The slot total a handler reports about itself.
@@ -257,7 +243,7 @@ impl EngineHandle {
     pub async fn reconcile(
         &self,
         handler: HandlerId,
-        running: HashSet<(TaskRef, u32)>,
+        running: HashSet<AttemptId>,
         dropped_before: Option<Timestamp>,
     ) -> Result<oneshot::Receiver<Reconciled>, Error> {
         let (reply, answer) = oneshot::channel();
@@ -397,8 +383,8 @@ impl EngineHandle {
     }
 
     /// A borrowed attempt's report was settled with its leader: its slot is free.
-    pub async fn return_borrowed(&self, task: TaskRef, attempt: u32) -> Result<(), Error> {
-        self.send(Command::ReturnBorrowed { task, attempt }).await
+    pub async fn return_borrowed(&self, attempt: AttemptId) -> Result<(), Error> {
+        self.send(Command::ReturnBorrowed { attempt }).await
     }
 
     /// Lends queued tasks to another instance's handlers; answers once the
@@ -435,7 +421,7 @@ impl EngineHandle {
     }
 
     /// Which of these attempts the handler holds here.
-    pub async fn holds(&self, handler: HandlerId, attempts: Vec<(TaskRef, u32)>) -> Result<Vec<(TaskRef, u32)>, Error> {
+    pub async fn holds(&self, handler: HandlerId, attempts: Vec<AttemptId>) -> Result<Vec<AttemptId>, Error> {
         self.call(|reply| Command::Holds { handler, attempts, reply }).await
     }
 
@@ -444,9 +430,9 @@ impl EngineHandle {
     pub async fn vouch(
         &self,
         handler: HandlerId,
-        attempts: Vec<(TaskRef, u32)>,
+        attempts: Vec<AttemptId>,
         keep: Duration,
-    ) -> Result<Vec<(TaskRef, u32)>, Error> {
+    ) -> Result<Vec<AttemptId>, Error> {
         self.call(|reply| Command::Vouch { handler, attempts, keep, reply }).await
     }
 

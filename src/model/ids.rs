@@ -101,3 +101,67 @@ pub struct TaskRef {
     pub job: JobId,
     pub idx: TaskIdx,
 }
+
+/// One attempt of one task: the task and its attempt number (the first is
+/// 1). Its text, on the worker stream and between instances, is
+/// `JOB_UUID.TASK_INDEX.ATTEMPT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct AttemptId {
+    pub task: TaskRef,
+    pub number: u32,
+}
+
+impl AttemptId {
+    pub fn new(task: TaskRef, number: u32) -> AttemptId {
+        AttemptId { task, number }
+    }
+}
+
+impl fmt::Display for AttemptId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.task.job, self.task.idx.0, self.number)
+    }
+}
+
+/// Text that is not `JOB_UUID.TASK_INDEX.ATTEMPT`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("not an attempt id (JOB_UUID.TASK_INDEX.ATTEMPT): {0:?}")]
+pub struct NotAnAttemptId(pub String);
+
+impl FromStr for AttemptId {
+    type Err = NotAnAttemptId;
+
+    fn from_str(text: &str) -> Result<AttemptId, NotAnAttemptId> {
+        let wrong = || NotAnAttemptId(text.chars().take(80).collect());
+        let mut parts = text.split('.');
+        let mut next = || parts.next().ok_or_else(wrong);
+        let job: JobId = next()?.parse().map_err(|_| wrong())?;
+        let idx: u32 = next()?.parse().map_err(|_| wrong())?;
+        let number: u32 = next()?.parse().map_err(|_| wrong())?;
+        if parts.next().is_some() {
+            return Err(wrong());
+        }
+        Ok(AttemptId { task: TaskRef { job, idx: TaskIdx(idx) }, number })
+    }
+}
+
+#[cfg(test)]
+mod attempt_id_tests {
+    use super::*;
+
+    #[test]
+    fn an_attempt_id_reads_back_as_written_and_nothing_else_reads() {
+        let attempt = AttemptId::new(TaskRef { job: JobId::new(), idx: TaskIdx(7) }, 3);
+        assert_eq!(attempt.to_string().parse::<AttemptId>(), Ok(attempt));
+        assert!(attempt.to_string().ends_with(".7.3"));
+        for wrong in [
+            "",
+            "x.1.1",
+            &format!("{}.1", attempt.task.job),
+            &format!("{attempt}.1"),
+            &format!("{}.-1.1", attempt.task.job),
+        ] {
+            assert!(wrong.parse::<AttemptId>().is_err(), "{wrong:?}");
+        }
+    }
+}

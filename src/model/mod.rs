@@ -7,7 +7,7 @@ mod record;
 mod spec;
 mod state;
 
-pub use ids::{HandlerId, JobId, TaskIdx, TaskRef};
+pub use ids::{AttemptId, HandlerId, JobId, NotAnAttemptId, TaskIdx, TaskRef};
 pub use record::{JobOrigin, JobRecord, TaskRecord, Texts};
 pub use spec::{hex, JobSpec, Priority, TaskSpec};
 pub use state::{JobState, StateCounts, TaskState};

@@ -59,9 +59,25 @@ pub struct Node {
     /// Since when its heartbeats have all gone through (the first of the
     /// run began then); `None` after one failed.
     streak: Mutex<Option<Instant>>,
+    /// Held by each heartbeat and claim for as long as its transaction runs,
+    /// on the blocking thread that runs it (a duty aborted at its await does
+    /// not stop that thread): leaving takes it, so that no claim commits
+    /// after the jobs were handed over.
+    writing: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Node {
+    /// Leaves the cluster on a clean stop, once no heartbeat or claim of
+    /// this instance is still being written: its jobs are released at once
+    /// and its row removed.
+    pub async fn leave(&self) -> Result<(), store::Error> {
+        let _writing = self.writing.lock().await;
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.cluster().expect("cluster").leave())
+            .await
+            .map_err(|e| store::Error::Io(e.to_string()))?
+    }
+
     /// Registers this process as a new instance of the cluster the store holds.
     pub fn join(
         store: Arc<dyn Store>,
@@ -88,6 +104,7 @@ impl Node {
             beat_ok: Mutex::new(Instant::now()),
             fenced: tokio::sync::watch::Sender::new(false),
             streak: Mutex::new(None),
+            writing: Arc::default(),
         })
     }
 
@@ -393,11 +410,15 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
     let lag = node.timing.lag;
     let sent = node.clock.now().as_millis();
     let began = Instant::now();
-    let membership = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").heartbeat(&beat, lag))
-        .await
-        .map_err(|e| store::Error::Io(e.to_string()))
-        .and_then(|beat| beat)
-        .inspect_err(|_| *node.streak.lock().expect("streak lock") = None)?;
+    let writing = node.writing.clone().lock_owned().await;
+    let membership = tokio::task::spawn_blocking(move || {
+        let _writing = writing;
+        store.cluster().expect("cluster").heartbeat(&beat, lag)
+    })
+    .await
+    .map_err(|e| store::Error::Io(e.to_string()))
+    .and_then(|beat| beat)
+    .inspect_err(|_| *node.streak.lock().expect("streak lock") = None)?;
     // The database holds a heartbeat no older than `began`: whatever else
     // this beat does may fail, this instance is not silent.
     node.heartbeat_went_through(began);
@@ -441,9 +462,13 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
     } else if unowned > 0 {
         let store = node.store.clone();
         let up_to = share - led;
-        let claimed = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").claim(up_to, &handlers))
-            .await
-            .map_err(|e| store::Error::Io(e.to_string()))??;
+        let writing = node.writing.clone().lock_owned().await;
+        let claimed = tokio::task::spawn_blocking(move || {
+            let _writing = writing;
+            store.cluster().expect("cluster").claim(up_to, &handlers)
+        })
+        .await
+        .map_err(|e| store::Error::Io(e.to_string()))??;
         if !claimed.is_empty() {
             let n = claimed.len();
             let adopted = shared.engine.adopt(claimed).await.map_err(engine_error)?;

@@ -19,11 +19,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{peer, Shared};
-use crate::model::{HandlerId, TaskRef};
+use crate::model::{AttemptId, HandlerId};
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, CancelRequest, WorkKind};
 use crate::wire;
 
-type Attempt = (TaskRef, u32);
+type Attempt = AttemptId;
 type Outbound = tokio::sync::mpsc::Sender<Result<AdminToWorkerMessage, tonic::Status>>;
 
 /// One leased worker's session: what covers the attempts its worker runs.
@@ -138,7 +138,7 @@ impl Cover {
             let mut by_leader: BTreeMap<String, Vec<Attempt>> = BTreeMap::new();
             for attempt in foreign {
                 let asked_at = Instant::now();
-                match whereabouts(&self.shared, attempt.0.job).await {
+                match whereabouts(&self.shared, attempt.task.job).await {
                     // The database cannot tell now: asked again next time.
                     None => {}
                     Some(None) => cancel.push((attempt, "its job does not exist")),
@@ -176,9 +176,9 @@ impl Cover {
         } else {
             cancel.extend(foreign.into_iter().map(|a| (a, "it was taken back while the worker was away")));
         }
-        for ((task, attempt), why) in cancel {
-            tracing::warn!(handler = %self.handler, job.id = %task.job, task.idx = task.idx.0, attempt, why, "the worker runs an attempt that nothing here covers: canceling it");
-            let target_id = wire::attempt_id(task, attempt);
+        for (attempt, why) in cancel {
+            tracing::warn!(handler = %self.handler, %attempt, why, "the worker runs an attempt that nothing here covers: canceling it");
+            let target_id = attempt.to_string();
             let cancel = CancelRequest {
                 target_id: target_id.clone(),
                 target_kind: WorkKind::Execution as i32,

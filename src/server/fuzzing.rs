@@ -29,7 +29,7 @@ impl Admin {
     /// Starts the engine over `store` and assembles what a server shares.
     pub async fn start(store: Arc<dyn Store>, options: ServerOptions) -> anyhow::Result<Admin> {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let (shared, _foreign_orders) = assemble(store, &options, clock, None, 0).await?;
+        let (shared, _foreign_orders) = assemble(store, &options, clock, super::Topology::Alone, 0).await?;
         let workers = WorkerStreamService::new(shared.clone());
         Ok(Admin { shared, workers })
     }

@@ -305,8 +305,7 @@ async fn stop(shared: &Shared) {
     if let Topology::Member(node) = &shared.topology {
         // A clean stop hands the jobs over at once instead of after the lag.
         shared.engine.fate().leaving();
-        let leaving = store.clone();
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || leaving.cluster().expect("cluster").leave()).await {
+        if let Err(e) = node.leave().await {
             tracing::warn!(instance = %node.id, error = %e, "could not leave the cluster cleanly; the others will notice the silence");
         }
     }

@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 use super::Shared;
 use crate::dispatch::{Assignment, FreeSlots};
 use crate::follower::{Loss, Outcome, Rejection};
-use crate::model::{HandlerId, JobId, TaskRef};
+use crate::model::{AttemptId, HandlerId, JobId};
 use crate::proto::peer::{
     peer_report, peer_service_client::PeerServiceClient, peer_service_server::PeerService, DedupeKeysRequest,
     DedupeKeysResponse, KnowsRequest, KnowsResponse, LendRequest, LendResponse, LentTask, PeerCancel,
@@ -116,13 +116,13 @@ pub async fn known_at(
     shared: &Shared,
     address: &str,
     handler: HandlerId,
-    attempts: &[(TaskRef, u32)],
-) -> Option<Vec<(TaskRef, u32)>> {
+    attempts: &[AttemptId],
+) -> Option<Vec<AttemptId>> {
     let mut client = shared.peers.client(address)?;
-    let attempt_ids = attempts.iter().map(|(task, attempt)| wire::attempt_id(*task, *attempt)).collect();
+    let attempt_ids = attempts.iter().map(AttemptId::to_string).collect();
     let request = KnowsRequest { handler: handler.to_string(), attempt_ids };
     let answer = client.knows(request_within(shared, request, CALL_TIMEOUT)).await.ok()?.into_inner();
-    answer.heard.then(|| answer.known.iter().filter_map(|id| wire::parse_attempt_id(id)).collect())
+    answer.heard.then(|| answer.known.iter().filter_map(|id| id.parse().ok()).collect())
 }
 
 /// How long a vouch for a worker's attempts lets another instance renew
@@ -141,11 +141,11 @@ pub async fn vouch_at(
     shared: &Shared,
     address: &str,
     handler: HandlerId,
-    attempts: &[(TaskRef, u32)],
+    attempts: &[AttemptId],
     lease: Duration,
-) -> Result<(Vec<(TaskRef, u32)>, Duration), String> {
+) -> Result<(Vec<AttemptId>, Duration), String> {
     let mut client = shared.peers.client(address).ok_or_else(|| format!("{address} is not an address"))?;
-    let attempt_ids = attempts.iter().map(|(task, attempt)| wire::attempt_id(*task, *attempt)).collect();
+    let attempt_ids = attempts.iter().map(AttemptId::to_string).collect();
     let message = VouchRequest { handler: handler.to_string(), attempt_ids, lease_ms: lease.as_millis() as u64 };
     let call = client.vouch(request_within(shared, message, CALL_TIMEOUT));
     let answer = match tokio::time::timeout(CALL_TIMEOUT, call).await {
@@ -153,7 +153,7 @@ pub async fn vouch_at(
         Ok(Err(status)) => return Err(status.message().to_string()),
         Err(_) => return Err(format!("no answer within {CALL_TIMEOUT:?}")),
     };
-    let held = answer.held.iter().filter_map(|id| wire::parse_attempt_id(id)).collect();
+    let held = answer.held.iter().filter_map(|id| id.parse().ok()).collect();
     Ok((held, Duration::from_millis(answer.valid_ms)))
 }
 
@@ -222,7 +222,7 @@ impl PeerService for PeerServiceImpl {
             .into_iter()
             .map(|(handler, a)| LentTask {
                 handler: handler.to_string(),
-                attempt_id: wire::attempt_id(a.task, a.attempt),
+                attempt_id: a.attempt.to_string(),
                 job_name: a.job_name,
                 task_id: a.task_id.to_string(),
                 job_type: a.job_type.to_string(),
@@ -264,8 +264,8 @@ impl PeerService for PeerServiceImpl {
         let mut heard = true;
         let mut answer = Vec::new();
         for id in request.attempt_ids {
-            let Some((task, attempt)) = wire::parse_attempt_id(&id) else { continue };
-            match known.knows(task, attempt) {
+            let Ok(attempt) = id.parse::<AttemptId>() else { continue };
+            match known.knows(attempt) {
                 None => heard = false,
                 Some(true) => answer.push(id),
                 Some(false) => {}
@@ -284,8 +284,7 @@ impl PeerService for PeerServiceImpl {
         let handler = handler_of(&request.handler)?;
         let mut attempts = Vec::with_capacity(request.attempt_ids.len());
         for id in &request.attempt_ids {
-            let attempt = wire::parse_attempt_id(id)
-                .ok_or_else(|| Status::invalid_argument(format!("peer: vouch: {id:?} is not an attempt id")))?;
+            let attempt = id.parse::<AttemptId>().map_err(|e| Status::invalid_argument(format!("peer: vouch: {e}")))?;
             attempts.push(attempt);
         }
         if request.lease_ms == 0 {
@@ -295,7 +294,7 @@ impl PeerService for PeerServiceImpl {
         let valid = vouch_validity(&self.shared.options, lease);
         let keep = valid + wire::take_back_after(lease);
         let held = self.shared.engine.vouch(handler, attempts, keep).await.map_err(engine_status)?;
-        let held = held.into_iter().map(|(task, attempt)| wire::attempt_id(task, attempt)).collect();
+        let held = held.iter().map(AttemptId::to_string).collect();
         Ok(Response::new(VouchResponse { held, valid_ms: valid.as_millis() as u64 }))
     }
 
@@ -309,9 +308,11 @@ impl PeerService for PeerServiceImpl {
         self.shared.auth.check(request.metadata())?;
         let report = request.into_inner();
         let handler = handler_of(&report.handler)?;
-        let (task, attempt) = wire::parse_attempt_id(&report.attempt_id)
-            .ok_or_else(|| Status::invalid_argument(format!("peer: bad attempt id {:?}", report.attempt_id)))?;
-        let result = apply_here(&self.shared, handler, task, attempt, report.kind).await.map_err(engine_status)?;
+        let attempt = report
+            .attempt_id
+            .parse::<AttemptId>()
+            .map_err(|e| Status::invalid_argument(format!("peer: bad attempt id: {e}")))?;
+        let result = apply_here(&self.shared, handler, attempt, report.kind).await.map_err(engine_status)?;
         let response = match result {
             Ok(()) => PeerReportResponse { applied: true, refusal: String::new(), not_led_here: false },
             Err(Rejection::JobEnded { job } | Rejection::UnknownJob { job }) if !ended(&self.shared, job).await => {
@@ -331,7 +332,7 @@ pub async fn foreign_orders(shared: Arc<Shared>, node: Arc<super::cluster::Node>
     // Held while this duty runs: a duty started again takes it over.
     let mut orders = orders.lock().await;
     while let Some((handler, order)) = orders.recv().await {
-        let crate::dispatch::WorkOrder::Cancel { task, attempt } = order else { continue };
+        let crate::dispatch::WorkOrder::Cancel { attempt } = order else { continue };
         // Where it was lent to, else where the cluster last saw it.
         let lent_to = shared.peers.handler_at.lock().expect("handler_at lock").get(&handler).map(|(a, _)| a.clone());
         let address = lent_to.or_else(|| {
@@ -340,7 +341,7 @@ pub async fn foreign_orders(shared: Arc<Shared>, node: Arc<super::cluster::Node>
             Some(Arc::from(instance.grpc_address.as_str()))
         });
         let Some(address) = address else {
-            tracing::warn!(%handler, job.id = %task.job, attempt, "no live instance has the worker of an attempt to stop");
+            tracing::warn!(%handler, %attempt, "no live instance has the worker of an attempt to stop");
             continue;
         };
         let duty = shared.clone();
@@ -348,7 +349,7 @@ pub async fn foreign_orders(shared: Arc<Shared>, node: Arc<super::cluster::Node>
             let shared = duty;
             let message = PeerCancel {
                 handler: handler.to_string(),
-                attempt_id: wire::attempt_id(task, attempt),
+                attempt_id: attempt.to_string(),
                 reason: "canceled by jobcenter".into(),
             };
             let Some(mut client) = shared.peers.client(&address) else { return };
@@ -363,8 +364,7 @@ pub async fn foreign_orders(shared: Arc<Shared>, node: Arc<super::cluster::Node>
 async fn apply_here(
     shared: &Shared,
     handler: HandlerId,
-    task: TaskRef,
-    attempt: u32,
+    attempt: AttemptId,
     kind: Option<peer_report::Kind>,
 ) -> Result<Result<(), Rejection>, crate::engine::Error> {
     let engine = &shared.engine;
@@ -377,12 +377,12 @@ async fn apply_here(
             } else {
                 Outcome::Failed { error: outcome.error, output: outcome.output }
             };
-            engine.complete(task, attempt, handler, outcome).await
+            engine.complete(attempt, handler, outcome).await
         }
         Some(peer_report::Kind::Progress(progress)) => {
             let progress =
                 crate::engine::Progress { percent: progress.percent, stage: progress.stage, message: progress.message };
-            engine.progress(task, attempt, handler, progress).await.map(Ok)
+            engine.progress(attempt, handler, progress).await.map(Ok)
         }
         Some(peer_report::Kind::GiveUp(give_up)) => {
             let loss =
@@ -391,7 +391,7 @@ async fn apply_here(
             let answer: crate::engine::Answer = Box::new(move |result| {
                 let _ = tx.send(result);
             });
-            engine.give_up(task, attempt, handler, loss, Some(answer)).await?;
+            engine.give_up(attempt, handler, loss, Some(answer)).await?;
             rx.await.map_err(|_| crate::engine::Error::Stopped)
         }
         None => Ok(Ok(())),
@@ -467,10 +467,10 @@ pub async fn report_to_leader(
     shared: &Arc<Shared>,
     leader: Option<Arc<str>>,
     handler: HandlerId,
-    task: TaskRef,
-    attempt: u32,
+    attempt: AttemptId,
     kind: peer_report::Kind,
 ) -> Option<Settled> {
+    let task = attempt.task;
     let node = shared.topology.member()?;
     let peers = &shared.peers;
     let deadline = tokio::time::Instant::now() + REPORT_PATIENCE;
@@ -486,7 +486,7 @@ pub async fn report_to_leader(
                 Some(Some(w)) => match w.owner {
                     Some(owner) if owner.id == node.id => {
                         // It is led here now.
-                        let result = apply_here(shared, handler, task, attempt, Some(kind.clone())).await.ok()?;
+                        let result = apply_here(shared, handler, attempt, Some(kind.clone())).await.ok()?;
                         return Some(match result {
                             Ok(()) => Settled::Applied,
                             Err(rejection) => Settled::Refused(rejection.to_string()),
@@ -506,11 +506,8 @@ pub async fn report_to_leader(
                 None => return None,
             },
         };
-        let message = PeerReport {
-            handler: handler.to_string(),
-            attempt_id: wire::attempt_id(task, attempt),
-            kind: Some(kind.clone()),
-        };
+        let message =
+            PeerReport { handler: handler.to_string(), attempt_id: attempt.to_string(), kind: Some(kind.clone()) };
         let response = match peers.client(&target) {
             Some(mut client) => client.report(request(shared, message)).await,
             None => Err(Status::invalid_argument("bad address")),
@@ -598,8 +595,7 @@ async fn borrow_round(shared: &Arc<Shared>, node: &super::cluster::Node, others:
             }
         };
         for task in tasks {
-            let (Ok(handler), Some((task_ref, attempt))) =
-                (task.handler.parse::<HandlerId>(), wire::parse_attempt_id(&task.attempt_id))
+            let (Ok(handler), Ok(attempt)) = (task.handler.parse::<HandlerId>(), task.attempt_id.parse::<AttemptId>())
             else {
                 continue;
             };
@@ -612,7 +608,6 @@ async fn borrow_round(shared: &Arc<Shared>, node: &super::cluster::Node, others:
                 offer.job_types.retain(|(_, n)| *n > 0);
             }
             lent.entry(handler).or_default().push(Assignment {
-                task: task_ref,
                 attempt,
                 job_name: task.job_name,
                 task_id: task.task_id.into(),
@@ -634,10 +629,10 @@ async fn borrow_round(shared: &Arc<Shared>, node: &super::cluster::Node, others:
         let Ok(unsent) = shared.engine.borrowed(handler, n, assignments).await else { continue };
         for a in unsent {
             // The worker left between the offer and the answer: the leader takes the attempt back.
-            let shared = shared.clone();
-            tokio::spawn(async move {
+            let duty = shared.clone();
+            shared.duties.spawn(async move {
                 let loss = Loss::NotCounted("the worker it was lent to left".into());
-                report_to_leader(&shared, a.lent_by.clone(), handler, a.task, a.attempt, give_up_report(&loss)).await;
+                report_to_leader(&duty, a.lent_by.clone(), handler, a.attempt, give_up_report(&loss)).await;
             });
         }
     }

@@ -68,10 +68,11 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
     for worker in shared.registry.workers() {
         let last_seen = worker.last_seen.as_millis();
         let handler = worker.handler.to_string();
-        let knows =
-            worker.known.as_ref().and_then(|known| known.lock().expect("known lock").all()).map(|all| {
-                all.into_iter().map(|(task, attempt)| (task.job.to_string(), task.idx.0, attempt)).collect()
-            });
+        let knows = worker
+            .known
+            .as_ref()
+            .and_then(|known| known.lock().expect("known lock").all())
+            .map(|all| all.into_iter().map(|a| (a.task.job.to_string(), a.task.idx.0, a.number)).collect());
         handlers.insert(
             handler.clone(),
             recovery::HandlerSnapshot { handler, node: worker.worker_id.clone(), last_seen, knows },
@@ -93,9 +94,9 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
             let due = held_past(&jobs, &id, now - grace_ms);
             let knows = match due.is_empty() {
                 true => None,
-                false => super::peer::known_at(shared, &worker.address, worker.handler, &due).await.map(|known| {
-                    known.into_iter().map(|(task, attempt)| (task.job.to_string(), task.idx.0, attempt)).collect()
-                }),
+                false => super::peer::known_at(shared, &worker.address, worker.handler, &due)
+                    .await
+                    .map(|known| known.into_iter().map(|a| (a.task.job.to_string(), a.task.idx.0, a.number)).collect()),
             };
             handlers.insert(id, worker.snapshot(knows));
         }
@@ -324,14 +325,15 @@ fn elsewhere(
 }
 
 /// The attempts held for `handler` that were assigned before `before`.
-fn held_past(jobs: &[recovery::JobSnapshot], handler: &str, before: i64) -> Vec<(crate::model::TaskRef, u32)> {
+fn held_past(jobs: &[recovery::JobSnapshot], handler: &str, before: i64) -> Vec<crate::model::AttemptId> {
     let mut due = Vec::new();
     for job in jobs {
         let Ok(id) = job.id.parse::<crate::model::JobId>() else { continue };
         for task in &job.tasks {
             let assigned_at = task.assigned_at.unwrap_or(task.updated_at);
             if task.state.is_held() && task.handler.as_deref() == Some(handler) && assigned_at < before {
-                due.push((crate::model::TaskRef { job: id, idx: crate::model::TaskIdx(task.idx) }, task.attempt));
+                let task_ref = crate::model::TaskRef { job: id, idx: crate::model::TaskIdx(task.idx) };
+                due.push(crate::model::AttemptId::new(task_ref, task.attempt));
             }
         }
     }

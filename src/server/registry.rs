@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::clock::Timestamp;
-use crate::model::{HandlerId, TaskRef};
+use crate::model::{AttemptId, HandlerId};
 use crate::proto::api;
 use crate::proto::plugin::{AdminToWorkerMessage, JobTypeCapability, WorkerHeartbeat, WorkerHello};
 
@@ -20,37 +20,37 @@ use crate::proto::plugin::{AdminToWorkerMessage, JobTypeCapability, WorkerHeartb
 pub struct Known {
     /// The worker sent a heartbeat on this session: `running` is what it runs.
     heard: bool,
-    running: HashSet<(TaskRef, u32)>,
+    running: HashSet<AttemptId>,
     /// Sent on this session, or reported on it, until the report is settled.
-    in_flight: HashSet<(TaskRef, u32)>,
+    in_flight: HashSet<AttemptId>,
 }
 
 pub type KnownAttempts = Arc<Mutex<Known>>;
 
 impl Known {
     /// Sent to the worker, or an outcome received from it.
-    pub fn note(&mut self, task: TaskRef, attempt: u32) {
-        self.in_flight.insert((task, attempt));
+    pub fn note(&mut self, attempt: AttemptId) {
+        self.in_flight.insert(attempt);
     }
 
     /// Its report was settled by the job's leader: the leader holds it no more.
-    pub fn settled(&mut self, task: TaskRef, attempt: u32) {
-        self.in_flight.remove(&(task, attempt));
+    pub fn settled(&mut self, attempt: AttemptId) {
+        self.in_flight.remove(&attempt);
     }
 
     /// What the worker runs, as its heartbeat says.
-    pub fn heartbeat(&mut self, running: HashSet<(TaskRef, u32)>) {
+    pub fn heartbeat(&mut self, running: HashSet<AttemptId>) {
         self.heard = true;
         self.running = running;
     }
 
     /// Whether the session knows the attempt; `None` before its first heartbeat.
-    pub fn knows(&self, task: TaskRef, attempt: u32) -> Option<bool> {
-        self.heard.then(|| self.in_flight.contains(&(task, attempt)) || self.running.contains(&(task, attempt)))
+    pub fn knows(&self, attempt: AttemptId) -> Option<bool> {
+        self.heard.then(|| self.in_flight.contains(&attempt) || self.running.contains(&attempt))
     }
 
     /// Every attempt the session knows; `None` before its first heartbeat.
-    pub fn all(&self) -> Option<Vec<(TaskRef, u32)>> {
+    pub fn all(&self) -> Option<Vec<AttemptId>> {
         self.heard.then(|| self.in_flight.union(&self.running).copied().collect())
     }
 }

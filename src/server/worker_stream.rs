@@ -23,7 +23,7 @@ use crate::engine::Answer;
 use crate::engine::Progress;
 use crate::follower::{Loss, Outcome, Rejection};
 use crate::jobfile;
-use crate::model::{HandlerId, TaskRef};
+use crate::model::{AttemptId, HandlerId};
 use crate::proto::peer::peer_report;
 use crate::proto::plugin::{
     admin_to_worker_message, plugin_control_service_server::PluginControlService, worker_to_admin_message, AdminHello,
@@ -367,9 +367,9 @@ impl Session {
                     };
                     let line = format!(
                         "worker {} came back without task {} of job {} (attempt {}): a SeaweedFS worker cancels what it runs when its stream breaks; {what}",
-                        self.hello.worker_id, attempt.task_id, attempt.task.job, attempt.attempt
+                        self.hello.worker_id, attempt.task_id, attempt.attempt.task.job, attempt.attempt.number
                     );
-                    tracing::warn!(worker.id = %self.hello.worker_id, %handler, job.id = %attempt.task.job, task.id = %attempt.task_id, "{line}");
+                    tracing::warn!(worker.id = %self.hello.worker_id, %handler, job.id = %attempt.attempt.task.job, task.id = %attempt.task_id, "{line}");
                     scheduler::record(&shared, &attempt.job_type, line);
                 }
             }
@@ -448,27 +448,27 @@ impl Session {
         match order {
             WorkOrder::Execute(assignment) => {
                 if let Some(leader) = &assignment.lent_by {
-                    let id = wire::attempt_id(assignment.task, assignment.attempt);
+                    let id = assignment.attempt.to_string();
                     self.lent.lock().expect("lent lock").insert(id, Lent { leader: leader.clone(), started: false });
                 }
                 let request = self.execute_request(&assignment);
                 let request_id = request.request_id.clone();
                 if let (Some(cover), None) = (&self.cover, &assignment.lent_by) {
-                    cover.sent((assignment.task, assignment.attempt));
+                    cover.sent(assignment.attempt);
                 }
                 let sent =
                     self.send(message(request_id, admin_to_worker_message::Body::ExecuteJobRequest(request))).await;
                 if sent {
-                    self.note(assignment.task, assignment.attempt);
+                    self.note(assignment.attempt);
                 }
                 if let Some(released_at) = assignment.released_at {
                     self.shared.stats.record_dispatch(released_at.elapsed());
                 }
                 sent
             }
-            WorkOrder::Cancel { task, attempt } => {
+            WorkOrder::Cancel { attempt } => {
                 let cancel = CancelRequest {
-                    target_id: wire::attempt_id(task, attempt),
+                    target_id: attempt.to_string(),
                     target_kind: WorkKind::Execution as i32,
                     reason: "canceled by jobcenter".into(),
                     force: false,
@@ -481,14 +481,14 @@ impl Session {
 
     /// The session sent the attempt, or received its outcome: it knows it
     /// until the job's leader has settled its report.
-    fn note(&self, task: TaskRef, attempt: u32) {
+    fn note(&self, attempt: AttemptId) {
         if let Some(known) = &self.known {
-            known.lock().expect("known lock").note(task, attempt);
+            known.lock().expect("known lock").note(attempt);
         }
     }
 
     fn execute_request(&self, assignment: &Assignment) -> ExecuteJobRequest {
-        let job_id = wire::attempt_id(assignment.task, assignment.attempt);
+        let job_id = assignment.attempt.to_string();
         let parameters = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&assignment.parameters)
             .map(|map| wire::json_to_values(&map))
             .unwrap_or_default();
@@ -516,7 +516,7 @@ impl Session {
             admin_config_values: book.admin_values.clone(),
             worker_config_values: book.worker_values.clone(),
             cluster_context: Some(super::context::cluster_context(&self.shared, &assignment.job_type, true)),
-            attempt: i32::try_from(assignment.attempt).unwrap_or(i32::MAX),
+            attempt: i32::try_from(assignment.attempt.number).unwrap_or(i32::MAX),
         }
     }
 
@@ -529,7 +529,7 @@ impl Session {
             Some(Body::Heartbeat(heartbeat)) => {
                 self.shared.registry.heartbeat(self.handler, &heartbeat, self.shared.clock.now());
                 if let Some(known) = &self.known {
-                    let running = heartbeat.running_work.iter().filter_map(|w| wire::parse_attempt_id(&w.work_id));
+                    let running = heartbeat.running_work.iter().filter_map(|w| w.work_id.parse::<AttemptId>().ok());
                     known.lock().expect("known lock").heartbeat(running.collect());
                 }
                 if let Some(cover) = &self.cover {
@@ -543,7 +543,7 @@ impl Session {
                             .running_work
                             .iter()
                             .filter(|w| !lent.contains_key(&w.work_id))
-                            .filter_map(|w| wire::parse_attempt_id(&w.work_id))
+                            .filter_map(|w| w.work_id.parse::<AttemptId>().ok())
                             .collect()
                     };
                     match number {
@@ -568,7 +568,7 @@ impl Session {
                     self.shared.scheduler.route(&update.request_id, event);
                     return Ok(());
                 }
-                let (task, attempt) = attempt_of("job_progress_update", &update.job_id)?;
+                let attempt = attempt_of("job_progress_update", &update.job_id)?;
                 let progress = Progress {
                     percent: percent(update.progress_percent),
                     stage: update.stage.clone(),
@@ -581,12 +581,12 @@ impl Session {
                 if let Some(leader) = lent_by {
                     let (shared, handler, report) =
                         (self.shared.clone(), self.handler, peer::progress_report(&progress));
-                    tokio::spawn(async move {
-                        peer::report_to_leader(&shared, Some(leader), handler, task, attempt, report).await;
+                    self.shared.duties.spawn(async move {
+                        peer::report_to_leader(&shared, Some(leader), handler, attempt, report).await;
                     });
                     return Ok(());
                 }
-                let _ = engine.progress(task, attempt, self.handler, progress).await;
+                let _ = engine.progress(attempt, self.handler, progress).await;
             }
             Some(Body::JobCompleted(completed)) => self.completed(completed).await?,
             Some(Body::ConfigSchemaResponse(response)) => {
@@ -676,7 +676,7 @@ impl Session {
             return;
         }
         self.reconciled_at = Some(tokio::time::Instant::now());
-        let running = heartbeat.running_work.iter().filter_map(|w| wire::parse_attempt_id(&w.work_id)).collect();
+        let running = heartbeat.running_work.iter().filter_map(|w| w.work_id.parse::<AttemptId>().ok()).collect();
         let dropped_before = first.then_some(self.connected_at);
         let Ok(answer) = self.shared.engine.reconcile(self.handler, running, dropped_before).await else { return };
         let shared = self.shared.clone();
@@ -690,19 +690,19 @@ impl Session {
                     "worker's running work reconciled"
                 );
             }
-            for (task, attempt) in reconciled.not_held {
-                if keep_foreign(&shared, task.job).await {
+            for attempt in reconciled.not_held {
+                if keep_foreign(&shared, attempt.task.job).await {
                     continue;
                 }
-                tracing::warn!(worker.id = %worker_id, %handler, job.id = %task.job, task.idx = task.idx.0, attempt, "the worker runs an attempt it does not hold: canceling it");
+                tracing::warn!(worker.id = %worker_id, %handler, %attempt, "the worker runs an attempt it does not hold: canceling it");
                 let cancel = CancelRequest {
-                    target_id: wire::attempt_id(task, attempt),
+                    target_id: attempt.to_string(),
                     target_kind: WorkKind::Execution as i32,
                     reason: "the attempt was taken back while the worker was away".into(),
                     force: true,
                 };
                 let body = admin_to_worker_message::Body::CancelRequest(cancel);
-                let _ = outbound.send(Ok(message(format!("cancel-{}", wire::attempt_id(task, attempt)), body))).await;
+                let _ = outbound.send(Ok(message(format!("cancel-{attempt}"), body))).await;
             }
         });
     }
@@ -713,14 +713,14 @@ impl Session {
         let mut lent = self.lent.lock().expect("lent lock");
         for work in &heartbeat.running_work {
             let Some(entry) = lent.get_mut(&work.work_id).filter(|e| !e.started) else { continue };
-            let Some((task, attempt)) = wire::parse_attempt_id(&work.work_id) else { continue };
+            let Ok(attempt) = work.work_id.parse::<AttemptId>() else { continue };
             entry.started = true;
             let progress =
                 Progress { percent: percent(work.progress_percent), stage: work.stage.clone(), message: String::new() };
             let (shared, handler, leader) = (self.shared.clone(), self.handler, entry.leader.clone());
-            tokio::spawn(async move {
+            self.shared.duties.spawn(async move {
                 let report = peer::progress_report(&progress);
-                peer::report_to_leader(&shared, Some(leader), handler, task, attempt, report).await;
+                peer::report_to_leader(&shared, Some(leader), handler, attempt, report).await;
             });
         }
     }
@@ -740,8 +740,8 @@ impl Session {
     /// What to do once the engine applied or refused a report: acknowledge
     /// it; in a cluster, a report on a job not led here goes to its leader
     /// first, and is acknowledged once that one settled it.
-    fn answer(&self, task: TaskRef, attempt: u32, report: peer_report::Kind) -> Option<Answer> {
-        let ack = self.acknowledgement(&wire::attempt_id(task, attempt));
+    fn answer(&self, attempt: AttemptId, report: peer_report::Kind) -> Option<Answer> {
+        let ack = self.acknowledgement(&attempt.to_string());
         self.shared.topology.member()?;
         let shared = self.shared.clone();
         let (handler, outbound, lease) = (self.handler, self.outbound.clone(), self.lease.is_some());
@@ -750,11 +750,11 @@ impl Session {
         Some(Box::new(move |result: Result<(), Rejection>| match result {
             Err(Rejection::UnknownJob { .. } | Rejection::JobEnded { .. }) => {
                 let outbound = lease.then_some(outbound);
-                runtime.spawn(settle(shared, None, handler, (task, attempt), report, outbound, known));
+                runtime.spawn(settle(shared, None, handler, attempt, report, outbound, known));
             }
             other => {
                 if let Some(known) = known {
-                    known.lock().expect("known lock").settled(task, attempt);
+                    known.lock().expect("known lock").settled(attempt);
                 }
                 if let Some(ack) = ack {
                     ack(other);
@@ -766,17 +766,17 @@ impl Session {
     /// A report on an attempt another instance lent: it goes to that
     /// instance (or whoever leads the job now), and the worker is answered
     /// once it is settled.
-    fn settle_lent(&self, leader: Option<Arc<str>>, attempt: (TaskRef, u32), report: peer_report::Kind) {
+    fn settle_lent(&self, leader: Option<Arc<str>>, attempt: AttemptId, report: peer_report::Kind) {
         let outbound = self.lease.is_some().then(|| self.outbound.clone());
         let (shared, handler, known) = (self.shared.clone(), self.handler, self.known.clone());
-        tokio::spawn(settle(shared, leader, handler, attempt, report, outbound, known));
+        self.shared.duties.spawn(settle(shared, leader, handler, attempt, report, outbound, known));
     }
 
     async fn completed(&self, completed: JobCompleted) -> Result<(), Status> {
         let received = std::time::Instant::now();
         let engine = &self.shared.engine;
-        let (task, attempt) = attempt_of("job_completed", &completed.job_id)?;
-        self.note(task, attempt);
+        let attempt = attempt_of("job_completed", &completed.job_id)?;
+        self.note(attempt);
         let lent_by = self.lent.lock().expect("lent lock").remove(&completed.job_id).map(|l| l.leader);
         let given_up = match completed.error_message.as_str() {
             _ if completed.success => None,
@@ -787,12 +787,11 @@ impl Session {
         };
         if let Some(loss) = given_up {
             if lent_by.is_some() {
-                self.settle_lent(lent_by, (task, attempt), peer::give_up_report(&loss));
+                self.settle_lent(lent_by, attempt, peer::give_up_report(&loss));
                 return Ok(());
             }
-            let answer =
-                self.answer(task, attempt, peer::give_up_report(&loss)).or(self.acknowledgement(&completed.job_id));
-            let _ = engine.give_up(task, attempt, self.handler, loss, answer).await;
+            let answer = self.answer(attempt, peer::give_up_report(&loss)).or(self.acknowledgement(&completed.job_id));
+            let _ = engine.give_up(attempt, self.handler, loss, answer).await;
             return Ok(());
         }
         let mut output: Vec<String> = completed
@@ -828,16 +827,16 @@ impl Session {
         };
         if lent_by.is_some() {
             // Lent by the instance that leads the job: the report goes there.
-            self.settle_lent(lent_by, (task, attempt), peer::outcome_report(&outcome));
+            self.settle_lent(lent_by, attempt, peer::outcome_report(&outcome));
             return Ok(());
         }
         let answer = match self.shared.topology {
-            Topology::Member(_) => self.answer(task, attempt, peer::outcome_report(&outcome)),
+            Topology::Member(_) => self.answer(attempt, peer::outcome_report(&outcome)),
             Topology::Alone => self.acknowledgement(&completed.job_id),
         };
         // The engine logs a refusal; the stream goes on with the next message
         // while the step is written, and the acknowledgement follows it.
-        if let Err(e) = engine.report(task, attempt, self.handler, outcome, received, answer).await {
+        if let Err(e) = engine.report(attempt, self.handler, outcome, received, answer).await {
             tracing::debug!(error = %e, "engine stopped before a completion");
         }
         Ok(())
@@ -852,31 +851,31 @@ async fn settle(
     shared: Arc<Shared>,
     leader: Option<Arc<str>>,
     handler: HandlerId,
-    (task, attempt): (TaskRef, u32),
+    attempt: AttemptId,
     report: peer_report::Kind,
     outbound: Option<Outbound>,
     known: Option<KnownAttempts>,
 ) {
-    let attempt_id = wire::attempt_id(task, attempt);
-    let settled = peer::report_to_leader(&shared, leader, handler, task, attempt, report).await;
+    let attempt_id = attempt.to_string();
+    let settled = peer::report_to_leader(&shared, leader, handler, attempt, report).await;
     let refusal = match settled {
         None => {
-            tracing::warn!(job.id = %task.job, attempt_id, "report on a job led elsewhere not settled: the worker keeps it");
+            tracing::warn!(attempt_id, "report on a job led elsewhere not settled: the worker keeps it");
             return;
         }
         Some(peer::Settled::Applied) => None,
         Some(peer::Settled::Refused(reason)) => {
-            tracing::debug!(job.id = %task.job, attempt_id, reason, "the job's leader refused a report");
+            tracing::debug!(attempt_id, reason, "the job's leader refused a report");
             Some(reason)
         }
     };
     if let Some(known) = known {
-        known.lock().expect("known lock").settled(task, attempt);
+        known.lock().expect("known lock").settled(attempt);
     }
     if let Some(outbound) = outbound {
         acknowledge(&outbound, &attempt_id, refusal.as_deref());
     }
-    let _ = shared.engine.return_borrowed(task, attempt).await;
+    let _ = shared.engine.return_borrowed(attempt).await;
     shared.peers.wake();
 }
 
@@ -902,8 +901,8 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 
 /// The attempt a report names by the id its execute request gave it; a
 /// report naming anything else breaks the protocol and ends the stream.
-fn attempt_of(what: &str, job_id: &str) -> Result<(TaskRef, u32), Status> {
-    wire::parse_attempt_id(job_id).ok_or_else(|| {
+fn attempt_of(what: &str, job_id: &str) -> Result<AttemptId, Status> {
+    job_id.parse::<AttemptId>().map_err(|_| {
         Status::invalid_argument(format!(
             "protocol: {what} names job {job_id:?}, which is no attempt id (JOB_UUID.TASK_INDEX.ATTEMPT) this admin gives"
         ))

@@ -14,7 +14,7 @@ use super::{Registry, TaskContext};
 use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
 use crate::engine::{self, EngineHandle};
 use crate::follower::Outcome;
-use crate::model::{HandlerId, JobId, TaskRef};
+use crate::model::{AttemptId, HandlerId, JobId};
 
 /// An append-only record of executions, one line per event:
 /// `JOB_ID TASK_ID ATTEMPT start|succeeded|failed|canceled`. Tests read it
@@ -31,7 +31,7 @@ impl ExecLog {
     }
 
     fn record(&self, assignment: &Assignment, event: &str) {
-        self.record_event(assignment.task.job, &assignment.task_id, assignment.attempt, event);
+        self.record_event(assignment.attempt.task.job, &assignment.task_id, assignment.attempt.number, event);
     }
 
     /// Appends `JOB_ID TASK_ID ATTEMPT EVENT`, for executors other than this module's.
@@ -74,7 +74,7 @@ impl LocalExecutor {
     }
 }
 
-type Running = Arc<Mutex<HashMap<(TaskRef, u32), AbortHandle>>>;
+type Running = Arc<Mutex<HashMap<AttemptId, AbortHandle>>>;
 
 async fn run(
     engine: EngineHandle,
@@ -87,7 +87,7 @@ async fn run(
     while let Some(order) = orders.recv().await {
         match order {
             WorkOrder::Execute(assignment) => {
-                let key = (assignment.task, assignment.attempt);
+                let key = assignment.attempt;
                 let engine = engine.clone();
                 let registry = registry.clone();
                 let exec_log = exec_log.clone();
@@ -99,12 +99,12 @@ async fn run(
                 });
                 running.lock().expect("running lock").insert(key, join.abort_handle());
             }
-            WorkOrder::Cancel { task, attempt } => {
-                let aborted = running.lock().expect("running lock").remove(&(task, attempt));
+            WorkOrder::Cancel { attempt } => {
+                let aborted = running.lock().expect("running lock").remove(&attempt);
                 if let Some(abort) = aborted {
                     abort.abort();
                     let outcome = Outcome::Canceled { reason: "canceled with its job".into() };
-                    if let Ok(Err(rejection)) = engine.complete(task, attempt, handler, outcome).await {
+                    if let Ok(Err(rejection)) = engine.complete(attempt, handler, outcome).await {
                         tracing::debug!(%rejection, "cancel report refused");
                     }
                 }
@@ -125,12 +125,12 @@ async fn execute(registry: &Registry, assignment: &Assignment, exec_log: Option<
         Err(e) => return Outcome::Failed { error: format!("invalid parameters: {e}"), output: Vec::new() },
     };
     let ctx = TaskContext {
-        task: assignment.task,
-        job: assignment.task.job,
+        task: assignment.attempt.task,
+        job: assignment.attempt.task.job,
         job_name: assignment.job_name.clone(),
         task_id: assignment.task_id.clone(),
         job_type: assignment.job_type.clone(),
-        attempt: assignment.attempt,
+        attempt: assignment.attempt.number,
         parameters,
         labels: assignment.labels.clone(),
     };
@@ -157,7 +157,7 @@ async fn execute(registry: &Registry, assignment: &Assignment, exec_log: Option<
 }
 
 async fn report(engine: &EngineHandle, handler: HandlerId, assignment: &Assignment, outcome: Outcome) {
-    match engine.complete(assignment.task, assignment.attempt, handler, outcome).await {
+    match engine.complete(assignment.attempt, handler, outcome).await {
         Ok(Ok(())) => {}
         Ok(Err(rejection)) => tracing::warn!(task.id = %assignment.task_id, %rejection, "completion refused"),
         Err(e) => tracing::debug!(error = %e, "engine gone before the completion"),

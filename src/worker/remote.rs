@@ -44,7 +44,7 @@ use tonic::Streaming;
 use super::{ExecLog, Handler, Registry, TaskContext};
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::follower::Outcome;
-use crate::model::{HandlerId, JobId, TaskIdx, TaskRef};
+use crate::model::{AttemptId, HandlerId, JobId, TaskIdx, TaskRef};
 use crate::proto::plugin::admin_to_worker_message::Body as AdminBody;
 use crate::proto::plugin::plugin_control_service_client::PluginControlServiceClient;
 use crate::proto::plugin::worker_to_admin_message::Body;
@@ -1196,10 +1196,10 @@ fn job_completed(
 /// is an `attempt_id`; otherwise a nil job id stands in and the request's
 /// attempt counts.
 fn task_context(job: &JobSpec, request_attempt: i32) -> TaskContext {
-    let parsed = wire::parse_attempt_id(&job.job_id);
-    let (task, attempt) = parsed.unwrap_or_else(|| {
+    let parsed = job.job_id.parse::<AttemptId>().ok();
+    let AttemptId { task, number: attempt } = parsed.unwrap_or_else(|| {
         let placeholder = TaskRef { job: JobId(uuid::Uuid::nil()), idx: TaskIdx(0) };
-        (placeholder, u32::try_from(request_attempt).unwrap_or(0).max(1))
+        AttemptId::new(placeholder, u32::try_from(request_attempt).unwrap_or(0).max(1))
     });
     let mut labels: BTreeMap<String, String> = job.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let task_id = labels.remove(TASK_ID_LABEL).unwrap_or_else(|| match parsed {
@@ -1405,7 +1405,8 @@ mod tests {
     #[test]
     fn task_context_from_an_attempt_id() {
         let task = TaskRef { job: JobId::new(), idx: TaskIdx(7) };
-        let mut job = spec(&wire::attempt_id(task, 3), "shell", serde_json::json!({"command": "true", "n": 2}));
+        let mut job =
+            spec(&AttemptId::new(task, 3).to_string(), "shell", serde_json::json!({"command": "true", "n": 2}));
         job.labels = HashMap::from([
             (TASK_ID_LABEL.to_string(), "vacuum 7".to_string()),
             (JOB_NAME_LABEL.to_string(), "nightly".to_string()),
@@ -1757,7 +1758,7 @@ mod tests {
         session.heartbeat().await;
 
         let job = JobId::new();
-        let quick = wire::attempt_id(TaskRef { job, idx: TaskIdx(0) }, 1);
+        let quick = AttemptId::new(TaskRef { job, idx: TaskIdx(0) }, 1).to_string();
         session.execute("r1", spec(&quick, "noop", serde_json::json!({})), 0).await;
         let ack = session.ack().await;
         assert_eq!((ack.request_id.as_str(), ack.accepted), ("r1", true));
@@ -1765,7 +1766,7 @@ mod tests {
         assert_eq!((done.job_id.as_str(), done.success), (quick.as_str(), true));
 
         // One still running after its first turn reports its start first.
-        let slow = wire::attempt_id(TaskRef { job, idx: TaskIdx(1) }, 1);
+        let slow = AttemptId::new(TaskRef { job, idx: TaskIdx(1) }, 1).to_string();
         session.execute("r2", spec(&slow, "noop", serde_json::json!({"sleep_ms": 300})), 0).await;
         session.started("r2", &slow).await;
         let done = session.completed().await;
@@ -1816,12 +1817,12 @@ mod tests {
 
         // One slot: a long execution takes it; the next is refused, the same one is not run twice.
         let sleepy = TaskRef { job: JobId::new(), idx: TaskIdx(0) };
-        let sleepy_id = wire::attempt_id(sleepy, 1);
+        let sleepy_id = AttemptId::new(sleepy, 1).to_string();
         let mut sleepy_spec = spec(&sleepy_id, "noop", serde_json::json!({"sleep_ms": 60_000}));
         sleepy_spec.labels.insert(TASK_ID_LABEL.into(), "sleepy".into());
         session.execute("r1", sleepy_spec.clone(), 0).await;
         session.started("r1", &sleepy_id).await;
-        let other = wire::attempt_id(TaskRef { job: sleepy.job, idx: TaskIdx(1) }, 1);
+        let other = AttemptId::new(TaskRef { job: sleepy.job, idx: TaskIdx(1) }, 1).to_string();
         session.execute("r2", spec(&other, "noop", serde_json::json!({})), 0).await;
         let refused = session.completed().await;
         assert_eq!((refused.request_id.as_str(), refused.job_id.as_str()), ("r2", other.as_str()));
@@ -1853,13 +1854,13 @@ mod tests {
         assert_eq!((ack.request_id.as_str(), ack.accepted), ("c2", false));
 
         // A command runs to its end; another one runs into the admin's timeout.
-        let echo_id = wire::attempt_id(TaskRef { job: sleepy.job, idx: TaskIdx(2) }, 1);
+        let echo_id = AttemptId::new(TaskRef { job: sleepy.job, idx: TaskIdx(2) }, 1).to_string();
         session.execute("r5", spec(&echo_id, "shell", serde_json::json!({"command": "echo hi"})), 0).await;
         let done = session.ran("r5", &echo_id).await;
         assert_eq!((done.request_id.as_str(), done.success), ("r5", true), "{done:?}");
         assert_eq!(output_lines(&done), ["hi"]);
         session.heartbeat_where(|h| h.execution_slots_used == 0).await;
-        let slow_id = wire::attempt_id(TaskRef { job: sleepy.job, idx: TaskIdx(3) }, 2);
+        let slow_id = AttemptId::new(TaskRef { job: sleepy.job, idx: TaskIdx(3) }, 2).to_string();
         session.execute("r6", spec(&slow_id, "noop", serde_json::json!({"sleep_ms": 60_000})), 1).await;
         session.started("r6", &slow_id).await;
         let timed_out = session.completed().await;
@@ -1878,7 +1879,7 @@ mod tests {
         // A broken stream ends the running execution and its processes; the worker comes back.
         let pid_file = dir.path().join("pid");
         let command = format!("echo $$ > {}; exec sleep 30", pid_file.display());
-        let lost_id = wire::attempt_id(TaskRef { job: sleepy.job, idx: TaskIdx(4) }, 1);
+        let lost_id = AttemptId::new(TaskRef { job: sleepy.job, idx: TaskIdx(4) }, 1).to_string();
         session.execute("r7", spec(&lost_id, "shell", serde_json::json!({"command": command})), 0).await;
         session.started("r7", &lost_id).await;
         let pid = wait_for_file(&pid_file).await.trim().to_string();
@@ -1928,7 +1929,7 @@ mod tests {
         session.send("", accepted_hello()).await;
         let renewing = session.renew().await;
         let job = JobId::new();
-        let short = wire::attempt_id(TaskRef { job, idx: TaskIdx(0) }, 1);
+        let short = AttemptId::new(TaskRef { job, idx: TaskIdx(0) }, 1).to_string();
         session.execute("r1", spec(&short, "noop", serde_json::json!({"sleep_ms": 700})), 0).await;
         session.started("r1", &short).await;
         // The stream breaks: the execution goes on, and ends while the worker is away.
@@ -1952,7 +1953,7 @@ mod tests {
         // A long command; then no admin answers at all: after the lease it is given up.
         let pid_file = dir.path().join("pid");
         let command = format!("echo $$ > {}; exec sleep 60", pid_file.display());
-        let long = wire::attempt_id(TaskRef { job, idx: TaskIdx(1) }, 1);
+        let long = AttemptId::new(TaskRef { job, idx: TaskIdx(1) }, 1).to_string();
         session.execute("r2", spec(&long, "shell", serde_json::json!({"command": command})), 0).await;
         session.started("r2", &long).await;
         let pid = wait_for_file(&pid_file).await.trim().to_string();
@@ -1993,7 +1994,7 @@ mod tests {
         let job = JobId::new();
         let pid_file = dir.path().join("pid");
         let command = format!("echo $$ > {}; exec sleep 60", pid_file.display());
-        let long = wire::attempt_id(TaskRef { job, idx: TaskIdx(0) }, 1);
+        let long = AttemptId::new(TaskRef { job, idx: TaskIdx(0) }, 1).to_string();
         session.execute("r1", spec(&long, "shell", serde_json::json!({"command": command})), 0).await;
         session.started("r1", &long).await;
         let pid = wait_for_file(&pid_file).await.trim().to_string();

@@ -274,9 +274,10 @@ impl Cluster {
     }
 
     pub fn active(&self) -> Vec<(String, String)> {
-        let rows = self
-            .database
-            .psql("jobcenter", "SELECT http_address || '|' || id FROM jobcenter.instances WHERE status = 'active'");
+        let rows = self.database.psql(
+            "jobcenter",
+            "SELECT http_address || '|' || id FROM jobcenter.instances WHERE status = 'active' ORDER BY id",
+        );
         rows.lines().filter_map(|l| l.trim().split_once('|')).map(|(h, id)| (h.to_string(), id.to_string())).collect()
     }
 

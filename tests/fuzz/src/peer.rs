@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobcenter::jobfile::{self, Format, Limits};
-use jobcenter::model::{HandlerId, JobId, JobOrigin, JobSpec, TaskIdx, TaskRecord, TaskRef, TaskState};
+use jobcenter::model::{AttemptId, HandlerId, JobId, JobOrigin, JobSpec, TaskIdx, TaskRecord, TaskRef, TaskState};
 use jobcenter::proto::peer::{
     peer_report, peer_service_server::PeerService, DedupeKeysRequest, DedupeKeysResponse, KnowsRequest, KnowsResponse,
     LendRequest, LendResponse, PeerCancel, PeerCancelResponse, PeerGiveUp, PeerReport, PeerReportResponse,
@@ -241,7 +241,7 @@ impl Harness {
             if let (true, Some(handler)) = (record.state.is_held(), record.handler) {
                 let give_up = PeerReport {
                     handler: handler.to_string(),
-                    attempt_id: wire::attempt_id(TaskRef { job, idx: TaskIdx(idx as u32) }, record.attempt),
+                    attempt_id: AttemptId::new(TaskRef { job, idx: TaskIdx(idx as u32) }, record.attempt).to_string(),
                     kind: Some(peer_report::Kind::GiveUp(PeerGiveUp {
                         counted: false,
                         reason: "the run ended".into(),
@@ -278,7 +278,8 @@ impl Harness {
         let mut lent_tasks = HashSet::new();
         for lent in &answer.tasks {
             let handler: HandlerId = lent.handler.parse().expect("a lent task names its handler");
-            let (task, attempt) = wire::parse_attempt_id(&lent.attempt_id).expect("a lent task has an attempt id");
+            let AttemptId { task, number: attempt } =
+                lent.attempt_id.parse().expect("a lent task has an attempt id");
             assert_eq!(task.job, job, "a task of another job was lent");
             let idx = task.idx.0;
             let spec = &self.spec.tasks[idx as usize];
@@ -324,7 +325,7 @@ impl Harness {
         after: &[TaskRecord],
         holders: &mut HashMap<u32, (HandlerId, u32)>,
     ) {
-        let named = wire::parse_attempt_id(&sent.attempt_id).filter(|(task, _)| task.job == job);
+        let named = sent.attempt_id.parse::<AttemptId>().ok().filter(|a| a.task.job == job).map(|a| (a.task, a.number));
         let sender: Option<HandlerId> = sent.handler.parse().ok();
         let answer = match result {
             Err(status) => {

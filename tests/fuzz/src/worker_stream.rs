@@ -342,10 +342,11 @@ impl Harness {
         let held = self.job(job).await.swap_remove(0);
         if held.state.is_held() {
             let canceled = JobCompleted {
-                job_id: jobcenter::wire::attempt_id(
+                job_id: jobcenter::model::AttemptId::new(
                     jobcenter::model::TaskRef { job, idx: jobcenter::model::TaskIdx(0) },
                     held.attempt,
-                ),
+                )
+                .to_string(),
                 success: false,
                 error_message: "canceled".into(),
                 ..JobCompleted::default()
