@@ -234,10 +234,7 @@ const WANT_WINDOW: usize = 8;
 /// database, `jobcenter.permits`), so the limit holds cluster-wide; this
 /// instance dispatches a type's tasks only within the slots it holds.
 pub async fn permits(shared: Arc<Shared>, node: Arc<Node>) {
-    // Nothing of a limited type, and nothing on a volume, runs here
-    // before its first permits are held.
-    let nothing = (std::collections::HashMap::new(), std::collections::HashSet::new());
-    let _ = shared.engine.set_permits(nothing.0, nothing.1).await;
+    // The server set no permits at all before it listened (`server::run`).
     let mut last = Settled::default();
     loop {
         match settle_permits(&shared, &node, &mut last).await {

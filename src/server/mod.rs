@@ -218,6 +218,11 @@ pub async fn run(
     let (shared, foreign_receiver) = assemble(store.clone(), &options, clock, topology, grpc_addr.port()).await?;
     let engine = shared.engine.clone();
     let fate = engine.fate().clone();
+    if let Topology::Member(_) = &shared.topology {
+        // Nothing of a limited type, and nothing on a volume, runs here
+        // before the permits duty holds its first permits.
+        engine.set_permits(Default::default(), Default::default()).await?;
+    }
     for _ in 0..options.local_workers {
         let handlers = HandlerRegistry::new(builtin_handlers());
         LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;
