@@ -322,40 +322,34 @@ async fn stop(shared: &Shared) {
 /// Starts every background duty this server has, in one supervised set.
 fn keep_duties(shared: &Arc<Shared>, foreign_receiver: ForeignOrders) {
     let duties = &shared.duties;
-    let each = |duty: fn(Arc<Shared>) -> _| {
-        let shared = shared.clone();
-        move || duty(shared.clone())
-    };
-    duties.keep("recovery", Stage::Intake, each(|s| Box::pin(recovery::checks(s)) as Duty));
-    duties.keep("retention", Stage::Intake, each(|s| Box::pin(retention::prunes(s)) as Duty));
+    let s = shared.clone();
+    duties.keep("recovery", Stage::Intake, move || recovery::checks(s.clone()));
+    let s = shared.clone();
+    duties.keep("retention", Stage::Intake, move || retention::prunes(s.clone()));
     if !shared.options.masters.is_empty() {
         master::keep_duties(duties, shared);
     }
-    match &shared.topology {
+    let node = match &shared.topology {
         Topology::Alone => {
-            duties.keep("scheduler", Stage::Intake, each(|s| Box::pin(scheduler::detections(s)) as Duty))
+            let s = shared.clone();
+            duties.keep("scheduler", Stage::Intake, move || scheduler::detections(s.clone()));
+            return;
         }
-        Topology::Member(node) => {
-            let member = |duty: fn(Arc<Shared>, Arc<cluster::Node>) -> Duty| {
-                let (shared, node) = (shared.clone(), node.clone());
-                move || duty(shared.clone(), node.clone())
-            };
-            duties.keep("scheduler", Stage::Intake, member(|s, n| Box::pin(scheduler::cluster_detections(s, n))));
-            duties.keep("permits", Stage::Intake, member(|s, n| Box::pin(cluster::permits(s, n))));
-            duties.keep("borrower", Stage::Intake, member(|s, n| Box::pin(peer::borrower(s, n))));
-            let orders = Arc::new(tokio::sync::Mutex::new(foreign_receiver));
-            let (lender, node) = (shared.clone(), node.clone());
-            duties.keep("foreign orders", Stage::Intake, move || {
-                peer::foreign_orders(lender.clone(), node.clone(), orders.clone())
-            });
-            duties.keep("heartbeats", Stage::Membership, member(|s, n| Box::pin(cluster::heartbeats(s, n))));
-            duties.keep("fence", Stage::Membership, member(|s, n| Box::pin(cluster::fence(s, n))));
-        }
-    }
+        Topology::Member(node) => node,
+    };
+    let (s, n) = (shared.clone(), node.clone());
+    duties.keep("scheduler", Stage::Intake, move || scheduler::cluster_detections(s.clone(), n.clone()));
+    let (s, n) = (shared.clone(), node.clone());
+    duties.keep("permits", Stage::Intake, move || cluster::permits(s.clone(), n.clone()));
+    let (s, n) = (shared.clone(), node.clone());
+    duties.keep("borrower", Stage::Intake, move || peer::borrower(s.clone(), n.clone()));
+    let (s, n, orders) = (shared.clone(), node.clone(), Arc::new(tokio::sync::Mutex::new(foreign_receiver)));
+    duties.keep("foreign orders", Stage::Intake, move || peer::foreign_orders(s.clone(), n.clone(), orders.clone()));
+    let (s, n) = (shared.clone(), node.clone());
+    duties.keep("heartbeats", Stage::Membership, move || cluster::heartbeats(s.clone(), n.clone()));
+    let (s, n) = (shared.clone(), node.clone());
+    duties.keep("fence", Stage::Membership, move || cluster::fence(s.clone(), n.clone()));
 }
-
-/// A duty's loop, boxed so that duties of different shapes share one list.
-type Duty = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Work orders for handlers connected to other instances, with their
 /// handler; a duty started again takes the receiver over.
