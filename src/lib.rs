@@ -1,6 +1,7 @@
 //! jobcenter: maintenance work as DAG jobs with leader/follower execution.
 
 pub mod active;
+pub mod backoff;
 pub mod cli;
 pub mod clock;
 pub mod crash;

@@ -11,6 +11,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use super::{EXIT_JOB_FAILED, EXIT_USAGE};
+use crate::backoff::Backoff;
 use crate::jobfile::Format;
 use crate::proto::api::{self, job_service_client::JobServiceClient};
 use crate::wire;
@@ -186,7 +187,7 @@ const WAIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 /// When its admin goes away, it carries on with another (`--admin A,B`)
 /// or the same one back, for up to two minutes without one.
 pub async fn wait(connection: &Connection, job_id: &str) -> anyhow::Result<api::JobSummary> {
-    let mut backoff = std::time::Duration::from_millis(200);
+    let mut pauses = Backoff::doubling(std::time::Duration::from_millis(200), std::time::Duration::from_secs(2));
     let mut reached = std::time::Instant::now();
     loop {
         let attempt: Result<api::JobSummary, tonic::Status> = async {
@@ -207,8 +208,7 @@ pub async fn wait(connection: &Connection, job_id: &str) -> anyhow::Result<api::
                     return Err(status_error(status));
                 }
                 tracing::debug!(job.id = job_id, error = status.message(), "wait lost; trying again");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
+                tokio::time::sleep(pauses.next_pause()).await;
             }
             Err(status) => return Err(status_error(status)),
         }

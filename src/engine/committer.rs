@@ -15,6 +15,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::core::{Action, Step};
 use super::Event;
+use crate::backoff::Backoff;
 use crate::crash::CrashPoint;
 use crate::fate::{Fatal, Fate};
 use crate::store::{self, Batch, Store};
@@ -123,7 +124,7 @@ fn send_orders(steps: &mut [Step], events: &broadcast::Sender<Event>) {
 /// meanwhile). Any other failure is fail-stop: nothing after it may be
 /// acknowledged.
 fn until_available(ready: &super::Readiness, mut call: impl FnMut() -> Result<(), store::Error>) -> Result<(), Fatal> {
-    let mut delay = Duration::from_millis(50);
+    let mut pauses = Backoff::doubling(Duration::from_millis(50), Duration::from_secs(5));
     loop {
         match call() {
             Ok(()) => {
@@ -136,8 +137,7 @@ fn until_available(ready: &super::Readiness, mut call: impl FnMut() -> Result<()
                 if ready.set(false) {
                     tracing::error!(error = %e, "the store is away: nothing is acknowledged until it is back");
                 }
-                std::thread::sleep(delay);
-                delay = (delay * 2).min(Duration::from_secs(5));
+                std::thread::sleep(pauses.next_pause());
             }
             Err(e @ store::Error::Fenced { .. }) => {
                 tracing::warn!(error = %e, "write refused: this instance was deactivated");

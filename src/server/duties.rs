@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backoff::Backoff;
 use crate::fate::Fate;
 
 /// When a duty ends in a stop.
@@ -65,7 +66,8 @@ impl Duties {
 
     /// Keeps the loop `duty` makes running until its stage of a stop: one
     /// that panics or ends before it is started again after a pause (1 s,
-    /// doubling to 30 s) and reported at error level each time. Nothing is
+    /// doubling to 30 s, back to 1 s after a run of 30 s or more) and
+    /// reported at error level each time. Nothing is
     /// started again once a fatal condition was met.
     pub fn keep<F, Fut>(&self, name: &'static str, stage: Stage, duty: F)
     where
@@ -76,8 +78,9 @@ impl Duties {
         let stop = group.stop.clone();
         let fate = self.fate.clone();
         group.tasks.spawn(async move {
-            let mut pause = FIRST_PAUSE;
+            let mut pauses = Backoff::doubling(FIRST_PAUSE, MOST_PAUSE);
             loop {
+                let began = tokio::time::Instant::now();
                 let mut run = tokio::spawn(duty());
                 let ended = tokio::select! {
                     ended = &mut run => ended,
@@ -90,6 +93,11 @@ impl Duties {
                 if fate.fatal().is_some() || stop.is_cancelled() {
                     return;
                 }
+                // A duty that ran a good while before it failed starts at the first pause again.
+                if began.elapsed() >= MOST_PAUSE {
+                    pauses.reset();
+                }
+                let pause = pauses.next_pause();
                 match ended {
                     Ok(()) => tracing::error!(duty = name, pause_ms = pause.as_millis() as u64, "duty ended early; starting it again"),
                     Err(e) => tracing::error!(duty = name, error = %panic_text(e), pause_ms = pause.as_millis() as u64, "duty panicked; starting it again"),
@@ -98,7 +106,6 @@ impl Duties {
                     () = tokio::time::sleep(pause) => {}
                     () = stop.cancelled() => return,
                 }
-                pause = (pause * 2).min(MOST_PAUSE);
             }
         });
     }
@@ -188,6 +195,25 @@ mod tests {
         duties.stop_all().await;
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(runs.load(Ordering::SeqCst), 6, "nothing runs after the stop");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_duty_that_ran_a_good_while_starts_again_after_the_first_pause() {
+        let duties = Duties::new(Fate::default());
+        let runs = Arc::new(AtomicU32::new(0));
+        let counted = runs.clone();
+        duties.keep("long", Stage::Intake, move || {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(40)).await;
+            }
+        });
+        // Runs of 40 s with pauses of 1 s: starts at 0, 41 and 82 s (not 83,
+        // as a second pause of 2 s would give).
+        tokio::time::sleep(Duration::from_millis(82_500)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+        duties.stop_all().await;
     }
 
     #[tokio::test(start_paused = true)]

@@ -17,6 +17,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
 use super::Shared;
+use crate::backoff::Backoff;
 use crate::dispatch::{Assignment, FreeSlots};
 use crate::follower::{Loss, Outcome, Rejection};
 use crate::model::{AttemptId, HandlerId, JobId};
@@ -475,7 +476,7 @@ pub async fn report_to_leader(
     let peers = &shared.peers;
     let deadline = tokio::time::Instant::now() + REPORT_PATIENCE;
     let mut address = leader.or_else(|| peers.leaders.lock().expect("leaders lock").get(&task.job).cloned());
-    let mut pause = Duration::from_millis(100);
+    let mut pauses = Backoff::doubling(Duration::from_millis(100), Duration::from_secs(2));
     loop {
         let target = match address.take() {
             Some(address) => address,
@@ -497,8 +498,7 @@ pub async fn report_to_leader(
                         if tokio::time::Instant::now() >= deadline {
                             return None;
                         }
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_secs(2));
+                        tokio::time::sleep(pauses.next_pause()).await;
                         continue;
                     }
                 },
@@ -532,8 +532,7 @@ pub async fn report_to_leader(
         if tokio::time::Instant::now() >= deadline {
             return None;
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(2));
+        tokio::time::sleep(pauses.next_pause()).await;
     }
 }
 

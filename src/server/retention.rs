@@ -102,7 +102,7 @@ fn prunes_here(shared: &Shared) -> bool {
 
 /// Prunes every `--prune-interval`.
 pub async fn prunes(shared: std::sync::Arc<Shared>) {
-    let mut compactions = Backoff::default();
+    let mut compactions = CompactionPace::default();
     loop {
         tokio::time::sleep(shared.options.prune_interval).await;
         if !prunes_here(&shared) {
@@ -123,12 +123,12 @@ const MAX_SKIPPED_PRUNES: u32 = 63;
 
 /// When the next compaction is tried, after failures in a row.
 #[derive(Debug, Default)]
-struct Backoff {
+struct CompactionPace {
     failures: u32,
     skip: u32,
 }
 
-impl Backoff {
+impl CompactionPace {
     /// Whether to try at this prune.
     fn try_now(&mut self) -> bool {
         if self.skip > 0 {
@@ -183,7 +183,7 @@ mod tests {
     /// The prunes at which a compaction is tried, out of `n`, each try
     /// failing while `fails` says so.
     fn tries(n: u32, fails: impl Fn(u32) -> bool) -> Vec<u32> {
-        let mut backoff = Backoff::default();
+        let mut backoff = CompactionPace::default();
         let mut tried = Vec::new();
         for prune in 0..n {
             if backoff.try_now() {

@@ -42,6 +42,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::Streaming;
 
 use super::{ExecLog, Handler, Registry, TaskContext};
+use crate::backoff::Backoff;
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::follower::Outcome;
 use crate::model::{AttemptId, HandlerId, JobId, TaskIdx, TaskRef};
@@ -75,8 +76,6 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(15);
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-const MIN_BACKOFF: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Heartbeat intervals are at least this long, whatever the options or the admin say.
 const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
 /// The reason of a `CancelRequest` that gives none.
@@ -155,12 +154,11 @@ pub async fn run(
     let worker = &worker;
     let serve = async move {
         let mut work = Work::new(worker.options.lease);
-        // Several tries within one lease, so that a short outage costs no work.
-        let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF.min(worker.options.lease / 4).max(MIN_BACKOFF));
+        let mut backoff = reconnect_pauses(worker.options.lease);
         let mut admin = 0usize;
         loop {
             let end = worker.session(&worker.options.admins[admin], &mut work, &mut backoff, stop.clone()).await;
-            let mut delay = backoff.next_delay();
+            let mut delay = backoff.next_pause();
             match end {
                 SessionEnd::Stopped => break,
                 SessionEnd::Refused { message, reconnect_delay } => {
@@ -1010,28 +1008,14 @@ impl Executions {
     }
 }
 
-/// Reconnect delays: doubling from `min` up to `max`, back to `min` after a hello.
-#[derive(Clone, Debug)]
-struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    fn new(min: Duration, max: Duration) -> Backoff {
-        Backoff { min, max, next: min }
-    }
-
-    fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = self.next.saturating_mul(2).min(self.max);
-        delay
-    }
-
-    fn reset(&mut self) {
-        self.next = self.min;
-    }
+/// The pauses between tries to reach an admin, back to the first after a
+/// hello: a tenth of the lease (100 ms to 1 s), doubling up to a quarter of
+/// it (at most 30 s), each drawn between half and the whole, so that several
+/// tries fit in one lease (a short outage costs no work) and the workers of
+/// an admin that restarts do not all come back at once.
+fn reconnect_pauses(lease: Duration) -> Backoff {
+    let first = (lease / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    Backoff::spread(first, (lease / 4).clamp(first, Duration::from_secs(30)))
 }
 
 fn saturating_i32(n: u32) -> i32 {
@@ -1302,12 +1286,18 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_up_to_its_ceiling_and_resets() {
-        let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
-        let delays: Vec<u64> = (0..7).map(|_| backoff.next_delay().as_secs()).collect();
-        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30]);
-        backoff.reset();
-        assert_eq!(backoff.next_delay(), Duration::from_secs(1));
+    fn three_tries_to_reconnect_fit_in_any_lease() {
+        for lease_ms in [400, 1_000, 3_000, 10_000, 60_000, 600_000] {
+            let lease = Duration::from_millis(lease_ms);
+            for _ in 0..50 {
+                let mut pauses = reconnect_pauses(lease);
+                let three: Duration = (0..3).map(|_| pauses.next_pause()).sum();
+                assert!(three < lease, "three pauses take {three:?}, the lease is {lease:?}");
+            }
+            let mut pauses = reconnect_pauses(lease);
+            let most = (0..20).map(|_| pauses.next_pause()).max().unwrap();
+            assert!(most <= Duration::from_secs(30) && most <= (lease / 4).max(Duration::from_millis(100)), "{most:?}");
+        }
     }
 
     #[test]

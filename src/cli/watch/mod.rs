@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, Notify};
 use self::state::{Changed, Command, Key, Link, WatchState};
 use super::client::Connection;
 use super::{EXIT_JOB_FAILED, EXIT_USAGE};
+use crate::backoff::Backoff;
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::model::{JobState, TaskState};
 use crate::proto::api::{self, job_event};
@@ -100,26 +101,26 @@ fn is_terminal_state(state: &str) -> bool {
 /// Keeps a watch stream open: reconnects with backoff when it breaks and,
 /// once the job has ended, waits for `rewatch` (after a retry).
 async fn follow(connection: Connection, job_id: String, updates: mpsc::Sender<Update>, rewatch: Arc<Notify>) {
-    let mut backoff = BACKOFF_MIN;
+    let mut pauses = Backoff::doubling(BACKOFF_MIN, BACKOFF_MAX);
     loop {
         match watch_once(&connection, &job_id, &updates).await {
             Outcome::Ended => {
                 if updates.send(Update::Ended).await.is_err() {
                     return;
                 }
-                backoff = BACKOFF_MIN;
+                pauses.reset();
                 rewatch.notified().await;
             }
             Outcome::Lost { error, live } => {
                 if live {
-                    backoff = BACKOFF_MIN;
+                    pauses.reset();
                 }
+                let backoff = pauses.next_pause();
                 tracing::debug!(job.id = %job_id, %error, retry_in_ms = backoff.as_millis() as u64, "watch stream lost");
                 if updates.send(Update::Lost { error, retry_in: backoff }).await.is_err() {
                     return;
                 }
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
             }
             Outcome::Fatal(message) => {
                 let _ = updates.send(Update::Fatal(message)).await;
