@@ -1358,7 +1358,7 @@ impl Core {
                 let record: &TaskRecord = &job.tasks[idx as usize];
                 match record.state {
                     TaskState::Ready => ready.push(idx),
-                    // Held with no handler: recovery rule R1 takes it back.
+                    // Held with no handler is not read back: decoding makes it ready (rule R1).
                     TaskState::Assigned | TaskState::Running => {
                         if let Some(handler) = record.handler {
                             held.push((idx, record.attempt, handler, record.assigned_at.unwrap_or(now)));

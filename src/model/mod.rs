@@ -6,8 +6,10 @@ mod ids;
 mod record;
 mod spec;
 mod state;
+mod stored;
 
 pub use ids::{AttemptId, HandlerId, JobId, NotAnAttemptId, TaskIdx, TaskRef};
 pub use record::{JobOrigin, JobRecord, TaskRecord, Texts};
 pub use spec::{hex, JobSpec, Priority, TaskSpec};
 pub use state::{JobState, StateCounts, TaskState};
+pub use stored::TaskRecordV1;

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
+use super::stored::TaskRecordV1;
 use super::{HandlerId, JobId, JobState, TaskState};
 use crate::clock::Timestamp;
 
@@ -37,8 +38,10 @@ pub struct JobRecord {
 }
 
 /// The runtime state of one task. A task with no stored record is in its
-/// initial state: `ready` without dependencies, `pending` with.
+/// initial state: `ready` without dependencies, `pending` with. Stored and
+/// exported as `TaskRecordV1` (`super::stored`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(from = "TaskRecordV1", into = "TaskRecordV1")]
 pub struct TaskRecord {
     pub state: TaskState,
     /// Number of times the task was handed to a handler; 0 before the first.
@@ -58,11 +61,9 @@ pub struct TaskRecord {
     pub not_before: Option<Timestamp>,
     pub error: Option<Arc<str>>,
     /// The last lines of output the handler reported (bounded).
-    #[serde(deserialize_with = "lines_or_none")]
     pub output: Arc<[Arc<str>]>,
     /// The last progress the handler reported for the current attempt.
     pub progress_percent: f32,
-    #[serde(deserialize_with = "text_or_empty")]
     pub stage: Arc<str>,
 }
 
@@ -100,12 +101,12 @@ pub fn no_lines() -> Arc<[Arc<str>]> {
     NONE.get_or_init(|| Arc::new([])).clone()
 }
 
-fn text_or_empty<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Arc<str>, D::Error> {
+pub(super) fn text_or_empty<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Arc<str>, D::Error> {
     let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
     Ok(if text.is_empty() { empty_text() } else { Arc::from(text.as_ref()) })
 }
 
-fn lines_or_none<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Arc<[Arc<str>]>, D::Error> {
+pub(super) fn lines_or_none<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Arc<[Arc<str>]>, D::Error> {
     let lines = <Vec<Arc<str>>>::deserialize(deserializer)?;
     Ok(if lines.is_empty() { no_lines() } else { Arc::from(lines) })
 }

@@ -17,6 +17,7 @@ mod journal;
 mod memory;
 mod postgres;
 mod sled;
+pub mod stored_v1;
 mod task_group;
 pub mod transfer;
 

@@ -8,7 +8,7 @@ use super::conformance::{record, spec};
 use super::transfer::export;
 use super::{Batch, MemoryStore, SledStore, Store};
 use crate::clock::Timestamp;
-use crate::model::{JobId, JobState, TaskIdx, TaskRecord, TaskState};
+use crate::model::{HandlerId, JobId, JobState, TaskIdx, TaskRecord, TaskState};
 
 #[test]
 fn memory_store_crash_forgets_unflushed_writes() {
@@ -611,13 +611,16 @@ fn sled_task_groups_rewritten_piecemeal_read_back_whole() {
         let store = SledStore::open(&path).unwrap();
         store.write(&Batch { new_jobs: vec![(job.clone(), spec.clone())], ..Batch::default() }).unwrap();
         let mut next = 0x9e37_79b9u32;
+        let worker = HandlerId::new();
         for round in 0..300u32 {
             next = next.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             let changed: Vec<(JobId, TaskIdx, TaskRecord)> = (0..1 + next % 4)
                 .map(|k| {
                     let idx = (next >> 8).wrapping_add(k * 29) % tasks as u32;
+                    // A held task has its handler (one without is made ready when read: rule R1).
                     let task = TaskRecord {
                         state: [TaskState::Assigned, TaskState::Running, TaskState::Succeeded][(round % 3) as usize],
+                        handler: Some(worker),
                         attempt: round,
                         stage: format!("round {round}").as_str().into(),
                         error: (round % 5 == 0).then(|| format!("failed in round {round}").as_str().into()),
