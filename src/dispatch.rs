@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::clock::Timestamp;
+pub use crate::model::Place;
 use crate::model::{AttemptId, HandlerId, JobId, Priority, TaskRef};
 
 /// A unit of work sent to a handler.
@@ -59,40 +60,6 @@ pub struct HandlerSpec {
     pub sink: Sink,
     /// Where it runs, to prefer it for work on its own host or rack.
     pub place: Place,
-}
-
-/// Where a handler runs, or where a task's data lives.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Place {
-    /// Host name or IP address, without a port.
-    pub host: Option<Arc<str>>,
-    pub rack: Option<Arc<str>>,
-}
-
-impl Place {
-    /// How far `self` (a handler) is from `data`: 0 on its host, 1 in its
-    /// rack, 2 elsewhere or unknown.
-    pub fn distance(&self, data: &Place) -> u8 {
-        let same = |a: &Option<Arc<str>>, b: &Option<Arc<str>>| a.is_some() && a == b;
-        if same(&self.host, &data.host) {
-            0
-        } else if same(&self.rack, &data.rack) {
-            1
-        } else {
-            2
-        }
-    }
-
-    /// The host of `host:port`, `[v6]:port` or a bare host.
-    pub fn host_of(address: &str) -> Option<Arc<str>> {
-        let address = address.trim();
-        let host = match address.strip_prefix('[') {
-            Some(rest) => rest.split(']').next().unwrap_or_default(),
-            None if address.matches(':').count() == 1 => address.split(':').next().unwrap_or_default(),
-            None => address,
-        };
-        (!host.is_empty()).then(|| Arc::from(host))
-    }
 }
 
 /// How long a handler took for a job type lately: a moving average of its

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::dag::{Cycle, Dag};
-use crate::model::{JobSpec, Priority, TaskSpec};
+use crate::model::{JobSpec, Placement, Priority, TaskSpec};
 
 /// Bounds on what a job may hold.
 #[derive(Clone, Debug)]
@@ -648,6 +648,7 @@ fn validate(file: JobFile, fingerprint: [u8; 32], limits: &Limits) -> Result<Job
         let job_type =
             job_types.entry(task.job_type.clone()).or_insert_with(|| Arc::from(task.job_type.as_str())).clone();
         tasks.push(TaskSpec {
+            placement: Placement::of(&labels, &parameters),
             id: task.id.into_boxed_str(),
             job_type,
             parameters,

@@ -367,17 +367,15 @@ impl Core {
         resources.extend(self.cooling.keys().map(|key| (key.clone(), true)));
         self.resource_jobs.retain(|id, _| self.jobs.contains_key(id));
         for (id, job) in &self.jobs {
-            let on_resources = *self
-                .resource_jobs
-                .entry(*id)
-                .or_insert_with(|| job.spec.tasks.iter().any(|t| resource_of(&t.labels).is_some()));
+            let on_resources =
+                *self.resource_jobs.entry(*id).or_insert_with(|| job.spec.tasks.iter().any(|t| t.lock().is_some()));
             if !on_resources {
                 continue;
             }
             for (spec, record) in job.spec.tasks.iter().zip(&job.tasks) {
                 if record.state == TaskState::Ready {
-                    if let Some(key) = resource_of(&spec.labels) {
-                        resources.entry(key).or_insert(false);
+                    if let Some(key) = spec.lock() {
+                        resources.entry(key.to_string()).or_insert(false);
                     }
                 }
             }
@@ -506,7 +504,7 @@ impl Core {
             attempt,
             handler,
             job_type: spec.job_type.clone(),
-            resource: resource_of(&spec.labels),
+            resource: spec.lock().map(str::to_string),
             deadline: spec.execution_timeout_seconds.or(type_timeout).map(|s| assigned_at.plus_seconds(s)),
             own_timeout: spec.execution_timeout_seconds.is_some(),
         };
@@ -678,7 +676,7 @@ impl Core {
                         .values()
                         .flat_map(|job| {
                             job.spec.tasks.iter().zip(&job.tasks).filter(|(_, t)| !t.state.is_terminal()).filter_map(
-                                |(spec, _)| spec.labels.get("dedupe_key").filter(|k| !k.is_empty()).cloned(),
+                                |(spec, _)| spec.placement.as_ref()?.dedupe_key.as_deref().map(str::to_string),
                             )
                         })
                         .collect();
@@ -1015,11 +1013,11 @@ impl Core {
                             started_at: t.started_at.map(Timestamp::as_millis),
                             updated_at: t.updated_at.as_millis(),
                             finished_at: t.finished_at.map(Timestamp::as_millis),
-                            pinned_node: spec.labels.get("node").cloned(),
+                            pinned_node: spec.placement.as_ref().and_then(|p| p.node.as_deref()).map(str::to_string),
                             progress_timeout_ms: t
                                 .state
                                 .is_held()
-                                .then(|| estimated_runtime_ms(&spec.parameters).map(|ms| ms.saturating_mul(2)))
+                                .then(|| spec.placement.as_ref()?.estimated_runtime_ms.map(|ms| ms.saturating_mul(2)))
                                 .flatten(),
                             queued: self.dispatch.is_queued(TaskRef { job: job.id(), idx: TaskIdx(idx as u32) }),
                         }
@@ -1212,10 +1210,9 @@ impl Core {
         let spec = &job.spec.tasks[task.idx.index()];
         // A task never runs while another task on the same volume runs,
         // whatever job or job type that one belongs to.
-        let locked_elsewhere = |key: &String| self.resource_permits.as_ref().is_some_and(|held| !held.contains(key));
-        let cooling = |key: &String| self.cooling.get(key).is_some_and(|until| *until > now);
-        if resource_of(&spec.labels).is_some_and(|key| self.held.locks(&key) || locked_elsewhere(&key) || cooling(&key))
-        {
+        let locked_elsewhere = |key: &str| self.resource_permits.as_ref().is_some_and(|held| !held.contains(key));
+        let cooling = |key: &str| self.cooling.get(key).is_some_and(|until| *until > now);
+        if spec.lock().is_some_and(|key| self.held.locks(key) || locked_elsewhere(key) || cooling(key)) {
             blocked.push((task, spec.priority));
             return Take::Skipped;
         }
@@ -1417,37 +1414,12 @@ impl Core {
     }
 }
 
-/// A task's estimated runtime, from its `estimated_runtime_seconds`
-/// parameter (SeaweedFS's detectors set it), in milliseconds.
-fn estimated_runtime_ms(parameters: &str) -> Option<i64> {
-    if !parameters.contains("estimated_runtime_seconds") {
-        return None;
-    }
-    let value: serde_json::Value = serde_json::from_str(parameters).ok()?;
-    let seconds = match value.get("estimated_runtime_seconds")? {
-        serde_json::Value::Number(n) => n.as_f64()?,
-        serde_json::Value::String(s) => s.trim().parse().ok()?,
-        _ => return None,
-    };
-    (seconds > 0.0).then(|| (seconds * 1000.0).min(i64::MAX as f64 / 4.0) as i64)
-}
-
-/// Where a task's data lives, by its labels: `source_node` (as SeaweedFS's
-/// detectors set it) or `server`, and `rack`.
+/// Where a task's data lives (`TaskSpec::place`).
 fn place_of(jobs: &HashMap<JobId, ActiveJob>, task: TaskRef) -> Place {
-    let Some(spec) = jobs.get(&task.job).and_then(|j| j.spec.tasks.get(task.idx.index())) else {
-        return Place::default();
-    };
-    let labels = &spec.labels;
-    Place {
-        host: labels.get("source_node").or_else(|| labels.get("server")).and_then(|a| Place::host_of(a)),
-        rack: labels.get("rack").filter(|r| !r.is_empty()).map(|r| Arc::from(r.as_str())),
-    }
-}
-
-/// The resource a task locks while it runs: its volume.
-fn resource_of(labels: &std::collections::BTreeMap<String, String>) -> Option<String> {
-    labels.get("volume_id").map(|v| format!("volume:{v}"))
+    jobs.get(&task.job)
+        .and_then(|j| j.spec.tasks.get(task.idx.index()))
+        .map(crate::model::TaskSpec::place)
+        .unwrap_or_default()
 }
 
 fn recovery_state(state: TaskState) -> recovery::TaskState {

@@ -10,6 +10,6 @@ mod stored;
 
 pub use ids::{AttemptId, HandlerId, JobId, NotAnAttemptId, TaskIdx, TaskRef};
 pub use record::{JobOrigin, JobRecord, TaskRecord, Texts};
-pub use spec::{hex, JobSpec, Priority, TaskSpec};
+pub use spec::{hex, JobSpec, Place, Placement, Priority, TaskSpec};
 pub use state::{JobState, StateCounts, TaskState};
 pub use stored::TaskRecordV1;

@@ -36,8 +36,11 @@ impl fmt::Display for Priority {
     }
 }
 
-/// One task as the job file declared it, after validation.
+/// One task as the job file declared it, after validation. Stored as the
+/// fields before `placement`, which is read from them whenever a task is
+/// read (from a job file, or back from the store).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(from = "TaskSpecV1")]
 pub struct TaskSpec {
     pub id: Box<str>,
     pub job_type: Arc<str>,
@@ -48,6 +51,135 @@ pub struct TaskSpec {
     pub retry_limit: u32,
     pub retry_backoff_seconds: u64,
     pub execution_timeout_seconds: Option<u64>,
+    /// What its labels and parameters say of where its work lies; none for
+    /// a task that says nothing of it.
+    #[serde(skip_serializing)]
+    pub placement: Option<Box<Placement>>,
+}
+
+/// A task's spec as stored (a spec chunk, an export): the fields of
+/// `TaskSpec` but its placement, frozen.
+#[derive(Deserialize)]
+struct TaskSpecV1 {
+    id: Box<str>,
+    job_type: Arc<str>,
+    parameters: Box<str>,
+    priority: Priority,
+    labels: BTreeMap<String, String>,
+    retry_limit: u32,
+    retry_backoff_seconds: u64,
+    execution_timeout_seconds: Option<u64>,
+}
+
+impl From<TaskSpecV1> for TaskSpec {
+    fn from(stored: TaskSpecV1) -> TaskSpec {
+        TaskSpec {
+            placement: Placement::of(&stored.labels, &stored.parameters),
+            id: stored.id,
+            job_type: stored.job_type,
+            parameters: stored.parameters,
+            priority: stored.priority,
+            labels: stored.labels,
+            retry_limit: stored.retry_limit,
+            retry_backoff_seconds: stored.retry_backoff_seconds,
+            execution_timeout_seconds: stored.execution_timeout_seconds,
+        }
+    }
+}
+
+impl TaskSpec {
+    /// The volume it locks while it runs, as `volume:ID`.
+    pub fn lock(&self) -> Option<&str> {
+        self.placement.as_ref()?.lock.as_deref()
+    }
+
+    /// Where its data lives; unknown if it does not say.
+    pub fn place(&self) -> Place {
+        self.placement.as_ref().map(|p| p.place.clone()).unwrap_or_default()
+    }
+}
+
+/// What a task's labels and parameters say of where its work lies, read
+/// once when the task is read, so that the engine reads no label by name
+/// and parses no parameters. The names are those SeaweedFS's detectors set.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Placement {
+    /// The volume it locks while it runs: label `volume_id`, as `volume:ID`.
+    pub lock: Option<Box<str>>,
+    /// Its data's host (label `source_node`, else `server`) and rack (`rack`).
+    pub place: Place,
+    /// The volume server it must run beside: label `node`.
+    pub node: Option<Box<str>>,
+    /// What detections are deduplicated by: label `dedupe_key`, if not empty.
+    pub dedupe_key: Option<Box<str>>,
+    /// How long it should take: parameter `estimated_runtime_seconds`, in ms.
+    pub estimated_runtime_ms: Option<i64>,
+}
+
+impl Placement {
+    /// None when the task says nothing of where its work lies.
+    pub fn of(labels: &BTreeMap<String, String>, parameters: &str) -> Option<Box<Placement>> {
+        let text = |key: &str| labels.get(key).filter(|v| !v.is_empty()).map(|v| Box::<str>::from(v.as_str()));
+        let placement = Placement {
+            lock: labels.get("volume_id").map(|v| format!("volume:{v}").into_boxed_str()),
+            place: Place {
+                host: labels.get("source_node").or_else(|| labels.get("server")).and_then(|a| Place::host_of(a)),
+                rack: labels.get("rack").filter(|r| !r.is_empty()).map(|r| Arc::from(r.as_str())),
+            },
+            node: labels.get("node").map(|v| Box::<str>::from(v.as_str())),
+            dedupe_key: text("dedupe_key"),
+            estimated_runtime_ms: estimated_runtime_ms(parameters),
+        };
+        (placement != Placement::default()).then(|| Box::new(placement))
+    }
+}
+
+/// Parameter `estimated_runtime_seconds` (a number, or a number as text), in milliseconds.
+fn estimated_runtime_ms(parameters: &str) -> Option<i64> {
+    if !parameters.contains("estimated_runtime_seconds") {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_str(parameters).ok()?;
+    let seconds = match value.get("estimated_runtime_seconds")? {
+        serde_json::Value::Number(n) => n.as_f64()?,
+        serde_json::Value::String(s) => s.trim().parse().ok()?,
+        _ => return None,
+    };
+    (seconds > 0.0).then(|| (seconds * 1000.0).min(i64::MAX as f64 / 4.0) as i64)
+}
+
+/// Where a handler runs, or where a task's data lives.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Place {
+    /// Host name or IP address, without a port.
+    pub host: Option<Arc<str>>,
+    pub rack: Option<Arc<str>>,
+}
+
+impl Place {
+    /// How far `self` (a handler) is from `data`: 0 on its host, 1 in its
+    /// rack, 2 elsewhere or unknown.
+    pub fn distance(&self, data: &Place) -> u8 {
+        let same = |a: &Option<Arc<str>>, b: &Option<Arc<str>>| a.is_some() && a == b;
+        if same(&self.host, &data.host) {
+            0
+        } else if same(&self.rack, &data.rack) {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// The host of `host:port`, `[v6]:port` or a bare host.
+    pub fn host_of(address: &str) -> Option<Arc<str>> {
+        let address = address.trim();
+        let host = match address.strip_prefix('[') {
+            Some(rest) => rest.split(']').next().unwrap_or_default(),
+            None if address.matches(':').count() == 1 => address.split(':').next().unwrap_or_default(),
+            None => address,
+        };
+        (!host.is_empty()).then(|| Arc::from(host))
+    }
 }
 
 /// A validated job: tasks in a fixed order (their `TaskIdx`) and the graph over them.
@@ -96,4 +228,64 @@ pub fn hex(bytes: &[u8]) -> String {
         let _ = write!(out, "{b:02x}");
         out
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(labels: &[(&str, &str)], parameters: &str) -> TaskSpec {
+        let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        TaskSpec {
+            id: "t".into(),
+            job_type: Arc::from("balance"),
+            parameters: parameters.into(),
+            priority: Priority::High,
+            placement: Placement::of(&labels, parameters),
+            labels,
+            retry_limit: 2,
+            retry_backoff_seconds: 5,
+            execution_timeout_seconds: Some(60),
+        }
+    }
+
+    #[test]
+    fn a_detection_s_labels_and_parameters_are_read_once_into_its_placement() {
+        let spec = task(
+            &[
+                ("volume_id", "7"),
+                ("source_node", "10.0.0.1:8080"),
+                ("rack", "r1"),
+                ("node", "10.0.0.1:8080"),
+                ("dedupe_key", "balance:7"),
+            ],
+            r#"{"volume_id":7,"estimated_runtime_seconds":"90"}"#,
+        );
+        assert_eq!(spec.lock(), Some("volume:7"));
+        assert_eq!(spec.place(), Place { host: Some(Arc::from("10.0.0.1")), rack: Some(Arc::from("r1")) });
+        let placement = spec.placement.as_deref().unwrap();
+        assert_eq!(placement.node.as_deref(), Some("10.0.0.1:8080"));
+        assert_eq!(placement.dedupe_key.as_deref(), Some("balance:7"));
+        assert_eq!(placement.estimated_runtime_ms, Some(90_000));
+        let server = task(&[("server", "[::1]:8080"), ("dedupe_key", "")], r#"{"estimated_runtime_seconds":1.5}"#);
+        assert_eq!(server.place().host.as_deref(), Some("::1"));
+        let placement = server.placement.as_deref().unwrap();
+        assert_eq!((placement.dedupe_key.as_deref(), placement.estimated_runtime_ms), (None, Some(1_500)));
+    }
+
+    #[test]
+    fn a_task_that_says_nothing_of_where_it_runs_has_no_placement() {
+        let spec = task(&[("team", "storage")], r#"{"estimated_runtime_seconds":0,"n":1}"#);
+        assert_eq!(spec.placement, None);
+        assert_eq!((spec.lock(), spec.place()), (None, Place::default()));
+    }
+
+    #[test]
+    fn the_placement_is_not_stored_and_is_read_again_from_what_is() {
+        let spec = task(&[("volume_id", "7"), ("rack", "r1")], "{}");
+        let bytes = postcard::to_allocvec(&spec).unwrap();
+        let without = TaskSpec { placement: None, ..spec.clone() };
+        assert_eq!(bytes, postcard::to_allocvec(&without).unwrap(), "the stored bytes are those of TaskSpecV1");
+        assert_eq!(postcard::from_bytes::<TaskSpec>(&bytes).unwrap(), spec);
+    }
 }
