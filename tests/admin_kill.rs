@@ -66,15 +66,16 @@ fn admin_killed(store: &[String]) {
         "15s",
     ];
     server_args.extend(store.iter().map(String::as_str));
+    // The crash point goes to the server's environment alone (`env` execs
+    // it, so its pid is the server's): set on this process, it would reach
+    // every server, worker and in-process engine of the other tests.
     let start = |crash: Option<String>| {
-        if let Some(crash) = &crash {
-            std::env::set_var("JOBCENTER_CRASH_AT", crash);
-        } else {
-            std::env::remove_var("JOBCENTER_CRASH_AT");
-        }
-        let server = Server::start_on(&data, &http, &server_args);
-        std::env::remove_var("JOBCENTER_CRASH_AT");
-        server
+        let wrapper = match &crash {
+            Some(crash) => vec!["env".to_string(), format!("JOBCENTER_CRASH_AT={crash}")],
+            None => ["env", "-u", "JOBCENTER_CRASH_AT"].map(String::from).to_vec(),
+        };
+        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+        Server::start_wrapped(&wrapper, &data, &http, &server_args)
     };
 
     let n_tasks: usize = std::env::var("JOBCENTER_ADMIN_KILL_TASKS").ok().and_then(|n| n.parse().ok()).unwrap_or(2000);
