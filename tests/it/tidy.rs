@@ -1,5 +1,6 @@
 //! Repository hygiene that review would otherwise repeat: every Rust file
-//! opens with a `//!` line saying what it is for.
+//! opens with a `//!` line saying what it is for, and the integration tests
+//! stay one binary.
 
 use std::path::{Path, PathBuf};
 
@@ -88,4 +89,57 @@ fn only_main_ends_or_replaces_the_process() {
     assert_eq!(src_files_naming(".exec()"), ["src/main.rs"], "only main starts the process over");
     // The crash points of the kill tests stand for a power cut, on request only.
     assert_eq!(src_files_naming("process::abort"), ["src/crash.rs"], "library code must not abort");
+}
+
+#[test]
+fn the_integration_tests_are_one_binary() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // Nothing directly under tests/ that cargo would build as a test of its
+    // own: no `tests/NAME.rs`, no `tests/NAME/main.rs` but tests/it's.
+    let mut stray: Vec<String> = std::fs::read_dir(root.join("tests"))
+        .expect("read tests/")
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| {
+            path.extension().is_some_and(|e| e == "rs")
+                || (path.join("main.rs").is_file() && path.file_name().is_some_and(|n| n != "it"))
+        })
+        .map(|path| path.strip_prefix(root).unwrap_or(&path).display().to_string())
+        .collect();
+    stray.sort();
+    assert!(
+        stray.is_empty(),
+        "tests are modules of tests/it (tests/it/NAME.rs, `mod NAME;` in its main.rs): {stray:?}"
+    );
+
+    // Cargo.toml names that binary as its only test target.
+    let manifest: toml::Table = std::fs::read_to_string(root.join("Cargo.toml")).unwrap().parse().unwrap();
+    let targets: Vec<(&str, &str)> = manifest
+        .get("test")
+        .and_then(|t| t.as_array())
+        .into_iter()
+        .flatten()
+        .map(|t| (t["name"].as_str().unwrap_or_default(), t["path"].as_str().unwrap_or_default()))
+        .collect();
+    assert_eq!(targets, [("it", "tests/it/main.rs")], "Cargo.toml's [[test]] targets");
+    assert_eq!(manifest["package"].get("autotests").and_then(|a| a.as_bool()), Some(false), "autotests = false");
+
+    // Each file of tests/it is a module of the binary: one left out would
+    // never be built nor run.
+    let main = std::fs::read_to_string(root.join("tests/it/main.rs")).unwrap();
+    let mut unreached: Vec<String> = std::fs::read_dir(root.join("tests/it"))
+        .expect("read tests/it/")
+        .flatten()
+        .filter_map(|entry| {
+            let path = entry.path();
+            let module = match path.extension() {
+                Some(e) if e == "rs" => path.file_stem()?.to_str()?.to_string(),
+                None if path.join("mod.rs").is_file() => path.file_name()?.to_str()?.to_string(),
+                _ => return None,
+            };
+            (module != "main" && !main.lines().any(|line| line == format!("mod {module};"))).then_some(module)
+        })
+        .collect();
+    unreached.sort();
+    assert!(unreached.is_empty(), "modules of tests/it that tests/it/main.rs does not declare: {unreached:?}");
 }
