@@ -1,5 +1,5 @@
 //! The conformance suite every store backend must pass: memory, sled and
-//! PostgreSQL (`tests/store_conformance.rs` runs it against each). Each check
+//! PostgreSQL (`tests/it/store_conformance.rs` runs it against each). Each check
 //! takes a store to use and a way to open the same store again.
 
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! sled data directory refused when it is locked, foreign or damaged, and
 //! its compaction: nothing lost, however it is interrupted. The
 //! conformance suite that every backend passes is `conformance.rs`, run by
-//! `tests/store_conformance.rs`.
+//! `tests/it/store_conformance.rs`.
 
 use super::conformance::{record, spec};
 use super::transfer::export;

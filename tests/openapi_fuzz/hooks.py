@@ -1,4 +1,4 @@
-"""Hooks of schemathesis for tests/openapi_fuzz.rs.
+"""Hooks of schemathesis for tests/it/openapi_fuzz.rs.
 
 - Half of the cases whose path parameters schemathesis made valid name a
   job, a task or a job type the server really holds (JOBCENTER_FUZZ_JOBS,
