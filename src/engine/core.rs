@@ -18,9 +18,15 @@ use crate::dispatch::{Assignment, Dispatch, FreeSlots, HandlerSpec, Place, Sink,
 use crate::follower::{self, Loss, Outcome, Rejection, Released};
 use crate::leader;
 use crate::model::{
-    AttemptId, HandlerId, JobId, JobOrigin, JobRecord, JobSpec, JobState, TaskIdx, TaskRecord, TaskRef, TaskState,
+    AttemptId, HandlerId, JobId, JobOrigin, JobRecord, JobSpec, TaskIdx, TaskRecord, TaskRef, TaskState,
 };
 use crate::store::{Batch, StoredJob};
+
+mod cluster;
+mod handler;
+mod job;
+mod query;
+mod report;
 
 pub(super) type Reply<T> = oneshot::Sender<T>;
 
@@ -33,26 +39,52 @@ enum Take {
     Assigned(Assignment),
 }
 
+/// Every step the engine applies, by what it is about.
 pub(super) enum Command {
+    Job(JobCommand),
+    Report(ReportCommand),
+    Handler(HandlerCommand),
+    Cluster(ClusterCommand),
+    Query(Query),
+}
+
+impl From<JobCommand> for Command {
+    fn from(command: JobCommand) -> Command {
+        Command::Job(command)
+    }
+}
+
+impl From<ReportCommand> for Command {
+    fn from(command: ReportCommand) -> Command {
+        Command::Report(command)
+    }
+}
+
+impl From<HandlerCommand> for Command {
+    fn from(command: HandlerCommand) -> Command {
+        Command::Handler(command)
+    }
+}
+
+impl From<ClusterCommand> for Command {
+    fn from(command: ClusterCommand) -> Command {
+        Command::Cluster(command)
+    }
+}
+
+impl From<Query> for Command {
+    fn from(command: Query) -> Command {
+        Command::Query(command)
+    }
+}
+
+/// Jobs and their types: submit, cancel, retry, remove, settings, limits and gates, and recovery's actions on them.
+pub(super) enum JobCommand {
     Submit {
         id: JobId,
         spec: Arc<JobSpec>,
         origin: JobOrigin,
         reply: Reply<Result<JobId, Error>>,
-    },
-    Started {
-        attempt: AttemptId,
-        handler: HandlerId,
-        reply: Option<Reply<Result<(), Rejection>>>,
-    },
-    Complete {
-        attempt: AttemptId,
-        handler: HandlerId,
-        outcome: Outcome,
-        /// When the report reached the server, to measure dispatch latency.
-        received: Option<std::time::Instant>,
-        /// Told once the step is durable (or the report refused).
-        answer: Option<Answer>,
     },
     Cancel {
         job: JobId,
@@ -71,6 +103,42 @@ pub(super) enum Command {
         jobs: Vec<JobId>,
         reply: Reply<usize>,
     },
+    PutSettings {
+        settings: Vec<(String, Option<Vec<u8>>)>,
+        reply: Reply<()>,
+    },
+    SetLimits {
+        job_type: Arc<str>,
+        limits: TypeLimits,
+    },
+    Gate {
+        gated: Vec<Arc<str>>,
+        open: bool,
+        /// (queued, running) attempts of gated job types.
+        reply: Reply<(usize, u32)>,
+    },
+    ApplyRecovery {
+        actions: Vec<(recovery::Rule, recovery::Action)>,
+        reply: Reply<Vec<bool>>,
+    },
+}
+
+/// What a handler reports of an attempt it holds: started, progress, its outcome, or that it gave it up.
+pub(super) enum ReportCommand {
+    Started {
+        attempt: AttemptId,
+        handler: HandlerId,
+        reply: Option<Reply<Result<(), Rejection>>>,
+    },
+    Complete {
+        attempt: AttemptId,
+        handler: HandlerId,
+        outcome: Outcome,
+        /// When the report reached the server, to measure dispatch latency.
+        received: Option<std::time::Instant>,
+        /// Told once the step is durable (or the report refused).
+        answer: Option<Answer>,
+    },
     Progress {
         attempt: AttemptId,
         handler: HandlerId,
@@ -83,6 +151,10 @@ pub(super) enum Command {
         loss: Loss,
         answer: Option<Answer>,
     },
+}
+
+/// Handlers coming and going: connections, slots, reconciliations after a reconnect, and leases renewed.
+pub(super) enum HandlerCommand {
     Connected {
         spec: HandlerSpec,
     },
@@ -106,31 +178,69 @@ pub(super) enum Command {
         handler: HandlerId,
         running: u32,
     },
-    SetLimits {
-        job_type: Arc<str>,
-        limits: TypeLimits,
-    },
-    RecoverySnapshot {
-        reply: Reply<(Vec<recovery::JobSnapshot>, Vec<HandlerId>)>,
-    },
-    ApplyRecovery {
-        actions: Vec<(recovery::Rule, recovery::Action)>,
-        reply: Reply<Vec<bool>>,
-    },
     Reconcile {
         handler: HandlerId,
         running: HashSet<AttemptId>,
         dropped_before: Option<Timestamp>,
         reply: Reply<super::Reconciled>,
     },
+    /// Which of these attempts the handler holds here (read from memory:
+    /// an attempt a worker runs was durable before it was sent).
+    Holds {
+        handler: HandlerId,
+        attempts: Vec<AttemptId>,
+        reply: Reply<Vec<AttemptId>>,
+    },
+    /// A worker without a lease (it drops its work with its stream)
+    /// connected as `handler`: the attempts any other handler of the same
+    /// worker id holds while away are over now. Answers them.
+    Returned {
+        handler: HandlerId,
+        name: Arc<str>,
+        reply: Reply<Vec<Returned>>,
+    },
+    /// Another instance renews the handler's lease for these attempts: of
+    /// those it holds, none is taken back before `keep` from now.
+    Vouch {
+        handler: HandlerId,
+        attempts: Vec<AttemptId>,
+        keep: Duration,
+        reply: Reply<Vec<AttemptId>>,
+    },
+}
+
+/// Work between instances on one store: jobs adopted and released, slots reserved, attempts lent and borrowed, permits.
+pub(super) enum ClusterCommand {
+    /// Takes the lead of jobs claimed from the store (another instance led them).
+    Adopt { jobs: Vec<StoredJob>, reply: Reply<usize> },
+    /// Stops leading up to `up_to` jobs that no attempt runs for and nobody
+    /// waits on, so that other instances may claim them.
+    Release { up_to: usize, reply: Reply<Vec<JobId>> },
+    /// Reserves the free slots no queued task here can use, to offer them
+    /// to the jobs other instances lead.
+    Reserve { reply: Reply<Vec<FreeSlots>> },
+    /// Attempts another instance lent for the reserved slots of a handler.
+    Borrowed { handler: HandlerId, reserved: u32, lent: Vec<Assignment>, reply: Reply<Vec<Assignment>> },
+    /// A borrowed attempt's report was settled with its leader.
+    ReturnBorrowed { attempt: AttemptId },
+    /// Lends queued tasks to another instance's handlers.
+    Lend { slots: Vec<FreeSlots>, reply: Reply<Vec<(HandlerId, Assignment)>> },
+    /// What this instance asks of the cluster's permits: limited job types and resources.
+    PermitDemand { reply: oneshot::Sender<crate::dispatch::Demand> },
+    /// The slots of each type's global limit this instance holds, and the
+    /// resources (volumes) it holds the cluster's lock of.
+    SetPermits { permits: HashMap<Arc<str>, u32>, resources: HashSet<String> },
+    /// The handlers connected to the other live instances now.
+    PeerHandlers { handlers: HashSet<HandlerId> },
+}
+
+/// Reads: each is answered from memory once the step it sees is durable, and changes nothing but who waits.
+pub(super) enum Query {
+    RecoverySnapshot {
+        reply: Reply<(Vec<recovery::JobSnapshot>, Vec<HandlerId>)>,
+    },
     ActiveDedupeKeys {
         reply: Reply<HashSet<String>>,
-    },
-    Gate {
-        gated: Vec<Arc<str>>,
-        open: bool,
-        /// (queued, running) attempts of gated job types.
-        reply: Reply<(usize, u32)>,
     },
     Get {
         job: JobId,
@@ -161,79 +271,6 @@ pub(super) enum Command {
     },
     ActiveJobs {
         reply: Reply<Vec<JobRecord>>,
-    },
-    PutSettings {
-        settings: Vec<(String, Option<Vec<u8>>)>,
-        reply: Reply<()>,
-    },
-    /// Takes the lead of jobs claimed from the store (another instance led them).
-    Adopt {
-        jobs: Vec<StoredJob>,
-        reply: Reply<usize>,
-    },
-    /// Stops leading up to `up_to` jobs that no attempt runs for and nobody
-    /// waits on, so that other instances may claim them.
-    Release {
-        up_to: usize,
-        reply: Reply<Vec<JobId>>,
-    },
-    /// Reserves the free slots no queued task here can use, to offer them
-    /// to the jobs other instances lead.
-    Reserve {
-        reply: Reply<Vec<FreeSlots>>,
-    },
-    /// Attempts another instance lent for the reserved slots of a handler.
-    Borrowed {
-        handler: HandlerId,
-        reserved: u32,
-        lent: Vec<Assignment>,
-        reply: Reply<Vec<Assignment>>,
-    },
-    /// A borrowed attempt's report was settled with its leader.
-    ReturnBorrowed {
-        attempt: AttemptId,
-    },
-    /// Lends queued tasks to another instance's handlers.
-    Lend {
-        slots: Vec<FreeSlots>,
-        reply: Reply<Vec<(HandlerId, Assignment)>>,
-    },
-    /// The handlers connected to the other live instances now.
-    PeerHandlers {
-        handlers: HashSet<HandlerId>,
-    },
-    /// Which of these attempts the handler holds here (read from memory:
-    /// an attempt a worker runs was durable before it was sent).
-    Holds {
-        handler: HandlerId,
-        attempts: Vec<AttemptId>,
-        reply: Reply<Vec<AttemptId>>,
-    },
-    /// A worker without a lease (it drops its work with its stream)
-    /// connected as `handler`: the attempts any other handler of the same
-    /// worker id holds while away are over now. Answers them.
-    Returned {
-        handler: HandlerId,
-        name: Arc<str>,
-        reply: Reply<Vec<Returned>>,
-    },
-    /// Another instance renews the handler's lease for these attempts: of
-    /// those it holds, none is taken back before `keep` from now.
-    Vouch {
-        handler: HandlerId,
-        attempts: Vec<AttemptId>,
-        keep: Duration,
-        reply: Reply<Vec<AttemptId>>,
-    },
-    /// What this instance asks of the cluster's permits: limited job types and resources.
-    PermitDemand {
-        reply: oneshot::Sender<crate::dispatch::Demand>,
-    },
-    /// The slots of each type's global limit this instance holds, and the
-    /// resources (volumes) it holds the cluster's lock of.
-    SetPermits {
-        permits: HashMap<Arc<str>, u32>,
-        resources: HashSet<String>,
     },
 }
 
@@ -514,354 +551,11 @@ impl Core {
 
     pub fn apply(&mut self, command: Command, now: Timestamp, step: &mut Step) {
         match command {
-            Command::Submit { id, spec, origin, reply } => {
-                let (job, ready) = leader::submit(id, spec, origin, self.options.instance, now, &mut step.batch);
-                tracing::info!(job.id = %id, job.name = %job.record.name, tasks = job.len(), "job submitted");
-                self.jobs.insert(id, job);
-                self.queue_ready(id, &ready, now);
-                step.reply(reply, Ok(id));
-            }
-            Command::Started { attempt: AttemptId { task, number: attempt }, handler, reply } => {
-                let result = match self.jobs.get_mut(&task.job) {
-                    Some(job) => follower::start(job, task.idx.0, attempt, handler, now),
-                    None => Err(Rejection::JobEnded { job: task.job }),
-                };
-                if let Some(reply) = reply {
-                    step.reply(reply, result);
-                }
-            }
-            Command::Complete { attempt: AttemptId { task, number: attempt }, handler, outcome, received, answer } => {
-                let result = self.complete(task, attempt, handler, outcome, received, now, step);
-                if let Err(rejection) = &result {
-                    tracing::warn!(job.id = %task.job, task.idx = task.idx.0, attempt, %handler, %rejection, "completion rejected");
-                }
-                step.answer(answer, result);
-            }
-            Command::Cancel { job, reply } => {
-                let result = match self.jobs.get_mut(&job) {
-                    Some(active) => {
-                        let running = leader::cancel(active, now, &mut step.batch);
-                        for (idx, attempt, handler) in running.running {
-                            self.cancel_attempt(handler, TaskRef { job, idx: TaskIdx(idx) }, attempt, step);
-                        }
-                        self.dispatch.forget_job(job);
-                        self.finalize(job, now, step);
-                        Ok(())
-                    }
-                    None => Err(Error::JobEnded(job)),
-                };
-                step.reply(reply, result);
-            }
-            Command::Retry { job, removals, reply } => {
-                let id = job.record.id;
-                let durable = self.removals_durable.load(std::sync::atomic::Ordering::Acquire);
-                self.removing.retain(|_, number| *number > durable);
-                if self.removing.contains_key(&id) {
-                    step.reply(reply, Some(Err(Error::UnknownJob(id))));
-                    return;
-                }
-                if durable != removals {
-                    step.reply(reply, None);
-                    return;
-                }
-                let result = if self.jobs.contains_key(&id) || !job.record.state.is_terminal() {
-                    Err(Error::JobNotEnded(id))
-                } else if job.record.state == JobState::Succeeded {
-                    Err(Error::NothingToRetry { job: id, state: job.record.state })
-                } else {
-                    let mut active = ActiveJob::from_stored(job);
-                    let ready = leader::retry(&mut active, self.options.instance, now, &mut step.batch);
-                    self.jobs.insert(id, active);
-                    self.queue_ready(id, &ready, now);
-                    Ok(())
-                };
-                step.reply(reply, Some(result));
-            }
-            Command::Remove { jobs, reply } => {
-                let jobs: Vec<JobId> = jobs.into_iter().filter(|id| !self.jobs.contains_key(id)).collect();
-                self.removals += 1;
-                let number = self.removals;
-                self.removing.extend(jobs.iter().map(|&id| (id, number)));
-                let count = jobs.len();
-                step.batch.removed.extend(jobs);
-                let durable = self.removals_durable.clone();
-                step.actions.push(Action::Reply(Box::new(move || {
-                    durable.fetch_max(number, std::sync::atomic::Ordering::AcqRel);
-                    let _ = reply.send(count);
-                })));
-            }
-            Command::Progress { attempt: AttemptId { task, number: attempt }, handler, progress } => {
-                let Some(job) = self.jobs.get_mut(&task.job) else { return };
-                if follower::start(job, task.idx.0, attempt, handler, now).is_ok() {
-                    let stage = job.texts.text(&progress.stage_line());
-                    let record = &mut job.tasks[task.idx.index()];
-                    record.progress_percent = progress.percent;
-                    record.stage = stage;
-                    record.updated_at = now;
-                    if self.events.receiver_count() > 0 {
-                        step.actions.push(Action::Event(task_event(task.job, task.idx.0, record)));
-                    }
-                }
-            }
-            Command::GiveUp { attempt: AttemptId { task, number: attempt }, handler, loss, answer } => {
-                let result = match self.jobs.get(&task.job) {
-                    Some(job) => follower::check_holder(job, task.idx.0, attempt, handler),
-                    None => Err(Rejection::JobEnded { job: task.job }),
-                };
-                match &result {
-                    Ok(()) => self.lose(task, &loss, now, step),
-                    Err(rejection) => {
-                        tracing::warn!(job.id = %task.job, task.idx = task.idx.0, attempt, %handler, %rejection, reason = loss.reason(), "report refused");
-                    }
-                }
-                step.answer(answer, result);
-            }
-            Command::Connected { spec } => {
-                let handler = spec.handler;
-                tracing::debug!(%handler, capacity = spec.capacity, held = self.dispatch.held_by(handler), "handler joined");
-                self.absent.remove(handler);
-                self.dispatch.add_handler(spec);
-            }
-            Command::Disconnected { handler, session, keep_for, reason } => {
-                if !self.dispatch.remove_handler(handler, Some(session)) {
-                    return;
-                }
-                match keep_for {
-                    Some(wait) if self.dispatch.held_by(handler) > 0 => {
-                        let seconds = wait.as_secs_f64();
-                        let reason =
-                            format!("lost with its worker: {reason}, and it did not come back within {seconds:.1} s");
-                        let until = self.not_before(handler, now.plus_millis(wait.as_millis() as i64));
-                        self.absent.insert(handler, until, reason);
-                    }
-                    Some(_) => {}
-                    None => self.lose_handler(
-                        handler,
-                        &Loss::WithWorker(format!("lost with its worker: {reason}")),
-                        now,
-                        step,
-                    ),
-                }
-            }
-            Command::HandlerGone { handler, loss } => {
-                self.dispatch.remove_handler(handler, None);
-                self.absent.remove(handler);
-                self.lose_handler(handler, &loss, now, step);
-            }
-            Command::HandlerSlots { handler, total } => self.dispatch.report_slots(handler, total),
-            Command::HandlerElsewhere { handler, running } => self.dispatch.report_elsewhere(handler, running),
-            Command::SetLimits { job_type, limits } => {
-                self.dispatch.set_limits(job_type.clone(), limits);
-                self.retime_held(&job_type, limits.execution_timeout_seconds);
-            }
-            Command::RecoverySnapshot { reply } => {
-                let _ = reply.send(self.recovery_snapshot(now));
-            }
-            Command::ApplyRecovery { actions, reply } => {
-                let applied =
-                    actions.iter().map(|(rule, action)| self.apply_recovery(*rule, action, now, step)).collect();
-                step.reply(reply, applied);
-            }
-            Command::Reconcile { handler, running, dropped_before, reply } => {
-                let reconciled = self.reconcile(handler, &running, dropped_before, now, step);
-                step.reply(reply, reconciled);
-            }
-            Command::Gate { gated, open, reply } => {
-                self.dispatch.set_gate(gated, open);
-                let _ = reply.send((self.dispatch.gated_queued(), self.dispatch.gated_running()));
-            }
-            Command::ActiveDedupeKeys { reply } => {
-                let keys =
-                    self.jobs
-                        .values()
-                        .flat_map(|job| {
-                            job.spec.tasks.iter().zip(&job.tasks).filter(|(_, t)| !t.state.is_terminal()).filter_map(
-                                |(spec, _)| spec.placement.as_ref()?.dedupe_key.as_deref().map(str::to_string),
-                            )
-                        })
-                        .collect();
-                let _ = reply.send(keys);
-            }
-            // Readers see only what is durable: an answer is taken from memory
-            // now and given once every step so far is flushed. A job that is
-            // not active is read from the store by the caller, after that too.
-            Command::Get { job, reply } => step.reply(reply, self.jobs.get(&job).map(ActiveJob::to_stored)),
-            Command::Attempts { reply } => {
-                let attempts = self
-                    .held
-                    .iter()
-                    .filter_map(|(task, held)| {
-                        let job = self.jobs.get(&task.job)?;
-                        let record = &job.tasks[task.idx.index()];
-                        Some(super::HeldAttempt {
-                            job: task.job,
-                            task_id: job.spec.tasks[task.idx.index()].id.to_string(),
-                            attempt: held.attempt,
-                            handler: held.handler,
-                            running: record.state == TaskState::Running,
-                            started_at: record.started_at,
-                        })
-                    })
-                    .collect();
-                step.reply(reply, attempts);
-            }
-            Command::Task { job, task, reply } => {
-                let found = self.jobs.get(&job).map(|active| {
-                    let idx = match &task {
-                        super::TaskKey::Id(id) => active.spec.tasks.iter().position(|t| *t.id == **id)?,
-                        super::TaskKey::Index(idx) => Some(*idx).filter(|i| *i < active.tasks.len())?,
-                    };
-                    Some((active.spec.clone(), idx, active.tasks[idx].clone()))
-                });
-                step.reply(reply, found);
-            }
-            Command::Snapshot { reply } => {
-                step.reply(reply, (now, self.jobs.values().map(ActiveJob::to_stored).collect()))
-            }
-            Command::Summary { job, reply } => {
-                let summary = self.jobs.get(&job).map(|a| Summary { record: a.record.clone(), counts: a.counts });
-                step.reply(reply, summary);
-            }
-            Command::Wait { job, reply } => {
-                if self.jobs.contains_key(&job) {
-                    self.waiters.entry(job).or_default().push(reply);
-                } else {
-                    step.reply(reply, None);
-                }
-            }
-            Command::ActiveJobs { reply } => {
-                let _ = reply.send(self.jobs.values().map(|a| a.record.clone()).collect());
-            }
-            Command::PutSettings { settings, reply } => {
-                step.batch.settings.extend(settings);
-                step.reply(reply, ());
-            }
-            Command::Adopt { jobs, reply } => {
-                let mut adopted = 0;
-                let mut fresh = Vec::with_capacity(jobs.len());
-                for mut stored in jobs.into_iter().filter(|job| !self.jobs.contains_key(&job.record.id)) {
-                    stored.record.handler = Some(self.options.instance);
-                    step.batch.jobs.push(stored.record.clone());
-                    fresh.push(stored);
-                    adopted += 1;
-                }
-                // Attempts borrowed for these jobs are held here now, as the leader's.
-                let jobs: HashSet<JobId> = fresh.iter().map(|job| job.record.id).collect();
-                let settled: Vec<(TaskRef, u32)> = self
-                    .borrowed
-                    .iter()
-                    .filter(|(t, _)| jobs.contains(&t.job))
-                    .map(|(t, (a, _, _))| (*t, *a))
-                    .collect();
-                for (task, attempt) in settled {
-                    self.return_borrowed(task, attempt);
-                }
-                self.restore(fresh, now, step);
-                step.reply(reply, adopted);
-            }
-            Command::Release { up_to, reply } => {
-                let busy = self.held.jobs();
-                let mut candidates: Vec<JobId> = self
-                    .jobs
-                    .keys()
-                    .filter(|job| !busy.contains(job) && !self.waiters.contains_key(job))
-                    .copied()
-                    .collect();
-                candidates.sort();
-                candidates.truncate(up_to);
-                for &job in &candidates {
-                    self.jobs.remove(&job);
-                    self.dispatch.forget_job(job);
-                    self.released_at.retain(|task, _| task.job != job);
-                    tracing::info!(job.id = %job, "job released for another instance to lead");
-                }
-                step.batch.released.extend(candidates.iter().copied());
-                step.reply(reply, candidates);
-            }
-            Command::Reserve { reply } => {
-                let _ = reply.send(self.dispatch.reserve_free());
-            }
-            Command::Borrowed { handler, reserved, lent, reply } => {
-                let unsent = self.borrowed(handler, reserved, lent, step);
-                let _ = reply.send(unsent);
-            }
-            Command::ReturnBorrowed { attempt: AttemptId { task, number: attempt } } => {
-                self.return_borrowed(task, attempt)
-            }
-            Command::Lend { slots, reply } => {
-                // A handler another live instance offers is connected there
-                // now: not away, as if its heartbeat had listed it.
-                for offered in &slots {
-                    self.absent.remove(offered.handler);
-                }
-                let lent = self.lend(slots, now, step);
-                step.reply(reply, lent);
-            }
-            Command::PermitDemand { reply } => {
-                let _ = reply.send(self.permit_demand());
-            }
-            Command::SetPermits { permits, resources } => {
-                self.dispatch.set_permits(permits);
-                self.resource_permits = Some(resources);
-            }
-            Command::PeerHandlers { handlers } => {
-                // A handler that moved to another live instance is not away.
-                let moved: Vec<HandlerId> = self.absent.handlers().filter(|h| handlers.contains(h)).collect();
-                for handler in moved {
-                    self.absent.remove(handler);
-                }
-                if handlers != self.peer_handlers {
-                    tracing::debug!(handlers = handlers.len(), "handlers connected to other instances");
-                }
-                // A handler whose instance went away is away, as a worker that
-                // disconnected from here is: its worker keeps running what it
-                // holds and reports it wherever it reconnects, so its attempts
-                // wait for it before they are taken back.
-                if let Orphans::Keep { grace } = self.options.orphans {
-                    let gone: Vec<HandlerId> = self
-                        .peer_handlers
-                        .iter()
-                        .filter(|h| !handlers.contains(h) && !self.dispatch.has_handler(**h))
-                        .filter(|h| !self.held.of_handler(**h).is_empty())
-                        .copied()
-                        .collect();
-                    for handler in gone {
-                        if self.absent.handlers().any(|h| h == handler) {
-                            continue;
-                        }
-                        let reason = format!(
-                            "lost with its worker: its admin instance went away, and the worker did not come back within {:.1} s",
-                            grace.as_secs_f64()
-                        );
-                        let until = self.not_before(handler, now.plus_millis(grace.as_millis() as i64));
-                        self.absent.insert(handler, until, reason);
-                    }
-                }
-                self.peer_handlers = handlers;
-            }
-            Command::Holds { handler, attempts, reply } => {
-                let _ = reply.send(self.held_by(handler, attempts));
-            }
-            Command::Returned { handler, name, reply } => {
-                let returned = self.returned(handler, name, now, step);
-                step.reply(reply, returned);
-            }
-            Command::Vouch { handler, attempts, keep, reply } => {
-                let held = self.held_by(handler, attempts);
-                if !held.is_empty() {
-                    let until = now.plus_millis(keep.as_millis() as i64);
-                    self.vouched.retain(|_, at| *at > now);
-                    let floor = self.vouched.entry(handler).or_insert(until);
-                    *floor = (*floor).max(until);
-                    // Already counting down: not before the floor.
-                    if let Some((at, reason)) = self.absent.get(handler) {
-                        if at < until {
-                            self.absent.insert(handler, until, reason);
-                        }
-                    }
-                }
-                let _ = reply.send(held);
-            }
+            Command::Job(command) => self.apply_job(command, now, step),
+            Command::Report(command) => self.apply_report(command, now, step),
+            Command::Handler(command) => self.apply_handler(command, now, step),
+            Command::Cluster(command) => self.apply_cluster(command, now, step),
+            Command::Query(query) => self.answer(query, now, step),
         }
     }
 

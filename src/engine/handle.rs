@@ -10,7 +10,7 @@ use std::time::Duration;
 use jobcenter_recovery as recovery;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use super::core::{Command, Reply};
+use super::core::{ClusterCommand, Command, HandlerCommand, JobCommand, Query, Reply, ReportCommand};
 use super::{CommitObserver, Error, Event, Progress, Summary};
 use crate::clock::Timestamp;
 use crate::dispatch::{Assignment, FreeSlots, HandlerSpec, TypeLimits};
@@ -93,7 +93,7 @@ impl EngineHandle {
     /// Sets (or with `None` removes) settings, written with the engine's
     /// other steps; answers once they are durable.
     pub async fn put_settings(&self, settings: Vec<(String, Option<Vec<u8>>)>) -> Result<(), Error> {
-        self.call(|reply| Command::PutSettings { settings, reply }).await
+        self.call(|reply| JobCommand::PutSettings { settings, reply }.into()).await
     }
 
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, Error> {
@@ -113,12 +113,12 @@ impl EngineHandle {
     /// Persists a validated job; returns its id once it is durable.
     pub async fn submit(&self, spec: JobSpec, origin: JobOrigin) -> Result<JobId, Error> {
         let spec = Arc::new(spec);
-        self.call(|reply| Command::Submit { id: JobId::new(), spec, origin, reply }).await?
+        self.call(|reply| JobCommand::Submit { id: JobId::new(), spec, origin, reply }.into()).await?
     }
 
     /// Reports that an attempt began executing.
     pub async fn started(&self, attempt: AttemptId, handler: HandlerId) -> Result<Result<(), Rejection>, Error> {
-        self.call(|reply| Command::Started { attempt, handler, reply: Some(reply) }).await
+        self.call(|reply| ReportCommand::Started { attempt, handler, reply: Some(reply) }.into()).await
     }
 
     /// Reports an attempt's outcome; the answer comes once the step is durable.
@@ -132,7 +132,8 @@ impl EngineHandle {
         let answer: Answer = Box::new(move |result| {
             let _ = tx.send(result);
         });
-        self.send(Command::Complete { attempt, handler, outcome, received: None, answer: Some(answer) }).await?;
+        self.send(ReportCommand::Complete { attempt, handler, outcome, received: None, answer: Some(answer) }.into())
+            .await?;
         rx.await.map_err(|_| Error::Stopped)
     }
 
@@ -148,7 +149,7 @@ impl EngineHandle {
         received: std::time::Instant,
         answer: Option<Answer>,
     ) -> Result<(), Error> {
-        self.send(Command::Complete { attempt, handler, outcome, received: Some(received), answer }).await
+        self.send(ReportCommand::Complete { attempt, handler, outcome, received: Some(received), answer }.into()).await
     }
 
     /// The handler gave an attempt up without an outcome: at capacity
@@ -161,11 +162,11 @@ impl EngineHandle {
         loss: Loss,
         answer: Option<Answer>,
     ) -> Result<(), Error> {
-        self.send(Command::GiveUp { attempt, handler, loss, answer }).await
+        self.send(ReportCommand::GiveUp { attempt, handler, loss, answer }.into()).await
     }
 
     pub async fn cancel(&self, job: JobId) -> Result<(), Error> {
-        match self.call(|reply| Command::Cancel { job, reply }).await? {
+        match self.call(|reply| JobCommand::Cancel { job, reply }.into()).await? {
             Err(Error::JobEnded(_)) if self.stored(job).await?.is_none() => Err(Error::UnknownJob(job)),
             other => other,
         }
@@ -177,7 +178,7 @@ impl EngineHandle {
             // A removal taken between the read and the retry may have been this job's.
             let removals = self.lifetime.removals.load(Ordering::Acquire);
             let stored = self.stored(job).await?.ok_or(Error::UnknownJob(job))?;
-            if let Some(result) = self.call(|reply| Command::Retry { job: stored, removals, reply }).await? {
+            if let Some(result) = self.call(|reply| JobCommand::Retry { job: stored, removals, reply }.into()).await? {
                 return result;
             }
         }
@@ -187,7 +188,7 @@ impl EngineHandle {
     /// here, or not ended in the store by then, are left alone. Answers
     /// once the removal is durable.
     pub async fn remove(&self, jobs: Vec<JobId>) -> Result<usize, Error> {
-        self.call(|reply| Command::Remove { jobs, reply }).await
+        self.call(|reply| JobCommand::Remove { jobs, reply }.into()).await
     }
 
     /// Reports the timing of every group commit from now on; the first observer set stays.
@@ -207,33 +208,33 @@ impl EngineHandle {
 
     /// Progress of an attempt; the first report also marks it running.
     pub async fn progress(&self, attempt: AttemptId, handler: HandlerId, progress: Progress) -> Result<(), Error> {
-        self.send(Command::Progress { attempt, handler, progress }).await
+        self.send(ReportCommand::Progress { attempt, handler, progress }.into()).await
     }
 
     /// The slot total a handler reports about itself.
     pub async fn handler_slots(&self, handler: HandlerId, total: u32) -> Result<(), Error> {
-        self.send(Command::HandlerSlots { handler, total }).await
+        self.send(HandlerCommand::HandlerSlots { handler, total }.into()).await
     }
 
     /// The handler runs `running` attempts this instance does not hold: its
     /// slots they take are not free.
     pub async fn handler_elsewhere(&self, handler: HandlerId, running: u32) -> Result<(), Error> {
-        self.send(Command::HandlerElsewhere { handler, running }).await
+        self.send(HandlerCommand::HandlerElsewhere { handler, running }.into()).await
     }
 
     pub async fn set_limits(&self, job_type: Arc<str>, limits: TypeLimits) -> Result<(), Error> {
-        self.send(Command::SetLimits { job_type, limits }).await
+        self.send(JobCommand::SetLimits { job_type, limits }.into()).await
     }
 
     /// The active jobs and the handlers that are connected (or whose
     /// attempts still wait for them), for the recovery rules.
     pub async fn recovery_snapshot(&self) -> Result<(Vec<recovery::JobSnapshot>, Vec<HandlerId>), Error> {
-        self.call(|reply| Command::RecoverySnapshot { reply }).await
+        self.call(|reply| Query::RecoverySnapshot { reply }.into()).await
     }
 
     /// Applies recovery actions; for each, whether it changed anything. Answers once the changes are durable.
     pub async fn apply_recovery(&self, actions: Vec<(recovery::Rule, recovery::Action)>) -> Result<Vec<bool>, Error> {
-        self.call(|reply| Command::ApplyRecovery { actions, reply }).await
+        self.call(|reply| JobCommand::ApplyRecovery { actions, reply }.into()).await
     }
 
     /// The attempts a handler runs now. With `dropped_before` (its first
@@ -247,24 +248,24 @@ impl EngineHandle {
         dropped_before: Option<Timestamp>,
     ) -> Result<oneshot::Receiver<Reconciled>, Error> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Reconcile { handler, running, dropped_before, reply }).await?;
+        self.send(HandlerCommand::Reconcile { handler, running, dropped_before, reply }.into()).await?;
         Ok(answer)
     }
 
     /// Sets which job types run only while the gate is open, and whether it
     /// is; answers how many attempts of those types are queued and running.
     pub async fn gate(&self, gated: Vec<Arc<str>>, open: bool) -> Result<(usize, u32), Error> {
-        self.call(|reply| Command::Gate { gated, open, reply }).await
+        self.call(|reply| JobCommand::Gate { gated, open, reply }.into()).await
     }
 
     /// The dedupe keys (label `dedupe_key`) of every task that has not ended.
     pub async fn active_dedupe_keys(&self) -> Result<HashSet<String>, Error> {
-        self.call(|reply| Command::ActiveDedupeKeys { reply }).await
+        self.call(|reply| Query::ActiveDedupeKeys { reply }.into()).await
     }
 
     /// A handler (re)connected; the attempts it already holds keep their slots.
     pub async fn connected(&self, spec: HandlerSpec) -> Result<(), Error> {
-        self.send(Command::Connected { spec }).await
+        self.send(HandlerCommand::Connected { spec }.into()).await
     }
 
     /// A handler's session ended. With `keep_for`, its attempts wait that
@@ -277,17 +278,17 @@ impl EngineHandle {
         keep_for: Option<Duration>,
         reason: &str,
     ) -> Result<(), Error> {
-        self.send(Command::Disconnected { handler, session, keep_for, reason: reason.to_string() }).await
+        self.send(HandlerCommand::Disconnected { handler, session, keep_for, reason: reason.to_string() }.into()).await
     }
 
     /// Every attempt the handler holds is lost now, and it gets no more work.
     pub async fn handler_gone(&self, handler: HandlerId, loss: Loss) -> Result<(), Error> {
-        self.send(Command::HandlerGone { handler, loss }).await
+        self.send(HandlerCommand::HandlerGone { handler, loss }.into()).await
     }
 
     /// A job with all its tasks, active or ended.
     pub async fn job(&self, job: JobId) -> Result<Option<StoredJob>, Error> {
-        match self.call(|reply| Command::Get { job, reply }).await? {
+        match self.call(|reply| Query::Get { job, reply }.into()).await? {
             Some(active) => Ok(Some(active)),
             None => self.stored(job).await,
         }
@@ -295,14 +296,14 @@ impl EngineHandle {
 
     /// Every attempt held now, for jobs led here.
     pub async fn attempts(&self) -> Result<Vec<super::HeldAttempt>, Error> {
-        self.call(|reply| Command::Attempts { reply }).await
+        self.call(|reply| Query::Attempts { reply }.into()).await
     }
 
     /// One task of a job by its id, without copying the rest of the job
     /// when it is led here; `None` when the job or the task is unknown.
     pub async fn task(&self, job: JobId, task: &str) -> Result<Option<super::OneTask>, Error> {
         let owned = super::TaskKey::Id(task.to_string());
-        if let Some(found) = self.call(|reply| Command::Task { job, task: owned, reply }).await? {
+        if let Some(found) = self.call(|reply| Query::Task { job, task: owned, reply }.into()).await? {
             return Ok(found);
         }
         Ok(self.stored(job).await?.and_then(|stored| {
@@ -315,17 +316,17 @@ impl EngineHandle {
     /// led here or has no such task.
     pub async fn task_at(&self, job: JobId, idx: usize) -> Result<Option<super::OneTask>, Error> {
         let key = super::TaskKey::Index(idx);
-        Ok(self.call(|reply| Command::Task { job, task: key, reply }).await?.flatten())
+        Ok(self.call(|reply| Query::Task { job, task: key, reply }.into()).await?.flatten())
     }
 
     /// Every job led here, each whole, as of one step that is durable when
     /// this answers, and that step's time.
     pub async fn snapshot(&self) -> Result<(Timestamp, Vec<StoredJob>), Error> {
-        self.call(|reply| Command::Snapshot { reply }).await
+        self.call(|reply| Query::Snapshot { reply }.into()).await
     }
 
     pub async fn summary(&self, job: JobId) -> Result<Option<Summary>, Error> {
-        match self.call(|reply| Command::Summary { job, reply }).await? {
+        match self.call(|reply| Query::Summary { job, reply }.into()).await? {
             Some(summary) => Ok(Some(summary)),
             None => Ok(self.stored(job).await?.map(|stored| {
                 let mut counts = StateCounts::default();
@@ -341,7 +342,7 @@ impl EngineHandle {
     /// led by another instance (several on one store) is watched in the store.
     pub async fn wait(&self, job: JobId) -> Result<JobRecord, Error> {
         loop {
-            match self.call(|reply| Command::Wait { job, reply }).await? {
+            match self.call(|reply| Query::Wait { job, reply }.into()).await? {
                 Some(record) => return Ok(record),
                 None => match self.stored(job).await? {
                     Some(stored) if stored.record.state.is_terminal() => return Ok(stored.record),
@@ -357,18 +358,18 @@ impl EngineHandle {
 
     /// Takes the lead of jobs claimed from the store; returns how many were new here.
     pub async fn adopt(&self, jobs: Vec<StoredJob>) -> Result<usize, Error> {
-        self.call(|reply| Command::Adopt { jobs, reply }).await
+        self.call(|reply| ClusterCommand::Adopt { jobs, reply }.into()).await
     }
 
     /// Stops leading up to `up_to` idle jobs; answers once that is durable.
     pub async fn release(&self, up_to: usize) -> Result<Vec<JobId>, Error> {
-        self.call(|reply| Command::Release { up_to, reply }).await
+        self.call(|reply| ClusterCommand::Release { up_to, reply }.into()).await
     }
 
     /// Reserves the free slots no task queued here can use, to offer them
     /// to jobs other instances lead; give back what is not used with `borrowed`.
     pub async fn reserve(&self) -> Result<Vec<FreeSlots>, Error> {
-        self.call(|reply| Command::Reserve { reply }).await
+        self.call(|reply| ClusterCommand::Reserve { reply }.into()).await
     }
 
     /// Hands attempts another instance lent to `handler` for `reserved`
@@ -379,23 +380,23 @@ impl EngineHandle {
         reserved: u32,
         lent: Vec<Assignment>,
     ) -> Result<Vec<Assignment>, Error> {
-        self.call(|reply| Command::Borrowed { handler, reserved, lent, reply }).await
+        self.call(|reply| ClusterCommand::Borrowed { handler, reserved, lent, reply }.into()).await
     }
 
     /// A borrowed attempt's report was settled with its leader: its slot is free.
     pub async fn return_borrowed(&self, attempt: AttemptId) -> Result<(), Error> {
-        self.send(Command::ReturnBorrowed { attempt }).await
+        self.send(ClusterCommand::ReturnBorrowed { attempt }.into()).await
     }
 
     /// Lends queued tasks to another instance's handlers; answers once the
     /// assignments are durable.
     pub async fn lend(&self, slots: Vec<FreeSlots>) -> Result<Vec<(HandlerId, Assignment)>, Error> {
-        self.call(|reply| Command::Lend { slots, reply }).await
+        self.call(|reply| ClusterCommand::Lend { slots, reply }.into()).await
     }
 
     /// What this instance asks of the cluster's permits: limited job types and resources.
     pub async fn permit_demand(&self) -> Result<crate::dispatch::Demand, Error> {
-        self.call(|reply| Command::PermitDemand { reply }).await
+        self.call(|reply| ClusterCommand::PermitDemand { reply }.into()).await
     }
 
     /// In a cluster: the slots of each type's global limit this instance
@@ -405,24 +406,24 @@ impl EngineHandle {
         permits: std::collections::HashMap<Arc<str>, u32>,
         resources: std::collections::HashSet<String>,
     ) -> Result<(), Error> {
-        self.send(Command::SetPermits { permits, resources }).await
+        self.send(ClusterCommand::SetPermits { permits, resources }.into()).await
     }
 
     /// The handlers connected to the other live instances.
     pub async fn peer_handlers(&self, handlers: HashSet<HandlerId>) -> Result<(), Error> {
-        self.send(Command::PeerHandlers { handlers }).await
+        self.send(ClusterCommand::PeerHandlers { handlers }.into()).await
     }
 
     /// A worker without a lease (it drops its work with its stream)
     /// connected as `handler` under its worker id `name`: what another
     /// handler of the same worker held while away ends now. Answers it.
     pub async fn returned(&self, handler: HandlerId, name: Arc<str>) -> Result<Vec<super::Returned>, Error> {
-        self.call(|reply| Command::Returned { handler, name, reply }).await
+        self.call(|reply| HandlerCommand::Returned { handler, name, reply }.into()).await
     }
 
     /// Which of these attempts the handler holds here.
     pub async fn holds(&self, handler: HandlerId, attempts: Vec<AttemptId>) -> Result<Vec<AttemptId>, Error> {
-        self.call(|reply| Command::Holds { handler, attempts, reply }).await
+        self.call(|reply| HandlerCommand::Holds { handler, attempts, reply }.into()).await
     }
 
     /// Another instance renews the handler's lease for these attempts: of
@@ -433,11 +434,11 @@ impl EngineHandle {
         attempts: Vec<AttemptId>,
         keep: Duration,
     ) -> Result<Vec<AttemptId>, Error> {
-        self.call(|reply| Command::Vouch { handler, attempts, keep, reply }).await
+        self.call(|reply| HandlerCommand::Vouch { handler, attempts, keep, reply }.into()).await
     }
 
     pub async fn active_jobs(&self) -> Result<Vec<JobRecord>, Error> {
-        self.call(|reply| Command::ActiveJobs { reply }).await
+        self.call(|reply| Query::ActiveJobs { reply }.into()).await
     }
 
     pub async fn list(&self, filter: JobFilter) -> Result<Vec<JobRecord>, Error> {
