@@ -183,7 +183,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     let http = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
     let grpc = tokio::net::TcpListener::bind(grpc_addr).await.with_context(|| format!("binding {grpc_addr}"))?;
     let options = ServerOptions {
-        masters: crate::server::master::Masters {
+        masters: crate::server::seaweedfs::master::Masters {
             addresses: args.master,
             tls: crate::tls::ClientTls {
                 tls_ca: args.master_tls_ca,

@@ -10,8 +10,8 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::Status;
 
-use super::peer::PeerServiceImpl;
-use super::worker_stream::WorkerStreamService;
+use super::cluster::peer::PeerServiceImpl;
+use super::workers::stream::WorkerStreamService;
 use super::{assemble, ServerOptions, Shared};
 use crate::clock::{Clock, SystemClock};
 use crate::engine::EngineHandle;

@@ -2,32 +2,15 @@
 //! the client API) and an HTTP port (JSON API, health, the port lookup that
 //! workers make first), plus optional in-process workers.
 
-mod api;
-mod auth;
-mod backup;
-pub mod capacity;
-pub mod cluster;
-mod console;
-mod context;
-mod convert;
-mod cover;
-pub mod duties;
-mod flight;
+pub(crate) mod cluster;
+pub(crate) mod duties;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-mod http;
-pub mod master;
-pub mod metrics;
-pub mod peer;
 mod policies;
-pub mod recovery;
-mod registry;
-pub mod retention;
-pub mod scheduler;
-mod stall;
-mod views;
-mod worker_stream;
+pub mod seaweedfs;
+pub(crate) mod surface;
+pub(crate) mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -37,9 +20,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_stream::StreamExt;
 
-pub use auth::{read_token, Auth};
-pub use registry::Registry;
-pub use worker_stream::handler_of;
+pub use surface::auth::{read_token, Auth};
+pub use workers::registry::Registry;
+pub use workers::stream::handler_of;
 
 use crate::clock::{Clock, SystemClock};
 use crate::engine::{Engine, EngineHandle, Options, Orphans};
@@ -57,7 +40,7 @@ use duties::Stage;
 pub struct ServerOptions {
     /// The SeaweedFS masters: given to workers in the cluster context, and
     /// acted on (locks, the master's vacuum, its filers and S3 servers).
-    pub masters: master::Masters,
+    pub masters: seaweedfs::master::Masters,
     pub heartbeat_interval: Duration,
     /// How long after a start attempts held by workers of the previous run
     /// wait for their worker to come back before they run again elsewhere.
@@ -103,7 +86,7 @@ pub struct ServerOptions {
 impl Default for ServerOptions {
     fn default() -> ServerOptions {
         ServerOptions {
-            masters: master::Masters::default(),
+            masters: seaweedfs::master::Masters::default(),
             heartbeat_interval: Duration::from_secs(15),
             orphan_grace: Duration::from_secs(30),
             local_workers: 0,
@@ -123,7 +106,7 @@ impl Default for ServerOptions {
             cluster: cluster::Timing::default(),
             retention: crate::retention::Retention::default(),
             prune_interval: Duration::from_secs(60),
-            cluster_lock_turn: master::Turns::default().turn,
+            cluster_lock_turn: seaweedfs::master::Turns::default().turn,
             send_timeout: Duration::from_secs(30),
             advertise_grpc: None,
         }
@@ -159,15 +142,15 @@ impl Stats {
 /// What every part of the server shares.
 pub struct Shared {
     pub stats: Stats,
-    pub cluster_lock: master::ClusterLock,
+    pub cluster_lock: seaweedfs::master::ClusterLock,
     /// The maintenance changes under way, for the capacity view.
-    pub capacity: capacity::Tracker,
+    pub capacity: seaweedfs::capacity::Tracker,
     /// The filers and S3 servers the masters listed last.
-    pub cluster_nodes: context::Known,
-    pub scheduler: scheduler::SchedulerState,
-    pub recovery_gate: recovery::Gate,
-    pub prune_gate: retention::Gate,
-    pub metrics: metrics::Metrics,
+    pub cluster_nodes: seaweedfs::context::Known,
+    pub scheduler: duties::scheduler::SchedulerState,
+    pub recovery_gate: duties::recovery::Gate,
+    pub prune_gate: duties::retention::Gate,
+    pub metrics: surface::metrics::Metrics,
     pub engine: EngineHandle,
     pub registry: Registry,
     pub policies: policies::Policies,
@@ -182,9 +165,9 @@ pub struct Shared {
     /// The scheduler loop is paused (alone; in a cluster, `cluster` says).
     pub scheduler_paused: std::sync::atomic::AtomicBool,
     /// Links to the other instances of the cluster.
-    pub peers: peer::Peers,
+    pub peers: cluster::peer::Peers,
     /// The console's signed-in browsers.
-    pub sessions: console::Sessions,
+    pub sessions: surface::console::Sessions,
 }
 
 /// Runs the server on listeners that are already bound until `shutdown`
@@ -229,12 +212,12 @@ pub async fn run(
     }
     keep_duties(&shared, foreign_receiver);
 
-    let api = api::Api::new(shared.clone());
-    let worker_service = PluginControlServiceServer::new(worker_stream::WorkerStreamService::new(shared.clone()))
+    let api = surface::api::Api::new(shared.clone());
+    let worker_service = PluginControlServiceServer::new(workers::stream::WorkerStreamService::new(shared.clone()))
         .max_decoding_message_size(options.max_worker_message_bytes)
         .max_encoding_message_size(options.max_worker_message_bytes);
     // A streamed submission's chunks (1 MiB) always fit in one message.
-    let job_service = JobServiceServer::new(api::JobServiceImpl::new(api.clone()))
+    let job_service = JobServiceServer::new(surface::api::JobServiceImpl::new(api.clone()))
         .max_decoding_message_size(options.max_request_bytes.max(2 * 1024 * 1024))
         .max_encoding_message_size(options.max_request_bytes.max(64 * 1024 * 1024));
 
@@ -248,18 +231,18 @@ pub async fn run(
         .max_concurrent_streams(Some(u32::try_from(options.max_workers).unwrap_or(u32::MAX).saturating_add(256)))
         .add_service(worker_service)
         .add_service(job_service)
-        .add_service(PeerServiceServer::new(peer::PeerServiceImpl::new(shared.clone())))
+        .add_service(PeerServiceServer::new(cluster::peer::PeerServiceImpl::new(shared.clone())))
         // Small messages (an acknowledgement, then a work order) must not wait
         // for each other's TCP acknowledgement: no Nagle on the worker streams.
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(grpc)
                 .with_nodelay(Some(true))
-                .map(move |stream| stream.map(|stream| stall::Bounded::new(stream, options.send_timeout))),
+                .map(move |stream| stream.map(|stream| surface::stall::Bounded::new(stream, options.send_timeout))),
             closing.clone().cancelled_owned(),
         );
-    let http = stall::HttpListener { listener: http, limit: options.send_timeout };
-    let http_server =
-        axum::serve(http, http::router(shared.clone(), api)).with_graceful_shutdown(closing.clone().cancelled_owned());
+    let http = surface::stall::HttpListener { listener: http, limit: options.send_timeout };
+    let http_server = axum::serve(http, surface::http::router(shared.clone(), api))
+        .with_graceful_shutdown(closing.clone().cancelled_owned());
     match &shared.topology {
         Topology::Member(node) => {
             eprintln!("jobcenter server listening: http {http_addr} grpc {grpc_addr} instance {}", node.id)
@@ -323,28 +306,30 @@ async fn stop(shared: &Shared) {
 fn keep_duties(shared: &Arc<Shared>, foreign_receiver: ForeignOrders) {
     let duties = &shared.duties;
     let s = shared.clone();
-    duties.keep("recovery", Stage::Intake, move || recovery::checks(s.clone()));
+    duties.keep("recovery", Stage::Intake, move || duties::recovery::checks(s.clone()));
     let s = shared.clone();
-    duties.keep("retention", Stage::Intake, move || retention::prunes(s.clone()));
+    duties.keep("retention", Stage::Intake, move || duties::retention::prunes(s.clone()));
     if !shared.options.masters.is_empty() {
-        master::keep_duties(duties, shared);
+        seaweedfs::master::keep_duties(duties, shared);
     }
     let node = match &shared.topology {
         Topology::Alone => {
             let s = shared.clone();
-            duties.keep("scheduler", Stage::Intake, move || scheduler::detections(s.clone()));
+            duties.keep("scheduler", Stage::Intake, move || duties::scheduler::detections(s.clone()));
             return;
         }
         Topology::Member(node) => node,
     };
     let (s, n) = (shared.clone(), node.clone());
-    duties.keep("scheduler", Stage::Intake, move || scheduler::cluster_detections(s.clone(), n.clone()));
+    duties.keep("scheduler", Stage::Intake, move || duties::scheduler::cluster_detections(s.clone(), n.clone()));
     let (s, n) = (shared.clone(), node.clone());
     duties.keep("permits", Stage::Intake, move || cluster::permits(s.clone(), n.clone()));
     let (s, n) = (shared.clone(), node.clone());
-    duties.keep("borrower", Stage::Intake, move || peer::borrower(s.clone(), n.clone()));
+    duties.keep("borrower", Stage::Intake, move || cluster::peer::borrower(s.clone(), n.clone()));
     let (s, n, orders) = (shared.clone(), node.clone(), Arc::new(tokio::sync::Mutex::new(foreign_receiver)));
-    duties.keep("foreign orders", Stage::Intake, move || peer::foreign_orders(s.clone(), n.clone(), orders.clone()));
+    duties.keep("foreign orders", Stage::Intake, move || {
+        cluster::peer::foreign_orders(s.clone(), n.clone(), orders.clone())
+    });
     let (s, n) = (shared.clone(), node.clone());
     duties.keep("heartbeats", Stage::Membership, move || cluster::heartbeats(s.clone(), n.clone()));
     let (s, n) = (shared.clone(), node.clone());
@@ -374,7 +359,7 @@ async fn assemble(
         orphans: Orphans::Keep { grace: options.orphan_grace },
         lost_attempt_limit: options.lost_attempt_limit,
         instance: member.map(|n| n.id).unwrap_or_default(),
-        rollback_windows: master::rollback_windows(),
+        rollback_windows: seaweedfs::master::rollback_windows(),
         fate: fate.clone(),
         ..Options::default()
     };
@@ -389,16 +374,16 @@ async fn assemble(
     }
     let shared = Arc::new(Shared {
         stats: Stats::default(),
-        cluster_lock: master::ClusterLock::new(master::Turns {
+        cluster_lock: seaweedfs::master::ClusterLock::new(seaweedfs::master::Turns {
             turn: options.cluster_lock_turn,
-            ..master::Turns::default()
+            ..seaweedfs::master::Turns::default()
         }),
-        capacity: capacity::Tracker::default(),
-        cluster_nodes: context::Known::default(),
-        scheduler: scheduler::SchedulerState::default(),
-        recovery_gate: recovery::Gate::default(),
-        prune_gate: retention::Gate::default(),
-        metrics: metrics::Metrics::new(),
+        capacity: seaweedfs::capacity::Tracker::default(),
+        cluster_nodes: seaweedfs::context::Known::default(),
+        scheduler: duties::scheduler::SchedulerState::default(),
+        recovery_gate: duties::recovery::Gate::default(),
+        prune_gate: duties::retention::Gate::default(),
+        metrics: surface::metrics::Metrics::new(),
         engine: engine.clone(),
         registry: Registry::default(),
         policies,
@@ -409,8 +394,8 @@ async fn assemble(
         topology,
         duties: duties::Duties::new(fate),
         scheduler_paused: std::sync::atomic::AtomicBool::new(false),
-        peers: peer::Peers::default(),
-        sessions: console::Sessions::default(),
+        peers: cluster::peer::Peers::default(),
+        sessions: surface::console::Sessions::default(),
     });
 
     engine.on_commit(Arc::new(shared.metrics.commit_observer()));

@@ -831,7 +831,7 @@ struct OperatorLock {
 impl OperatorLock {
     fn take(master: &str) -> OperatorLock {
         let runtime = tokio::runtime::Runtime::new().unwrap();
-        let address = format!("http://{}", jobcenter::server::master::grpc_address(master).unwrap());
+        let address = format!("http://{}", jobcenter::server::seaweedfs::master::grpc_address(master).unwrap());
         let connect = jobcenter::proto::master::seaweed_client::SeaweedClient::connect(address.clone());
         let mut client = runtime.block_on(connect).expect("reach the master");
         let mut lease = runtime.block_on(seaweedfs::operator_lease(&mut client));
@@ -1038,8 +1038,10 @@ fn a_master_restarted_during_an_encode_gets_its_lock_back_and_the_volume_is_enco
     let _worker = setup.start_weed_worker("weed-all");
     let encode = submit_encode(&setup, "mre", 480);
     let (job_id, id) = (encode.job_id.clone(), encode.id);
-    let master_grpc =
-        format!("http://{}", jobcenter::server::master::grpc_address(&setup.cluster.master_address()).unwrap());
+    let master_grpc = format!(
+        "http://{}",
+        jobcenter::server::seaweedfs::master::grpc_address(&setup.cluster.master_address()).unwrap()
+    );
     let runtime = tokio::runtime::Runtime::new().unwrap();
     // Held while its shards go out, under jobcenter's lock.
     let (frozen, _) = hold_while_distributing(&setup, &encode, "weed-all");
@@ -1133,7 +1135,8 @@ fn an_operators_weed_shell_gets_the_lock_between_jobs_while_maintenance_is_busy(
         })
         .collect();
     let job_id = setup.submit(&json!({"name": "vacuum-chain", "tasks": tasks}));
-    let master_grpc = format!("http://{}", jobcenter::server::master::grpc_address(&cluster.master_address()).unwrap());
+    let master_grpc =
+        format!("http://{}", jobcenter::server::seaweedfs::master::grpc_address(&cluster.master_address()).unwrap());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let holder = || runtime.block_on(seaweedfs::shell_lock_holder(&master_grpc));
     let busy = wait_until(WAIT, || (holder() == "jobcenter").then_some(()));

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 
-use super::duties::{Duties, Stage};
-use super::Shared;
 use crate::proto::master::{
     seaweed_client::SeaweedClient, DisableVacuumRequest, EnableVacuumRequest, LeaseAdminTokenRequest,
     ListClusterNodesRequest, ReleaseAdminTokenRequest, VolumeListRequest,
 };
+use crate::server::duties::{Duties, Stage};
+use crate::server::Shared;
 use crate::wire;
 
 /// The lock an admin holds to say it is there (the master then leaves a

@@ -4,6 +4,17 @@
 //! goes in a stated order: the duties that take work end first, the
 //! cluster's heartbeats last, after the jobs were handed over. A fatal
 //! condition (`crate::fate`) ends them all without a restart.
+//!
+//! The duties of the server itself are here too: the scheduler's
+//! detections (`scheduler`), the recovery check (`recovery`) and pruning
+//! (`retention`), with the single-flight gates they share (`flight`). The
+//! cluster's duties are in `super::cluster`, SeaweedFS's in
+//! `super::seaweedfs`.
+
+mod flight;
+pub(crate) mod recovery;
+pub(crate) mod retention;
+pub(crate) mod scheduler;
 
 use std::future::Future;
 use std::time::Duration;

@@ -8,10 +8,11 @@ use serde_json::{json, Map, Value};
 use tokio_stream::{Stream, StreamExt};
 
 use super::api::{Api, Error};
-use super::{convert, Shared};
+use super::convert;
 use crate::model::JobId;
 use crate::proto::api::job_event;
 use crate::proto::plugin::{config_value::Kind, ConfigField, ConfigForm, ConfigValue, JobTypeDescriptor};
+use crate::server::Shared;
 use crate::store::JobFilter;
 
 fn job_id(text: &str) -> Result<JobId, Error> {

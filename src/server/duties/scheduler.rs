@@ -13,12 +13,14 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, Notify};
 
-use super::Shared;
-use super::Topology;
 use crate::clock::Timestamp;
 use crate::model::{HandlerId, JobId, JobOrigin};
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, JobProposal, RunDetectionRequest};
 use crate::scheduler::{build_job, filter, Dropped, Due, Proposal};
+use crate::server::cluster::{self, peer};
+use crate::server::seaweedfs::{context, master};
+use crate::server::Shared;
+use crate::server::Topology;
 use crate::store::cluster::Role;
 use crate::wire;
 
@@ -304,7 +306,7 @@ pub async fn detections(shared: Arc<Shared>) {
 /// instance. The slots of a type take turns over the live instances that
 /// have a detector for it; when the instance whose turn it is has not
 /// claimed a slot by its middle (it died, or is paused), any other claims it.
-pub async fn cluster_detections(shared: Arc<Shared>, node: Arc<super::cluster::Node>) {
+pub async fn cluster_detections(shared: Arc<Shared>, node: Arc<cluster::Node>) {
     load(&shared).await;
     let mut tried: HashMap<String, i64> = HashMap::new();
     loop {
@@ -355,7 +357,7 @@ pub async fn cluster_detections(shared: Arc<Shared>, node: Arc<super::cluster::N
                         }
                     }
                     Ok(Ok(false)) => tracing::trace!(job_type, slot, "another instance detects this interval"),
-                    Ok(Err(crate::store::Error::Fenced { .. })) => super::cluster::deactivated(&shared, &node),
+                    Ok(Err(crate::store::Error::Fenced { .. })) => cluster::deactivated(&shared, &node),
                     Ok(Err(e)) => tracing::warn!(job_type, error = %e, "cannot claim a detection"),
                     Err(e) => tracing::warn!(job_type, error = %e, "cannot claim a detection"),
                 }
@@ -409,7 +411,7 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
         admin_runtime: Some(policy.to_runtime()),
         admin_config_values: shared.policies.admin_values(job_type),
         worker_config_values: shared.policies.worker_values(job_type),
-        cluster_context: Some(super::context::cluster_context(shared, job_type, false)),
+        cluster_context: Some(context::cluster_context(shared, job_type, false)),
         last_successful_run: runs(shared, job_type).succeeded.front().map(|r| prost_types::Timestamp {
             seconds: r.at_ms.div_euclid(1000),
             nanos: (r.at_ms.rem_euclid(1000) * 1_000_000) as i32,
@@ -442,8 +444,7 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
     };
     // With SeaweedFS masters, a detection of the default lane holds the
     // cluster's admin lock; the other lanes never wait for it.
-    let result: anyhow::Result<()> = if shared.options.masters.is_empty() || super::master::lane(job_type) != "default"
-    {
+    let result: anyhow::Result<()> = if shared.options.masters.is_empty() || master::lane(job_type) != "default" {
         detection.await
     } else {
         let patience = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)));
@@ -527,7 +528,7 @@ async fn place_on_capacity(
     proposals: Vec<Proposal>,
     dropped: &mut Vec<Dropped>,
 ) -> Vec<Proposal> {
-    use super::capacity::{self, Change, Placement};
+    use crate::server::seaweedfs::capacity::{self, Change, Placement};
     if shared.options.masters.is_empty() || !capacity::changes_disks(job_type) || proposals.is_empty() {
         return proposals;
     }
@@ -561,7 +562,7 @@ async fn active_dedupe_keys(shared: &Shared) -> anyhow::Result<HashSet<String>> 
     let store = shared.engine.store().clone();
     let instances = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").instances()).await??;
     for instance in instances.iter().filter(|i| i.active && i.id != node.id && i.role == Role::Server) {
-        match super::peer::dedupe_keys_at(shared, &instance.grpc_address).await {
+        match peer::dedupe_keys_at(shared, &instance.grpc_address).await {
             Ok(theirs) => keys.extend(theirs),
             Err(e) => anyhow::bail!("the dedupe keys of instance {} are unknown ({e})", instance.id),
         }

@@ -8,15 +8,20 @@
 //! every write, who leads a job, which instance detects a job type in an
 //! interval. Each instance computes its own share from the same membership,
 //! so there is no central distributor.
+//!
+//! The calls between instances (lending, reports to a job's leader,
+//! vouching for attempts) are in `peer`.
+
+pub(crate) mod peer;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::Shared;
 use crate::clock::Clock;
 use crate::model::HandlerId;
+use crate::server::Shared;
 use crate::store::cluster::{Beat, Instance, Introduction, Membership, Role};
 use crate::store::{self, Store};
 
@@ -488,7 +493,7 @@ fn check_adopted(shared: Arc<Shared>) {
     let duties = shared.duties.clone();
     duties.spawn(async move {
         tokio::time::sleep(shared.options.delivery_grace + Duration::from_millis(100)).await;
-        match super::recovery::check(&shared, false).await {
+        match crate::server::duties::recovery::check(&shared, false).await {
             Ok(findings) => {
                 tracing::info!(n_findings = findings.len(), "checked the jobs adopted a delivery grace ago")
             }

@@ -18,9 +18,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{peer, Shared};
 use crate::model::{AttemptId, HandlerId};
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, CancelRequest, WorkKind};
+use crate::server::cluster::peer;
+use crate::server::Shared;
 use crate::wire;
 
 type Attempt = AttemptId;

@@ -597,7 +597,7 @@ impl Tracker {
 
     /// A job's spec when it holds a task of a changing job type (asked of
     /// the engine once per job: most jobs hold none).
-    async fn spec_of(&self, shared: &super::Shared, job: JobId) -> Option<Arc<crate::model::JobSpec>> {
+    async fn spec_of(&self, shared: &crate::server::Shared, job: JobId) -> Option<Arc<crate::model::JobSpec>> {
         if let Some(known) = self.specs.lock().expect("capacity lock").get(&job) {
             return known.clone();
         }
@@ -609,7 +609,7 @@ impl Tracker {
 
     /// Starts following task `idx` of a job if it is of a changing job type
     /// and not yet followed.
-    async fn follow(&self, shared: &super::Shared, job: JobId, idx: usize) {
+    async fn follow(&self, shared: &crate::server::Shared, job: JobId, idx: usize) {
         if self.keys.lock().expect("capacity lock").contains_key(&(job, idx as u32)) {
             return;
         }
@@ -642,7 +642,7 @@ impl Tracker {
     /// Brings the followed tasks in line with the attempts the engine holds
     /// (in case events were missed), forgets the specs of jobs that hold
     /// none, and the finished changes the master now shows.
-    async fn resync(&self, shared: &super::Shared) {
+    async fn resync(&self, shared: &crate::server::Shared) {
         let Ok(held) = shared.engine.attempts().await else { return };
         let mut live = HashSet::new();
         for attempt in &held {
@@ -669,7 +669,7 @@ impl Tracker {
 }
 
 /// Follows the engine's events and resyncs every 2 s, while masters are given.
-pub async fn follow(shared: Arc<super::Shared>) {
+pub async fn follow(shared: Arc<crate::server::Shared>) {
     use crate::engine::Event;
     use crate::model::TaskState;
     let mut events = shared.engine.subscribe();

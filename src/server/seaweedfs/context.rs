@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::proto::plugin::{config_value, ClusterContext, ConfigValue};
 
-use super::Shared;
+use crate::server::Shared;
 
 /// How often the filers and S3 servers are asked of the masters.
 pub const REFRESH: Duration = Duration::from_secs(10);

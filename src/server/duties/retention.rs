@@ -8,11 +8,12 @@
 
 use std::time::Duration;
 
-use super::Topology;
-use super::{convert, Shared};
 use crate::model::{JobId, JobRecord};
 use crate::proto::api;
 use crate::retention::{expired, human, Reason};
+use crate::server::surface::convert;
+use crate::server::Shared;
+use crate::server::Topology;
 use crate::store::JobFilter;
 
 /// At most this many jobs, and this many of their tasks, per removal step.

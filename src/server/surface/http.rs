@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 use tokio_stream::StreamExt;
 
 use super::api::{Api, Error};
-use super::{console, views, Shared};
+use super::{console, views};
+use crate::server::Shared;
 use crate::wire::PLUGIN_STATUS_PATH;
 
 #[derive(Clone)]

@@ -22,10 +22,10 @@ const MAX_SESSIONS: usize = 10_000;
 
 /// The console's files: (path, content type, embedded content).
 const ASSETS: &[(&str, &str, &str)] = &[
-    ("index.html", "text/html; charset=utf-8", include_str!("../../console/index.html")),
-    ("app.js", "text/javascript; charset=utf-8", include_str!("../../console/app.js")),
-    ("graph.js", "text/javascript; charset=utf-8", include_str!("../../console/graph.js")),
-    ("app.css", "text/css; charset=utf-8", include_str!("../../console/app.css")),
+    ("index.html", "text/html; charset=utf-8", include_str!("../../../console/index.html")),
+    ("app.js", "text/javascript; charset=utf-8", include_str!("../../../console/app.js")),
+    ("graph.js", "text/javascript; charset=utf-8", include_str!("../../../console/graph.js")),
+    ("app.css", "text/css; charset=utf-8", include_str!("../../../console/app.css")),
 ];
 
 /// One of the console's files, by name; read from `JOBCENTER_CONSOLE_DIR`

@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use jobcenter_recovery as recovery;
 
-use super::Shared;
 use crate::model::JobOrigin;
 use crate::proto::api;
+use crate::server::cluster::peer;
+use crate::server::Shared;
 
 /// The job type of the periodic check, as a cluster task.
 pub const JOB_TYPE: &str = crate::wire::RECOVERY_CHECK_JOB_TYPE;
@@ -94,7 +95,7 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
             let due = held_past(&jobs, &id, now - grace_ms);
             let knows = match due.is_empty() {
                 true => None,
-                false => super::peer::known_at(shared, &worker.address, worker.handler, &due)
+                false => peer::known_at(shared, &worker.address, worker.handler, &due)
                     .await
                     .map(|known| known.into_iter().map(|a| (a.task.job.to_string(), a.task.idx.0, a.number)).collect()),
             };
@@ -203,9 +204,9 @@ pub async fn check_cluster(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec
 }
 
 async fn check_elsewhere(shared: &Shared, address: &str, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
-    let mut client = super::peer::job_service(address).await?;
+    let mut client = peer::job_service(address).await?;
     let message = api::RecoverRequest { dry_run, here_only: true };
-    let request = super::peer::request_within(shared, message, std::time::Duration::from_secs(30));
+    let request = peer::request_within(shared, message, std::time::Duration::from_secs(30));
     Ok(client.recover(request).await?.into_inner().findings)
 }
 

@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use tonic::Status;
 
-use super::Shared;
 use crate::model::JobId;
 use crate::proto::api;
+use crate::server::Shared;
 use crate::store::transfer::ExportWriter;
 use crate::store::JobFilter;
 

@@ -34,8 +34,8 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use super::Shared;
 use crate::model::{JobState, TaskState};
+use crate::server::Shared;
 use crate::store::JobFilter;
 
 /// Upper bounds, in seconds, of the latency histograms.
@@ -346,7 +346,7 @@ impl Metrics {
 }
 
 /// The dispatch latency the server keeps in an HDR histogram (microseconds), as a Prometheus histogram.
-fn dispatch_family(stats: &super::Stats) -> MetricFamily {
+fn dispatch_family(stats: &crate::server::Stats) -> MetricFamily {
     let h = stats.dispatch_us.lock().expect("stats lock");
     let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len());
     for bound in LATENCY_BUCKETS {
@@ -409,7 +409,7 @@ mod tests {
 
     #[test]
     fn the_dispatch_histogram_is_converted_to_buckets() {
-        let stats = super::super::Stats::default();
+        let stats = crate::server::Stats::default();
         for micros in [50, 400, 2_000, 2_000, 700_000] {
             stats.record_dispatch(Duration::from_micros(micros));
         }

@@ -13,11 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::peer;
 use super::registry::KnownAttempts;
-use super::scheduler;
-use super::Shared;
-use super::Topology;
 use crate::dispatch::{Assignment, HandlerSpec, Place, WorkOrder};
 use crate::engine::Answer;
 use crate::engine::Progress;
@@ -30,6 +26,11 @@ use crate::proto::plugin::{
     AdminToWorkerMessage, CancelRequest, ExecuteJobRequest, JobCompleted, JobSpec, RequestConfigSchema, WorkKind,
     WorkerHeartbeat, WorkerHello, WorkerToAdminMessage,
 };
+use crate::server::cluster::peer;
+use crate::server::duties::scheduler;
+use crate::server::seaweedfs::context;
+use crate::server::Shared;
+use crate::server::Topology;
 use crate::wire;
 use crate::worker::cut;
 
@@ -121,7 +122,7 @@ impl WorkerStreamService {
     /// Opens a session for a worker whose messages arrive on `inbound`: it
     /// waits for the hello, checks it, and starts the session. Returns the
     /// messages for the worker (the stream's answer), or why it is refused.
-    pub(super) async fn open<S>(
+    pub(crate) async fn open<S>(
         &self,
         mut inbound: S,
         peer: Option<std::net::SocketAddr>,
@@ -208,7 +209,7 @@ impl WorkerStreamService {
 /// Why a worker's lease does not fit this admin's timeouts, if it does not:
 /// the admin must wait for a disconnected worker longer than the worker
 /// keeps running without an admin, or one attempt could run twice at once.
-fn lease_refusal(options: &super::ServerOptions, lease: Duration) -> Option<String> {
+fn lease_refusal(options: &crate::server::ServerOptions, lease: Duration) -> Option<String> {
     let wait = wire::take_back_after(lease);
     let (limit, option) = if options.orphan_grace <= options.silence_timeout {
         (options.orphan_grace, "--orphan-grace")
@@ -515,7 +516,7 @@ impl Session {
             admin_runtime: Some(book.runtime_for(assignment.execution_timeout_seconds)),
             admin_config_values: book.admin_values.clone(),
             worker_config_values: book.worker_values.clone(),
-            cluster_context: Some(super::context::cluster_context(&self.shared, &assignment.job_type, true)),
+            cluster_context: Some(context::cluster_context(&self.shared, &assignment.job_type, true)),
             attempt: i32::try_from(assignment.attempt.number).unwrap_or(i32::MAX),
         }
     }
@@ -936,7 +937,7 @@ async fn keep_foreign(shared: &Shared, job: crate::model::JobId) -> bool {
 
 /// Whether `job` has not ended and this instance does not lead it.
 async fn led_elsewhere(
-    node: &super::cluster::Node,
+    node: &crate::server::cluster::Node,
     store: Arc<dyn crate::store::Store>,
     job: crate::model::JobId,
 ) -> bool {
@@ -971,7 +972,7 @@ mod tests {
         let clock: Arc<dyn crate::clock::Clock> = Arc::new(SystemClock);
         let store = Arc::new(MemoryStore::new());
         let (shared, _) =
-            super::super::assemble(store, &super::super::ServerOptions::default(), clock, super::Topology::Alone, 0)
+            crate::server::assemble(store, &crate::server::ServerOptions::default(), clock, super::Topology::Alone, 0)
                 .await
                 .expect("an admin");
         WorkerStreamService::new(shared)

@@ -16,7 +16,6 @@ use tokio::sync::Notify;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
-use super::Shared;
 use crate::backoff::Backoff;
 use crate::dispatch::{Assignment, FreeSlots};
 use crate::follower::{Loss, Outcome, Rejection};
@@ -28,6 +27,7 @@ use crate::proto::peer::{
     VouchResponse,
 };
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, CancelRequest, WorkKind};
+use crate::server::Shared;
 use crate::wire;
 
 /// How long one call to another instance may take.
@@ -131,7 +131,7 @@ pub async fn known_at(
 /// after the worker's own wait (an instance that adopts the job, or this one
 /// restarted, waits the grace before it takes the attempts back; a worker
 /// renewed up to the end of the vouch has stopped by then).
-pub fn vouch_validity(options: &super::ServerOptions, lease: Duration) -> Duration {
+pub fn vouch_validity(options: &crate::server::ServerOptions, lease: Duration) -> Duration {
     lease.min(options.orphan_grace.saturating_sub(wire::take_back_after(lease)))
 }
 
@@ -329,7 +329,7 @@ impl PeerService for PeerServiceImpl {
 
 /// Stops attempts of jobs led here that workers connected to other
 /// instances run: each order goes to the instance the worker is connected to.
-pub async fn foreign_orders(shared: Arc<Shared>, node: Arc<super::cluster::Node>, orders: super::ForeignReceiver) {
+pub async fn foreign_orders(shared: Arc<Shared>, node: Arc<super::Node>, orders: crate::server::ForeignReceiver) {
     // Held while this duty runs: a duty started again takes it over.
     let mut orders = orders.lock().await;
     while let Some((handler, order)) = orders.recv().await {
@@ -538,7 +538,7 @@ pub async fn report_to_leader(
 
 /// The borrower: while this instance's workers have slots nothing queued
 /// here can use, ask the other live servers for ready tasks.
-pub async fn borrower(shared: Arc<Shared>, node: Arc<super::cluster::Node>) {
+pub async fn borrower(shared: Arc<Shared>, node: Arc<super::Node>) {
     let mut first = 0usize;
     loop {
         let others: Vec<Arc<str>> = node
@@ -560,7 +560,7 @@ pub async fn borrower(shared: Arc<Shared>, node: Arc<super::cluster::Node>) {
 
 /// One round: reserve the idle slots, offer them to each other instance in
 /// turn, and hand what was lent to the workers. Returns how many tasks came.
-async fn borrow_round(shared: &Arc<Shared>, node: &super::cluster::Node, others: &[Arc<str>], first: usize) -> usize {
+async fn borrow_round(shared: &Arc<Shared>, node: &super::Node, others: &[Arc<str>], first: usize) -> usize {
     let Ok(offers) = shared.engine.reserve().await else { return 0 };
     if offers.is_empty() {
         return 0;

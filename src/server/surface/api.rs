@@ -9,11 +9,15 @@ use std::sync::Arc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use super::{convert, Shared};
+use super::convert;
 use crate::engine::{self, Event};
 use crate::jobfile::{self, Format};
 use crate::model::{JobId, JobOrigin, JobState};
 use crate::proto::api::{self, job_event, job_service_server::JobService};
+use crate::server::cluster::peer;
+use crate::server::duties::{recovery, retention, scheduler};
+use crate::server::seaweedfs::capacity;
+use crate::server::Shared;
 use crate::store::{JobFilter, StoredJob};
 use crate::wire;
 
@@ -262,10 +266,10 @@ impl Api {
 
     /// A client for the instance at `address`, and the request, with this one's token.
     async fn forward<T>(&self, address: &str, message: T) -> Result<(JobServiceClientOf, Request<T>), Error> {
-        let client = super::peer::job_service(address).await.map_err(|e| {
+        let client = peer::job_service(address).await.map_err(|e| {
             Error::Unavailable(format!("the instance leading the job ({address}) cannot be reached: {e}"))
         })?;
-        let request = super::peer::request_within(&self.shared, message, std::time::Duration::from_secs(30));
+        let request = peer::request_within(&self.shared, message, std::time::Duration::from_secs(30));
         Ok((client, request))
     }
 
@@ -311,7 +315,7 @@ impl Api {
                 role: "server".into(),
                 grpc_address: format!("127.0.0.1:{}", self.shared.grpc_port),
                 status: "active".into(),
-                paused: super::scheduler::paused(&self.shared),
+                paused: scheduler::paused(&self.shared),
                 jobs_led: u32::try_from(led).unwrap_or(u32::MAX),
                 workers: u32::try_from(self.shared.registry.len()).unwrap_or(u32::MAX),
                 answering: true,
@@ -420,7 +424,7 @@ impl Api {
             return Err(Error::Invalid("a job type is required".into()));
         }
         let outcome =
-            super::scheduler::detect(&self.shared, job_type, run).await.map_err(|e| Error::Conflict(e.to_string()))?;
+            scheduler::detect(&self.shared, job_type, run).await.map_err(|e| Error::Conflict(e.to_string()))?;
         Ok(api::DetectResponse {
             proposals: outcome
                 .proposals
@@ -469,7 +473,7 @@ impl Api {
             return Err(Error::Unavailable(format!("the master's topology: {}", error.unwrap_or_default())));
         };
         let changes = self.shared.capacity.changes();
-        let disks = super::capacity::view(&topology, &changes);
+        let disks = capacity::view(&topology, &changes);
         let changes = changes
             .into_iter()
             .map(|c| api::CapacityChange {
@@ -488,8 +492,8 @@ impl Api {
     }
 
     pub fn runs(&self, job_type: &str) -> api::RunHistory {
-        let runs = super::scheduler::runs(&self.shared, job_type);
-        let entry = |r: &super::scheduler::Run| api::RunEntry {
+        let runs = scheduler::runs(&self.shared, job_type);
+        let entry = |r: &scheduler::Run| api::RunEntry {
             at_ms: r.at_ms,
             duration_ms: r.duration_ms,
             detector: r.detector.clone(),
@@ -507,9 +511,9 @@ impl Api {
 
     pub async fn recover(&self, dry_run: bool, here_only: bool) -> Result<api::RecoverResponse, Error> {
         let findings = if here_only {
-            super::recovery::check(&self.shared, dry_run).await
+            recovery::check(&self.shared, dry_run).await
         } else {
-            super::recovery::check_cluster(&self.shared, dry_run).await
+            recovery::check_cluster(&self.shared, dry_run).await
         };
         let findings = findings.map_err(|e| Error::Conflict(e.to_string()))?;
         Ok(api::RecoverResponse { findings, dry_run })
@@ -523,7 +527,7 @@ impl Api {
 
     /// Removes the ended jobs past the retention rules now (or only names them).
     pub async fn prune(&self, dry_run: bool) -> Result<api::PruneResponse, Error> {
-        super::retention::prune(&self.shared, dry_run).await.map_err(|e| Error::Conflict(format!("{e:#}")))
+        retention::prune(&self.shared, dry_run).await.map_err(|e| Error::Conflict(format!("{e:#}")))
     }
 
     /// A snapshot (in parts), then the job's transitions, until it has ended.

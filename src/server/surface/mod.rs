@@ -1,0 +1,14 @@
+//! The server's surface, what clients reach over its ports: the client API
+//! (gRPC and JSON over HTTP, one implementation), the web console, the token,
+//! backups, the Prometheus metrics, the OpenAPI description, and the bound
+//! on connections whose client stops reading.
+
+pub(crate) mod api;
+pub(crate) mod auth;
+mod backup;
+pub(crate) mod console;
+pub(crate) mod convert;
+pub(crate) mod http;
+pub(crate) mod metrics;
+pub(crate) mod stall;
+mod views;
