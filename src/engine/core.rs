@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobcenter_recovery as recovery;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, oneshot};
 
 use super::held::{Absent, Held, HeldTable};
 use super::{Answer, Error, Event, Options, Orphans, Progress, Summary, Waiters};
 use crate::active::ActiveJob;
-use crate::clock::{Clock, Timestamp};
+use crate::clock::Timestamp;
 use crate::dispatch::{Assignment, Dispatch, FreeSlots, HandlerSpec, Place, Sink, TypeLimits, WorkOrder};
 use crate::follower::{self, Loss, Outcome, Rejection, Released};
 use crate::leader;
@@ -998,7 +998,29 @@ impl Core {
     }
 
     /// When the next delayed task, execution deadline or take-back is due.
-    fn next_wake(&self) -> Option<Timestamp> {
+    /// One turn of the engine's loop, at `now`: applies the commands that
+    /// arrived, ends what has run out and hands ready tasks to handlers. The
+    /// step it returns is made durable before anything in it takes effect.
+    pub(super) fn turn(&mut self, commands: impl IntoIterator<Item = Command>, now: Timestamp) -> Step {
+        let mut step = Step::default();
+        for command in commands {
+            self.apply(command, now, &mut step);
+        }
+        self.expire(now, &mut step);
+        self.dispatch_ready(now, &mut step);
+        if self.events.receiver_count() > 0 {
+            step.actions.extend(batch_events(&step.batch).into_iter().map(Action::Event));
+        }
+        step
+    }
+
+    /// How many commands one turn takes at most.
+    pub(super) fn most_commands_per_turn(&self) -> usize {
+        self.options.max_commands_per_iteration
+    }
+
+    /// When the next deadline falls, if any: the loop wakes then without a command.
+    pub(super) fn next_wake(&self) -> Option<Timestamp> {
         let cooled = self.cooling.values().min().copied();
         [self.dispatch.next_wake(), self.held.next_deadline(), self.absent.next_wake(), cooled]
             .into_iter()
@@ -1152,57 +1174,4 @@ fn batch_events(batch: &Batch) -> Vec<Event> {
     let tasks = batch.tasks.iter().map(|(job, idx, record)| task_event(*job, idx.0, record));
     let changed = batch.jobs.iter().map(job_event);
     created.chain(tasks).chain(changed).collect()
-}
-
-pub(super) async fn run_loop(
-    mut core: Core,
-    clock: Arc<dyn Clock>,
-    mut commands: mpsc::Receiver<Command>,
-    steps: mpsc::Sender<Step>,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    let max = core.options.max_commands_per_iteration;
-    let mut received: Vec<Command> = Vec::with_capacity(max);
-    loop {
-        let first = match core.next_wake() {
-            Some(at) => {
-                let wait = std::time::Duration::from_millis(at.millis_since(clock.now()));
-                tokio::select! {
-                    command = commands.recv() => match command {
-                        Some(command) => Some(command),
-                        None => break,
-                    },
-                    () = tokio::time::sleep(wait) => None,
-                    () = stop.cancelled() => break,
-                }
-            }
-            None => tokio::select! {
-                command = commands.recv() => match command {
-                    Some(command) => Some(command),
-                    None => break,
-                },
-                () = stop.cancelled() => break,
-            },
-        };
-        received.extend(first);
-        while received.len() < max {
-            match commands.try_recv() {
-                Ok(command) => received.push(command),
-                Err(_) => break,
-            }
-        }
-        let now = clock.now();
-        let mut step = Step::default();
-        for command in received.drain(..) {
-            core.apply(command, now, &mut step);
-        }
-        core.expire(now, &mut step);
-        core.dispatch_ready(now, &mut step);
-        if core.events.receiver_count() > 0 {
-            step.actions.extend(batch_events(&step.batch).into_iter().map(Action::Event));
-        }
-        if (!step.batch.is_empty() || !step.actions.is_empty()) && steps.send(step).await.is_err() {
-            break;
-        }
-    }
 }

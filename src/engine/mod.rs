@@ -17,6 +17,7 @@ mod committer;
 mod core;
 mod handle;
 mod held;
+mod run_loop;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -228,7 +229,7 @@ impl Engine {
             let _ = steps_tx.send(step).await;
         }
         let removals = core.removals();
-        tokio::spawn(core::run_loop(core, clock, commands_rx, steps_tx, stop.clone()));
+        tokio::spawn(run_loop::run(core, clock, commands_rx, steps_tx, stop.clone()));
         let lifetime = handle::Lifetime { ready, removals, fate, stop, done };
         Ok(EngineHandle::new(commands_tx, store, events, commit_observer, lifetime))
     }

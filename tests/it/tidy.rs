@@ -170,3 +170,44 @@ fn the_engine_reads_no_label_by_name() {
         .collect();
     assert!(reading.is_empty(), "the engine reads labels or parameters: {reading:?}");
 }
+
+#[test]
+fn the_state_machine_does_no_io() {
+    // The engine's core and the pure steps it calls take `now` and do no
+    // I/O: they await nothing, read no clock, spawn nothing, open nothing.
+    // Only the engine's loop (src/engine/run_loop.rs) feeds them.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["src/engine/core", "src/scheduler"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    let pure =
+        ["engine/core.rs", "engine/held.rs", "follower.rs", "leader.rs", "active.rs", "dispatch.rs", "retention.rs"];
+    files.extend(pure.iter().chain(&["policy.rs", "dag.rs"]).map(|f| root.join("src").join(f)));
+    let io = [
+        "async fn",
+        ".await",
+        "tokio::time",
+        "tokio::spawn",
+        "tokio::fs",
+        "tokio::net",
+        "std::fs",
+        "std::net",
+        "std::thread",
+        "std::process",
+        "Instant::now",
+        "SystemTime",
+        "Clock",
+    ];
+    let mut found = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        // Their unit tests may use a clock.
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for needle in io.iter().filter(|needle| code.contains(**needle)) {
+            found.push(format!("{} uses {needle}", file.strip_prefix(root).unwrap_or(file).display()));
+        }
+    }
+    assert!(files.len() > 12, "found only {} files", files.len());
+    assert!(found.is_empty(), "the state machine does I/O: {found:?}");
+}
