@@ -27,6 +27,8 @@ mod handler;
 mod job;
 mod query;
 mod report;
+#[cfg(test)]
+mod tests;
 
 pub(super) type Reply<T> = oneshot::Sender<T>;
 

@@ -1,0 +1,160 @@
+//! The engine's state machine driven turn by turn, synchronously and without
+//! a runtime: a handler and a job as fixtures, the commands of each turn,
+//! and what the step it returns holds: the records to make durable, and
+//! the replies and work orders that wait for them.
+
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use super::{Action, Command, Core, HandlerCommand, JobCommand, Query, ReportCommand, Step};
+use crate::clock::Timestamp;
+use crate::dispatch::{HandlerSpec, WorkOrder};
+use crate::engine::Options;
+use crate::follower::Outcome;
+use crate::model::{AttemptId, HandlerId, JobId, JobOrigin, JobState, TaskIdx, TaskRef, TaskState};
+use crate::store::conformance::spec;
+
+const T0: Timestamp = Timestamp(1_795_694_400_000);
+
+fn at(seconds: i64) -> Timestamp {
+    T0.plus_seconds(seconds as u64)
+}
+
+/// A core with one handler of two slots connected (one that starts an
+/// attempt as it gets it, as a `weed worker` does), and the orders it is sent.
+fn core_with_a_handler() -> (Core, HandlerId, mpsc::UnboundedReceiver<WorkOrder>) {
+    let mut core = Core::new(Options::default(), broadcast::channel(16).0);
+    let handler = HandlerId::new();
+    let (sink, orders) = mpsc::unbounded_channel();
+    let spec = HandlerSpec {
+        handler,
+        job_types: None,
+        capacity: 2,
+        type_capacity: Default::default(),
+        starts_running: true,
+        session: 1,
+        sink,
+        place: Default::default(),
+    };
+    let step = core.turn([HandlerCommand::Connected { spec }.into()], T0);
+    assert!(step.batch.is_empty(), "a connection writes nothing");
+    (core, handler, orders)
+}
+
+/// The attempts a step sends, in order, without sending them.
+fn sent(step: &Step) -> Vec<AttemptId> {
+    step.actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::Send { order: WorkOrder::Execute(assignment), .. } => Some(assignment.attempt),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What the step's batch records of each task, by index: a later entry for
+/// a task wins, as it does when the batch is written.
+fn written(step: &Step, job: JobId) -> Vec<(u32, TaskState, u32)> {
+    let last: std::collections::BTreeMap<u32, (TaskState, u32)> = step
+        .batch
+        .tasks
+        .iter()
+        .filter(|(j, ..)| *j == job)
+        .map(|(_, idx, task)| (idx.0, (task.state, task.attempt)))
+        .collect();
+    last.into_iter().map(|(idx, (state, attempt))| (idx, state, attempt)).collect()
+}
+
+/// Gives the step's replies, as the committer does once the step is durable.
+fn made_durable(step: Step) {
+    for action in step.actions {
+        if let Action::Reply(reply) = action {
+            reply();
+        }
+    }
+}
+
+fn complete(attempt: AttemptId, handler: HandlerId, outcome: Outcome) -> Command {
+    ReportCommand::Complete { attempt, handler, outcome, received: None, answer: None }.into()
+}
+
+fn attempt(job: JobId, idx: u32, number: u32) -> AttemptId {
+    AttemptId::new(TaskRef { job, idx: TaskIdx(idx) }, number)
+}
+
+#[test]
+fn a_submit_is_answered_only_once_its_step_is_durable_and_its_first_task_goes_out_with_it() {
+    let (mut core, handler, _orders) = core_with_a_handler();
+    let (reply, mut answer) = oneshot::channel();
+    let id = JobId::new();
+    let submit = JobCommand::Submit { id, spec: spec(3), origin: JobOrigin::User, reply };
+    let step = core.turn([submit.into()], at(1));
+    assert_eq!(step.batch.new_jobs.len(), 1, "the job is in the step's batch");
+    assert_eq!(written(&step, id), [(0, TaskState::Running, 1)], "only the chain's first task is ready");
+    assert_eq!(sent(&step), [attempt(id, 0, 1)], "its order waits in the same step");
+    assert!(answer.try_recv().is_err(), "nothing is answered before the step is durable");
+    made_durable(step);
+    assert_eq!(answer.try_recv().unwrap().unwrap(), id);
+    assert!(core.turn([], at(2)).batch.is_empty(), "a turn without commands or deadlines writes nothing");
+    let _ = handler;
+}
+
+#[test]
+fn each_completion_releases_the_next_task_of_a_chain_in_the_same_turn() {
+    let (mut core, handler, _orders) = core_with_a_handler();
+    let id = JobId::new();
+    let (reply, _answer) = oneshot::channel();
+    core.turn([JobCommand::Submit { id, spec: spec(3), origin: JobOrigin::User, reply }.into()], at(1));
+    for idx in 0..3u32 {
+        let done = Outcome::Succeeded { output: vec![format!("t{idx} done")] };
+        let step = core.turn([complete(attempt(id, idx, 1), handler, done)], at(2 + i64::from(idx)));
+        let mut expected = vec![(idx, TaskState::Succeeded, 1)];
+        if idx < 2 {
+            expected.push((idx + 1, TaskState::Running, 1));
+            assert_eq!(sent(&step), [attempt(id, idx + 1, 1)]);
+        } else {
+            assert!(sent(&step).is_empty());
+            let job = step.batch.jobs.iter().find(|j| j.id == id).expect("the job's record is written");
+            assert_eq!(job.state, JobState::Succeeded, "the last task ends the job in the same step");
+        }
+        assert_eq!(written(&step, id), expected, "after t{idx}");
+    }
+}
+
+#[test]
+fn a_failure_marks_every_task_after_it_upstream_failed_and_ends_the_job_in_one_step() {
+    let (mut core, handler, _orders) = core_with_a_handler();
+    let id = JobId::new();
+    let (reply, _answer) = oneshot::channel();
+    core.turn([JobCommand::Submit { id, spec: spec(4), origin: JobOrigin::User, reply }.into()], at(1));
+    let failed = Outcome::Failed { error: "disk full".into(), output: Vec::new() };
+    let step = core.turn([complete(attempt(id, 0, 1), handler, failed)], at(2));
+    assert_eq!(
+        written(&step, id),
+        [
+            (0, TaskState::Failed, 1),
+            (1, TaskState::UpstreamFailed, 0),
+            (2, TaskState::UpstreamFailed, 0),
+            (3, TaskState::UpstreamFailed, 0)
+        ]
+    );
+    assert!(sent(&step).is_empty());
+    assert_eq!(step.batch.jobs.iter().find(|j| j.id == id).map(|j| j.state), Some(JobState::Failed));
+}
+
+#[test]
+fn a_stale_report_is_refused_and_changes_nothing() {
+    let (mut core, handler, _orders) = core_with_a_handler();
+    let id = JobId::new();
+    let (reply, _answer) = oneshot::channel();
+    core.turn([JobCommand::Submit { id, spec: spec(2), origin: JobOrigin::User, reply }.into()], at(1));
+    let stranger = HandlerId::new();
+    let done = || Outcome::Succeeded { output: Vec::new() };
+    for report in [complete(attempt(id, 0, 2), handler, done()), complete(attempt(id, 0, 1), stranger, done())] {
+        let step = core.turn([report], at(2));
+        assert!(step.batch.is_empty() && sent(&step).is_empty(), "a refused report writes and sends nothing");
+    }
+    let (reply, mut summary) = oneshot::channel();
+    made_durable(core.turn([Query::Summary { job: id, reply }.into()], at(3)));
+    let summary = summary.try_recv().unwrap().expect("the job is led here");
+    assert_eq!(summary.record.state, JobState::Running);
+}
