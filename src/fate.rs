@@ -19,6 +19,22 @@ pub enum Fatal {
     /// a new id, keeping nothing of the old one.
     #[error("this instance was deactivated by the others; starting over as a new instance")]
     Deactivated,
+    /// The engine's loop panicked: no step would be taken any more, so the
+    /// server stops rather than accept work it cannot do.
+    #[error("the engine's loop stopped: {0}; stopping rather than accept work nothing would do")]
+    Engine(String),
+}
+
+/// What a task that ended abnormally said: its panic's message, or why it ended.
+pub fn panic_text(error: tokio::task::JoinError) -> String {
+    match error.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic".into()),
+        Err(error) => error.to_string(),
+    }
 }
 
 /// The first fatal condition a server met, shared by its parts. Cheap to clone.

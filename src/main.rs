@@ -53,9 +53,15 @@ fn main() -> ExitCode {
             eprintln!("jobcenter: {fatal}");
             start_over()
         }
+        Err(fatal @ Fatal::Engine(_)) => {
+            eprintln!("jobcenter: {fatal}");
+            ExitCode::from(EXIT_SOFTWARE)
+        }
     }
 }
 
+/// The engine's loop panicked (sysexits' EX_SOFTWARE).
+const EXIT_SOFTWARE: u8 = 70;
 /// A store write failed for good (sysexits' EX_IOERR).
 const EXIT_STORE_FAILED: u8 = 74;
 /// Deactivated, and told not to start over (sysexits' EX_TEMPFAIL).

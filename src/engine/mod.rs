@@ -229,7 +229,9 @@ impl Engine {
             let _ = steps_tx.send(step).await;
         }
         let removals = core.removals();
-        tokio::spawn(run_loop::run(core, clock, commands_rx, steps_tx, stop.clone()));
+        // Stopped by `stop` (EngineHandle::close), or when every handle is gone.
+        let run = tokio::spawn(run_loop::run(core, clock, commands_rx, steps_tx, stop.clone()));
+        tokio::spawn(fatal_if_it_panics(run, fate.clone()));
         let lifetime = handle::Lifetime { ready, removals, fate, stop, done };
         Ok(EngineHandle::new(commands_tx, store, events, commit_observer, lifetime))
     }
@@ -238,12 +240,31 @@ impl Engine {
 /// The waiters of each job, answered when it ends.
 type Waiters = HashMap<JobId, Vec<tokio::sync::oneshot::Sender<Option<JobRecord>>>>;
 
+/// Records the engine loop's panic as the server's fate: nothing else would
+/// notice that no step is taken any more.
+async fn fatal_if_it_panics(run: tokio::task::JoinHandle<()>, fate: crate::fate::Fate) {
+    if let Err(error) = run.await {
+        if error.is_panic() {
+            fate.meet(crate::fate::Fatal::Engine(crate::fate::panic_text(error)));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn line(stage: &str, message: &str) -> String {
         Progress { percent: 0.0, stage: stage.into(), message: message.into() }.stage_line()
+    }
+
+    #[tokio::test]
+    async fn a_loop_that_panics_is_the_server_s_fate_and_one_that_ends_is_not() {
+        let fate = crate::fate::Fate::default();
+        fatal_if_it_panics(tokio::spawn(async {}), fate.clone()).await;
+        assert_eq!(fate.fatal(), None, "a loop that ends (its handles gone, or stopped) is no failure");
+        fatal_if_it_panics(tokio::spawn(async { panic!("an invariant broke") }), fate.clone()).await;
+        assert_eq!(fate.fatal(), Some(&crate::fate::Fatal::Engine("an invariant broke".into())));
     }
 
     #[test]

@@ -179,6 +179,7 @@ pub fn check(store: &dyn Store) {
                     state: TaskState::Ready,
                     assigned_at: None,
                     started_at: None,
+                    progress_percent: 0.0,
                     stage: "".into(),
                     ..task.clone()
                 },

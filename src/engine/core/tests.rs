@@ -83,7 +83,7 @@ fn attempt(job: JobId, idx: u32, number: u32) -> AttemptId {
 
 #[test]
 fn a_submit_is_answered_only_once_its_step_is_durable_and_its_first_task_goes_out_with_it() {
-    let (mut core, handler, _orders) = core_with_a_handler();
+    let (mut core, _handler, _orders) = core_with_a_handler();
     let (reply, mut answer) = oneshot::channel();
     let id = JobId::new();
     let submit = JobCommand::Submit { id, spec: spec(3), origin: JobOrigin::User, reply };
@@ -95,7 +95,6 @@ fn a_submit_is_answered_only_once_its_step_is_durable_and_its_first_task_goes_ou
     made_durable(step);
     assert_eq!(answer.try_recv().unwrap().unwrap(), id);
     assert!(core.turn([], at(2)).batch.is_empty(), "a turn without commands or deadlines writes nothing");
-    let _ = handler;
 }
 
 #[test]

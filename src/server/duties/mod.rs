@@ -111,7 +111,7 @@ impl Duties {
                 let pause = pauses.next_pause();
                 match ended {
                     Ok(()) => tracing::error!(duty = name, pause_ms = pause.as_millis() as u64, "duty ended early; starting it again"),
-                    Err(e) => tracing::error!(duty = name, error = %panic_text(e), pause_ms = pause.as_millis() as u64, "duty panicked; starting it again"),
+                    Err(e) => tracing::error!(duty = name, error = %crate::fate::panic_text(e), pause_ms = pause.as_millis() as u64, "duty panicked; starting it again"),
                 }
                 tokio::select! {
                     () = tokio::time::sleep(pause) => {}
@@ -146,17 +146,6 @@ impl Duties {
     pub async fn stop_all(&self) {
         self.intake.end().await;
         self.membership.end().await;
-    }
-}
-
-fn panic_text(error: tokio::task::JoinError) -> String {
-    match error.try_into_panic() {
-        Ok(payload) => payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "a panic".into()),
-        Err(error) => error.to_string(),
     }
 }
 
