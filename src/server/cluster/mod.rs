@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::backoff::Backoff;
 use crate::clock::Clock;
 use crate::model::HandlerId;
 use crate::server::Shared;
@@ -341,18 +342,25 @@ async fn settle_permits(shared: &Arc<Shared>, node: &Arc<Node>, last: &mut Settl
 
 /// The loop of a server instance: heartbeat, then its share of the jobs.
 pub async fn heartbeats(shared: Arc<Shared>, node: Arc<Node>) {
+    // A beat that failed (most often a connection the network dropped) is
+    // tried again soon on another connection, not a whole interval later:
+    // a lossy link must not let the fence's silence build up.
+    let mut again = Backoff::doubling(Duration::from_millis(100), node.timing.heartbeat);
     loop {
         let started = Instant::now();
-        match beat(&shared, &node).await {
-            Ok(()) => {}
+        let pause = match beat(&shared, &node).await {
+            Ok(()) => {
+                again.reset();
+                node.timing.heartbeat.saturating_sub(started.elapsed())
+            }
             Err(store::Error::Fenced { .. }) => return deactivated(&shared, &node),
             Err(e) => {
                 let silent = node.beat_ok.lock().expect("beat lock").elapsed();
                 tracing::warn!(error = %e, silent_for_ms = silent.as_millis() as u64, "heartbeat failed");
+                again.next_pause()
             }
-        }
-        let spent = started.elapsed();
-        tokio::time::sleep(node.timing.heartbeat.saturating_sub(spent)).await;
+        };
+        tokio::time::sleep(pause).await;
     }
 }
 
