@@ -4,13 +4,23 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
 
 use crate::wire;
 
-fn read(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("reading the {what} {}", path.display()))
+/// TLS settings that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("reading the {what} {}: {source}", path.display())]
+    Read { what: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("invalid address {address}: {reason}")]
+    Address { address: String, reason: String },
+    #[error("TLS settings: {0}")]
+    Settings(tonic::transport::Error),
+}
+
+fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|source| Error::Read { what, path: path.to_path_buf(), source })
 }
 
 /// The server side: its certificate and key, and the CA its clients' certificates must chain to.
@@ -28,7 +38,7 @@ pub struct ServerTls {
 }
 
 impl ServerTls {
-    pub fn config(&self) -> anyhow::Result<Option<ServerTlsConfig>> {
+    pub fn config(&self) -> Result<Option<ServerTlsConfig>, Error> {
         let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else { return Ok(None) };
         let identity = Identity::from_pem(read(cert, "certificate")?, read(key, "key")?);
         let mut config = ServerTlsConfig::new().identity(identity);
@@ -59,12 +69,13 @@ impl ClientTls {
     }
 
     /// An endpoint for a gRPC `host:port`, with TLS when configured.
-    pub fn endpoint(&self, address: &str) -> anyhow::Result<Endpoint> {
-        let (host, port) = wire::split_host_port(address)?;
+    pub fn endpoint(&self, address: &str) -> Result<Endpoint, Error> {
+        let invalid = |reason: String| Error::Address { address: address.to_string(), reason };
+        let (host, port) = wire::split_host_port(address).map_err(|e| invalid(e.to_string()))?;
         let authority = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
         let scheme = if self.enabled() { "https" } else { "http" };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{authority}"))
-            .with_context(|| format!("invalid address {address}"))?;
+        let mut endpoint =
+            Endpoint::from_shared(format!("{scheme}://{authority}")).map_err(|e| invalid(e.to_string()))?;
         if self.enabled() {
             let mut config = ClientTlsConfig::new().domain_name(host);
             if let Some(ca) = &self.tls_ca {
@@ -73,7 +84,7 @@ impl ClientTls {
             if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
                 config = config.identity(Identity::from_pem(read(cert, "certificate")?, read(key, "key")?));
             }
-            endpoint = endpoint.tls_config(config).context("TLS settings")?;
+            endpoint = endpoint.tls_config(config).map_err(Error::Settings)?;
         }
         Ok(endpoint)
     }

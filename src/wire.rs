@@ -226,7 +226,7 @@ pub const GRPC_SCHEME: &str = "grpc://";
 /// Resolves the gRPC address behind an admin's HTTP `host:port`: asks
 /// `PLUGIN_STATUS_PATH` for `worker_grpc_port`, and falls back to the HTTP
 /// port plus `GRPC_PORT_OFFSET`. `grpc://host:port` is taken as it is.
-pub async fn resolve_grpc_address(admin: &str) -> anyhow::Result<String> {
+pub async fn resolve_grpc_address(admin: &str) -> Result<String, AddressError> {
     if let Some(address) = admin.strip_prefix(GRPC_SCHEME) {
         split_host_port(address)?;
         return Ok(address.to_string());
@@ -236,27 +236,56 @@ pub async fn resolve_grpc_address(admin: &str) -> anyhow::Result<String> {
         Ok(port) => port,
         Err(e) => {
             tracing::debug!(admin, error = %e, "no plugin status; assuming the gRPC port is the HTTP port + 10000");
-            port.checked_add(GRPC_PORT_OFFSET)
-                .ok_or_else(|| anyhow::anyhow!("port {port} leaves no room for +10000"))?
+            port.checked_add(GRPC_PORT_OFFSET).ok_or(AddressError::NoRoomForOffset(port))?
         }
     };
     Ok(format!("{host}:{port}"))
 }
 
-pub fn split_host_port(address: &str) -> anyhow::Result<(String, u16)> {
-    let (host, port) = address.rsplit_once(':').ok_or_else(|| anyhow::anyhow!("{address:?} is not HOST:PORT"))?;
-    let port: u16 = port.parse().map_err(|_| anyhow::anyhow!("{address:?} has no valid port"))?;
+/// An address that cannot be used as `HOST:PORT`.
+#[derive(Debug, thiserror::Error)]
+pub enum AddressError {
+    #[error("{0:?} is not HOST:PORT")]
+    NotHostPort(String),
+    #[error("{0:?} has no valid port")]
+    BadPort(String),
+    #[error("port {0} leaves no room for +10000")]
+    NoRoomForOffset(u16),
+}
+
+pub fn split_host_port(address: &str) -> Result<(String, u16), AddressError> {
+    let (host, port) = address.rsplit_once(':').ok_or_else(|| AddressError::NotHostPort(address.into()))?;
+    let port: u16 = port.parse().map_err(|_| AddressError::BadPort(address.into()))?;
     Ok((host.trim_start_matches('[').trim_end_matches(']').to_string(), port))
 }
 
-async fn fetch_grpc_port(host: &str, port: u16) -> anyhow::Result<u16> {
+async fn fetch_grpc_port(host: &str, port: u16) -> Result<u16, FetchError> {
     let status = http_get_json(&format!("{host}:{port}"), PLUGIN_STATUS_PATH).await?;
     let port = status.get("worker_grpc_port").and_then(Value::as_u64).unwrap_or(0);
-    u16::try_from(port).ok().filter(|p| *p > 0).ok_or_else(|| anyhow::anyhow!("no worker_grpc_port in the answer"))
+    u16::try_from(port).ok().filter(|p| *p > 0).ok_or(FetchError::Missing("worker_grpc_port"))
+}
+
+/// Why a plain HTTP GET of a JSON document gave nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error(transparent)]
+    Address(#[from] AddressError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("no answer within 3 s")]
+    TimedOut(#[from] tokio::time::error::Elapsed),
+    #[error("malformed HTTP answer")]
+    Malformed,
+    #[error("{path} answered {status}")]
+    Status { path: String, status: String },
+    #[error("the answer is not JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("no {0} in the answer")]
+    Missing(&'static str),
 }
 
 /// A plain HTTP/1.1 GET of a JSON document from `host:port`, bounded in time and size.
-pub async fn http_get_json(address: &str, path: &str) -> anyhow::Result<Value> {
+pub async fn http_get_json(address: &str, path: &str) -> Result<Value, FetchError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (host, port) = split_host_port(address)?;
     let connect = tokio::net::TcpStream::connect((host.as_str(), port));
@@ -266,9 +295,10 @@ pub async fn http_get_json(address: &str, path: &str) -> anyhow::Result<Value> {
     let mut response = Vec::new();
     tokio::time::timeout(Duration::from_secs(3), stream.take(1024 * 1024).read_to_end(&mut response)).await??;
     let text = String::from_utf8_lossy(&response);
-    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| anyhow::anyhow!("malformed HTTP answer"))?;
+    let (head, body) = text.split_once("\r\n\r\n").ok_or(FetchError::Malformed)?;
     if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        anyhow::bail!("{path} answered {}", head.lines().next().unwrap_or(""));
+        let status = head.lines().next().unwrap_or("").to_string();
+        return Err(FetchError::Status { path: path.to_string(), status });
     }
     Ok(serde_json::from_str(body.trim())?)
 }

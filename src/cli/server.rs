@@ -221,8 +221,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         advertise_grpc: args.advertise_grpc,
         ..ServerOptions::default()
     };
-    server::run(store, options, http, grpc, shutdown_signal()).await?;
-    Ok(ExitCode::SUCCESS)
+    match server::run(store, options, http, grpc, shutdown_signal()).await {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        // The process's fate, for `main` to act on.
+        Err(server::Error::Fatal(fatal)) => Err(fatal.into()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn shutdown_signal() {

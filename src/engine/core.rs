@@ -10,7 +10,7 @@ use std::time::Duration;
 use jobcenter_recovery as recovery;
 use tokio::sync::{broadcast, oneshot};
 
-use super::held::{Absent, Held, HeldTable};
+use super::attempts::{Ending, Held, Ledger};
 use super::{Answer, Error, Event, Options, Orphans, Progress, Summary, Waiters};
 use crate::active::ActiveJob;
 use crate::clock::Timestamp;
@@ -333,24 +333,14 @@ pub(super) struct Core {
     options: Options,
     jobs: HashMap<JobId, ActiveJob>,
     dispatch: Dispatch,
-    held: HeldTable,
-    /// Handlers holding attempts while disconnected, until they are taken back.
-    absent: Absent,
+    /// Every attempt known here: held, borrowed, or waiting for an absent handler.
+    attempts: Ledger,
     waiters: Waiters,
     events: broadcast::Sender<Event>,
     /// When the completion that made each queued task ready reached the server.
     released_at: HashMap<TaskRef, std::time::Instant>,
-    /// Attempts of jobs other instances lead, run by handlers here: the
-    /// attempt, its handler and its job type, until their report is settled.
-    borrowed: HashMap<TaskRef, (u32, HandlerId, Arc<str>)>,
     /// Handlers connected to the other live instances: alive, though not here.
     peer_handlers: HashSet<HandlerId>,
-    /// Handlers whose attempts another instance vouched for (it renews
-    /// their lease): none of their attempts is taken back before this.
-    vouched: HashMap<HandlerId, Timestamp>,
-    /// Resources (volumes) an attempt that ended without success keeps
-    /// locked until then: its worker may still be undoing it.
-    cooling: HashMap<String, Timestamp>,
     /// The worker (its id) of each handler without a lease that holds or
     /// held attempts: such a worker drops its work with its stream, so when
     /// it comes back, under another handler, what its old one holds is over.
@@ -371,18 +361,14 @@ pub(super) struct Core {
 impl Core {
     pub fn new(options: Options, events: broadcast::Sender<Event>) -> Core {
         Core {
+            attempts: Ledger::new(options.rollback_windows.clone()),
             options,
             jobs: HashMap::new(),
             dispatch: Dispatch::default(),
-            held: HeldTable::default(),
-            absent: Absent::default(),
             waiters: HashMap::new(),
             events,
             released_at: HashMap::new(),
-            borrowed: HashMap::new(),
             peer_handlers: HashSet::new(),
-            vouched: HashMap::new(),
-            cooling: HashMap::new(),
             names: HashMap::new(),
             resource_permits: None,
             resource_jobs: HashMap::new(),
@@ -400,10 +386,9 @@ impl Core {
     /// What this instance asks of the cluster's permits: its limited job
     /// types, and the resources its ready tasks need or its attempts lock.
     fn permit_demand(&mut self) -> crate::dispatch::Demand {
-        let mut resources: std::collections::BTreeMap<String, bool> =
-            self.held.resources().map(|key| (key.clone(), true)).collect();
         // A cooling volume stays locked here, as if still held.
-        resources.extend(self.cooling.keys().map(|key| (key.clone(), true)));
+        let mut resources: std::collections::BTreeMap<String, bool> =
+            self.attempts.locked_resources().map(|key| (key.clone(), true)).collect();
         self.resource_jobs.retain(|id, _| self.jobs.contains_key(id));
         for (id, job) in &self.jobs {
             let on_resources =
@@ -487,30 +472,23 @@ impl Core {
         }
     }
 
-    /// The one place an attempt stops being held, however it ended: its
-    /// slot, its volume lock and its deadline are released together. One
-    /// that did not succeed, of a type whose worker undoes it on its own,
-    /// keeps its volume locked while that may run (`Options::rollback_windows`).
-    fn end_attempt(&mut self, task: TaskRef, succeeded: bool, now: Timestamp, step: &mut Step) {
-        let Some(held) = self.held.remove(task) else { return };
-        self.dispatch.release_slot(held.handler, &held.job_type);
-        let window = self.options.rollback_windows.get(&*held.job_type).filter(|_| !succeeded);
-        if let (Some(window), Some(key)) = (window, held.resource) {
-            let until = now.plus_millis(window.as_millis() as i64);
-            tracing::info!(job.id = %task.job, task.idx = task.idx.0, resource = %key, until_ms = until.as_millis(), "an attempt that ended without success keeps its volume locked while its worker may undo it");
-            let kept = self.cooling.entry(key.clone()).or_insert(until);
-            *kept = (*kept).max(until);
-            step.batch.settings.push((format!("{COOLING}{key}"), Some(kept.as_millis().to_be_bytes().to_vec())));
+    /// The one way an attempt ends, however it ended, held or borrowed: the
+    /// ledger forgets it with its volume lock and deadline, and its slot is
+    /// free again. One that did not succeed, of a type whose worker undoes
+    /// it on its own, keeps its volume locked while that may run
+    /// (`Options::rollback_windows`), in the store too.
+    fn end(&mut self, attempt: AttemptId, ending: Ending, now: Timestamp, step: &mut Step) {
+        let Some(ended) = self.attempts.end(attempt, ending, now) else { return };
+        self.dispatch.release_slot(ended.handler, &ended.job_type);
+        if let Some((key, until)) = ended.cooling {
+            tracing::info!(%attempt, resource = %key, until_ms = until.as_millis(), "an attempt that ended without success keeps its volume locked while its worker may undo it");
+            step.batch.settings.push((format!("{COOLING}{key}"), Some(until.as_millis().to_be_bytes().to_vec())));
         }
     }
 
-    /// Resources still cooling at `now`; those done are forgotten (in the
-    /// store too).
+    /// Volumes whose cooling is over at `now` are forgotten (in the store too).
     fn cooled(&mut self, now: Timestamp, step: &mut Step) {
-        let done: Vec<String> =
-            self.cooling.iter().filter(|(_, until)| **until <= now).map(|(k, _)| k.clone()).collect();
-        for key in done {
-            self.cooling.remove(&key);
+        for key in self.attempts.cooled(now) {
             step.batch.settings.push((format!("{COOLING}{key}"), None));
         }
     }
@@ -522,7 +500,7 @@ impl Core {
             let (Some(resource), Ok(bytes)) = (key.strip_prefix(COOLING), <[u8; 8]>::try_from(value.as_slice())) else {
                 continue;
             };
-            self.cooling.insert(resource.to_string(), Timestamp(i64::from_be_bytes(bytes)));
+            self.attempts.keep_cooling(resource.to_string(), Timestamp(i64::from_be_bytes(bytes)));
         }
         for (key, value) in names {
             let (Some(Ok(handler)), Ok(name)) =
@@ -548,7 +526,7 @@ impl Core {
             own_timeout: spec.execution_timeout_seconds.is_some(),
         };
         self.dispatch.take_slot(handler, &held.job_type);
-        self.held.insert(task, held);
+        self.attempts.hold(task, held);
     }
 
     pub fn apply(&mut self, command: Command, now: Timestamp, step: &mut Step) {
@@ -574,23 +552,22 @@ impl Core {
             .collect();
         let mut ended = Vec::new();
         for old in before {
-            self.absent.remove(old);
+            self.attempts.back(old);
             self.names.remove(&old);
             step.batch.settings.push((format!("{HANDLER_NAME}{old}"), None));
             let reason = format!(
                 "its worker {name} came back without it (a worker without a lease drops its work with its stream)"
             );
-            for task in self.held.of_handler(old) {
-                let Some(job) = self.jobs.get(&task.job) else { continue };
-                let spec = &job.spec.tasks[task.idx.index()];
-                let attempt = job.tasks[task.idx.index()].attempt;
+            for attempt in self.attempts.of_handler(old) {
+                let Some(job) = self.jobs.get(&attempt.task.job) else { continue };
+                let spec = &job.spec.tasks[attempt.task.idx.index()];
                 ended.push(Returned {
-                    attempt: AttemptId::new(task, attempt),
+                    attempt,
                     task_id: Arc::from(&*spec.id),
                     job_type: spec.job_type.clone(),
                     from_scheduler: matches!(job.record.origin, JobOrigin::Scheduler { .. }),
                 });
-                self.lose_attempt(task, &Loss::NotCounted(reason.clone()), now, step);
+                self.lose_attempt(attempt, &Loss::NotCounted(reason.clone()), now, step);
             }
         }
         if self.names.insert(handler, name.clone()).as_deref() != Some(&*name) {
@@ -601,16 +578,7 @@ impl Core {
 
     /// Of these attempts, those the handler holds here.
     fn held_by(&self, handler: HandlerId, attempts: Vec<AttemptId>) -> Vec<AttemptId> {
-        attempts
-            .into_iter()
-            .filter(|a| self.held.get(a.task).is_some_and(|held| held.handler == handler && held.attempt == a.number))
-            .collect()
-    }
-
-    /// When a handler's attempts may be taken back, from `at`: not before
-    /// another instance's vouch for them runs out.
-    fn not_before(&self, handler: HandlerId, at: Timestamp) -> Timestamp {
-        self.vouched.get(&handler).map_or(at, |floor| at.max(*floor))
+        attempts.into_iter().filter(|a| self.attempts.holds(handler, *a)).collect()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -631,32 +599,35 @@ impl Core {
         // A report may name a task the job does not have: `complete` refuses it.
         let since = job.tasks.get(task.idx.index()).and_then(|t| t.assigned_at);
         let released = follower::complete(job, task.idx.0, attempt, handler, outcome, now, &mut step.batch)?;
-        if let (true, Some(since), Some(held)) = (succeeded, since, self.held.get(task)) {
+        if let (true, Some(since), Some(held)) = (succeeded, since, self.attempts.get(task)) {
             let job_type = held.job_type.clone();
             self.dispatch.record_duration(handler, &job_type, now.as_millis() - since.as_millis(), now);
         }
-        self.end_attempt(task, succeeded, now, step);
+        let ending = if succeeded { Ending::Succeeded } else { Ending::Unsuccessful };
+        self.end(AttemptId::new(task, attempt), ending, now, step);
         self.after_release(task.job, released, received, now, step);
         Ok(())
     }
 
     /// Every attempt held by `handler` is lost at once.
     fn lose_handler(&mut self, handler: HandlerId, loss: &Loss, now: Timestamp, step: &mut Step) {
-        for task in self.held.of_handler(handler) {
-            self.lose_attempt(task, loss, now, step);
+        for attempt in self.attempts.of_handler(handler) {
+            self.lose_attempt(attempt, loss, now, step);
         }
     }
 
     /// The held attempt is gone with its handler. A scheduler job is not
     /// resubmitted: it fails whole, and the next detection proposes the work again.
-    fn lose_attempt(&mut self, task: TaskRef, loss: &Loss, now: Timestamp, step: &mut Step) {
-        let from_scheduler =
-            self.jobs.get(&task.job).is_some_and(|job| matches!(job.record.origin, JobOrigin::Scheduler { .. }));
+    fn lose_attempt(&mut self, attempt: AttemptId, loss: &Loss, now: Timestamp, step: &mut Step) {
+        let from_scheduler = self
+            .jobs
+            .get(&attempt.task.job)
+            .is_some_and(|job| matches!(job.record.origin, JobOrigin::Scheduler { .. }));
         if from_scheduler {
             let reason = format!("the scheduler job was failed, not resubmitted: {}", loss.reason());
-            self.fail_job(task.job, &reason, now, step);
+            self.fail_job(attempt.task.job, &reason, now, step);
         } else {
-            self.lose(task, loss, now, step);
+            self.lose(attempt, loss, now, step);
         }
     }
 
@@ -666,21 +637,24 @@ impl Core {
         let running = leader::fail_job(job, reason, now, &mut step.batch);
         for (idx, attempt, handler) in running.running {
             let task = TaskRef { job: job_id, idx: TaskIdx(idx) };
-            self.end_attempt(task, false, now, step);
+            self.end(AttemptId::new(task, attempt), Ending::Unsuccessful, now, step);
             self.cancel_attempt(handler, task, attempt, step);
         }
         self.dispatch.forget_job(job_id);
         self.finalize(job_id, now, step);
     }
 
-    fn lose(&mut self, task: TaskRef, loss: &Loss, now: Timestamp, step: &mut Step) {
+    /// The attempt is lost, if it is still the one its task runs.
+    fn lose(&mut self, attempt: AttemptId, loss: &Loss, now: Timestamp, step: &mut Step) {
         let limit = self.options.lost_attempt_limit;
+        let task = attempt.task;
         let Some(job) = self.jobs.get_mut(&task.job) else { return };
-        if !job.tasks[task.idx.index()].state.is_held() {
+        let record = &job.tasks[task.idx.index()];
+        if !record.state.is_held() || record.attempt != attempt.number {
             return;
         }
         let released = follower::lose(job, task.idx.0, loss, limit, now, &mut step.batch);
-        self.end_attempt(task, false, now, step);
+        self.end(attempt, Ending::Unsuccessful, now, step);
         self.after_release(task.job, released, None, now, step);
     }
 
@@ -730,10 +704,10 @@ impl Core {
             })
             .collect();
         let mut handlers = self.dispatch.handler_ids();
-        handlers.extend(self.absent.handlers());
+        handlers.extend(self.attempts.away_handlers());
         // A handler another instance vouched for is alive there, whatever
         // its membership says yet.
-        handlers.extend(self.vouched.iter().filter(|(_, until)| **until > now).map(|(handler, _)| *handler));
+        handlers.extend(self.attempts.vouched(now));
         (jobs, handlers)
     }
 
@@ -772,7 +746,7 @@ impl Core {
                     let limit_reason = format!("{reason}: its node is unresponsive");
                     let Some(job) = self.jobs.get_mut(&job_id) else { return false };
                     let released = follower::abandon(job, *task, &limit_reason, now, &mut step.batch);
-                    self.end_attempt(task_ref, false, now, step);
+                    self.end(AttemptId::new(task_ref, *attempt), Ending::Unsuccessful, now, step);
                     self.after_release(job_id, released, None, now, step);
                 } else {
                     let loss = if rule == recovery::Rule::HandlerSilent {
@@ -780,7 +754,7 @@ impl Core {
                     } else {
                         Loss::NotCounted(reason)
                     };
-                    self.lose_attempt(task_ref, &loss, now, step);
+                    self.lose_attempt(AttemptId::new(task_ref, *attempt), &loss, now, step);
                 }
                 true
             }
@@ -833,18 +807,19 @@ impl Core {
     ) -> super::Reconciled {
         let mut reconciled = super::Reconciled::default();
         for &attempt in running {
-            match self.held.get(attempt.task) {
-                Some(held) if held.handler == handler && held.attempt == attempt.number => reconciled.adopted += 1,
-                _ => reconciled.not_held.push(attempt),
+            if self.attempts.holds(handler, attempt) {
+                reconciled.adopted += 1;
+            } else {
+                reconciled.not_held.push(attempt);
             }
         }
         if let Some(before) = dropped_before {
-            for task in self.held.of_handler(handler) {
-                let Some(held) = self.held.get(task) else { continue };
+            for attempt in self.attempts.of_handler(handler) {
+                let task = attempt.task;
                 let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at);
-                if !running.contains(&AttemptId::new(task, held.attempt)) && assigned_at.is_some_and(|at| at < before) {
+                if !running.contains(&attempt) && assigned_at.is_some_and(|at| at < before) {
                     reconciled.dropped += 1;
-                    self.lose_attempt(task, &Loss::NotCounted("its worker no longer runs it".into()), now, step);
+                    self.lose_attempt(attempt, &Loss::NotCounted("its worker no longer runs it".into()), now, step);
                 }
             }
         }
@@ -854,10 +829,10 @@ impl Core {
     /// A job type's execution timeout changed: held attempts of that type
     /// without a timeout of their own take the new one.
     fn retime_held(&mut self, job_type: &str, seconds: Option<u64>) {
-        for task in self.held.of_type_without_own_timeout(job_type) {
+        for task in self.attempts.of_type_without_own_timeout(job_type) {
             let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at);
             let deadline = seconds.zip(assigned_at).map(|(s, at)| at.plus_seconds(s));
-            self.held.set_deadline(task, deadline);
+            self.attempts.set_deadline(task, deadline);
         }
     }
 
@@ -907,8 +882,7 @@ impl Core {
         // A task never runs while another task on the same volume runs,
         // whatever job or job type that one belongs to.
         let locked_elsewhere = |key: &str| self.resource_permits.as_ref().is_some_and(|held| !held.contains(key));
-        let cooling = |key: &str| self.cooling.get(key).is_some_and(|until| *until > now);
-        if spec.lock().is_some_and(|key| self.held.locks(key) || locked_elsewhere(key) || cooling(key)) {
+        if spec.lock().is_some_and(|key| self.attempts.locked(key, now) || locked_elsewhere(key)) {
             blocked.push((task, spec.priority));
             return Take::Skipped;
         }
@@ -983,20 +957,10 @@ impl Core {
         let Some(sink) = self.dispatch.sink(handler).cloned() else { return lent };
         for assignment in lent {
             self.dispatch.take_slot(handler, &assignment.job_type);
-            self.borrowed
-                .insert(assignment.attempt.task, (assignment.attempt.number, handler, assignment.job_type.clone()));
+            self.attempts.borrow(assignment.attempt, handler, assignment.job_type.clone());
             step.send(Some(&sink), WorkOrder::Execute(assignment));
         }
         Vec::new()
-    }
-
-    /// A borrowed attempt is settled with the instance that leads its job.
-    fn return_borrowed(&mut self, task: TaskRef, attempt: u32) {
-        if self.borrowed.get(&task).is_some_and(|(a, _, _)| *a == attempt) {
-            if let Some((_, handler, job_type)) = self.borrowed.remove(&task) {
-                self.dispatch.release_slot(handler, &job_type);
-            }
-        }
     }
 
     /// When the next delayed task, execution deadline or take-back is due.
@@ -1023,31 +987,28 @@ impl Core {
 
     /// When the next deadline falls, if any: the loop wakes then without a command.
     pub(super) fn next_wake(&self) -> Option<Timestamp> {
-        let cooled = self.cooling.values().min().copied();
-        [self.dispatch.next_wake(), self.held.next_deadline(), self.absent.next_wake(), cooled]
-            .into_iter()
-            .flatten()
-            .min()
+        [self.dispatch.next_wake(), self.attempts.next_wake()].into_iter().flatten().min()
     }
 
     /// Ends attempts that ran past their execution timeout (the handler is
     /// told to stop, and the attempt fails, and is retried if it may be),
     /// and takes back the attempts of handlers that did not come back in time.
     pub fn expire(&mut self, now: Timestamp, step: &mut Step) {
-        while let Some((at, task, attempt)) = self.held.due(now) {
-            let Some(held) = self.held.get(task).cloned() else { break };
+        while let Some((at, attempt)) = self.attempts.overdue(now) {
+            let task = attempt.task;
+            let Some(handler) = self.attempts.get(task).map(|held| held.handler) else { break };
             let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at);
             let seconds = at.millis_since(assigned_at.unwrap_or(at)) / 1000;
-            self.cancel_attempt(held.handler, task, attempt, step);
+            self.cancel_attempt(handler, task, attempt.number, step);
             let error = format!("execution timed out after {seconds} s");
             let outcome = Outcome::Failed { error, output: Vec::new() };
-            if let Err(rejection) = self.complete(task, attempt, held.handler, outcome, None, now, step) {
-                tracing::warn!(job.id = %task.job, task.idx = task.idx.0, %rejection, "timeout not applied");
+            if let Err(rejection) = self.complete(task, attempt.number, handler, outcome, None, now, step) {
+                tracing::warn!(%attempt, %rejection, "timeout not applied");
                 // Never leave a deadline that cannot be applied in the table.
-                self.held.set_deadline(task, None);
+                self.attempts.set_deadline(task, None);
             }
         }
-        while let Some((handler, reason)) = self.absent.pop_due(now) {
+        while let Some((handler, reason)) = self.attempts.due_back(now) {
             tracing::warn!(%handler, held = self.dispatch.held_by(handler), "taking back the attempts of a handler that did not come back");
             self.lose_handler(handler, &Loss::WithWorker(reason), now, step);
         }
@@ -1058,7 +1019,7 @@ impl Core {
     /// with the attempts of the previous run's handlers, finalizes jobs whose
     /// tasks all ended, and queues the rest.
     pub fn restore(&mut self, stored: Vec<StoredJob>, now: Timestamp, step: &mut Step) {
-        let mut orphans: Vec<TaskRef> = Vec::new();
+        let mut orphans: Vec<AttemptId> = Vec::new();
         for stored_job in stored {
             let id = stored_job.record.id;
             let mut job = ActiveJob::from_stored(stored_job);
@@ -1087,7 +1048,7 @@ impl Core {
             for (idx, attempt, handler, assigned_at) in held {
                 let task = TaskRef { job: id, idx: TaskIdx(idx) };
                 self.hold(task, attempt, handler, assigned_at);
-                orphans.push(task);
+                orphans.push(AttemptId::new(task, attempt));
             }
             if self.jobs.get(&id).is_some_and(ActiveJob::all_ended) {
                 self.finalize(id, now, step);
@@ -1096,19 +1057,19 @@ impl Core {
         match self.options.orphans {
             Orphans::Requeue => {
                 let loss = Loss::NotCounted("the admin restarted".into());
-                for task in orphans {
-                    self.lose(task, &loss, now, step);
+                for attempt in orphans {
+                    self.lose(attempt, &loss, now, step);
                 }
             }
             Orphans::Keep { grace } => {
                 let handlers: std::collections::BTreeSet<HandlerId> =
-                    orphans.iter().filter_map(|task| self.held.get(*task).map(|held| held.handler)).collect();
+                    orphans.iter().filter_map(|a| self.attempts.get(a.task).map(|held| held.handler)).collect();
                 // A connected handler reports what it runs with its heartbeats;
                 // one already absent keeps the time it was given.
                 let away = |handler: &HandlerId| {
                     !self.dispatch.has_handler(*handler)
                         && !self.peer_handlers.contains(handler)
-                        && !self.absent.handlers().any(|h| h == *handler)
+                        && !self.attempts.is_away(*handler)
                 };
                 let handlers: Vec<HandlerId> = handlers.into_iter().filter(away).collect();
                 for handler in handlers {
@@ -1116,13 +1077,12 @@ impl Core {
                         "lost with its worker: the admin restarted and the worker did not come back within {:.1} s",
                         grace.as_secs_f64()
                     );
-                    let until = self.not_before(handler, now.plus_millis(grace.as_millis() as i64));
-                    self.absent.insert(handler, until, reason);
+                    self.attempts.away(handler, now.plus_millis(grace.as_millis() as i64), reason);
                 }
-                if !self.held.is_empty() {
+                if !self.attempts.is_empty() {
                     tracing::info!(
-                        held = self.held.len(),
-                        handlers = self.held.handlers().len(),
+                        held = self.attempts.len(),
+                        handlers = self.attempts.handlers().len(),
                         grace_ms = grace.as_millis() as u64,
                         "keeping the attempts of the previous run for their workers"
                     );

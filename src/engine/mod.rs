@@ -8,15 +8,15 @@
 //! step.
 //!
 //! - `core.rs`: the loop's state and every step it applies;
-//! - `held.rs`: the attempts handlers hold, with their locks and deadlines,
-//!   and the handlers that hold attempts while disconnected;
+//! - `attempts.rs`: the ledger of every attempt known here (held, lent,
+//!   borrowed, or waiting for an absent handler), and the one way one ends;
 //! - `committer.rs`: the group-commit thread and the crash points;
 //! - `handle.rs`: `EngineHandle`, the cheap cloneable API.
 
+mod attempts;
 mod committer;
 mod core;
 mod handle;
-mod held;
 mod run_loop;
 
 use std::collections::HashMap;

@@ -27,7 +27,7 @@ pub struct Admin {
 
 impl Admin {
     /// Starts the engine over `store` and assembles what a server shares.
-    pub async fn start(store: Arc<dyn Store>, options: ServerOptions) -> anyhow::Result<Admin> {
+    pub async fn start(store: Arc<dyn Store>, options: ServerOptions) -> Result<Admin, super::Error> {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let (shared, _foreign_orders) = assemble(store, &options, clock, super::Topology::Alone, 0).await?;
         let workers = WorkerStreamService::new(shared.clone());

@@ -182,7 +182,7 @@ pub async fn run(
     http: TcpListener,
     grpc: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let grpc_addr: SocketAddr = grpc.local_addr()?;
     let http_addr: SocketAddr = http.local_addr()?;
@@ -194,7 +194,7 @@ pub async fn run(
                 let (grpc, http) = (advertised.unwrap_or_else(|| grpc_addr.to_string()), http_addr.to_string());
                 cluster::Node::join(store, clock, Role::Server, grpc, http, timing)
             };
-            Topology::Member(Arc::new(tokio::task::spawn_blocking(join).await??))
+            Topology::Member(Arc::new(tokio::task::spawn_blocking(join).await.map_err(Error::from_join)??))
         }
         None => Topology::Alone,
     };
@@ -264,7 +264,7 @@ pub async fn run(
             shared.duties.stop_intake().await;
             tokio::select! {
                 (grpc_result, http_result) = &mut serve => {
-                    for e in [grpc_result.err().map(anyhow::Error::from), http_result.err().map(anyhow::Error::from)].into_iter().flatten() {
+                    for e in [grpc_result.err().map(Error::from), http_result.err().map(Error::from)].into_iter().flatten() {
                         tracing::warn!(error = %e, "a listener ended with an error while stopping");
                     }
                 }
@@ -281,6 +281,32 @@ pub async fn run(
     match fate.fatal() {
         Some(fatal) => Err(fatal.clone().into()),
         None => Ok(()),
+    }
+}
+
+/// Why the server could not start, or stopped other than when told to.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A condition this instance cannot go on with (`crate::fate`).
+    #[error(transparent)]
+    Fatal(#[from] crate::fate::Fatal),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+    #[error(transparent)]
+    Engine(#[from] crate::engine::Error),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::Error),
+    #[error("the gRPC server: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("a start-up step stopped: {0}")]
+    Panicked(String),
+}
+
+impl Error {
+    fn from_join(error: tokio::task::JoinError) -> Error {
+        Error::Panicked(crate::fate::panic_text(error))
     }
 }
 
@@ -350,7 +376,7 @@ async fn assemble(
     clock: Arc<dyn Clock>,
     topology: Topology,
     grpc_port: u16,
-) -> anyhow::Result<(Arc<Shared>, ForeignOrders)> {
+) -> Result<(Arc<Shared>, ForeignOrders), Error> {
     let (foreign_orders, foreign_receiver) = tokio::sync::mpsc::unbounded_channel();
     let fate = crate::fate::Fate::default();
     let member = topology.member();
@@ -367,7 +393,9 @@ async fn assemble(
     let policies = {
         let store = store.clone();
         let engine = engine.clone();
-        tokio::task::spawn_blocking(move || policies::Policies::load(store, engine)).await??
+        tokio::task::spawn_blocking(move || policies::Policies::load(store, engine))
+            .await
+            .map_err(Error::from_join)??
     };
     for job_type in policies.job_types().iter().map(String::as_str).chain(["noop", "shell"]) {
         policies.push_limits(&engine, job_type).await;

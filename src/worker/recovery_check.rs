@@ -25,30 +25,35 @@ impl RecoveryCheckHandler {
 }
 
 /// Connects to the first of `admins` that answers.
-async fn connect(admins: &[String], tls: &ClientTls) -> anyhow::Result<tonic::transport::Channel> {
+/// Connects to the first of `admins` that answers, or says why none did.
+async fn connect(admins: &[String], tls: &ClientTls) -> Result<tonic::transport::Channel, String> {
     let mut failures = Vec::new();
     for admin in admins {
         let attempt = async {
-            let address = wire::resolve_grpc_address(admin).await?;
-            let endpoint = tls.endpoint(&address)?.connect_timeout(std::time::Duration::from_secs(5));
-            anyhow::Ok(endpoint.connect().await?)
+            let address = wire::resolve_grpc_address(admin).await.map_err(|e| e.to_string())?;
+            let endpoint = tls.endpoint(&address).map_err(|e| e.to_string())?;
+            let endpoint = endpoint.connect_timeout(std::time::Duration::from_secs(5));
+            endpoint.connect().await.map_err(|e| e.to_string())
         };
         match attempt.await {
             Ok(channel) => return Ok(channel),
-            Err(e) => failures.push(format!("{admin}: {e:#}")),
+            Err(e) => failures.push(format!("{admin}: {e}")),
         }
     }
-    anyhow::bail!("no admin answered: {}", failures.join("; "))
+    Err(format!("no admin answered: {}", failures.join("; ")))
 }
 
-async fn run_check(admins: &[String], token: Option<&str>, tls: &ClientTls) -> anyhow::Result<Vec<String>> {
+/// The check's findings, a line each, or why it did not run.
+async fn run_check(admins: &[String], token: Option<&str>, tls: &ClientTls) -> Result<Vec<String>, String> {
     let channel = connect(admins, tls).await?;
     let mut client = JobServiceClient::new(channel);
     let mut request = tonic::Request::new(api::RecoverRequest { dry_run: false, here_only: false });
     if let Some(token) = token {
-        request.metadata_mut().insert("authorization", format!("Bearer {token}").parse()?);
+        let value =
+            format!("Bearer {token}").parse().map_err(|_| "the token cannot be sent in a header".to_string())?;
+        request.metadata_mut().insert("authorization", value);
     }
-    let response = client.recover(request).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?.into_inner();
+    let response = client.recover(request).await.map_err(|s| s.message().to_string())?.into_inner();
     let mut lines: Vec<String> = response
         .findings
         .iter()
@@ -73,7 +78,7 @@ impl Handler for RecoveryCheckHandler {
         Box::pin(async move {
             match run_check(&admins, token.as_deref(), &tls).await {
                 Ok(output) => Outcome::Succeeded { output },
-                Err(e) => Outcome::Failed { error: format!("recovery check: {e:#}"), output: Vec::new() },
+                Err(e) => Outcome::Failed { error: format!("recovery check: {e}"), output: Vec::new() },
             }
         })
     }

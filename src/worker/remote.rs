@@ -32,7 +32,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinError, JoinSet};
 use tokio::time::Instant;
@@ -122,23 +121,23 @@ pub async fn run(
     options: RemoteWorkerOptions,
     registry: Registry,
     shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
+) -> Result<(), InvalidOptions> {
     let authorization = match options.token.as_deref() {
         Some(token) => Some(bearer(token)?),
         None => None,
     };
     if registry.job_types().is_empty() {
-        anyhow::bail!("the worker has no job types to serve");
+        return Err(InvalidOptions::NoJobTypes);
     }
     if options.admins.is_empty() {
-        anyhow::bail!("no admin address given");
+        return Err(InvalidOptions::NoAdmin);
     }
     for admin in &options.admins {
         wire::split_host_port(admin.strip_prefix(wire::GRPC_SCHEME).unwrap_or(admin))
-            .with_context(|| format!("invalid admin address {admin:?}"))?;
+            .map_err(|e| InvalidOptions::Admin { admin: admin.clone(), reason: e.to_string() })?;
     }
     if options.lease < Duration::from_millis(400) {
-        anyhow::bail!("the lease must be at least 400 ms");
+        return Err(InvalidOptions::LeaseTooShort);
     }
     let worker = Worker { options, registry, instance: HandlerId::new(), authorization, clock: Arc::new(SystemClock) };
     let job_types: Vec<String> = worker.registry.job_types().iter().map(|t| t.to_string()).collect();
@@ -166,7 +165,7 @@ pub async fn run(
                     tracing::warn!(%message, retry_in_ms = delay.as_millis() as u64, "admin refused the worker");
                 }
                 SessionEnd::Broken(error) => {
-                    tracing::warn!(error = %format!("{error:#}"), retry_in_ms = delay.as_millis() as u64, "worker stream ended");
+                    tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "worker stream ended");
                 }
             }
             // The next address, if several are given: a failover.
@@ -213,9 +212,23 @@ async fn stop_signal(mut stop: watch::Receiver<bool>, delay: Duration) -> bool {
     }
 }
 
-fn bearer(token: &str) -> anyhow::Result<MetadataValue<Ascii>> {
-    MetadataValue::try_from(format!("Bearer {}", token.trim()))
-        .map_err(|_| anyhow::anyhow!("the token holds characters a gRPC header cannot carry"))
+/// Options a worker cannot start with.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidOptions {
+    #[error("the worker has no job types to serve")]
+    NoJobTypes,
+    #[error("no admin address given")]
+    NoAdmin,
+    #[error("invalid admin address {admin:?}: {reason}")]
+    Admin { admin: String, reason: String },
+    #[error("the lease must be at least 400 ms")]
+    LeaseTooShort,
+    #[error("the token holds characters a gRPC header cannot carry")]
+    Token,
+}
+
+fn bearer(token: &str) -> Result<MetadataValue<Ascii>, InvalidOptions> {
+    MetadataValue::try_from(format!("Bearer {}", token.trim())).map_err(|_| InvalidOptions::Token)
 }
 
 struct Worker {
@@ -231,15 +244,15 @@ struct Worker {
 enum SessionEnd {
     /// The admin's hello refused the worker.
     Refused { message: String, reconnect_delay: Duration },
-    /// Connecting failed, or the stream broke or closed.
-    Broken(anyhow::Error),
+    /// Connecting failed, or the stream broke or closed: why.
+    Broken(String),
     /// The worker is stopping.
     Stopped,
 }
 
-impl From<anyhow::Error> for SessionEnd {
-    fn from(error: anyhow::Error) -> SessionEnd {
-        SessionEnd::Broken(error)
+impl From<String> for SessionEnd {
+    fn from(reason: String) -> SessionEnd {
+        SessionEnd::Broken(reason)
     }
 }
 
@@ -410,7 +423,7 @@ impl Worker {
         let hello = envelope(&self.options.worker_id, self.clock.now(), Body::Hello(hello));
         let hello_sent = Instant::now();
         if outbound.send(hello).await.is_err() {
-            return SessionEnd::Broken(anyhow::anyhow!("the outbound queue closed before the hello"));
+            return SessionEnd::Broken("the outbound queue closed before the hello".into());
         }
         let opening = async {
             tokio::select! {
@@ -424,9 +437,9 @@ impl Worker {
             Some(Err(e)) => return SessionEnd::Broken(e),
         };
         let first = match work.meanwhile(self, tokio::time::timeout(HELLO_TIMEOUT, inbound.next())).await {
-            Err(_) => return SessionEnd::Broken(anyhow::anyhow!("no admin hello within {HELLO_TIMEOUT:?}")),
-            Ok(None) => return SessionEnd::Broken(anyhow::anyhow!("the admin closed the stream before its hello")),
-            Ok(Some(Err(status))) => return SessionEnd::Broken(anyhow::anyhow!("the stream failed: {status}")),
+            Err(_) => return SessionEnd::Broken(format!("no admin hello within {HELLO_TIMEOUT:?}")),
+            Ok(None) => return SessionEnd::Broken("the admin closed the stream before its hello".into()),
+            Ok(Some(Err(status))) => return SessionEnd::Broken(format!("the stream failed: {status}")),
             Ok(Some(Ok(message))) => message,
         };
         let mut heartbeat = self.options.heartbeat;
@@ -490,19 +503,20 @@ impl Worker {
         &self,
         admin: &str,
         outbound: mpsc::Receiver<WorkerToAdminMessage>,
-    ) -> anyhow::Result<Streaming<AdminToWorkerMessage>> {
-        let address = wire::resolve_grpc_address(admin).await?;
-        let uri = grpc_uri(&address)?;
+    ) -> Result<Streaming<AdminToWorkerMessage>, String> {
+        let address = wire::resolve_grpc_address(admin).await.map_err(|e| e.to_string())?;
+        let uri = grpc_uri(&address).map_err(|e| e.to_string())?;
         let channel = self
             .options
             .tls
-            .endpoint(&address)?
+            .endpoint(&address)
+            .map_err(|e| e.to_string())?
             .connect_timeout(CONNECT_TIMEOUT)
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .connect()
             .await
-            .with_context(|| format!("connecting to {uri}"))?;
+            .map_err(|e| format!("connecting to {uri}: {e}"))?;
         let mut client = PluginControlServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -512,14 +526,14 @@ impl Worker {
         }
         let response = tokio::time::timeout(HELLO_TIMEOUT, client.worker_stream(request))
             .await
-            .map_err(|_| anyhow::anyhow!("opening the worker stream at {uri} timed out"))?
-            .map_err(|status| anyhow::anyhow!("opening the worker stream at {uri}: {status}"))?;
+            .map_err(|_| format!("opening the worker stream at {uri} timed out"))?
+            .map_err(|status| format!("opening the worker stream at {uri}: {status}"))?;
         Ok(response.into_inner())
     }
 }
 
 /// `http://HOST:PORT`, with brackets around an IPv6 host.
-fn grpc_uri(address: &str) -> anyhow::Result<String> {
+fn grpc_uri(address: &str) -> Result<String, wire::AddressError> {
     let (host, port) = wire::split_host_port(address)?;
     Ok(if host.contains(':') { format!("http://[{host}]:{port}") } else { format!("http://{host}:{port}") })
 }
@@ -599,8 +613,8 @@ impl Session<'_> {
             let step = tokio::select! {
                 message = inbound.next() => match message {
                     Some(Ok(message)) => self.handle(message).await,
-                    Some(Err(status)) => Err(SessionEnd::Broken(anyhow::anyhow!("the stream failed: {status}"))),
-                    None => Err(SessionEnd::Broken(anyhow::anyhow!("the admin closed the stream"))),
+                    Some(Err(status)) => Err(SessionEnd::Broken(format!("the stream failed: {status}"))),
+                    None => Err(SessionEnd::Broken("the admin closed the stream".into())),
                 },
                 _ = ticker.tick() => {
                     match self.send_heartbeat().await {
@@ -622,10 +636,10 @@ impl Session<'_> {
                 }
                 () = sleep_until(lease), if lease.is_some() => {
                     self.work.give_up_all(self.worker);
-                    Err(SessionEnd::Broken(anyhow::anyhow!("no word from the admin within the lease")))
+                    Err(SessionEnd::Broken("no word from the admin within the lease".into()))
                 }
                 () = sleep_until(silent_at), if silent_at.is_some() => {
-                    Err(SessionEnd::Broken(anyhow::anyhow!("no word from the admin for half the lease")))
+                    Err(SessionEnd::Broken("no word from the admin for half the lease".into()))
                 }
                 () = sleep_until(undecided_at), if undecided_at.is_some() => {
                     self.admin_renews = Some(false);
@@ -655,8 +669,8 @@ impl Session<'_> {
         let message = envelope(&self.worker.options.worker_id, self.worker.clock.now(), body);
         match tokio::time::timeout(SEND_TIMEOUT, self.outbound.send(message)).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(SessionEnd::Broken(anyhow::anyhow!("the stream to the admin is closed"))),
-            Err(_) => Err(SessionEnd::Broken(anyhow::anyhow!("the admin took no message for {SEND_TIMEOUT:?}"))),
+            Ok(Err(_)) => Err(SessionEnd::Broken("the stream to the admin is closed".into())),
+            Err(_) => Err(SessionEnd::Broken(format!("the admin took no message for {SEND_TIMEOUT:?}"))),
         }
     }
 
@@ -1697,7 +1711,7 @@ mod tests {
     /// Runs a worker with the built-in handlers until the sender is used or dropped.
     fn start_worker(
         options: RemoteWorkerOptions,
-    ) -> (oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    ) -> (oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), InvalidOptions>>) {
         let (stop, stopped) = oneshot::channel::<()>();
         let worker = tokio::spawn(run(options, Registry::new(builtin_handlers()), async move {
             let _ = stopped.await;

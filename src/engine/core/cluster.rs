@@ -3,10 +3,11 @@
 
 use std::collections::HashSet;
 
+use super::super::attempts::Ending;
 use super::super::Orphans;
 use super::{ClusterCommand, Core, Step};
 use crate::clock::Timestamp;
-use crate::model::{AttemptId, HandlerId, JobId, TaskRef};
+use crate::model::{HandlerId, JobId};
 
 impl Core {
     pub(super) fn apply_cluster(&mut self, command: ClusterCommand, now: Timestamp, step: &mut Step) {
@@ -22,20 +23,14 @@ impl Core {
                 }
                 // Attempts borrowed for these jobs are held here now, as the leader's.
                 let jobs: HashSet<JobId> = fresh.iter().map(|job| job.record.id).collect();
-                let settled: Vec<(TaskRef, u32)> = self
-                    .borrowed
-                    .iter()
-                    .filter(|(t, _)| jobs.contains(&t.job))
-                    .map(|(t, (a, _, _))| (*t, *a))
-                    .collect();
-                for (task, attempt) in settled {
-                    self.return_borrowed(task, attempt);
+                for attempt in self.attempts.borrowed_of(&jobs) {
+                    self.end(attempt, Ending::Settled, now, step);
                 }
                 self.restore(fresh, now, step);
                 step.reply(reply, adopted);
             }
             ClusterCommand::Release { up_to, reply } => {
-                let busy = self.held.jobs();
+                let busy = self.attempts.jobs();
                 let mut candidates: Vec<JobId> = self
                     .jobs
                     .keys()
@@ -60,14 +55,12 @@ impl Core {
                 let unsent = self.borrowed(handler, reserved, lent, step);
                 let _ = reply.send(unsent);
             }
-            ClusterCommand::ReturnBorrowed { attempt: AttemptId { task, number: attempt } } => {
-                self.return_borrowed(task, attempt)
-            }
+            ClusterCommand::ReturnBorrowed { attempt } => self.end(attempt, Ending::Settled, now, step),
             ClusterCommand::Lend { slots, reply } => {
                 // A handler another live instance offers is connected there
                 // now: not away, as if its heartbeat had listed it.
                 for offered in &slots {
-                    self.absent.remove(offered.handler);
+                    self.attempts.back(offered.handler);
                 }
                 let lent = self.lend(slots, now, step);
                 step.reply(reply, lent);
@@ -81,9 +74,9 @@ impl Core {
             }
             ClusterCommand::PeerHandlers { handlers } => {
                 // A handler that moved to another live instance is not away.
-                let moved: Vec<HandlerId> = self.absent.handlers().filter(|h| handlers.contains(h)).collect();
+                let moved: Vec<HandlerId> = self.attempts.away_handlers().filter(|h| handlers.contains(h)).collect();
                 for handler in moved {
-                    self.absent.remove(handler);
+                    self.attempts.back(handler);
                 }
                 if handlers != self.peer_handlers {
                     tracing::debug!(handlers = handlers.len(), "handlers connected to other instances");
@@ -97,19 +90,18 @@ impl Core {
                         .peer_handlers
                         .iter()
                         .filter(|h| !handlers.contains(h) && !self.dispatch.has_handler(**h))
-                        .filter(|h| !self.held.of_handler(**h).is_empty())
+                        .filter(|h| !self.attempts.of_handler(**h).is_empty())
                         .copied()
                         .collect();
                     for handler in gone {
-                        if self.absent.handlers().any(|h| h == handler) {
+                        if self.attempts.is_away(handler) {
                             continue;
                         }
                         let reason = format!(
                             "lost with its worker: its admin instance went away, and the worker did not come back within {:.1} s",
                             grace.as_secs_f64()
                         );
-                        let until = self.not_before(handler, now.plus_millis(grace.as_millis() as i64));
-                        self.absent.insert(handler, until, reason);
+                        self.attempts.away(handler, now.plus_millis(grace.as_millis() as i64), reason);
                     }
                 }
                 self.peer_handlers = handlers;

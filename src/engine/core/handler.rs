@@ -11,7 +11,7 @@ impl Core {
             HandlerCommand::Connected { spec } => {
                 let handler = spec.handler;
                 tracing::debug!(%handler, capacity = spec.capacity, held = self.dispatch.held_by(handler), "handler joined");
-                self.absent.remove(handler);
+                self.attempts.back(handler);
                 self.dispatch.add_handler(spec);
             }
             HandlerCommand::Disconnected { handler, session, keep_for, reason } => {
@@ -23,8 +23,7 @@ impl Core {
                         let seconds = wait.as_secs_f64();
                         let reason =
                             format!("lost with its worker: {reason}, and it did not come back within {seconds:.1} s");
-                        let until = self.not_before(handler, now.plus_millis(wait.as_millis() as i64));
-                        self.absent.insert(handler, until, reason);
+                        self.attempts.away(handler, now.plus_millis(wait.as_millis() as i64), reason);
                     }
                     Some(_) => {}
                     None => self.lose_handler(
@@ -37,7 +36,7 @@ impl Core {
             }
             HandlerCommand::HandlerGone { handler, loss } => {
                 self.dispatch.remove_handler(handler, None);
-                self.absent.remove(handler);
+                self.attempts.back(handler);
                 self.lose_handler(handler, &loss, now, step);
             }
             HandlerCommand::HandlerSlots { handler, total } => self.dispatch.report_slots(handler, total),
@@ -56,16 +55,7 @@ impl Core {
             HandlerCommand::Vouch { handler, attempts, keep, reply } => {
                 let held = self.held_by(handler, attempts);
                 if !held.is_empty() {
-                    let until = now.plus_millis(keep.as_millis() as i64);
-                    self.vouched.retain(|_, at| *at > now);
-                    let floor = self.vouched.entry(handler).or_insert(until);
-                    *floor = (*floor).max(until);
-                    // Already counting down: not before the floor.
-                    if let Some((at, reason)) = self.absent.get(handler) {
-                        if at < until {
-                            self.absent.insert(handler, until, reason);
-                        }
-                    }
+                    self.attempts.vouch(handler, now.plus_millis(keep.as_millis() as i64), now);
                 }
                 let _ = reply.send(held);
             }

@@ -31,7 +31,7 @@ impl Core {
             Query::Get { job, reply } => step.reply(reply, self.jobs.get(&job).map(ActiveJob::to_stored)),
             Query::Attempts { reply } => {
                 let attempts = self
-                    .held
+                    .attempts
                     .iter()
                     .filter_map(|(task, held)| {
                         let job = self.jobs.get(&task.job)?;

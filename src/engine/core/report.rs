@@ -50,7 +50,7 @@ impl Core {
                     None => Err(Rejection::JobEnded { job: task.job }),
                 };
                 match &result {
-                    Ok(()) => self.lose(task, &loss, now, step),
+                    Ok(()) => self.lose(AttemptId::new(task, attempt), &loss, now, step),
                     Err(rejection) => {
                         tracing::warn!(job.id = %task.job, task.idx = task.idx.0, attempt, %handler, %rejection, reason = loss.reason(), "report refused");
                     }

@@ -36,6 +36,26 @@ pub enum Stage {
     Membership,
 }
 
+/// Why a duty's run asked for now (a recovery check, a prune, a detection)
+/// did not happen or did not finish.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DutyError {
+    /// One of its kind is running: try again when it has ended.
+    #[error("{0}")]
+    Busy(String),
+    /// It cannot run now: what it needs is away (the store, a detector, the
+    /// master's lock, another instance's answer).
+    #[error("{0}")]
+    NotNow(String),
+    /// It ran and failed.
+    #[error("{0}")]
+    Failed(String),
+    #[error(transparent)]
+    Engine(#[from] crate::engine::Error),
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+}
+
 /// The pause before a duty that failed starts again, doubling up to the most.
 const FIRST_PAUSE: Duration = Duration::from_secs(1);
 const MOST_PAUSE: Duration = Duration::from_secs(30);

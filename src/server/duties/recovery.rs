@@ -11,6 +11,7 @@ use jobcenter_recovery as recovery;
 use crate::model::JobOrigin;
 use crate::proto::api;
 use crate::server::cluster::peer;
+use crate::server::duties::DutyError;
 use crate::server::Shared;
 
 /// The job type of the periodic check, as a cluster task.
@@ -36,10 +37,10 @@ impl Gate {
 }
 
 /// Runs the check once; applies the actions unless `dry_run`.
-pub async fn check(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
+pub async fn check(shared: &Shared, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
     let gate = &shared.recovery_gate;
     let Some(_pass) = gate.running.enter() else {
-        anyhow::bail!("a recovery check is already running");
+        return Err(DutyError::Busy("a recovery check is already running".into()));
     };
     let result = check_inner(shared, dry_run).await;
     if let (Ok(findings), false) = (&result, dry_run) {
@@ -48,11 +49,11 @@ pub async fn check(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Fi
     result
 }
 
-async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
+async fn check_inner(shared: &Shared, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
     // While the store is away nothing is durable and no work order leaves:
     // what the check would see then is the outage, not a fault.
     let Some(ready_for) = shared.engine.ready_for() else {
-        anyhow::bail!("the store is away: the recovery check waits until it is back");
+        return Err(DutyError::NotNow("the store is away: the recovery check waits until it is back".into()));
     };
     let now = shared.clock.now().as_millis();
     let (mut jobs, engine_handlers) = shared.engine.recovery_snapshot().await?;
@@ -188,7 +189,7 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::
 /// and asks every other live instance to check the jobs it leads. Alone,
 /// the same as `check`. An instance that does not answer is skipped: once
 /// silent past the lag threshold, it is deactivated and its jobs taken over.
-pub async fn check_cluster(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
+pub async fn check_cluster(shared: &Shared, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
     let mut findings = check(shared, dry_run).await?;
     let Some(node) = shared.topology.member() else { return Ok(findings) };
     for instance in node.live().into_iter().filter(|i| i.id != node.id && i.role == crate::store::cluster::Role::Server)
@@ -203,11 +204,12 @@ pub async fn check_cluster(shared: &Shared, dry_run: bool) -> anyhow::Result<Vec
     Ok(findings)
 }
 
-async fn check_elsewhere(shared: &Shared, address: &str, dry_run: bool) -> anyhow::Result<Vec<api::Finding>> {
-    let mut client = peer::job_service(address).await?;
+/// The check at another instance, or why it gave nothing.
+async fn check_elsewhere(shared: &Shared, address: &str, dry_run: bool) -> Result<Vec<api::Finding>, String> {
+    let mut client = peer::job_service(address).await.map_err(|e| e.to_string())?;
     let message = api::RecoverRequest { dry_run, here_only: true };
     let request = peer::request_within(shared, message, std::time::Duration::from_secs(30));
-    Ok(client.recover(request).await?.into_inner().findings)
+    Ok(client.recover(request).await.map_err(|status| status.message().to_string())?.into_inner().findings)
 }
 
 /// Whether this instance runs the periodic check now: alone, always; in a

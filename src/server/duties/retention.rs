@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::model::{JobId, JobRecord};
 use crate::proto::api;
 use crate::retention::{expired, human, Reason};
+use crate::server::duties::DutyError;
 use crate::server::surface::convert;
 use crate::server::Shared;
 use crate::server::Topology;
@@ -42,7 +43,7 @@ pub fn rules(shared: &Shared) -> String {
 }
 
 /// The ended jobs the rules remove now, newest first.
-async fn due(shared: &Shared) -> anyhow::Result<Vec<(JobRecord, Reason)>> {
+async fn due(shared: &Shared) -> Result<Vec<(JobRecord, Reason)>, DutyError> {
     let records = shared.engine.list(JobFilter::default()).await?;
     let now = shared.clock.now();
     let mut gone: std::collections::HashMap<JobId, Reason> =
@@ -51,14 +52,14 @@ async fn due(shared: &Shared) -> anyhow::Result<Vec<(JobRecord, Reason)>> {
 }
 
 /// Finds what the rules remove and, unless `dry_run`, removes it.
-pub async fn prune(shared: &Shared, dry_run: bool) -> anyhow::Result<api::PruneResponse> {
+pub async fn prune(shared: &Shared, dry_run: bool) -> Result<api::PruneResponse, DutyError> {
     let Some(_pass) = shared.prune_gate.running.enter() else {
-        anyhow::bail!("a prune is already running; try again when it has ended");
+        return Err(DutyError::Busy("a prune is already running; try again when it has ended".into()));
     };
     prune_inner(shared, dry_run).await
 }
 
-async fn prune_inner(shared: &Shared, dry_run: bool) -> anyhow::Result<api::PruneResponse> {
+async fn prune_inner(shared: &Shared, dry_run: bool) -> Result<api::PruneResponse, DutyError> {
     let due = due(shared).await?;
     let retention = &shared.options.retention;
     let jobs = due

@@ -18,6 +18,7 @@ use crate::model::{HandlerId, JobId, JobOrigin};
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, JobProposal, RunDetectionRequest};
 use crate::scheduler::{build_job, filter, Dropped, Due, Proposal};
 use crate::server::cluster::{self, peer};
+use crate::server::duties::DutyError;
 use crate::server::seaweedfs::{context, master};
 use crate::server::Shared;
 use crate::server::Topology;
@@ -368,7 +369,7 @@ pub async fn cluster_detections(shared: Arc<Shared>, node: Arc<cluster::Node>) {
 
 /// Asks a detector what needs doing for `job_type`; with `run`, makes the
 /// proposals one job. One detection per job type at a time.
-pub async fn detect(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow::Result<Outcome> {
+pub async fn detect(shared: &Arc<Shared>, job_type: &str, run: bool) -> Result<Outcome, DutyError> {
     // A detection already running is waited for (within its timeout), not doubled.
     let (policy, _) = shared.policies.effective(job_type);
     let patience = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)) + 5);
@@ -379,14 +380,14 @@ pub async fn detect(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow::
             break pass;
         }
         if tokio::time::Instant::now() >= deadline {
-            anyhow::bail!("a detection of {job_type} is already running");
+            return Err(DutyError::Busy(format!("a detection of {job_type} is already running")));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     detect_inner(shared, job_type, run).await
 }
 
-async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow::Result<Outcome> {
+async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> Result<Outcome, DutyError> {
     let started = shared.clock.now();
     let candidates = detectors(shared).remove(job_type).unwrap_or_default();
     // Prefer the worker that detected last time; otherwise take turns.
@@ -396,7 +397,7 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
         Some(p) => p,
         None => *candidates
             .get(sequence as usize % candidates.len().max(1))
-            .ok_or_else(|| anyhow::anyhow!("no connected worker can detect {job_type}"))?,
+            .ok_or_else(|| DutyError::NotNow(format!("no connected worker can detect {job_type}")))?,
     };
     shared.scheduler.last_detector.lock().expect("detector lock").insert(job_type.to_string(), detector);
     shared.metrics.record_detection(job_type);
@@ -426,25 +427,27 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
     record(shared, job_type, format!("detection {sequence} asked of handler {detector}"));
     let mut proposals = Vec::new();
     let detection = async {
-        anyhow::ensure!(shared.registry.send(detector, message), "the detector's stream is gone");
+        if !shared.registry.send(detector, message) {
+            return Err(DutyError::NotNow("the detector's stream is gone".into()));
+        }
         let timeout = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)));
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Err(_) => anyhow::bail!("no detection result within {timeout:?}"),
-                Ok(None) => anyhow::bail!("the detection was abandoned"),
+                Err(_) => return Err(DutyError::Failed(format!("no detection result within {timeout:?}"))),
+                Ok(None) => return Err(DutyError::Failed("the detection was abandoned".into())),
                 Ok(Some(DetectionEvent::Proposals(batch))) => proposals.extend(batch),
                 Ok(Some(DetectionEvent::Activity(text))) => record(shared, job_type, format!("detector: {text}")),
                 Ok(Some(DetectionEvent::Complete { success: true, .. })) => return Ok(()),
                 Ok(Some(DetectionEvent::Complete { success: false, error, .. })) => {
-                    anyhow::bail!("detection failed: {error}")
+                    return Err(DutyError::Failed(format!("detection failed: {error}")));
                 }
             }
         }
     };
     // With SeaweedFS masters, a detection of the default lane holds the
     // cluster's admin lock; the other lanes never wait for it.
-    let result: anyhow::Result<()> = if shared.options.masters.is_empty() || master::lane(job_type) != "default" {
+    let result: Result<(), DutyError> = if shared.options.masters.is_empty() || master::lane(job_type) != "default" {
         detection.await
     } else {
         let patience = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)));
@@ -453,7 +456,7 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
             Ok(_hold) => detection.await,
             Err(e) => {
                 drop(detection);
-                Err(e)
+                Err(DutyError::NotNow(e.to_string()))
             }
         }
     };
@@ -500,7 +503,8 @@ async fn detect_inner(shared: &Arc<Shared>, job_type: &str, run: bool) -> anyhow
             policy.retry_backoff_seconds,
             policy.execution_timeout_seconds,
             &shared.options.limits,
-        )?;
+        )
+        .map_err(|e| DutyError::Failed(format!("the proposals make no valid job: {e}")))?;
         let origin = JobOrigin::Scheduler { job_type: job_type.to_string(), sequence };
         let job = shared.engine.submit(spec, origin).await?;
         record(
@@ -554,22 +558,26 @@ async fn place_on_capacity(
 /// detection whose view is incomplete (an instance does not answer, or jobs
 /// are between leaders) is set aside until the next interval rather than
 /// risk starting work that is already in hand.
-async fn active_dedupe_keys(shared: &Shared) -> anyhow::Result<HashSet<String>> {
+async fn active_dedupe_keys(shared: &Shared) -> Result<HashSet<String>, DutyError> {
     let mut keys = shared.engine.active_dedupe_keys().await?;
     let Some(node) = shared.topology.member() else { return Ok(keys) };
     // Read now, not as of the last heartbeat: an instance that joined since
     // may already lead jobs.
     let store = shared.engine.store().clone();
-    let instances = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").instances()).await??;
+    let instances = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").instances())
+        .await
+        .map_err(|e| DutyError::Failed(crate::fate::panic_text(e)))??;
     for instance in instances.iter().filter(|i| i.active && i.id != node.id && i.role == Role::Server) {
         match peer::dedupe_keys_at(shared, &instance.grpc_address).await {
             Ok(theirs) => keys.extend(theirs),
-            Err(e) => anyhow::bail!("the dedupe keys of instance {} are unknown ({e})", instance.id),
+            Err(e) => {
+                return Err(DutyError::NotNow(format!("the dedupe keys of instance {} are unknown ({e})", instance.id)))
+            }
         }
     }
     let unowned = node.unowned_jobs();
     if unowned > 0 {
-        anyhow::bail!("{unowned} jobs are between leaders, so their dedupe keys are unknown");
+        return Err(DutyError::NotNow(format!("{unowned} jobs are between leaders, so their dedupe keys are unknown")));
     }
     Ok(keys)
 }

@@ -52,34 +52,55 @@ impl Masters {
     }
 }
 
+/// Why a call to the masters gave nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no master address given")]
+    NoMaster,
+    #[error("master {0}: {1}")]
+    Address(String, String),
+    #[error("master {master} ({address}): {reason}")]
+    Unreachable { master: String, address: String, reason: String },
+    #[error("no answer within {CALL_TIMEOUT:?}")]
+    TimedOut(#[from] tokio::time::error::Elapsed),
+    #[error("{}", .0.message())]
+    Refused(#[from] tonic::Status),
+    #[error("the master's {name:?} lock was not free within {patience:?}: {reason}")]
+    LockBusy { name: &'static str, patience: Duration, reason: String },
+}
+
 /// The gRPC address of a master given as `host:port` (gRPC on port + 10000)
 /// or `host:port.grpcport`.
-pub fn grpc_address(master: &str) -> anyhow::Result<String> {
+pub fn grpc_address(master: &str) -> Result<String, Error> {
     if let Some((http, grpc)) = master.rsplit_once('.') {
         if let (Ok((host, _)), Ok(port)) = (wire::split_host_port(http), grpc.parse::<u16>()) {
             return Ok(format!("{host}:{port}"));
         }
     }
-    let (host, port) = wire::split_host_port(master)?;
-    let port = port.checked_add(wire::GRPC_PORT_OFFSET).ok_or_else(|| anyhow::anyhow!("{master}: port too high"))?;
+    let invalid = |reason: String| Error::Address(master.to_string(), reason);
+    let (host, port) = wire::split_host_port(master).map_err(|e| invalid(e.to_string()))?;
+    let port = port.checked_add(wire::GRPC_PORT_OFFSET).ok_or_else(|| invalid("port too high".into()))?;
     Ok(format!("{host}:{port}"))
 }
 
-async fn client(masters: &Masters) -> anyhow::Result<SeaweedClient<Channel>> {
-    let mut last = anyhow::anyhow!("no master address given");
+async fn client(masters: &Masters) -> Result<SeaweedClient<Channel>, Error> {
+    let mut last = Error::NoMaster;
     for master in &masters.addresses {
         let address = grpc_address(master)?;
-        match tokio::time::timeout(CALL_TIMEOUT, masters.tls.endpoint(&address)?.connect()).await {
+        let endpoint = masters.tls.endpoint(&address).map_err(|e| Error::Address(master.clone(), e.to_string()))?;
+        let unreachable =
+            |reason: String| Error::Unreachable { master: master.clone(), address: address.clone(), reason };
+        match tokio::time::timeout(CALL_TIMEOUT, endpoint.connect()).await {
             Ok(Ok(channel)) => return Ok(SeaweedClient::new(channel)),
-            Ok(Err(e)) => last = anyhow::anyhow!("master {master} ({address}): {e}"),
-            Err(_) => last = anyhow::anyhow!("master {master} ({address}): no answer within {CALL_TIMEOUT:?}"),
+            Ok(Err(e)) => last = unreachable(e.to_string()),
+            Err(_) => last = unreachable(format!("no answer within {CALL_TIMEOUT:?}")),
         }
     }
     Err(last)
 }
 
 /// Takes a lock, trying every second until `patience` runs out.
-pub async fn acquire(masters: &Masters, name: &str, message: &str, patience: Duration) -> anyhow::Result<Lease> {
+pub async fn acquire(masters: &Masters, name: &'static str, message: &str, patience: Duration) -> Result<Lease, Error> {
     let deadline = tokio::time::Instant::now() + patience;
     loop {
         let attempt = async {
@@ -92,12 +113,12 @@ pub async fn acquire(masters: &Masters, name: &str, message: &str, patience: Dur
                 message: message.into(),
             };
             let response = tokio::time::timeout(CALL_TIMEOUT, master.lease_admin_token(request)).await??.into_inner();
-            anyhow::Ok(Lease { name: name.into(), token: response.token, lock_ts_ns: response.lock_ts_ns })
+            Ok::<_, Error>(Lease { name: name.into(), token: response.token, lock_ts_ns: response.lock_ts_ns })
         };
         match attempt.await {
             Ok(lease) => return Ok(lease),
             Err(e) if tokio::time::Instant::now() >= deadline => {
-                anyhow::bail!("the master's {name:?} lock was not free within {patience:?}: {e}")
+                return Err(Error::LockBusy { name, patience, reason: e.to_string() });
             }
             Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
         }
@@ -105,7 +126,7 @@ pub async fn acquire(masters: &Masters, name: &str, message: &str, patience: Dur
 }
 
 /// Renews a held lease (the master hands out a new token each time).
-pub async fn renew(masters: &Masters, lease: &mut Lease, message: &str) -> anyhow::Result<()> {
+pub async fn renew(masters: &Masters, lease: &mut Lease, message: &str) -> Result<(), Error> {
     let mut master = client(masters).await?;
     let request = LeaseAdminTokenRequest {
         previous_token: lease.token,
@@ -120,7 +141,7 @@ pub async fn renew(masters: &Masters, lease: &mut Lease, message: &str) -> anyho
     Ok(())
 }
 
-pub async fn release(masters: &Masters, lease: &Lease) -> anyhow::Result<()> {
+pub async fn release(masters: &Masters, lease: &Lease) -> Result<(), Error> {
     let mut master = client(masters).await?;
     let request = ReleaseAdminTokenRequest {
         previous_token: lease.token,
@@ -133,7 +154,7 @@ pub async fn release(masters: &Masters, lease: &Lease) -> anyhow::Result<()> {
 
 /// The filers and S3 servers the masters list (`ListClusterNodes`), each
 /// address as the master gives it.
-pub async fn cluster_nodes(masters: &Masters) -> anyhow::Result<super::context::Nodes> {
+pub async fn cluster_nodes(masters: &Masters) -> Result<super::context::Nodes, Error> {
     let mut master = client(masters).await?;
     let mut lists = Vec::new();
     for client_type in ["filer", "s3"] {
@@ -151,13 +172,13 @@ pub async fn cluster_nodes(masters: &Masters) -> anyhow::Result<super::context::
 
 /// The master's topology: data centers, racks, volume servers, their disks
 /// with volumes and EC shards.
-pub async fn volume_list(masters: &Masters) -> anyhow::Result<crate::proto::master::VolumeListResponse> {
+pub async fn volume_list(masters: &Masters) -> Result<crate::proto::master::VolumeListResponse, Error> {
     let mut master = client(masters).await?;
     let answer = tokio::time::timeout(CALL_TIMEOUT, master.volume_list(VolumeListRequest {})).await??;
     Ok(answer.into_inner())
 }
 
-async fn set_vacuum(masters: &Masters, enabled: bool) -> anyhow::Result<()> {
+async fn set_vacuum(masters: &Masters, enabled: bool) -> Result<(), Error> {
     let mut master = client(masters).await?;
     if enabled {
         tokio::time::timeout(CALL_TIMEOUT, master.enable_vacuum(EnableVacuumRequest { by_plugin: true })).await??;
@@ -269,7 +290,7 @@ impl ClusterLock {
     /// Holds the lock, taking it from the master if nobody here holds it
     /// yet. While the lease's turn is over, waits for it to be let go and
     /// for the yield window to pass first.
-    pub async fn hold(&self, masters: &Masters, message: &str, patience: Duration) -> anyhow::Result<Hold<'_>> {
+    pub async fn hold(&self, masters: &Masters, message: &str, patience: Duration) -> Result<Hold<'_>, Error> {
         let deadline = tokio::time::Instant::now() + patience;
         loop {
             let mut state = self.state.lock().await;
@@ -292,10 +313,8 @@ impl ClusterLock {
             }
             drop(state);
             if now + wait > deadline {
-                anyhow::bail!(
-                    "the master's {SHELL_LOCK:?} lock was not free within {patience:?}: \
-                     jobcenter's turn with it is over and it waits to be let go"
-                );
+                let reason = "jobcenter's turn with it is over and it waits to be let go".to_string();
+                return Err(Error::LockBusy { name: SHELL_LOCK, patience, reason });
             }
             tokio::time::sleep(wait.min(Duration::from_millis(250))).await;
         }

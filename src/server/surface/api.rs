@@ -89,6 +89,14 @@ impl From<engine::Error> for Error {
     }
 }
 
+/// A duty run asked for now that did not happen or finish: the caller may
+/// try again (409, as documented for detect, recover and prune).
+impl From<crate::server::duties::DutyError> for Error {
+    fn from(e: crate::server::duties::DutyError) -> Error {
+        Error::Conflict(e.to_string())
+    }
+}
+
 fn store_error(e: crate::store::Error) -> Error {
     if e.is_transient() {
         Error::Unavailable(e.to_string())
@@ -423,8 +431,7 @@ impl Api {
         if job_type.is_empty() {
             return Err(Error::Invalid("a job type is required".into()));
         }
-        let outcome =
-            scheduler::detect(&self.shared, job_type, run).await.map_err(|e| Error::Conflict(e.to_string()))?;
+        let outcome = scheduler::detect(&self.shared, job_type, run).await?;
         Ok(api::DetectResponse {
             proposals: outcome
                 .proposals
@@ -515,7 +522,7 @@ impl Api {
         } else {
             recovery::check_cluster(&self.shared, dry_run).await
         };
-        let findings = findings.map_err(|e| Error::Conflict(e.to_string()))?;
+        let findings = findings?;
         Ok(api::RecoverResponse { findings, dry_run })
     }
 
@@ -527,7 +534,7 @@ impl Api {
 
     /// Removes the ended jobs past the retention rules now (or only names them).
     pub async fn prune(&self, dry_run: bool) -> Result<api::PruneResponse, Error> {
-        retention::prune(&self.shared, dry_run).await.map_err(|e| Error::Conflict(format!("{e:#}")))
+        Ok(retention::prune(&self.shared, dry_run).await?)
     }
 
     /// A snapshot (in parts), then the job's transitions, until it has ended.

@@ -62,14 +62,29 @@ pub fn stream(shared: Arc<Shared>) -> tokio_stream::wrappers::ReceiverStream<Res
             }
             Err(e) => {
                 tracing::warn!(error = %e, "backup failed");
-                let _ = tx.blocking_send(Err(Status::unavailable(format!("the backup failed: {e:#}"))));
+                let _ = tx.blocking_send(Err(Status::unavailable(format!("the backup failed: {e}"))));
             }
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-fn copy(shared: &Shared, runtime: &tokio::runtime::Handle, out: &mut dyn Write) -> anyhow::Result<api::BackupSummary> {
+/// Why a copy stopped.
+#[derive(Debug, thiserror::Error)]
+enum CopyError {
+    #[error(transparent)]
+    Engine(#[from] crate::engine::Error),
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+    #[error(transparent)]
+    Transfer(#[from] crate::store::transfer::TransferError),
+}
+
+fn copy(
+    shared: &Shared,
+    runtime: &tokio::runtime::Handle,
+    out: &mut dyn Write,
+) -> Result<api::BackupSummary, CopyError> {
     let (taken_at, led) = runtime.block_on(shared.engine.snapshot())?;
     let mut led: BTreeMap<JobId, _> = led.into_iter().map(|job| (job.record.id, job)).collect();
     let store = shared.engine.store().clone();
