@@ -7,14 +7,14 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
 /// The pauses before each next try, without end; `reset` after a success.
 #[derive(Debug)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     policy: ExponentialBuilder,
     pauses: ExponentialBackoff,
 }
 
 impl Backoff {
     /// `first`, then twice the last, up to `most`.
-    pub fn doubling(first: Duration, most: Duration) -> Backoff {
+    pub(crate) fn doubling(first: Duration, most: Duration) -> Backoff {
         let most = most.max(first);
         Backoff::of(ExponentialBuilder::new().with_min_delay(first).with_max_delay(most))
     }
@@ -22,7 +22,7 @@ impl Backoff {
     /// As `doubling`, each pause drawn between half of it and the whole, so
     /// that many clients that failed together do not all come back together,
     /// and none waits longer than its pause says.
-    pub fn spread(first: Duration, most: Duration) -> Backoff {
+    pub(crate) fn spread(first: Duration, most: Duration) -> Backoff {
         let most = most.max(first);
         Backoff::of(ExponentialBuilder::new().with_min_delay(first / 2).with_max_delay(most / 2).with_jitter())
     }
@@ -33,12 +33,12 @@ impl Backoff {
     }
 
     /// The pause before the next try.
-    pub fn next_pause(&mut self) -> Duration {
+    pub(crate) fn next_pause(&mut self) -> Duration {
         self.pauses.next().expect("a backoff without a most number of tries goes on")
     }
 
     /// Back to the first pause, after a success.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.pauses = self.policy.build();
     }
 }

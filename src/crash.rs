@@ -12,13 +12,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The crash point the environment names, if any, and how often it was reached.
-pub struct CrashPoint {
+pub(crate) struct CrashPoint {
     point: Option<(String, u64)>,
     seen: AtomicU64,
 }
 
 impl CrashPoint {
-    pub fn from_env() -> CrashPoint {
+    pub(crate) fn from_env() -> CrashPoint {
         let point = std::env::var("JOBCENTER_CRASH_AT").ok().and_then(|spec| {
             let (name, count) = spec.split_once(':')?;
             Some((name.to_string(), count.parse().ok()?))
@@ -27,7 +27,7 @@ impl CrashPoint {
     }
 
     /// Aborts the process if this is the moment the environment named.
-    pub fn reached(&self, name: &str) {
+    pub(crate) fn reached(&self, name: &str) {
         let Some((point, count)) = &self.point else { return };
         if point == name && self.seen.fetch_add(1, Ordering::Relaxed) + 1 >= *count {
             eprintln!("jobcenter: crashing on purpose at {name} ({count})");

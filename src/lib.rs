@@ -1,11 +1,13 @@
 //! jobcenter: maintenance work as DAG jobs with leader/follower execution.
 
+#![warn(unreachable_pub)]
+
 pub mod active;
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod cli;
 pub mod clock;
-pub mod crash;
-pub mod dag;
+pub(crate) mod crash;
+pub(crate) mod dag;
 pub mod dispatch;
 pub mod engine;
 pub mod fate;
@@ -13,12 +15,12 @@ pub mod follower;
 pub mod jobfile;
 pub mod leader;
 pub mod model;
-pub mod policy;
+pub(crate) mod policy;
 pub mod proto;
-pub mod retention;
-pub mod scheduler;
+pub(crate) mod retention;
+pub(crate) mod scheduler;
 pub mod server;
 pub mod store;
-pub mod tls;
+pub(crate) mod tls;
 pub mod wire;
 pub mod worker;

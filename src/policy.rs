@@ -28,7 +28,7 @@ pub struct Policy {
 }
 
 /// The detection interval of a job type whose descriptor names none.
-pub fn default_detection_interval(job_type: &str) -> u32 {
+pub(crate) fn default_detection_interval(job_type: &str) -> u32 {
     match job_type {
         "vacuum" => 2 * 3600,
         "volume_balance" => 30 * 60,
@@ -55,7 +55,7 @@ impl Default for Policy {
 }
 
 /// Names of the settings, as `jobcenter policy set` takes them.
-pub const SETTINGS: [&str; 10] = [
+pub(crate) const SETTINGS: [&str; 10] = [
     "detection_interval_seconds",
     "detection_timeout_seconds",
     "max_jobs_per_detection",
@@ -79,7 +79,7 @@ pub enum Error {
 }
 
 /// Values an operator set, by setting name.
-pub type Overrides = BTreeMap<String, u32>;
+pub(crate) type Overrides = BTreeMap<String, u32>;
 
 /// Where a value of an effective policy came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,7 +189,7 @@ impl Policy {
 }
 
 /// Applies `name=value` changes to an operator's overrides; nothing changes on error.
-pub fn apply_changes(overrides: &Overrides, changes: &BTreeMap<String, String>) -> Result<Overrides, Error> {
+pub(crate) fn apply_changes(overrides: &Overrides, changes: &BTreeMap<String, String>) -> Result<Overrides, Error> {
     let mut out = overrides.clone();
     for (name, value) in changes {
         if !SETTINGS.contains(&name.as_str()) {
@@ -218,7 +218,7 @@ pub fn apply_changes(overrides: &Overrides, changes: &BTreeMap<String, String>) 
 }
 
 /// Defaults of the built-in job types, which are light enough to run many at once.
-pub fn builtin(job_type: &str) -> Option<Policy> {
+pub(crate) fn builtin(job_type: &str) -> Option<Policy> {
     matches!(job_type, "noop" | "shell").then(|| Policy {
         global_execution_concurrency: 1024,
         per_worker_execution_concurrency: 1024,

@@ -28,7 +28,7 @@ impl Default for Retention {
 
 /// Why a job goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// Ended longer ago than the age kept.
     Age,
     /// Older than the newest `count` ended jobs.
@@ -38,7 +38,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub fn describe(self, retention: &Retention) -> String {
+    pub(crate) fn describe(self, retention: &Retention) -> String {
         match self {
             Reason::Age => format!("ended more than {} ago", human(retention.age)),
             Reason::Count => format!("older than the newest {} ended jobs", retention.count),
@@ -50,13 +50,13 @@ impl Reason {
 }
 
 /// A job made by the periodic recovery check.
-pub fn is_recovery_check(record: &JobRecord) -> bool {
+pub(crate) fn is_recovery_check(record: &JobRecord) -> bool {
     matches!(&record.origin, JobOrigin::Scheduler { job_type, .. } if job_type == crate::wire::RECOVERY_CHECK_JOB_TYPE)
 }
 
 /// The ended jobs among `jobs` (newest first, as `list_jobs` gives them)
 /// that the rules remove at `now`, oldest last.
-pub fn expired(jobs: &[JobRecord], now: Timestamp, retention: &Retention) -> Vec<(JobId, Reason)> {
+pub(crate) fn expired(jobs: &[JobRecord], now: Timestamp, retention: &Retention) -> Vec<(JobId, Reason)> {
     let older_than = |record: &JobRecord, keep: Duration| {
         let ended = record.finished_at.unwrap_or(record.updated_at);
         now.as_millis().saturating_sub(ended.as_millis()) > keep.as_millis() as i64
@@ -82,7 +82,7 @@ pub fn expired(jobs: &[JobRecord], now: Timestamp, retention: &Retention) -> Vec
 }
 
 /// `7d`, `36h`, `90m`, `45s`: the largest whole unit.
-pub fn human(duration: Duration) -> String {
+pub(crate) fn human(duration: Duration) -> String {
     let s = duration.as_secs();
     match s {
         _ if s >= 86_400 && s.is_multiple_of(86_400) => format!("{}d", s / 86_400),

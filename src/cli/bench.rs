@@ -95,7 +95,7 @@ async fn transactions(scratch: &Option<std::sync::Arc<ScratchDatabase>>) -> Opti
     tokio::task::spawn_blocking(move || scratch.transactions().ok()).await.ok().flatten()
 }
 
-pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let content = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let format = match Format::from_path(&args.file) {
         Format::Json => "json",

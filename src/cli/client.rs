@@ -50,7 +50,7 @@ impl tonic::service::Interceptor for Bearer {
 }
 
 /// The token from `--token-file` or `JOBCENTER_TOKEN`, never from argv.
-pub fn token(token_file: &Option<PathBuf>) -> anyhow::Result<Option<String>> {
+pub(super) fn token(token_file: &Option<PathBuf>) -> anyhow::Result<Option<String>> {
     if let Some(path) = token_file {
         let token = crate::wire::read_token(path).with_context(|| format!("reading {}", path.display()))?;
         return Ok(Some(token));
@@ -128,7 +128,7 @@ pub struct SubmitArgs {
     pub connection: Connection,
 }
 
-pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let content = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let format = match Format::from_path(&args.file) {
         Format::Json => "json",
@@ -167,7 +167,7 @@ const SUBMIT_CHUNK_BYTES: usize = 1024 * 1024;
 
 /// A job file as the messages of `SubmitJobStream`: the first names its
 /// format and source.
-pub fn submit_chunks(content: Vec<u8>, format: &str, source_name: &str) -> Vec<api::SubmitJobChunk> {
+pub(super) fn submit_chunks(content: Vec<u8>, format: &str, source_name: &str) -> Vec<api::SubmitJobChunk> {
     let mut chunks: Vec<api::SubmitJobChunk> = content
         .chunks(SUBMIT_CHUNK_BYTES)
         .map(|part| api::SubmitJobChunk { content: part.to_vec(), ..api::SubmitJobChunk::default() })
@@ -186,7 +186,7 @@ const WAIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 /// Waits until the job has ended (`WaitJob`, which follows no task).
 /// When its admin goes away, it carries on with another (`--admin A,B`)
 /// or the same one back, for up to two minutes without one.
-pub async fn wait(connection: &Connection, job_id: &str) -> anyhow::Result<api::JobSummary> {
+pub(super) async fn wait(connection: &Connection, job_id: &str) -> anyhow::Result<api::JobSummary> {
     let mut pauses = Backoff::doubling(std::time::Duration::from_millis(200), std::time::Duration::from_secs(2));
     let mut reached = std::time::Instant::now();
     loop {
@@ -216,7 +216,7 @@ pub async fn wait(connection: &Connection, job_id: &str) -> anyhow::Result<api::
 }
 
 /// A job of any size, read in parts and put back together.
-pub async fn read_job(client: &mut Client, job_id: &str) -> Result<api::Job, tonic::Status> {
+pub(super) async fn read_job(client: &mut Client, job_id: &str) -> Result<api::Job, tonic::Status> {
     let mut parts = client.read_job(api::JobRef { job_id: job_id.into() }).await?.into_inner();
     let mut assembly = wire::JobAssembly::default();
     while let Some(part) = parts.message().await? {
@@ -331,7 +331,7 @@ pub struct JobsArgs {
     pub connection: Connection,
 }
 
-pub async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
     if args.watch {
         let source = super::watch::tables::Source::Jobs { state: args.state, limit: args.limit };
         return super::watch::tables::live(&args.connection, source, args.count).await;
@@ -371,7 +371,7 @@ pub struct JobArgs {
     pub connection: Connection,
 }
 
-pub async fn job(args: JobArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn job(args: JobArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
     let style = if args.json { Style::Json } else { Style::Table };
     match print_parts(&mut client, &args.id, style).await {
@@ -390,7 +390,7 @@ pub struct JobIdArgs {
     pub connection: Connection,
 }
 
-pub async fn cancel(args: JobIdArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn cancel(args: JobIdArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
     match client.cancel_job(api::JobRef { job_id: args.id.clone() }).await {
         Ok(_) => {
@@ -404,7 +404,7 @@ pub async fn cancel(args: JobIdArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-pub async fn retry(args: JobIdArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn retry(args: JobIdArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
     match client.retry_job(api::JobRef { job_id: args.id.clone() }).await {
         Ok(_) => {
@@ -432,7 +432,7 @@ pub struct WorkersArgs {
     pub connection: Connection,
 }
 
-pub async fn workers(args: WorkersArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn workers(args: WorkersArgs) -> anyhow::Result<ExitCode> {
     if args.watch {
         return super::watch::tables::live(&args.connection, super::watch::tables::Source::Workers, args.count).await;
     }
@@ -477,7 +477,7 @@ pub struct InstancesArgs {
     pub connection: Connection,
 }
 
-pub async fn instances(args: InstancesArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn instances(args: InstancesArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
     let instances =
         client.list_instances(api::ListInstancesRequest {}).await.map_err(status_error)?.into_inner().instances;
@@ -531,7 +531,7 @@ fn size(bytes: i64) -> String {
     }
 }
 
-pub async fn capacity(args: CapacityArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn capacity(args: CapacityArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
     let capacity = client.get_capacity(api::CapacityRequest {}).await.map_err(status_error)?.into_inner();
     if args.json {
@@ -589,7 +589,7 @@ pub enum SchedulerCommand {
     },
 }
 
-pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
     let (paused, instance) = match args.command {
         SchedulerCommand::Pause { instance } => (true, instance),
         SchedulerCommand::Resume { instance } => (false, instance),
@@ -629,7 +629,7 @@ pub enum PolicyCommand {
     },
 }
 
-pub async fn policy(args: PolicyArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn policy(args: PolicyArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
     let (policy, json) = match args.command {
         PolicyCommand::Get { job_type, json } => {
@@ -696,7 +696,7 @@ pub struct RecoverArgs {
     pub connection: Connection,
 }
 
-pub async fn recover(args: RecoverArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn recover(args: RecoverArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
     let response = match client.recover(api::RecoverRequest { dry_run: args.dry_run, here_only: false }).await {
         Ok(r) => r.into_inner(),
@@ -740,7 +740,7 @@ pub struct PruneArgs {
     pub connection: Connection,
 }
 
-pub async fn prune(args: PruneArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn prune(args: PruneArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
     let response = match client.prune(api::PruneRequest { dry_run: args.dry_run }).await {
         Ok(r) => r.into_inner(),
@@ -785,7 +785,7 @@ pub struct DetectArgs {
     pub connection: Connection,
 }
 
-pub async fn detect(args: DetectArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn detect(args: DetectArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
     let request = api::DetectRequest { job_type: args.job_type.clone(), run: args.run };
     let response = match client.detect(request).await {
@@ -831,7 +831,7 @@ pub struct ActivitiesArgs {
     pub connection: Connection,
 }
 
-pub async fn activities(args: ActivitiesArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn activities(args: ActivitiesArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
     let request = api::ListActivitiesRequest { job_type: args.job_type.unwrap_or_default(), limit: args.limit };
     let entries = client.list_activities(request).await.map_err(status_error)?.into_inner().activities;
@@ -854,7 +854,7 @@ pub struct RunsArgs {
     pub connection: Connection,
 }
 
-pub async fn runs(args: RunsArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn runs(args: RunsArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
     let history =
         client.list_runs(api::PolicyRef { job_type: args.job_type }).await.map_err(status_error)?.into_inner();

@@ -11,7 +11,7 @@ use crate::model::{JobId, JobState};
 use crate::store::{JobFilter, Location, PasswordSources};
 
 /// The store to read directly, when one is named.
-pub fn location(data_dir: &Option<PathBuf>, database_url: &Option<String>) -> Option<Location> {
+pub(super) fn location(data_dir: &Option<PathBuf>, database_url: &Option<String>) -> Option<Location> {
     match (data_dir, database_url) {
         (_, Some(url)) => Some(Location::Database { url: url.clone(), passwords: PasswordSources::default() }),
         (Some(dir), None) => Some(Location::DataDir(dir.clone())),
@@ -26,7 +26,7 @@ fn describe(place: &Location) -> String {
     }
 }
 
-pub async fn jobs(place: Location, state: Option<&str>, limit: usize, json: bool) -> anyhow::Result<ExitCode> {
+pub(super) async fn jobs(place: Location, state: Option<&str>, limit: usize, json: bool) -> anyhow::Result<ExitCode> {
     let state = match state.map(str::parse::<JobState>).transpose() {
         Ok(state) => state,
         Err(e) => {
@@ -58,7 +58,7 @@ pub async fn jobs(place: Location, state: Option<&str>, limit: usize, json: bool
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn job(place: Location, id: &str, json: bool) -> anyhow::Result<ExitCode> {
+pub(super) async fn job(place: Location, id: &str, json: bool) -> anyhow::Result<ExitCode> {
     let Ok(id) = id.parse::<JobId>() else {
         eprintln!("jobcenter: {id:?} is not a job id (a UUID)");
         return Ok(ExitCode::from(EXIT_USAGE));

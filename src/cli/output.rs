@@ -6,7 +6,7 @@ use crate::model::{JobRecord, StateCounts, TaskState};
 use crate::store::StoredJob;
 
 /// The final job as one JSON object, as `run --json` and `job --json` print it.
-pub fn job_json(job: &StoredJob, detailed: bool) -> serde_json::Value {
+pub(super) fn job_json(job: &StoredJob, detailed: bool) -> serde_json::Value {
     let tasks: Vec<serde_json::Value> = job
         .spec
         .tasks
@@ -56,11 +56,11 @@ pub fn job_json(job: &StoredJob, detailed: bool) -> serde_json::Value {
 }
 
 /// `succeeded 7, failed 1, upstream_failed 2`: the non-zero counts.
-pub fn counts_line(counts: &StateCounts) -> String {
+pub(super) fn counts_line(counts: &StateCounts) -> String {
     counts.iter().filter(|(_, n)| *n > 0).map(|(s, n)| format!("{s} {n}")).collect::<Vec<_>>().join(", ")
 }
 
-pub fn job_row(job: &JobRecord) -> String {
+pub(super) fn job_row(job: &JobRecord) -> String {
     format!(
         "{:<36}  {:<10}  {:>8}  {:<24}  {}",
         job.id.to_string(),
@@ -71,12 +71,12 @@ pub fn job_row(job: &JobRecord) -> String {
     )
 }
 
-pub fn job_header() -> String {
+pub(super) fn job_header() -> String {
     format!("{:<36}  {:<10}  {:>8}  {:<24}  {}", "ID", "STATE", "TASKS", "CREATED", "NAME")
 }
 
 /// A table of a job's tasks, failed ones with their error.
-pub fn task_table(job: &StoredJob) -> String {
+pub(super) fn task_table(job: &StoredJob) -> String {
     let width = job.spec.tasks.iter().map(|t| t.id.len()).max().unwrap_or(2).clamp(2, 40);
     let mut out = format!("{:<width$}  {:<16}  {:<16}  {:>7}  ERROR\n", "ID", "JOB TYPE", "STATE", "ATTEMPT");
     for (spec, task) in job.spec.tasks.iter().zip(&job.tasks) {

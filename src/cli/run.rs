@@ -36,14 +36,14 @@ pub struct RunArgs {
 }
 
 /// Reads and validates a job file off the async threads.
-pub async fn read_job_file(path: &Path) -> Result<JobSpec, jobfile::Error> {
+pub(super) async fn read_job_file(path: &Path) -> Result<JobSpec, jobfile::Error> {
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || jobfile::read_file(&path, &Limits::default()))
         .await
         .expect("job file reader panicked")
 }
 
-pub async fn validate(file: &Path) -> anyhow::Result<ExitCode> {
+pub(super) async fn validate(file: &Path) -> anyhow::Result<ExitCode> {
     match read_job_file(file).await {
         Ok(spec) => {
             let types: Vec<String> = spec.job_types().iter().map(|t| t.to_string()).collect();
@@ -65,7 +65,7 @@ pub async fn validate(file: &Path) -> anyhow::Result<ExitCode> {
     }
 }
 
-pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let spec = match read_job_file(&args.file).await {
         Ok(spec) => spec,
         Err(e) => {

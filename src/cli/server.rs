@@ -124,7 +124,7 @@ pub struct ServerArgs {
 }
 
 /// `15s`, `500ms`, `2m`, `1h`, `7d`, or plain seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len()));
     let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration such as 15s, 500ms or 2m"))?;
@@ -139,7 +139,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
-pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     let token = token(&args.token_file)?;
     if !args.http.ip().is_loopback() && token.is_none() && !args.allow_insecure_bind {
         eprintln!(

@@ -29,7 +29,7 @@ pub struct StoreArgs {
 }
 
 /// A size in bytes: a number, with KiB, MiB, GiB or TiB (or K, M, G, T) after it.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub(super) fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
@@ -63,7 +63,7 @@ impl StoreArgs {
     }
 }
 
-pub async fn open(location: Location) -> anyhow::Result<Arc<dyn Store>> {
+pub(super) async fn open(location: Location) -> anyhow::Result<Arc<dyn Store>> {
     Ok(tokio::task::spawn_blocking(move || location.open()).await.context("opening the store")??)
 }
 

@@ -32,7 +32,7 @@ async fn open_or_say(store: &StoreArgs) -> Option<std::sync::Arc<dyn crate::stor
     store.open().await.map_err(|e| eprintln!("jobcenter: {e:#}")).ok()
 }
 
-pub async fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let Some(store) = open_or_say(&args.store).await else { return Ok(ExitCode::from(EXIT_USAGE)) };
     let output = args.output.clone();
     let summary = tokio::task::spawn_blocking(move || -> anyhow::Result<transfer::Summary> {
@@ -56,7 +56,7 @@ pub async fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn import(args: ImportArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn import(args: ImportArgs) -> anyhow::Result<ExitCode> {
     if !args.file.is_file() {
         eprintln!("jobcenter: {} is not a file", args.file.display());
         return Ok(ExitCode::from(EXIT_USAGE));
@@ -96,7 +96,7 @@ pub struct RestoreArgs {
 }
 
 /// Asks the running server for a consistent copy and writes it to a file.
-pub async fn backup(args: BackupArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn backup(args: BackupArgs) -> anyhow::Result<ExitCode> {
     use std::io::Write;
     let mut client = args.connection.connect().await?;
     let mut chunks = match client.backup(crate::proto::api::BackupRequest {}).await {
@@ -151,7 +151,7 @@ pub async fn backup(args: BackupArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Brings a backup back into an empty data directory or database.
-pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
     if !args.file.is_file() {
         eprintln!("jobcenter: {} is not a file", args.file.display());
         return Ok(ExitCode::from(EXIT_USAGE));

@@ -13,7 +13,7 @@ use crate::worker::remote::{self, RemoteWorkerOptions};
 use crate::worker::{builtin_handlers, ExecLog, Registry};
 
 /// The environment variable that holds the bearer token, unless `--token-file` gives one.
-pub const TOKEN_ENV: &str = "JOBCENTER_TOKEN";
+pub(super) const TOKEN_ENV: &str = "JOBCENTER_TOKEN";
 
 #[derive(clap::Args, Debug)]
 pub struct WorkerArgs {
@@ -53,7 +53,7 @@ pub struct WorkerArgs {
     pub tls: crate::tls::ClientTls,
 }
 
-pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let token = match &args.token_file {
         Some(path) => Some(read_token_file(path).await?),
         None => std::env::var(TOKEN_ENV).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()),
@@ -141,7 +141,7 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
 }
 
 /// A duration as a whole number and a unit: `500ms`, `15s`, `2m` or `1h`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);

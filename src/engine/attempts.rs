@@ -87,13 +87,13 @@ pub(super) struct Ledger {
 }
 
 impl Ledger {
-    pub fn new(rollback_windows: HashMap<String, Duration>) -> Ledger {
+    pub(super) fn new(rollback_windows: HashMap<String, Duration>) -> Ledger {
         Ledger { rollback_windows, ..Ledger::default() }
     }
 
     /// The attempt is held: its lock and deadline with it. A new attempt of
     /// the same task replaces the old one.
-    pub fn hold(&mut self, task: TaskRef, held: Held) {
+    pub(super) fn hold(&mut self, task: TaskRef, held: Held) {
         self.forget_held(task);
         if let Some(at) = held.deadline {
             self.deadlines.insert((at, task, held.attempt));
@@ -105,14 +105,14 @@ impl Ledger {
     }
 
     /// Another instance lent the attempt to `handler` here.
-    pub fn borrow(&mut self, attempt: AttemptId, handler: HandlerId, job_type: Arc<str>) {
+    pub(super) fn borrow(&mut self, attempt: AttemptId, handler: HandlerId, job_type: Arc<str>) {
         self.borrowed.insert(attempt.task, Borrowed { attempt: attempt.number, handler, job_type });
     }
 
     /// The one way an attempt stops being known, however it ended: it is
     /// forgotten with its lock and deadline, and what it released is
     /// returned. `None` when this attempt (task and number) is not known.
-    pub fn end(&mut self, attempt: AttemptId, ending: Ending, now: Timestamp) -> Option<Ended> {
+    pub(super) fn end(&mut self, attempt: AttemptId, ending: Ending, now: Timestamp) -> Option<Ended> {
         if ending == Ending::Settled {
             let borrowed = self.borrowed.get(&attempt.task).filter(|b| b.attempt == attempt.number)?;
             let ended = Ended { handler: borrowed.handler, job_type: borrowed.job_type.clone(), cooling: None };
@@ -144,30 +144,30 @@ impl Ledger {
         Some(held)
     }
 
-    pub fn get(&self, task: TaskRef) -> Option<&Held> {
+    pub(super) fn get(&self, task: TaskRef) -> Option<&Held> {
         self.held.get(&task)
     }
 
     /// Whether `handler` holds this attempt here.
-    pub fn holds(&self, handler: HandlerId, attempt: AttemptId) -> bool {
+    pub(super) fn holds(&self, handler: HandlerId, attempt: AttemptId) -> bool {
         self.held.get(&attempt.task).is_some_and(|h| h.handler == handler && h.attempt == attempt.number)
     }
 
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.held.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.held.is_empty()
     }
 
     /// Every held attempt.
-    pub fn iter(&self) -> impl Iterator<Item = (&TaskRef, &Held)> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&TaskRef, &Held)> {
         self.held.iter()
     }
 
     /// Every held attempt `handler` holds, in task order.
-    pub fn of_handler(&self, handler: HandlerId) -> Vec<AttemptId> {
+    pub(super) fn of_handler(&self, handler: HandlerId) -> Vec<AttemptId> {
         let mut attempts: Vec<AttemptId> = self
             .held
             .iter()
@@ -179,17 +179,17 @@ impl Ledger {
     }
 
     /// Every handler that holds an attempt.
-    pub fn handlers(&self) -> BTreeSet<HandlerId> {
+    pub(super) fn handlers(&self) -> BTreeSet<HandlerId> {
         self.held.values().map(|h| h.handler).collect()
     }
 
     /// Jobs with at least one held attempt.
-    pub fn jobs(&self) -> HashSet<JobId> {
+    pub(super) fn jobs(&self) -> HashSet<JobId> {
         self.held.keys().map(|task| task.job).collect()
     }
 
     /// Borrowed attempts of these jobs.
-    pub fn borrowed_of(&self, jobs: &HashSet<JobId>) -> Vec<AttemptId> {
+    pub(super) fn borrowed_of(&self, jobs: &HashSet<JobId>) -> Vec<AttemptId> {
         self.borrowed
             .iter()
             .filter(|(task, _)| jobs.contains(&task.job))
@@ -198,12 +198,12 @@ impl Ledger {
     }
 
     /// Every held attempt of `job_type` whose deadline comes from the type's policy.
-    pub fn of_type_without_own_timeout(&self, job_type: &str) -> Vec<TaskRef> {
+    pub(super) fn of_type_without_own_timeout(&self, job_type: &str) -> Vec<TaskRef> {
         self.held.iter().filter(|(_, h)| !h.own_timeout && &*h.job_type == job_type).map(|(t, _)| *t).collect()
     }
 
     /// Moves a held attempt's deadline (or removes it).
-    pub fn set_deadline(&mut self, task: TaskRef, deadline: Option<Timestamp>) {
+    pub(super) fn set_deadline(&mut self, task: TaskRef, deadline: Option<Timestamp>) {
         let Some(held) = self.held.get_mut(&task) else { return };
         if let Some(at) = held.deadline {
             self.deadlines.remove(&(at, task, held.attempt));
@@ -215,24 +215,24 @@ impl Ledger {
     }
 
     /// The next held attempt whose deadline has passed at `now`, if any.
-    pub fn overdue(&self, now: Timestamp) -> Option<(Timestamp, AttemptId)> {
+    pub(super) fn overdue(&self, now: Timestamp) -> Option<(Timestamp, AttemptId)> {
         let (at, task, attempt) = self.deadlines.first().copied().filter(|(at, _, _)| *at <= now)?;
         Some((at, AttemptId::new(task, attempt)))
     }
 
     /// Whether a held attempt locks the volume, or one that failed keeps it
     /// locked at `now`.
-    pub fn locked(&self, resource: &str, now: Timestamp) -> bool {
+    pub(super) fn locked(&self, resource: &str, now: Timestamp) -> bool {
         self.locks.contains_key(resource) || self.cooling.get(resource).is_some_and(|until| *until > now)
     }
 
     /// Every volume locked here: by a held attempt or cooling after a failure.
-    pub fn locked_resources(&self) -> impl Iterator<Item = &String> {
+    pub(super) fn locked_resources(&self) -> impl Iterator<Item = &String> {
         self.locks.keys().chain(self.cooling.keys())
     }
 
     /// Volumes whose cooling is over at `now`: forgotten, and returned.
-    pub fn cooled(&mut self, now: Timestamp) -> Vec<String> {
+    pub(super) fn cooled(&mut self, now: Timestamp) -> Vec<String> {
         let done: Vec<String> =
             self.cooling.iter().filter(|(_, until)| **until <= now).map(|(k, _)| k.clone()).collect();
         for key in &done {
@@ -242,13 +242,13 @@ impl Ledger {
     }
 
     /// A cooling volume the store kept across a restart.
-    pub fn keep_cooling(&mut self, resource: String, until: Timestamp) {
+    pub(super) fn keep_cooling(&mut self, resource: String, until: Timestamp) {
         self.cooling.insert(resource, until);
     }
 
     /// The handler went away holding attempts: they are taken back at
     /// `until` unless it comes back (never before a vouch runs out).
-    pub fn away(&mut self, handler: HandlerId, until: Timestamp, reason: String) {
+    pub(super) fn away(&mut self, handler: HandlerId, until: Timestamp, reason: String) {
         let until = self.not_before(handler, until);
         self.back(handler);
         self.take_backs.insert((until, handler));
@@ -256,23 +256,23 @@ impl Ledger {
     }
 
     /// The handler is back (here or on another live instance), or gone for good.
-    pub fn back(&mut self, handler: HandlerId) {
+    pub(super) fn back(&mut self, handler: HandlerId) {
         if let Some((at, _)) = self.absent.remove(&handler) {
             self.take_backs.remove(&(at, handler));
         }
     }
 
-    pub fn is_away(&self, handler: HandlerId) -> bool {
+    pub(super) fn is_away(&self, handler: HandlerId) -> bool {
         self.absent.contains_key(&handler)
     }
 
     /// Every handler away now.
-    pub fn away_handlers(&self) -> impl Iterator<Item = HandlerId> + '_ {
+    pub(super) fn away_handlers(&self) -> impl Iterator<Item = HandlerId> + '_ {
         self.absent.keys().copied()
     }
 
     /// The next handler whose time away is up at `now`, with the reason to give.
-    pub fn due_back(&mut self, now: Timestamp) -> Option<(HandlerId, String)> {
+    pub(super) fn due_back(&mut self, now: Timestamp) -> Option<(HandlerId, String)> {
         let &(at, handler) = self.take_backs.first().filter(|(at, _)| *at <= now)?;
         self.take_backs.remove(&(at, handler));
         let (_, reason) = self.absent.remove(&handler)?;
@@ -281,7 +281,7 @@ impl Ledger {
 
     /// Another instance renews the lease of `handler` until `until`: none
     /// of its attempts is taken back before then, even one counting down.
-    pub fn vouch(&mut self, handler: HandlerId, until: Timestamp, now: Timestamp) {
+    pub(super) fn vouch(&mut self, handler: HandlerId, until: Timestamp, now: Timestamp) {
         self.vouched.retain(|_, at| *at > now);
         let floor = self.vouched.entry(handler).or_insert(until);
         *floor = (*floor).max(until);
@@ -299,12 +299,12 @@ impl Ledger {
     }
 
     /// Handlers another instance vouched for that are still within it at `now`.
-    pub fn vouched(&self, now: Timestamp) -> impl Iterator<Item = HandlerId> + '_ {
+    pub(super) fn vouched(&self, now: Timestamp) -> impl Iterator<Item = HandlerId> + '_ {
         self.vouched.iter().filter(move |(_, until)| **until > now).map(|(handler, _)| *handler)
     }
 
     /// When the next deadline, take-back or cooling falls.
-    pub fn next_wake(&self) -> Option<Timestamp> {
+    pub(super) fn next_wake(&self) -> Option<Timestamp> {
         let deadline = self.deadlines.first().map(|(at, _, _)| *at);
         let take_back = self.take_backs.first().map(|(at, _)| *at);
         let cooled = self.cooling.values().min().copied();

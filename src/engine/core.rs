@@ -359,7 +359,7 @@ pub(super) struct Core {
 }
 
 impl Core {
-    pub fn new(options: Options, events: broadcast::Sender<Event>) -> Core {
+    pub(super) fn new(options: Options, events: broadcast::Sender<Event>) -> Core {
         Core {
             attempts: Ledger::new(options.rollback_windows.clone()),
             options,
@@ -379,7 +379,7 @@ impl Core {
     }
 
     /// How many removals are durable, shared with the handle.
-    pub fn removals(&self) -> Arc<std::sync::atomic::AtomicU64> {
+    pub(super) fn removals(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.removals_durable.clone()
     }
 
@@ -495,7 +495,7 @@ impl Core {
 
     /// What the store kept of cooling resources and of the workers of
     /// handlers without a lease, at start.
-    pub fn remember(&mut self, cooling: Vec<(String, Vec<u8>)>, names: Vec<(String, Vec<u8>)>) {
+    pub(super) fn remember(&mut self, cooling: Vec<(String, Vec<u8>)>, names: Vec<(String, Vec<u8>)>) {
         for (key, value) in cooling {
             let (Some(resource), Ok(bytes)) = (key.strip_prefix(COOLING), <[u8; 8]>::try_from(value.as_slice())) else {
                 continue;
@@ -529,7 +529,7 @@ impl Core {
         self.attempts.hold(task, held);
     }
 
-    pub fn apply(&mut self, command: Command, now: Timestamp, step: &mut Step) {
+    pub(super) fn apply(&mut self, command: Command, now: Timestamp, step: &mut Step) {
         match command {
             Command::Job(command) => self.apply_job(command, now, step),
             Command::Report(command) => self.apply_report(command, now, step),
@@ -837,7 +837,7 @@ impl Core {
     }
 
     /// Hands queued tasks to handlers with free slots, type by type.
-    pub fn dispatch_ready(&mut self, now: Timestamp, step: &mut Step) {
+    pub(super) fn dispatch_ready(&mut self, now: Timestamp, step: &mut Step) {
         self.dispatch.promote_due(now);
         self.cooled(now, step);
         for job_type in self.dispatch.queued_types() {
@@ -993,7 +993,7 @@ impl Core {
     /// Ends attempts that ran past their execution timeout (the handler is
     /// told to stop, and the attempt fails, and is retried if it may be),
     /// and takes back the attempts of handlers that did not come back in time.
-    pub fn expire(&mut self, now: Timestamp, step: &mut Step) {
+    pub(super) fn expire(&mut self, now: Timestamp, step: &mut Step) {
         while let Some((at, attempt)) = self.attempts.overdue(now) {
             let task = attempt.task;
             let Some(handler) = self.attempts.get(task).map(|held| held.handler) else { break };
@@ -1018,7 +1018,7 @@ impl Core {
     /// every held attempt implies (its slot, volume lock and deadline), deals
     /// with the attempts of the previous run's handlers, finalizes jobs whose
     /// tasks all ended, and queues the rest.
-    pub fn restore(&mut self, stored: Vec<StoredJob>, now: Timestamp, step: &mut Step) {
+    pub(super) fn restore(&mut self, stored: Vec<StoredJob>, now: Timestamp, step: &mut Step) {
         let mut orphans: Vec<AttemptId> = Vec::new();
         for stored_job in stored {
             let id = stored_job.record.id;

@@ -90,13 +90,13 @@ impl TaskRecord {
 }
 
 /// The empty text, one allocation for every record that has none.
-pub fn empty_text() -> Arc<str> {
+pub(super) fn empty_text() -> Arc<str> {
     static EMPTY: OnceLock<Arc<str>> = OnceLock::new();
     EMPTY.get_or_init(|| Arc::from("")).clone()
 }
 
 /// No output, one allocation for every record that has none.
-pub fn no_lines() -> Arc<[Arc<str>]> {
+pub(super) fn no_lines() -> Arc<[Arc<str>]> {
     static NONE: OnceLock<Arc<[Arc<str>]>> = OnceLock::new();
     NONE.get_or_init(|| Arc::new([])).clone()
 }

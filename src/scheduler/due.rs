@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::clock::Timestamp;
 
 #[derive(Debug, Default, Clone)]
-pub struct Due {
+pub(crate) struct Due {
     next: BTreeMap<String, Timestamp>,
     last: BTreeMap<String, Timestamp>,
     intervals: BTreeMap<String, u64>,
@@ -14,7 +14,7 @@ pub struct Due {
 
 impl Due {
     /// True (and the next run set to now + interval) when the job type is due.
-    pub fn mark_detection_due(&mut self, job_type: &str, interval_seconds: u64, now: Timestamp) -> bool {
+    pub(crate) fn mark_detection_due(&mut self, job_type: &str, interval_seconds: u64, now: Timestamp) -> bool {
         if self.intervals.get(job_type) != Some(&interval_seconds) {
             self.intervals.insert(job_type.to_string(), interval_seconds);
             if let Some(last) = self.last.get(job_type) {
@@ -31,13 +31,12 @@ impl Due {
     }
 
     /// The earliest next run among `job_types`; a type never run is due now.
-    pub fn next_due<'a>(&self, job_types: impl IntoIterator<Item = &'a str>, now: Timestamp) -> Option<Timestamp> {
+    pub(crate) fn next_due<'a>(
+        &self,
+        job_types: impl IntoIterator<Item = &'a str>,
+        now: Timestamp,
+    ) -> Option<Timestamp> {
         job_types.into_iter().map(|t| self.next.get(t).copied().unwrap_or(now)).min()
-    }
-
-    /// Makes a job type due now (a manual trigger).
-    pub fn trigger(&mut self, job_type: &str) {
-        self.next.insert(job_type.to_string(), Timestamp(i64::MIN));
     }
 }
 
@@ -75,7 +74,7 @@ mod tests {
     }
 
     #[test]
-    fn types_are_due_independently_and_triggers_make_them_due_now() {
+    fn types_are_due_independently() {
         let clock = MockClock::new(Timestamp(0));
         let mut due = Due::default();
         assert!(due.mark_detection_due("vacuum", 3600, clock.now()));
@@ -83,8 +82,6 @@ mod tests {
         clock.advance_ms(300_000);
         assert!(!due.mark_detection_due("vacuum", 3600, clock.now()));
         assert!(due.mark_detection_due("erasure_coding", 300, clock.now()));
-        due.trigger("vacuum");
-        assert!(due.mark_detection_due("vacuum", 3600, clock.now()));
         assert_eq!(
             due.next_due(["vacuum", "erasure_coding", "balance"], clock.now()),
             Some(clock.now()),

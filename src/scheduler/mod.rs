@@ -1,8 +1,8 @@
 //! The scheduler's pure parts: when each job type is due for detection, and
 //! how the proposals of one detection run become one DAG job.
 
-pub mod due;
-pub mod plan;
+pub(crate) mod due;
+pub(crate) mod plan;
 
-pub use due::Due;
-pub use plan::{build_job, filter, volume_of, Dropped, Proposal};
+pub(crate) use due::Due;
+pub(crate) use plan::{build_job, filter, Dropped, Proposal};

@@ -13,7 +13,7 @@ use crate::model::{JobSpec, Priority};
 
 /// One proposal of a detection run, parameters as JSON.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Proposal {
+pub(crate) struct Proposal {
     pub proposal_id: String,
     pub dedupe_key: String,
     pub job_type: String,
@@ -27,13 +27,13 @@ pub struct Proposal {
 
 /// A proposal left out, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Dropped {
+pub(crate) struct Dropped {
     pub proposal_id: String,
     pub reason: String,
 }
 
 /// The volume a proposal touches: label `volume_id`, else parameter `volume_id`.
-pub fn volume_of(proposal: &Proposal) -> Option<String> {
+pub(crate) fn volume_of(proposal: &Proposal) -> Option<String> {
     if let Some(v) = proposal.labels.get("volume_id").filter(|v| !v.is_empty()) {
         return Some(v.clone());
     }
@@ -46,7 +46,7 @@ pub fn volume_of(proposal: &Proposal) -> Option<String> {
 
 /// Keeps the proposals to run; `active_keys` are the dedupe keys of tasks
 /// that have not ended, in any job.
-pub fn filter(
+pub(crate) fn filter(
     proposals: Vec<Proposal>,
     active_keys: &HashSet<String>,
     now: Timestamp,
@@ -89,7 +89,7 @@ fn task_id(proposal: &Proposal, n: usize, used: &mut HashSet<String>) -> String 
 /// The job of one detection run: one task per proposal, parameters and labels
 /// carried through unchanged (plus `dedupe_key` and `proposal_id` labels),
 /// retries from the job type's policy.
-pub fn build_job(
+pub(crate) fn build_job(
     name: &str,
     proposals: &[Proposal],
     retry_limit: u32,

@@ -52,7 +52,7 @@ impl Admin {
     }
 
     /// The peer service other instances call.
-    pub fn peer_service(&self) -> PeerServiceImpl {
+    pub fn peer_service(&self) -> impl crate::proto::peer::peer_service_server::PeerService {
         PeerServiceImpl::new(self.shared.clone())
     }
 

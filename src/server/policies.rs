@@ -32,9 +32,9 @@ const POLICY_PREFIX: &str = "policy/";
 const WORKER_CONFIG_PREFIX: &str = "worker-config/";
 const ADMIN_CONFIG_PREFIX: &str = "admin-config/";
 /// `policy set TYPE worker.NAME=VALUE` sets a worker configuration value.
-pub const WORKER_KEY_PREFIX: &str = "worker.";
+pub(super) const WORKER_KEY_PREFIX: &str = "worker.";
 /// `policy set TYPE admin.NAME=VALUE` sets an admin configuration value.
-pub const ADMIN_KEY_PREFIX: &str = "admin.";
+pub(super) const ADMIN_KEY_PREFIX: &str = "admin.";
 
 type Values = BTreeMap<String, serde_json::Map<String, serde_json::Value>>;
 

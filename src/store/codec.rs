@@ -26,22 +26,22 @@ struct SpecHeader {
     fingerprint: [u8; 32],
 }
 
-pub fn encode<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+pub(super) fn encode<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     postcard::to_allocvec(value).expect("postcard encodes plain data")
 }
 
-pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8], what: &str) -> Result<T, String> {
+pub(super) fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8], what: &str) -> Result<T, String> {
     postcard::from_bytes(bytes).map_err(|e| format!("undecodable {what}: {e}"))
 }
 
-pub fn split_task_key(key: &[u8]) -> Option<(JobId, u32)> {
+pub(super) fn split_task_key(key: &[u8]) -> Option<(JobId, u32)> {
     let job: [u8; 16] = key.get(..16)?.try_into().ok()?;
     let idx: [u8; 4] = key.get(16..20)?.try_into().ok()?;
     Some((JobId::from_bytes(job), u32::from_be_bytes(idx)))
 }
 
 /// The spec as (key suffix, value) pairs: chunk `u32::MAX` is the header.
-pub fn encode_spec(spec: &JobSpec) -> Vec<(u32, Vec<u8>)> {
+pub(super) fn encode_spec(spec: &JobSpec) -> Vec<(u32, Vec<u8>)> {
     let mut chunks = Vec::new();
     let mut current: Vec<StoredTaskSpec> = Vec::new();
     let mut current_bytes = 0usize;
@@ -72,7 +72,7 @@ pub fn encode_spec(spec: &JobSpec) -> Vec<(u32, Vec<u8>)> {
 }
 
 /// Rebuilds a spec from its chunks in key order (header last).
-pub fn decode_spec(chunks: &[Vec<u8>]) -> Result<JobSpec, String> {
+pub(super) fn decode_spec(chunks: &[Vec<u8>]) -> Result<JobSpec, String> {
     let (header_bytes, bodies) = chunks.split_last().ok_or("spec has no chunks")?;
     let header: SpecHeader = decode(header_bytes, "spec header")?;
     if bodies.len() != header.n_chunks as usize {
@@ -106,7 +106,7 @@ pub fn decode_spec(chunks: &[Vec<u8>]) -> Result<JobSpec, String> {
     Ok(JobSpec { name: header.name, tasks, dag, fingerprint: header.fingerprint })
 }
 
-pub fn decode_job(bytes: &[u8]) -> Result<JobRecord, Error> {
+pub(super) fn decode_job(bytes: &[u8]) -> Result<JobRecord, Error> {
     decode(bytes, "job record").map_err(Error::Io)
 }
 

@@ -73,23 +73,23 @@ pub(super) struct EntryWriter {
 }
 
 impl EntryWriter {
-    pub fn insert(&mut self, key: &[u8], value: &[u8]) {
+    pub(super) fn insert(&mut self, key: &[u8], value: &[u8]) {
         self.ops.push(OP_SET);
         put_bytes(&mut self.ops, key);
         put_bytes(&mut self.ops, value);
     }
 
-    pub fn remove(&mut self, key: &[u8]) {
+    pub(super) fn remove(&mut self, key: &[u8]) {
         self.ops.push(OP_REMOVE);
         put_bytes(&mut self.ops, key);
     }
 
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.ops.len()
     }
 
     /// Appends the entry, numbered `seq`, to a frame's payload.
-    pub fn finish_into(self, seq: u64, tree: Tree, payload: &mut Vec<u8>) {
+    pub(super) fn finish_into(self, seq: u64, tree: Tree, payload: &mut Vec<u8>) {
         let len = 8 + 1 + self.ops.len();
         payload.extend_from_slice(&(len as u32).to_le_bytes());
         payload.extend_from_slice(&seq.to_le_bytes());
@@ -271,7 +271,7 @@ impl Journal {
     /// Makes a new, empty journal in `dir` (replacing any), durable when it
     /// returns but for its directory entry, which the generation's first
     /// checkpoint syncs.
-    pub fn create(dir: &Path) -> std::io::Result<Journal> {
+    pub(super) fn create(dir: &Path) -> std::io::Result<Journal> {
         let temporary = dir.join(TEMPORARY);
         let mut file =
             std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&temporary)?;
@@ -293,7 +293,7 @@ impl Journal {
 
     /// Opens the journal in `dir` and returns it with the payloads of its
     /// current epoch's frames, in order. `Ok(None)`: there is no journal.
-    pub fn open(dir: &Path) -> Result<Option<(Journal, Frames)>, String> {
+    pub(super) fn open(dir: &Path) -> Result<Option<(Journal, Frames)>, String> {
         let path = dir.join(FILE);
         let mut file = match std::fs::OpenOptions::new().read(true).write(true).open(&path) {
             Ok(file) => file,
@@ -308,12 +308,12 @@ impl Journal {
     }
 
     /// Whether a frame of `payload_len` bytes fits before the end.
-    pub fn fits(&self, payload_len: usize) -> bool {
+    pub(super) fn fits(&self, payload_len: usize) -> bool {
         self.next + padded((FRAME_HEAD + payload_len) as u64) <= CAPACITY
     }
 
     /// Appends one frame and syncs it.
-    pub fn append(&mut self, payload: &[u8]) -> std::io::Result<()> {
+    pub(super) fn append(&mut self, payload: &[u8]) -> std::io::Result<()> {
         encode_frame_into(self.epoch, payload, &mut self.frame);
         self.file.write_all_at(&self.frame, self.next)?;
         self.file.sync_data()?;
@@ -323,7 +323,7 @@ impl Journal {
 
     /// Starts a new epoch: every frame written so far is ignored from now
     /// on. Only after a checkpoint made their entries durable in sled.
-    pub fn restart(&mut self) -> std::io::Result<()> {
+    pub(super) fn restart(&mut self) -> std::io::Result<()> {
         let (at, slot) = header(self.epoch + 1);
         self.file.write_all_at(&slot, at)?;
         self.file.sync_data()?;
@@ -333,7 +333,7 @@ impl Journal {
     }
 
     /// Whether nothing was appended in this epoch.
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.next == BLOCK
     }
 }

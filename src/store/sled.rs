@@ -76,7 +76,7 @@ const SLED_SNAPSHOT_PREFIX: &str = "snap.";
 const COMPACT_GROWTH: u64 = 2;
 const COMPACT_AT_LEAST: u64 = 8 * 1024 * 1024;
 /// What a data directory keeps free on its disk unless told otherwise.
-pub const KEEP_FREE: u64 = 64 * 1024 * 1024;
+pub(super) const KEEP_FREE: u64 = 64 * 1024 * 1024;
 /// A generous count of what a batch writes to sled per task it holds (a
 /// new job's spec and records, a task record changed), a few times over.
 const BYTES_PER_TASK_WRITTEN: u64 = 1024;

@@ -35,7 +35,7 @@ pub(super) enum Old<'a> {
 
 impl Encoded {
     /// The stored records as they lie in the value.
-    pub fn records(&self) -> Vec<(u8, Old<'_>)> {
+    pub(super) fn records(&self) -> Vec<(u8, Old<'_>)> {
         self.spans.iter().map(|&(at, start, end)| (at, Old::Bytes(&self.bytes[start as usize..end as usize]))).collect()
     }
 }
@@ -48,11 +48,11 @@ pub(super) struct Recent {
 
 impl Recent {
     /// The remembered layout of a group whose stored value is `stored`.
-    pub fn get(&self, job: JobId, group: u32, stored: &[u8]) -> Option<&Encoded> {
+    pub(super) fn get(&self, job: JobId, group: u32, stored: &[u8]) -> Option<&Encoded> {
         self.groups.get(&(job, group)).filter(|known| known.bytes[..] == *stored)
     }
 
-    pub fn put(&mut self, job: JobId, group: u32, encoded: Encoded) {
+    pub(super) fn put(&mut self, job: JobId, group: u32, encoded: Encoded) {
         if self.groups.len() >= REMEMBERED && !self.groups.contains_key(&(job, group)) {
             self.groups.clear();
         }

@@ -6,7 +6,7 @@
 #![allow(clippy::print_stdout)]
 
 mod state;
-pub mod tables;
+pub(super) mod tables;
 mod view;
 
 use std::io::IsTerminal;
@@ -42,7 +42,7 @@ pub struct WatchArgs {
     pub connection: Connection,
 }
 
-pub async fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
+pub(super) async fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
     watch(&args.connection, &args.id, args.plain).await
 }
 
@@ -64,7 +64,7 @@ enum Update {
 
 /// Follows a job until it ends (plain) or until the operator quits (full
 /// screen); exit code 0 if the job succeeded, 1 otherwise.
-pub async fn watch(connection: &Connection, job_id: &str, plain: bool) -> anyhow::Result<ExitCode> {
+pub(super) async fn watch(connection: &Connection, job_id: &str, plain: bool) -> anyhow::Result<ExitCode> {
     let plain = plain || !std::io::stdout().is_terminal();
     let (updates_tx, updates) = mpsc::channel(4096);
     let rewatch = Arc::new(Notify::new());

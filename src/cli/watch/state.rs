@@ -17,7 +17,7 @@ use crate::model::{JobState, StateCounts, TaskState};
 use crate::proto::api;
 
 /// Columns before the first chip of a row of tasks.
-pub const INDENT: u16 = 3;
+pub(super) const INDENT: u16 = 3;
 /// The narrowest and widest a task chip gets, gap included.
 const CHIP_MIN: usize = 10;
 const CHIP_MAX: usize = 40;
@@ -27,13 +27,13 @@ const PERCENT_ROOM: usize = 5;
 const DEFAULT_PAGE: usize = 10;
 
 /// Parses a task state as the API spells it.
-pub fn task_state(text: &str) -> Option<TaskState> {
+pub(super) fn task_state(text: &str) -> Option<TaskState> {
     TaskState::ALL.into_iter().find(|s| s.as_str() == text)
 }
 
 /// The job as a whole.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct JobInfo {
+pub(super) struct JobInfo {
     pub id: String,
     pub name: String,
     pub state: Option<JobState>,
@@ -44,14 +44,14 @@ pub struct JobInfo {
 }
 
 impl JobInfo {
-    pub fn is_ended(&self) -> bool {
+    pub(super) fn is_ended(&self) -> bool {
         self.state.is_some_and(JobState::is_terminal)
     }
 }
 
 /// One line of the graph view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Row {
+pub(super) enum Row {
     /// A level's header: counts and a progress bar; the whole level when folded.
     Level(u32),
     /// Up to `columns` tasks of a level: `shown(level)[start..start + len]`.
@@ -60,14 +60,14 @@ pub enum Row {
 
 /// What the cursor is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Selected {
+pub(super) enum Selected {
     Level(u32),
     Task(u32),
 }
 
 /// What keys currently mean.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub(super) enum Mode {
     Normal,
     /// Typing the text filter after `/`.
     Filter,
@@ -76,14 +76,14 @@ pub enum Mode {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Confirm {
+pub(super) enum Confirm {
     Cancel,
     Retry,
 }
 
 /// The state of the watch stream, for the footer.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Link {
+pub(super) enum Link {
     Connecting,
     Live,
     /// The job has ended; the server closed the stream.
@@ -97,7 +97,7 @@ pub enum Link {
 
 /// A key, as the view's input; the terminal's events map onto these.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Key {
+pub(super) enum Key {
     Up,
     Down,
     Left,
@@ -114,7 +114,7 @@ pub enum Key {
 
 /// What a key asks of the program beyond the view.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Command {
+pub(super) enum Command {
     None,
     Quit,
     CancelJob,
@@ -125,14 +125,14 @@ pub enum Command {
 
 /// A task whose state a snapshot or transition changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Changed {
+pub(super) struct Changed {
     pub idx: u32,
     pub from: TaskState,
     pub to: TaskState,
 }
 
 /// The watched job and the view of it.
-pub struct WatchState {
+pub(super) struct WatchState {
     pub job: JobInfo,
     tasks: Vec<api::Task>,
     states: Vec<TaskState>,
@@ -179,7 +179,7 @@ impl Default for WatchState {
 }
 
 impl WatchState {
-    pub fn new() -> WatchState {
+    pub(super) fn new() -> WatchState {
         WatchState {
             job: JobInfo::default(),
             tasks: Vec::new(),
@@ -215,113 +215,113 @@ impl WatchState {
 
     // ---- reading ----
 
-    pub fn has_snapshot(&self) -> bool {
+    pub(super) fn has_snapshot(&self) -> bool {
         !self.job.id.is_empty()
     }
 
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.tasks.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.tasks.is_empty()
     }
 
-    pub fn task(&self, idx: u32) -> &api::Task {
+    pub(super) fn task(&self, idx: u32) -> &api::Task {
         &self.tasks[idx as usize]
     }
 
-    pub fn state_of(&self, idx: u32) -> TaskState {
+    pub(super) fn state_of(&self, idx: u32) -> TaskState {
         self.states[idx as usize]
     }
 
-    pub fn index_of(&self, task_id: &str) -> Option<u32> {
+    pub(super) fn index_of(&self, task_id: &str) -> Option<u32> {
         self.by_id.get(task_id).copied()
     }
 
-    pub fn parents(&self, idx: u32) -> &[u32] {
+    pub(super) fn parents(&self, idx: u32) -> &[u32] {
         self.dag.parents(idx)
     }
 
-    pub fn children(&self, idx: u32) -> &[u32] {
+    pub(super) fn children(&self, idx: u32) -> &[u32] {
         self.dag.children(idx)
     }
 
-    pub fn level_of(&self, idx: u32) -> u32 {
+    pub(super) fn level_of(&self, idx: u32) -> u32 {
         self.level_of[idx as usize]
     }
 
     #[cfg(test)]
-    pub fn n_levels(&self) -> usize {
+    pub(super) fn n_levels(&self) -> usize {
         self.levels.len()
     }
 
-    pub fn level_len(&self, level: u32) -> usize {
+    pub(super) fn level_len(&self, level: u32) -> usize {
         self.levels[level as usize].len()
     }
 
-    pub fn level_counts(&self, level: u32) -> &StateCounts {
+    pub(super) fn level_counts(&self, level: u32) -> &StateCounts {
         &self.level_counts[level as usize]
     }
 
-    pub fn counts(&self) -> &StateCounts {
+    pub(super) fn counts(&self) -> &StateCounts {
         &self.counts
     }
 
     /// Tasks of a level that pass the filter, ascending.
-    pub fn shown(&self, level: u32) -> &[u32] {
+    pub(super) fn shown(&self, level: u32) -> &[u32] {
         match &self.shown {
             Some(shown) => &shown[level as usize],
             None => &self.levels[level as usize],
         }
     }
 
-    pub fn filter_text(&self) -> &str {
+    pub(super) fn filter_text(&self) -> &str {
         &self.filter_text
     }
 
-    pub fn failed_only(&self) -> bool {
+    pub(super) fn failed_only(&self) -> bool {
         self.failed_only
     }
 
-    pub fn is_filtered(&self) -> bool {
+    pub(super) fn is_filtered(&self) -> bool {
         self.failed_only || !self.filter_text.is_empty()
     }
 
-    pub fn is_folded(&self, level: u32) -> bool {
+    pub(super) fn is_folded(&self, level: u32) -> bool {
         self.fold.get(level as usize).copied().flatten().unwrap_or(self.auto_folded)
     }
 
     /// The width of a chip, gap included.
-    pub fn chip_width(&self) -> usize {
+    pub(super) fn chip_width(&self) -> usize {
         (self.label_width + PERCENT_ROOM + 1).clamp(CHIP_MIN, CHIP_MAX)
     }
 
     #[cfg(test)]
-    pub fn columns(&self) -> usize {
+    pub(super) fn columns(&self) -> usize {
         self.columns
     }
 
-    pub fn rows(&self) -> &[Row] {
+    pub(super) fn rows(&self) -> &[Row] {
         &self.rows
     }
 
-    pub fn scroll(&self) -> usize {
+    pub(super) fn scroll(&self) -> usize {
         self.scroll
     }
 
     /// The rows on screen, with their index.
-    pub fn visible_rows(&self) -> impl Iterator<Item = (usize, Row)> + '_ {
+    pub(super) fn visible_rows(&self) -> impl Iterator<Item = (usize, Row)> + '_ {
         let end = (self.scroll + self.height as usize).min(self.rows.len());
         (self.scroll..end).map(|i| (i, self.rows[i]))
     }
 
-    pub fn set_now(&mut self, now_ms: i64) {
+    pub(super) fn set_now(&mut self, now_ms: i64) {
         self.now_ms = now_ms;
     }
 
     /// From the job's creation to its end, or to now.
-    pub fn elapsed_ms(&self) -> i64 {
+    pub(super) fn elapsed_ms(&self) -> i64 {
         if self.job.created_at_ms == 0 {
             return 0;
         }
@@ -331,7 +331,7 @@ impl WatchState {
     }
 
     /// Ended tasks over all tasks, 0.0 to 1.0.
-    pub fn progress(&self) -> f64 {
+    pub(super) fn progress(&self) -> f64 {
         if self.tasks.is_empty() {
             return if self.job.is_ended() { 1.0 } else { 0.0 };
         }
@@ -340,7 +340,7 @@ impl WatchState {
 
     /// Time left at the rate tasks have ended so far; None before the first
     /// ends, and once the job has ended.
-    pub fn eta_ms(&self) -> Option<i64> {
+    pub(super) fn eta_ms(&self) -> Option<i64> {
         let done = i64::from(self.counts.terminal());
         let total = self.tasks.len() as i64;
         if self.job.is_ended() || done == 0 || done >= total {
@@ -351,7 +351,7 @@ impl WatchState {
     }
 
     /// The task under the cursor, if it is a task.
-    pub fn selected_task(&self) -> Option<u32> {
+    pub(super) fn selected_task(&self) -> Option<u32> {
         match self.selected {
             Some(Selected::Task(idx)) => Some(idx),
             _ => None,
@@ -359,7 +359,7 @@ impl WatchState {
     }
 
     /// The failed part: what `f` shows and what a retry runs again.
-    pub fn is_failed_part(state: TaskState) -> bool {
+    pub(super) fn is_failed_part(state: TaskState) -> bool {
         matches!(state, TaskState::Failed | TaskState::UpstreamFailed)
     }
 
@@ -368,7 +368,7 @@ impl WatchState {
     /// Replaces everything with a snapshot. For the same job's graph the
     /// layout, folds, filter and selection are kept; returns the tasks whose
     /// state differs from before (empty for a first snapshot).
-    pub fn apply_snapshot(&mut self, job: api::Job) -> Vec<Changed> {
+    pub(super) fn apply_snapshot(&mut self, job: api::Job) -> Vec<Changed> {
         let same_graph = self.job.id == job.id
             && self.tasks.len() == job.tasks.len()
             && self.tasks.iter().zip(&job.tasks).all(|(a, b)| a.id == b.id);
@@ -452,7 +452,7 @@ impl WatchState {
     }
 
     /// Applies one task transition; returns the change if its state changed.
-    pub fn apply_transition(&mut self, t: &api::TaskTransition) -> Option<Changed> {
+    pub(super) fn apply_transition(&mut self, t: &api::TaskTransition) -> Option<Changed> {
         let idx = self.index_of(&t.task_id)?;
         let to = task_state(&t.state)?;
         let from = self.states[idx as usize];
@@ -486,7 +486,7 @@ impl WatchState {
         (from != to).then_some(Changed { idx, from, to })
     }
 
-    pub fn apply_job_transition(&mut self, t: &api::JobTransition) {
+    pub(super) fn apply_job_transition(&mut self, t: &api::JobTransition) {
         let Ok(state) = t.state.parse::<JobState>() else { return };
         self.job.state = Some(state);
         if state.is_terminal() {
@@ -497,7 +497,7 @@ impl WatchState {
     }
 
     /// Applies an event of the watch stream; returns the task changes it made.
-    pub fn apply_event(&mut self, event: api::JobEvent) -> Vec<Changed> {
+    pub(super) fn apply_event(&mut self, event: api::JobEvent) -> Vec<Changed> {
         use api::job_event::Event;
         match event.event {
             Some(Event::Snapshot(job)) => self.apply_snapshot(job),
@@ -512,7 +512,7 @@ impl WatchState {
 
     /// A fresher copy of one task (from a full read of the job): its output
     /// lines and times, which transitions do not carry.
-    pub fn apply_task_details(&mut self, task: api::Task) {
+    pub(super) fn apply_task_details(&mut self, task: api::Task) {
         let Some(idx) = self.index_of(&task.id) else { return };
         if let Some(to) = task_state(&task.state) {
             self.set_state(idx, to);
@@ -523,7 +523,7 @@ impl WatchState {
     // ---- the view ----
 
     /// Sets the graph area's size; the layout follows on the next `prepare`.
-    pub fn set_viewport(&mut self, width: u16, height: u16) {
+    pub(super) fn set_viewport(&mut self, width: u16, height: u16) {
         if (width, height) != (self.width, self.height) {
             self.width = width;
             self.height = height;
@@ -552,7 +552,7 @@ impl WatchState {
 
     /// Rebuilds the rows if anything they depend on changed, and keeps the
     /// selection on a row and on screen. Cheap when nothing changed.
-    pub fn prepare(&mut self) {
+    pub(super) fn prepare(&mut self) {
         if !self.dirty {
             return;
         }
@@ -593,7 +593,7 @@ impl WatchState {
     }
 
     /// Where the selection is: (row, column), if it is on view.
-    pub fn cursor(&self) -> Option<(usize, usize)> {
+    pub(super) fn cursor(&self) -> Option<(usize, usize)> {
         match self.selected? {
             Selected::Level(level) => self.level_row.get(level as usize).copied().flatten().map(|row| (row, 0)),
             Selected::Task(idx) => {
@@ -701,7 +701,7 @@ impl WatchState {
     }
 
     /// Folds or unfolds a level.
-    pub fn toggle_fold(&mut self, level: u32) {
+    pub(super) fn toggle_fold(&mut self, level: u32) {
         if let Some(fold) = self.fold.get_mut(level as usize) {
             let folded = fold.unwrap_or(self.auto_folded);
             *fold = Some(!folded);
@@ -711,7 +711,7 @@ impl WatchState {
         }
     }
 
-    pub fn fold_all(&mut self, folded: bool) {
+    pub(super) fn fold_all(&mut self, folded: bool) {
         self.fold.iter_mut().for_each(|f| *f = Some(folded));
         if let Some(Selected::Task(idx)) = self.selected {
             if folded {
@@ -722,14 +722,14 @@ impl WatchState {
         self.prepare();
     }
 
-    pub fn set_filter_text(&mut self, text: &str) {
+    pub(super) fn set_filter_text(&mut self, text: &str) {
         self.filter_text = text.to_string();
         self.refresh_text_match();
         self.dirty = true;
         self.prepare();
     }
 
-    pub fn set_failed_only(&mut self, failed_only: bool) {
+    pub(super) fn set_failed_only(&mut self, failed_only: bool) {
         self.failed_only = failed_only;
         self.dirty = true;
         self.prepare();
@@ -737,7 +737,7 @@ impl WatchState {
 
     /// Selects a task by id, unfolding its level.
     #[cfg(test)]
-    pub fn select_task(&mut self, task_id: &str) -> bool {
+    pub(super) fn select_task(&mut self, task_id: &str) -> bool {
         let Some(idx) = self.index_of(task_id) else { return false };
         let level = self.level_of[idx as usize];
         if self.is_folded(level) {
@@ -750,7 +750,7 @@ impl WatchState {
     }
 
     /// Handles a key; returns what the program should do beyond the view.
-    pub fn handle_key(&mut self, key: Key) -> Command {
+    pub(super) fn handle_key(&mut self, key: Key) -> Command {
         self.prepare();
         match self.mode.clone() {
             Mode::Filter => self.filter_key(key),
@@ -859,7 +859,7 @@ impl WatchState {
         Command::None
     }
 
-    pub fn job_state_name(&self) -> &'static str {
+    pub(super) fn job_state_name(&self) -> &'static str {
         self.job.state.map_or("unknown", JobState::as_str)
     }
 }

@@ -24,14 +24,14 @@ const REFRESH: Duration = Duration::from_secs(1);
 
 /// What a live table shows.
 #[derive(Clone, Debug)]
-pub enum Source {
+pub(crate) enum Source {
     Jobs { state: Option<String>, limit: u32 },
     Workers,
 }
 
 /// A table of text.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct TextTable {
+pub(crate) struct TextTable {
     pub header: Vec<&'static str>,
     pub rows: Vec<Vec<String>>,
 }
@@ -48,7 +48,7 @@ impl TextTable {
     }
 
     /// Aligned columns, two spaces apart; the last column is not padded.
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         let widths = self.widths();
         let line = |cells: Vec<&str>| {
             let n = cells.len();
@@ -79,7 +79,7 @@ fn time(millis: i64) -> String {
     }
 }
 
-pub fn jobs_table(jobs: &[api::JobSummary], now_ms: i64) -> TextTable {
+pub(crate) fn jobs_table(jobs: &[api::JobSummary], now_ms: i64) -> TextTable {
     let rows = jobs
         .iter()
         .map(|j| {
@@ -97,7 +97,7 @@ pub fn jobs_table(jobs: &[api::JobSummary], now_ms: i64) -> TextTable {
     TextTable { header: vec!["ID", "STATE", "TASKS", "CREATED", "DURATION", "NAME"], rows }
 }
 
-pub fn workers_table(workers: &[api::Worker]) -> TextTable {
+pub(crate) fn workers_table(workers: &[api::Worker]) -> TextTable {
     let rows = workers
         .iter()
         .map(|w| {
@@ -152,7 +152,7 @@ fn title(source: &Source) -> &'static str {
 }
 
 /// Shows the table every second: `count` times, or until Ctrl-C (or `q` on a terminal).
-pub async fn live(connection: &Connection, source: Source, count: Option<u32>) -> anyhow::Result<ExitCode> {
+pub(crate) async fn live(connection: &Connection, source: Source, count: Option<u32>) -> anyhow::Result<ExitCode> {
     if std::io::stdout().is_terminal() {
         live_screen(connection, source, count).await
     } else {

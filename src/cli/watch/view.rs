@@ -15,7 +15,7 @@ use crate::model::{JobState, TaskState};
 /// Width from which the details stand beside the graph instead of over it.
 const SIDE_BY_SIDE: u16 = 110;
 
-pub fn glyph(state: TaskState) -> &'static str {
+pub(super) fn glyph(state: TaskState) -> &'static str {
     match state {
         TaskState::Pending => "·",
         TaskState::Ready => "○",
@@ -28,7 +28,7 @@ pub fn glyph(state: TaskState) -> &'static str {
     }
 }
 
-pub fn state_style(state: TaskState) -> Style {
+pub(super) fn state_style(state: TaskState) -> Style {
     match state {
         TaskState::Pending => Style::new().fg(Color::DarkGray),
         TaskState::Ready => Style::new().fg(Color::Blue),
@@ -53,7 +53,7 @@ fn job_style(state: Option<JobState>) -> Style {
 }
 
 /// `4.2s`, `3m05s`, `2h03m`.
-pub fn duration(ms: i64) -> String {
+pub(super) fn duration(ms: i64) -> String {
     let ms = ms.max(0);
     if ms < 60_000 {
         format!("{:.1}s", ms as f64 / 1000.0)
@@ -65,7 +65,7 @@ pub fn duration(ms: i64) -> String {
 }
 
 /// A bar of `width` cells, `fraction` of them full.
-pub fn bar(fraction: f64, width: usize) -> String {
+pub(super) fn bar(fraction: f64, width: usize) -> String {
     let full = ((fraction.clamp(0.0, 1.0) * width as f64).round() as usize).min(width);
     format!("{}{}", "█".repeat(full), "░".repeat(width - full))
 }
@@ -85,7 +85,7 @@ fn fit(text: &str, width: usize) -> String {
 }
 
 /// Draws the whole screen.
-pub fn draw(frame: &mut Frame, state: &mut WatchState) {
+pub(super) fn draw(frame: &mut Frame, state: &mut WatchState) {
     let [header, graph, footer] =
         Layout::vertical([Constraint::Length(3), Constraint::Min(3), Constraint::Length(1)]).areas(frame.area());
     draw_header(frame, header, state);
@@ -286,7 +286,7 @@ fn ids(state: &WatchState, tasks: &[u32]) -> String {
 }
 
 /// The lines of a task's details.
-pub fn details_lines(state: &WatchState, idx: u32) -> Vec<Line<'static>> {
+pub(super) fn details_lines(state: &WatchState, idx: u32) -> Vec<Line<'static>> {
     let task = state.task(idx);
     let task_state = state.state_of(idx);
     let field = |name: &str, value: String| {

@@ -239,7 +239,7 @@ const WANT_WINDOW: usize = 8;
 /// split over the instances that have its tasks to run (slots in the
 /// database, `jobcenter.permits`), so the limit holds cluster-wide; this
 /// instance dispatches a type's tasks only within the slots it holds.
-pub async fn permits(shared: Arc<Shared>, node: Arc<Node>) {
+pub(crate) async fn permits(shared: Arc<Shared>, node: Arc<Node>) {
     // The server set no permits at all before it listened (`server::run`).
     let mut last = Settled::default();
     loop {
@@ -341,7 +341,7 @@ async fn settle_permits(shared: &Arc<Shared>, node: &Arc<Node>, last: &mut Settl
 }
 
 /// The loop of a server instance: heartbeat, then its share of the jobs.
-pub async fn heartbeats(shared: Arc<Shared>, node: Arc<Node>) {
+pub(crate) async fn heartbeats(shared: Arc<Shared>, node: Arc<Node>) {
     // A beat that failed (most often a connection the network dropped) is
     // tried again soon on another connection, not a whole interval later:
     // a lossy link must not let the fence's silence build up.
@@ -373,7 +373,7 @@ pub async fn heartbeats(shared: Arc<Shared>, node: Arc<Node>) {
 /// database fences anyway, simply wait. A heartbeat that goes through again
 /// (it was not deactivated) lifts the fence; one refused (it was) starts it
 /// over as a new instance.
-pub async fn fence(shared: Arc<Shared>, node: Arc<Node>) {
+pub(crate) async fn fence(shared: Arc<Shared>, node: Arc<Node>) {
     let after = node.fence_after();
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -520,7 +520,7 @@ fn engine_error(e: crate::engine::Error) -> store::Error {
 /// This instance was deactivated: it stops acting at once, and `main`
 /// starts the process over as a new instance (a new id), as if restarted.
 /// Its workers keep their attempts through it, as through any restart.
-pub fn deactivated(shared: &Shared, node: &Node) {
+pub(crate) fn deactivated(shared: &Shared, node: &Node) {
     tracing::error!(instance = %node.id, "deactivated by the cluster: its writes are refused");
     shared.engine.fate().meet(crate::fate::Fatal::Deactivated);
 }

@@ -100,7 +100,7 @@ fn request<T>(shared: &Shared, message: T) -> Request<T> {
 }
 
 /// A call to another instance, with this one's token, bounded by `timeout`.
-pub fn request_within<T>(shared: &Shared, message: T, timeout: Duration) -> Request<T> {
+pub(crate) fn request_within<T>(shared: &Shared, message: T, timeout: Duration) -> Request<T> {
     let mut request = Request::new(message);
     request.set_timeout(timeout);
     if let Some(value) = shared.options.token.as_ref().and_then(|t| format!("Bearer {}", t.trim()).parse().ok()) {
@@ -113,7 +113,7 @@ pub fn request_within<T>(shared: &Shared, message: T, timeout: Duration) -> Requ
 /// instance at `address`) that worker's session knows; `None` if that
 /// instance cannot tell (it did not answer, or the worker has not sent a
 /// heartbeat there yet).
-pub async fn known_at(
+pub(crate) async fn known_at(
     shared: &Shared,
     address: &str,
     handler: HandlerId,
@@ -131,14 +131,14 @@ pub async fn known_at(
 /// after the worker's own wait (an instance that adopts the job, or this one
 /// restarted, waits the grace before it takes the attempts back; a worker
 /// renewed up to the end of the vouch has stopped by then).
-pub fn vouch_validity(options: &crate::server::ServerOptions, lease: Duration) -> Duration {
+pub(crate) fn vouch_validity(options: &crate::server::ServerOptions, lease: Duration) -> Duration {
     lease.min(options.orphan_grace.saturating_sub(wire::take_back_after(lease)))
 }
 
 /// Asks the instance at `address`, which leads the jobs of `attempts`, to
 /// vouch for them: the attempts it holds for `handler` (a worker connected
 /// here whose lease is `lease`), and how long from the call they are covered.
-pub async fn vouch_at(
+pub(crate) async fn vouch_at(
     shared: &Shared,
     address: &str,
     handler: HandlerId,
@@ -160,7 +160,7 @@ pub async fn vouch_at(
 
 /// The dedupe keys of the tasks not ended in the jobs the instance at
 /// `address` leads.
-pub async fn dedupe_keys_at(shared: &Shared, address: &str) -> Result<Vec<String>, String> {
+pub(crate) async fn dedupe_keys_at(shared: &Shared, address: &str) -> Result<Vec<String>, String> {
     let mut client = shared.peers.client(address).ok_or_else(|| format!("{address} is not an address"))?;
     match client.dedupe_keys(request(shared, DedupeKeysRequest {})).await {
         Ok(answer) => Ok(answer.into_inner().keys),
@@ -169,7 +169,7 @@ pub async fn dedupe_keys_at(shared: &Shared, address: &str) -> Result<Vec<String
 }
 
 /// The client API of another instance (its gRPC address), connected now.
-pub async fn job_service(
+pub(crate) async fn job_service(
     address: &str,
 ) -> Result<crate::proto::api::job_service_client::JobServiceClient<Channel>, tonic::transport::Error> {
     let channel = Endpoint::from_shared(format!("http://{address}"))?.connect_timeout(CALL_TIMEOUT).connect().await?;
@@ -177,13 +177,13 @@ pub async fn job_service(
 }
 
 /// The lender's side: answers other instances.
-pub struct PeerServiceImpl {
+pub(crate) struct PeerServiceImpl {
     shared: Arc<Shared>,
     crash: crate::crash::CrashPoint,
 }
 
 impl PeerServiceImpl {
-    pub fn new(shared: Arc<Shared>) -> PeerServiceImpl {
+    pub(crate) fn new(shared: Arc<Shared>) -> PeerServiceImpl {
         PeerServiceImpl { shared, crash: crate::crash::CrashPoint::from_env() }
     }
 }
@@ -329,7 +329,11 @@ impl PeerService for PeerServiceImpl {
 
 /// Stops attempts of jobs led here that workers connected to other
 /// instances run: each order goes to the instance the worker is connected to.
-pub async fn foreign_orders(shared: Arc<Shared>, node: Arc<super::Node>, orders: crate::server::ForeignReceiver) {
+pub(crate) async fn foreign_orders(
+    shared: Arc<Shared>,
+    node: Arc<super::Node>,
+    orders: crate::server::ForeignReceiver,
+) {
     // Held while this duty runs: a duty started again takes it over.
     let mut orders = orders.lock().await;
     while let Some((handler, order)) = orders.recv().await {
@@ -415,13 +419,13 @@ async fn whereabouts(shared: &Shared, job: JobId) -> Option<Option<crate::store:
 
 /// What became of a report sent on to a job's leader.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Settled {
+pub(crate) enum Settled {
     Applied,
     Refused(String),
 }
 
 /// The kinds of report a worker makes on an attempt.
-pub fn outcome_report(outcome: &Outcome) -> peer_report::Kind {
+pub(crate) fn outcome_report(outcome: &Outcome) -> peer_report::Kind {
     match outcome {
         Outcome::Succeeded { output } => peer_report::Kind::Outcome(PeerOutcome {
             success: true,
@@ -444,7 +448,7 @@ pub fn outcome_report(outcome: &Outcome) -> peer_report::Kind {
     }
 }
 
-pub fn give_up_report(loss: &Loss) -> peer_report::Kind {
+pub(crate) fn give_up_report(loss: &Loss) -> peer_report::Kind {
     let (counted, reason) = match loss {
         Loss::WithWorker(reason) => (true, reason.clone()),
         Loss::NotCounted(reason) => (false, reason.clone()),
@@ -452,7 +456,7 @@ pub fn give_up_report(loss: &Loss) -> peer_report::Kind {
     peer_report::Kind::GiveUp(PeerGiveUp { counted, reason })
 }
 
-pub fn progress_report(progress: &crate::engine::Progress) -> peer_report::Kind {
+pub(crate) fn progress_report(progress: &crate::engine::Progress) -> peer_report::Kind {
     peer_report::Kind::Progress(PeerProgress {
         percent: progress.percent,
         stage: progress.stage.clone(),
@@ -464,7 +468,7 @@ pub fn progress_report(progress: &crate::engine::Progress) -> peer_report::Kind 
 /// (`leader` when known), and follows the job when it moves; retried while
 /// nobody leads it. `None` when it could not be settled: the worker keeps
 /// the outcome and reports it again.
-pub async fn report_to_leader(
+pub(crate) async fn report_to_leader(
     shared: &Arc<Shared>,
     leader: Option<Arc<str>>,
     handler: HandlerId,
@@ -538,7 +542,7 @@ pub async fn report_to_leader(
 
 /// The borrower: while this instance's workers have slots nothing queued
 /// here can use, ask the other live servers for ready tasks.
-pub async fn borrower(shared: Arc<Shared>, node: Arc<super::Node>) {
+pub(crate) async fn borrower(shared: Arc<Shared>, node: Arc<super::Node>) {
     let mut first = 0usize;
     loop {
         let others: Vec<Arc<str>> = node

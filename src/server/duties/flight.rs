@@ -9,24 +9,24 @@ use std::sync::Mutex;
 
 /// One duty at a time.
 #[derive(Debug, Default)]
-pub struct Gate {
+pub(super) struct Gate {
     taken: AtomicBool,
 }
 
 /// The right to run a gate's duty; dropping it opens the gate again.
 #[must_use = "the gate opens again when the pass is dropped"]
 #[derive(Debug)]
-pub struct Pass<'a> {
+pub(super) struct Pass<'a> {
     gate: &'a Gate,
 }
 
 impl Gate {
     /// A pass, unless another holder has one.
-    pub fn enter(&self) -> Option<Pass<'_>> {
+    pub(super) fn enter(&self) -> Option<Pass<'_>> {
         (!self.taken.swap(true, Ordering::AcqRel)).then(|| Pass { gate: self })
     }
 
-    pub fn is_taken(&self) -> bool {
+    pub(super) fn is_taken(&self) -> bool {
         self.taken.load(Ordering::Acquire)
     }
 }
@@ -39,7 +39,7 @@ impl Drop for Pass<'_> {
 
 /// One duty at a time per key (a job type, say).
 #[derive(Debug)]
-pub struct Gates<K: Eq + Hash> {
+pub(super) struct Gates<K: Eq + Hash> {
     taken: Mutex<HashSet<K>>,
 }
 
@@ -51,19 +51,19 @@ impl<K: Eq + Hash> Default for Gates<K> {
 
 /// The right to run one key's duty; dropping it opens that key's gate again.
 #[must_use = "the key's gate opens again when the pass is dropped"]
-pub struct KeyPass<'a, K: Eq + Hash + Clone> {
+pub(super) struct KeyPass<'a, K: Eq + Hash + Clone> {
     gates: &'a Gates<K>,
     key: K,
 }
 
 impl<K: Eq + Hash + Clone> Gates<K> {
     /// A pass for `key`, unless another holder has one.
-    pub fn enter(&self, key: &K) -> Option<KeyPass<'_, K>> {
+    pub(super) fn enter(&self, key: &K) -> Option<KeyPass<'_, K>> {
         let inserted = self.taken.lock().expect("gates lock").insert(key.clone());
         inserted.then(|| KeyPass { gates: self, key: key.clone() })
     }
 
-    pub fn is_taken<Q>(&self, key: &Q) -> bool
+    pub(super) fn is_taken<Q>(&self, key: &Q) -> bool
     where
         K: std::borrow::Borrow<Q>,
         Q: Eq + Hash + ?Sized,
@@ -72,7 +72,7 @@ impl<K: Eq + Hash + Clone> Gates<K> {
     }
 
     /// How many keys are taken now.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.taken.lock().expect("gates lock").len()
     }
 }

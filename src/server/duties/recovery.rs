@@ -15,7 +15,7 @@ use crate::server::duties::DutyError;
 use crate::server::Shared;
 
 /// The job type of the periodic check, as a cluster task.
-pub const JOB_TYPE: &str = crate::wire::RECOVERY_CHECK_JOB_TYPE;
+pub(crate) const JOB_TYPE: &str = crate::wire::RECOVERY_CHECK_JOB_TYPE;
 
 /// Keeps the check single-flight: a check that is still running when the
 /// next is due makes that one a no-op (a queue of one).
@@ -37,7 +37,7 @@ impl Gate {
 }
 
 /// Runs the check once; applies the actions unless `dry_run`.
-pub async fn check(shared: &Shared, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
+pub(crate) async fn check(shared: &Shared, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
     let gate = &shared.recovery_gate;
     let Some(_pass) = gate.running.enter() else {
         return Err(DutyError::Busy("a recovery check is already running".into()));
@@ -189,7 +189,7 @@ async fn check_inner(shared: &Shared, dry_run: bool) -> Result<Vec<api::Finding>
 /// and asks every other live instance to check the jobs it leads. Alone,
 /// the same as `check`. An instance that does not answer is skipped: once
 /// silent past the lag threshold, it is deactivated and its jobs taken over.
-pub async fn check_cluster(shared: &Shared, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
+pub(crate) async fn check_cluster(shared: &Shared, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
     let mut findings = check(shared, dry_run).await?;
     let Some(node) = shared.topology.member() else { return Ok(findings) };
     for instance in node.live().into_iter().filter(|i| i.id != node.id && i.role == crate::store::cluster::Role::Server)
@@ -224,7 +224,7 @@ async fn my_turn(shared: &Shared) -> bool {
 }
 
 /// Every interval: a cluster task when a worker can run one, else the check here.
-pub async fn checks(shared: Arc<Shared>) {
+pub(crate) async fn checks(shared: Arc<Shared>) {
     tokio::time::sleep(shared.options.orphan_grace.min(shared.options.recovery_interval)).await;
     let mut in_flight: Option<crate::model::JobId> = None;
     loop {

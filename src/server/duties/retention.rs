@@ -37,7 +37,7 @@ impl Gate {
 }
 
 /// The rules in a line, for `prune` and the log.
-pub fn rules(shared: &Shared) -> String {
+pub(crate) fn rules(shared: &Shared) -> String {
     let r = &shared.options.retention;
     format!("ended jobs are kept {}, at most {}; recovery checks {}", human(r.age), r.count, human(r.recovery_checks))
 }
@@ -52,7 +52,7 @@ async fn due(shared: &Shared) -> Result<Vec<(JobRecord, Reason)>, DutyError> {
 }
 
 /// Finds what the rules remove and, unless `dry_run`, removes it.
-pub async fn prune(shared: &Shared, dry_run: bool) -> Result<api::PruneResponse, DutyError> {
+pub(crate) async fn prune(shared: &Shared, dry_run: bool) -> Result<api::PruneResponse, DutyError> {
     let Some(_pass) = shared.prune_gate.running.enter() else {
         return Err(DutyError::Busy("a prune is already running; try again when it has ended".into()));
     };
@@ -103,7 +103,7 @@ fn prunes_here(shared: &Shared) -> bool {
 }
 
 /// Prunes every `--prune-interval`.
-pub async fn prunes(shared: std::sync::Arc<Shared>) {
+pub(crate) async fn prunes(shared: std::sync::Arc<Shared>) {
     let mut compactions = CompactionPace::default();
     loop {
         tokio::time::sleep(shared.options.prune_interval).await;

@@ -52,7 +52,7 @@ pub struct Activity {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct Run {
+pub(crate) struct Run {
     pub at_ms: i64,
     pub duration_ms: i64,
     pub detector: String,
@@ -63,14 +63,14 @@ pub struct Run {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct Runs {
+pub(crate) struct Runs {
     pub succeeded: VecDeque<Run>,
     pub failed: VecDeque<Run>,
 }
 
 /// What a detection run found, and the job it made (when it ran one).
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub proposals: Vec<Proposal>,
     pub dropped: Vec<Dropped>,
     pub job: Option<JobId>,
@@ -160,7 +160,7 @@ pub(crate) fn record(shared: &Shared, job_type: &str, message: String) {
 }
 
 /// Loads the activity log and the run history a previous run kept.
-pub async fn load(shared: &Shared) {
+pub(crate) async fn load(shared: &Shared) {
     let store = shared.engine.store().clone();
     let loaded = tokio::task::spawn_blocking(move || {
         let activities = store.settings(ACTIVITY_PREFIX)?;
@@ -206,7 +206,7 @@ pub async fn load(shared: &Shared) {
     }
 }
 
-pub fn runs(shared: &Shared, job_type: &str) -> Runs {
+pub(crate) fn runs(shared: &Shared, job_type: &str) -> Runs {
     shared.scheduler.runs.lock().expect("runs lock").get(job_type).cloned().unwrap_or_default()
 }
 
@@ -242,7 +242,7 @@ fn detectors(shared: &Shared) -> BTreeMap<String, Vec<HandlerId>> {
 }
 
 /// Whether the scheduler loop of this instance is paused.
-pub fn paused(shared: &Shared) -> bool {
+pub(crate) fn paused(shared: &Shared) -> bool {
     match &shared.topology {
         Topology::Member(node) => node.is_paused(),
         Topology::Alone => shared.scheduler_paused.load(std::sync::atomic::Ordering::Relaxed),
@@ -251,7 +251,7 @@ pub fn paused(shared: &Shared) -> bool {
 
 /// The loop of an instance alone: run what is due, then sleep until the
 /// next due time or a wake-up.
-pub async fn detections(shared: Arc<Shared>) {
+pub(crate) async fn detections(shared: Arc<Shared>) {
     load(&shared).await;
     loop {
         if paused(&shared) {
@@ -307,7 +307,7 @@ pub async fn detections(shared: Arc<Shared>) {
 /// instance. The slots of a type take turns over the live instances that
 /// have a detector for it; when the instance whose turn it is has not
 /// claimed a slot by its middle (it died, or is paused), any other claims it.
-pub async fn cluster_detections(shared: Arc<Shared>, node: Arc<cluster::Node>) {
+pub(crate) async fn cluster_detections(shared: Arc<Shared>, node: Arc<cluster::Node>) {
     load(&shared).await;
     let mut tried: HashMap<String, i64> = HashMap::new();
     loop {
@@ -369,7 +369,7 @@ pub async fn cluster_detections(shared: Arc<Shared>, node: Arc<cluster::Node>) {
 
 /// Asks a detector what needs doing for `job_type`; with `run`, makes the
 /// proposals one job. One detection per job type at a time.
-pub async fn detect(shared: &Arc<Shared>, job_type: &str, run: bool) -> Result<Outcome, DutyError> {
+pub(crate) async fn detect(shared: &Arc<Shared>, job_type: &str, run: bool) -> Result<Outcome, DutyError> {
     // A detection already running is waited for (within its timeout), not doubled.
     let (policy, _) = shared.policies.effective(job_type);
     let patience = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)) + 5);

@@ -15,10 +15,10 @@ use crate::proto::master::VolumeListResponse;
 use crate::proto::worker::TaskParams;
 
 /// SeaweedFS counts one volume slot for every 10 EC shards on a disk.
-pub const SHARDS_PER_SLOT: i64 = 10;
+pub(crate) const SHARDS_PER_SLOT: i64 = 10;
 /// A finished change the master has not shown after this long is taken as
 /// shown (it went another way than planned, or the master restarted).
-pub const UNREPORTED_AT_MOST_MS: i64 = 5 * 60 * 1000;
+pub(crate) const UNREPORTED_AT_MOST_MS: i64 = 5 * 60 * 1000;
 
 /// A volume as the master lists it on one disk.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -59,7 +59,7 @@ impl Disk {
 
 /// Whether two volume server addresses name one server: `host:port`, with
 /// or without SeaweedFS's `.grpcport` suffix.
-pub fn same_server(a: &str, b: &str) -> bool {
+pub(crate) fn same_server(a: &str, b: &str) -> bool {
     fn plain(address: &str) -> &str {
         let address = address.trim();
         match address.rsplit_once(':') {
@@ -383,7 +383,7 @@ fn not_yet_shown(delta: &Delta, volume: u32, disk: &Disk) -> (i64, i64) {
 
 /// The view: every disk with the master's figures, and the changes that
 /// land on it counted (`pending_*`, `free_slots_after`, `work`).
-pub fn view(topology: &Topology, changes: &[Change]) -> Vec<DiskCapacity> {
+pub(crate) fn view(topology: &Topology, changes: &[Change]) -> Vec<DiskCapacity> {
     let mut disks: Vec<DiskCapacity> = topology
         .disks
         .iter()
@@ -433,19 +433,19 @@ pub fn view(topology: &Topology, changes: &[Change]) -> Vec<DiskCapacity> {
 /// Proposals placed one after another on the view: each takes what it
 /// needs on its target disks, and one whose target would be left with no
 /// free slot is set aside.
-pub struct Placement<'a> {
+pub(crate) struct Placement<'a> {
     topology: &'a Topology,
     changes: Vec<Change>,
 }
 
 impl<'a> Placement<'a> {
-    pub fn new(topology: &'a Topology, changes: Vec<Change>) -> Placement<'a> {
+    pub(crate) fn new(topology: &'a Topology, changes: Vec<Change>) -> Placement<'a> {
         Placement { topology, changes }
     }
 
     /// Takes the change if every disk it adds to keeps a free slot (or
     /// does not lose one it has not got); else says which disk is too full.
-    pub fn place(&mut self, change: Change) -> Result<(), String> {
+    pub(crate) fn place(&mut self, change: Change) -> Result<(), String> {
         self.changes.push(change);
         let view = view(self.topology, &self.changes);
         let change = self.changes.last().expect("just pushed");
@@ -476,29 +476,29 @@ impl<'a> Placement<'a> {
 /// Keeps the changes of the maintenance under way and of the finished
 /// changes the master has not shown yet; `Timestamp`s are the server clock's.
 #[derive(Default)]
-pub struct Changes {
+pub(crate) struct Changes {
     by_key: BTreeMap<String, Change>,
 }
 
 impl Changes {
-    pub fn start(&mut self, change: Change) {
+    pub(crate) fn start(&mut self, change: Change) {
         self.by_key.entry(change.key.clone()).or_insert(change);
     }
 
-    pub fn finish(&mut self, key: &str, now: Timestamp) {
+    pub(crate) fn finish(&mut self, key: &str, now: Timestamp) {
         if let Some(change) = self.by_key.get_mut(key) {
             change.finished_at_ms.get_or_insert(now.as_millis());
         }
     }
 
-    pub fn drop_change(&mut self, key: &str) {
+    pub(crate) fn drop_change(&mut self, key: &str) {
         self.by_key.remove(key);
     }
 
     /// Forgets the finished changes the master now shows (or that are old),
     /// and plans again the running ones planned before the master knew
     /// their volume's size.
-    pub fn settle(&mut self, topology: &Topology, now: Timestamp) {
+    pub(crate) fn settle(&mut self, topology: &Topology, now: Timestamp) {
         for change in self.by_key.values_mut().filter(|c| !c.sized && c.finished_at_ms.is_none()) {
             if let Some(again) = Change::plan(change.key.clone(), &change.job_type, &change.at, topology) {
                 if again.sized {
@@ -512,7 +512,7 @@ impl Changes {
         });
     }
 
-    pub fn all(&self) -> Vec<Change> {
+    pub(crate) fn all(&self) -> Vec<Change> {
         self.by_key.values().cloned().collect()
     }
 }
@@ -535,13 +535,13 @@ pub struct Tracker {
 const CHANGING: [&str; 4] = ["vacuum", "erasure_coding", "volume_balance", "ec_balance"];
 
 /// Where a task acts, from its parameters (JSON text) and labels.
-pub fn where_of(parameters: &str, labels: &BTreeMap<String, String>) -> Option<Where> {
+pub(crate) fn where_of(parameters: &str, labels: &BTreeMap<String, String>) -> Option<Where> {
     let parameters: serde_json::Map<String, serde_json::Value> = serde_json::from_str(parameters).unwrap_or_default();
     where_of_json(&parameters, labels)
 }
 
 /// Where a task or a proposal acts, from its parameters and labels.
-pub fn where_of_json(
+pub(crate) fn where_of_json(
     parameters: &serde_json::Map<String, serde_json::Value>,
     labels: &BTreeMap<String, String>,
 ) -> Option<Where> {
@@ -562,7 +562,7 @@ pub fn where_of_json(
 }
 
 /// Whether tasks of this job type change what the disks hold.
-pub fn changes_disks(job_type: &str) -> bool {
+pub(crate) fn changes_disks(job_type: &str) -> bool {
     CHANGING.contains(&job_type)
 }
 
@@ -669,7 +669,7 @@ impl Tracker {
 }
 
 /// Follows the engine's events and resyncs every 2 s, while masters are given.
-pub async fn follow(shared: Arc<crate::server::Shared>) {
+pub(crate) async fn follow(shared: Arc<crate::server::Shared>) {
     use crate::engine::Event;
     use crate::model::TaskState;
     let mut events = shared.engine.subscribe();

@@ -12,15 +12,15 @@ use crate::proto::plugin::{config_value, ClusterContext, ConfigValue};
 use crate::server::Shared;
 
 /// How often the filers and S3 servers are asked of the masters.
-pub const REFRESH: Duration = Duration::from_secs(10);
+pub(crate) const REFRESH: Duration = Duration::from_secs(10);
 /// The job type whose executions carry a share of the delete budget.
-pub const S3_LIFECYCLE: &str = "s3_lifecycle";
+pub(crate) const S3_LIFECYCLE: &str = "s3_lifecycle";
 /// The admin configuration values that set the cluster's delete budget.
-pub const DELETES_PER_SECOND: &str = "cluster_deletes_per_second";
-pub const DELETES_BURST: &str = "cluster_deletes_burst";
+pub(crate) const DELETES_PER_SECOND: &str = "cluster_deletes_per_second";
+pub(crate) const DELETES_BURST: &str = "cluster_deletes_burst";
 /// The metadata keys that carry one executor's share of it.
-pub const SHARE_PER_SECOND: &str = "s3_lifecycle.deletes_per_second";
-pub const SHARE_BURST: &str = "s3_lifecycle.deletes_burst";
+pub(crate) const SHARE_PER_SECOND: &str = "s3_lifecycle.deletes_per_second";
+pub(crate) const SHARE_BURST: &str = "s3_lifecycle.deletes_burst";
 
 /// The filers and S3 servers the masters listed last.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -43,7 +43,7 @@ impl Known {
 }
 
 /// The cluster context of a detection or an execution of `job_type`.
-pub fn cluster_context(shared: &Shared, job_type: &str, execution: bool) -> ClusterContext {
+pub(crate) fn cluster_context(shared: &Shared, job_type: &str, execution: bool) -> ClusterContext {
     let nodes = shared.cluster_nodes.get();
     let mut context = ClusterContext {
         master_grpc_addresses: shared.options.masters.addresses.clone(),
@@ -88,7 +88,7 @@ fn number(value: &ConfigValue) -> f64 {
 
 /// The cluster's delete budget for `s3_lifecycle`, from its admin configuration.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Budget {
+pub(crate) struct Budget {
     pub per_second: f64,
     pub burst: f64,
 }
@@ -98,7 +98,7 @@ impl Budget {
     /// executors that may run at once (the capable workers, at most the
     /// jobs of one detection), the burst likewise in whole deletes and at
     /// least 1. No rate (0 or less) means no limit: nothing is added.
-    pub fn share(self, executors: usize, max_jobs_per_detection: u32) -> Vec<(String, String)> {
+    pub(crate) fn share(self, executors: usize, max_jobs_per_detection: u32) -> Vec<(String, String)> {
         if self.per_second.is_nan() || self.per_second <= 0.0 {
             return Vec::new();
         }
@@ -116,7 +116,7 @@ impl Budget {
 }
 
 /// Asks the masters for their filers and S3 servers every [`REFRESH`].
-pub async fn refresh(shared: Arc<Shared>) {
+pub(crate) async fn refresh(shared: Arc<Shared>) {
     loop {
         match super::master::cluster_nodes(&shared.options.masters).await {
             Ok(nodes) => shared.cluster_nodes.set(nodes),

@@ -136,16 +136,16 @@ fn parse_job_id(text: &str) -> Result<JobId, Error> {
 }
 
 #[derive(Clone)]
-pub struct Api {
+pub(crate) struct Api {
     shared: Arc<Shared>,
 }
 
 impl Api {
-    pub fn new(shared: Arc<Shared>) -> Api {
+    pub(crate) fn new(shared: Arc<Shared>) -> Api {
         Api { shared }
     }
 
-    pub async fn submit(&self, content: Vec<u8>, format: &str, source_name: &str) -> Result<String, Error> {
+    pub(crate) async fn submit(&self, content: Vec<u8>, format: &str, source_name: &str) -> Result<String, Error> {
         let format = match format {
             "" | "json" => Format::Json,
             "toml" => Format::Toml,
@@ -186,7 +186,7 @@ impl Api {
     }
 
     /// A job whole, in one message: refused past what one answer may carry.
-    pub async fn job(&self, id: &str) -> Result<api::Job, Error> {
+    pub(crate) async fn job(&self, id: &str) -> Result<api::Job, Error> {
         let id = parse_job_id(id)?;
         let stored = self.stored(id).await?;
         let job = self.part(&stored, 0..stored.spec.len());
@@ -202,14 +202,14 @@ impl Api {
 
     /// A job of any size in parts of `wire::TASKS_PER_PART` tasks, each
     /// built only when the reader is ready for it.
-    pub async fn read(&self, id: &str) -> Result<impl Stream<Item = api::Job> + Send, Error> {
+    pub(crate) async fn read(&self, id: &str) -> Result<impl Stream<Item = api::Job> + Send, Error> {
         let id = parse_job_id(id)?;
         let stored = Arc::new(self.stored(id).await?);
         let api = self.clone();
         Ok(tokio_stream::iter(wire::part_ranges(stored.spec.len())).map(move |range| api.part(&stored, range)))
     }
 
-    pub async fn list(&self, request: &api::ListJobsRequest) -> Result<api::ListJobsResponse, Error> {
+    pub(crate) async fn list(&self, request: &api::ListJobsRequest) -> Result<api::ListJobsResponse, Error> {
         let state = match request.state.as_str() {
             "" => None,
             s => Some(s.parse::<JobState>().map_err(Error::Invalid)?),
@@ -281,7 +281,7 @@ impl Api {
         Ok((client, request))
     }
 
-    pub async fn cancel(&self, id: &str) -> Result<(), Error> {
+    pub(crate) async fn cancel(&self, id: &str) -> Result<(), Error> {
         let id = parse_job_id(id)?;
         let started = std::time::Instant::now();
         match self.shared.engine.cancel(id).await {
@@ -301,7 +301,7 @@ impl Api {
         Ok(())
     }
 
-    pub async fn retry(&self, id: &str) -> Result<(), Error> {
+    pub(crate) async fn retry(&self, id: &str) -> Result<(), Error> {
         let id = parse_job_id(id)?;
         let started = std::time::Instant::now();
         self.shared.engine.retry(id).await?;
@@ -310,12 +310,12 @@ impl Api {
         Ok(())
     }
 
-    pub fn workers(&self) -> Vec<api::Worker> {
+    pub(crate) fn workers(&self) -> Vec<api::Worker> {
         self.shared.registry.workers().iter().map(|w| w.to_api()).collect()
     }
 
     /// The instances sharing this one's database; this one alone otherwise.
-    pub async fn instances(&self) -> Result<Vec<api::Instance>, Error> {
+    pub(crate) async fn instances(&self) -> Result<Vec<api::Instance>, Error> {
         let Some(node) = self.shared.topology.member().cloned() else {
             let led = self.shared.engine.active_jobs().await?.len();
             return Ok(vec![api::Instance {
@@ -356,7 +356,7 @@ impl Api {
     }
 
     /// Pauses or resumes the scheduler loop of one instance (by id) or of all.
-    pub async fn set_scheduler_paused(&self, paused: bool, instance: &str) -> Result<u32, Error> {
+    pub(crate) async fn set_scheduler_paused(&self, paused: bool, instance: &str) -> Result<u32, Error> {
         let Some(node) = self.shared.topology.member().cloned() else {
             // Alone, the one instance is `local`, as `instances` lists it.
             match instance {
@@ -397,7 +397,7 @@ impl Api {
         Ok(u32::try_from(changed).unwrap_or(u32::MAX))
     }
 
-    pub fn policy(&self, job_type: &str) -> Result<api::Policy, Error> {
+    pub(crate) fn policy(&self, job_type: &str) -> Result<api::Policy, Error> {
         if job_type.is_empty() {
             return Err(Error::Invalid("a job type is required".into()));
         }
@@ -412,7 +412,11 @@ impl Api {
         Ok(out)
     }
 
-    pub async fn set_policy(&self, job_type: &str, changes: &BTreeMap<String, String>) -> Result<api::Policy, Error> {
+    pub(crate) async fn set_policy(
+        &self,
+        job_type: &str,
+        changes: &BTreeMap<String, String>,
+    ) -> Result<api::Policy, Error> {
         if job_type.is_empty() {
             return Err(Error::Invalid("a job type is required".into()));
         }
@@ -427,7 +431,7 @@ impl Api {
         self.policy(job_type)
     }
 
-    pub async fn detect(&self, job_type: &str, run: bool) -> Result<api::DetectResponse, Error> {
+    pub(crate) async fn detect(&self, job_type: &str, run: bool) -> Result<api::DetectResponse, Error> {
         if job_type.is_empty() {
             return Err(Error::Invalid("a job type is required".into()));
         }
@@ -454,7 +458,7 @@ impl Api {
         })
     }
 
-    pub fn activities(&self, job_type: &str, limit: u32) -> Vec<api::ActivityEntry> {
+    pub(crate) fn activities(&self, job_type: &str, limit: u32) -> Vec<api::ActivityEntry> {
         let all = self.shared.scheduler.activities();
         let mut picked: Vec<api::ActivityEntry> = all
             .into_iter()
@@ -468,7 +472,7 @@ impl Api {
     }
 
     /// The capacity view of the SeaweedFS cluster of `--master`.
-    pub async fn capacity(&self) -> Result<api::Capacity, Error> {
+    pub(crate) async fn capacity(&self) -> Result<api::Capacity, Error> {
         let masters = &self.shared.options.masters;
         if masters.is_empty() {
             return Err(Error::Invalid(
@@ -498,7 +502,7 @@ impl Api {
         })
     }
 
-    pub fn runs(&self, job_type: &str) -> api::RunHistory {
+    pub(crate) fn runs(&self, job_type: &str) -> api::RunHistory {
         let runs = scheduler::runs(&self.shared, job_type);
         let entry = |r: &scheduler::Run| api::RunEntry {
             at_ms: r.at_ms,
@@ -516,7 +520,7 @@ impl Api {
         }
     }
 
-    pub async fn recover(&self, dry_run: bool, here_only: bool) -> Result<api::RecoverResponse, Error> {
+    pub(crate) async fn recover(&self, dry_run: bool, here_only: bool) -> Result<api::RecoverResponse, Error> {
         let findings = if here_only {
             recovery::check(&self.shared, dry_run).await
         } else {
@@ -527,18 +531,21 @@ impl Api {
     }
 
     /// The job's summary once it has ended.
-    pub async fn wait(&self, id: &str) -> Result<api::JobSummary, Error> {
+    pub(crate) async fn wait(&self, id: &str) -> Result<api::JobSummary, Error> {
         let id = parse_job_id(id)?;
         Ok(convert::summary(&self.shared.engine.wait(id).await?))
     }
 
     /// Removes the ended jobs past the retention rules now (or only names them).
-    pub async fn prune(&self, dry_run: bool) -> Result<api::PruneResponse, Error> {
+    pub(crate) async fn prune(&self, dry_run: bool) -> Result<api::PruneResponse, Error> {
         Ok(retention::prune(&self.shared, dry_run).await?)
     }
 
     /// A snapshot (in parts), then the job's transitions, until it has ended.
-    pub async fn watch(&self, id: &str) -> Result<impl Stream<Item = Result<api::JobEvent, Status>> + Send, Error> {
+    pub(crate) async fn watch(
+        &self,
+        id: &str,
+    ) -> Result<impl Stream<Item = Result<api::JobEvent, Status>> + Send, Error> {
         let id = parse_job_id(id)?;
         let events = self.shared.engine.subscribe();
         let snapshot = self.stored(id).await?;
@@ -695,12 +702,12 @@ async fn forward(
 
 /// The gRPC face of the API.
 #[derive(Clone)]
-pub struct JobServiceImpl {
+pub(crate) struct JobServiceImpl {
     api: Api,
 }
 
 impl JobServiceImpl {
-    pub fn new(api: Api) -> JobServiceImpl {
+    pub(crate) fn new(api: Api) -> JobServiceImpl {
         JobServiceImpl { api }
     }
 

@@ -50,7 +50,7 @@ impl Write for ChunkWriter {
 }
 
 /// Starts the copy; its chunks come through the returned stream.
-pub fn stream(shared: Arc<Shared>) -> tokio_stream::wrappers::ReceiverStream<Result<api::BackupChunk, Status>> {
+pub(super) fn stream(shared: Arc<Shared>) -> tokio_stream::wrappers::ReceiverStream<Result<api::BackupChunk, Status>> {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {

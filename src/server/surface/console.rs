@@ -12,9 +12,9 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 /// The session cookie's name.
-pub const COOKIE: &str = "jobcenter_session";
+pub(crate) const COOKIE: &str = "jobcenter_session";
 /// The header that carries a session's anti-forgery token on writes.
-pub const CSRF_HEADER: &str = "x-csrf-token";
+pub(crate) const CSRF_HEADER: &str = "x-csrf-token";
 /// How long a session lasts after it was opened.
 const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// The most sessions kept; the oldest goes when another opens.
@@ -30,7 +30,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
 
 /// One of the console's files, by name; read from `JOBCENTER_CONSOLE_DIR`
 /// when that is set (to work on the pages without rebuilding).
-pub fn asset(name: &str) -> Response {
+pub(crate) fn asset(name: &str) -> Response {
     let Some((name, content_type, embedded)) = ASSETS.iter().find(|(n, _, _)| *n == name) else {
         return (StatusCode::NOT_FOUND, "no such file\n").into_response();
     };
@@ -109,7 +109,7 @@ fn session_id(headers: &HeaderMap) -> Option<String> {
 }
 
 /// The `Set-Cookie` value that opens (or, with `None`, ends) a session.
-pub fn cookie(id: Option<&str>) -> HeaderValue {
+pub(crate) fn cookie(id: Option<&str>) -> HeaderValue {
     let text = match id {
         Some(id) => format!("{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}", SESSION_LIFETIME.as_secs()),
         None => format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
@@ -119,7 +119,7 @@ pub fn cookie(id: Option<&str>) -> HeaderValue {
 
 /// How a request to the API may proceed.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Allowed,
     /// No valid token or session where one is needed.
     Unauthenticated,
@@ -148,7 +148,7 @@ fn cross_site(headers: &HeaderMap) -> bool {
 
 /// The rules every request to the API passes: `bearer_ok` says whether it
 /// carries the valid token (or none is needed: `token_required` false).
-pub fn judge(
+pub(crate) fn judge(
     method: &Method,
     headers: &HeaderMap,
     token_required: bool,

@@ -12,7 +12,7 @@ fn millis(t: Option<Timestamp>) -> i64 {
     t.map(Timestamp::as_millis).unwrap_or(0)
 }
 
-pub fn origin(origin: &JobOrigin) -> String {
+pub(crate) fn origin(origin: &JobOrigin) -> String {
     match origin {
         JobOrigin::User => "user".into(),
         JobOrigin::Scheduler { job_type, sequence } => format!("scheduler:{job_type}:{sequence}"),
@@ -21,7 +21,7 @@ pub fn origin(origin: &JobOrigin) -> String {
 
 /// The tasks in `range` as one part of the job: the first part (from task
 /// 0) carries the job's own fields as well.
-pub fn part(stored: &StoredJob, range: std::ops::Range<usize>) -> api::Job {
+pub(crate) fn part(stored: &StoredJob, range: std::ops::Range<usize>) -> api::Job {
     let first_task = range.start as u32;
     let tasks = range.map(|idx| task(stored, idx)).collect();
     let record = &stored.record;
@@ -48,12 +48,12 @@ pub fn part(stored: &StoredJob, range: std::ops::Range<usize>) -> api::Job {
 }
 
 /// The task at `idx` of a job, as the client API carries it.
-pub fn task(stored: &StoredJob, idx: usize) -> api::Task {
+pub(crate) fn task(stored: &StoredJob, idx: usize) -> api::Task {
     task_of(&stored.spec, idx, &stored.tasks[idx])
 }
 
 /// The task at `idx` of a job's spec, with its record.
-pub fn task_of(spec: &crate::model::JobSpec, idx: usize, task: &crate::model::TaskRecord) -> api::Task {
+pub(crate) fn task_of(spec: &crate::model::JobSpec, idx: usize, task: &crate::model::TaskRecord) -> api::Task {
     let task_spec = &spec.tasks[idx];
     api::Task {
         id: task_spec.id.to_string(),
@@ -80,7 +80,7 @@ pub fn task_of(spec: &crate::model::JobSpec, idx: usize, task: &crate::model::Ta
     }
 }
 
-pub fn summary(record: &JobRecord) -> api::JobSummary {
+pub(crate) fn summary(record: &JobRecord) -> api::JobSummary {
     api::JobSummary {
         id: record.id.to_string(),
         name: record.name.clone(),
@@ -92,7 +92,7 @@ pub fn summary(record: &JobRecord) -> api::JobSummary {
     }
 }
 
-pub fn policy(job_type: &str, policy: &Policy, sources: &BTreeMap<String, Source>) -> api::Policy {
+pub(crate) fn policy(job_type: &str, policy: &Policy, sources: &BTreeMap<String, Source>) -> api::Policy {
     api::Policy {
         job_type: job_type.into(),
         global_execution_concurrency: policy.global_execution_concurrency,

@@ -80,7 +80,7 @@ async fn readyz(State(state): State<AppState>) -> (axum::http::StatusCode, &'sta
     }
 }
 
-pub fn router(shared: Arc<Shared>, api: Api) -> Router {
+pub(crate) fn router(shared: Arc<Shared>, api: Api) -> Router {
     let body_limit = shared.options.max_request_bytes;
     let state = AppState { shared, api };
     // The guard runs once a route and its method are matched: an unknown

@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
 
 /// A stream whose writes fail once they wait longer than `limit`.
-pub struct Bounded<S> {
+pub(crate) struct Bounded<S> {
     inner: S,
     limit: Duration,
     /// Runs while a write waits; dropped when one goes through.
@@ -24,7 +24,7 @@ pub struct Bounded<S> {
 }
 
 impl<S> Bounded<S> {
-    pub fn new(inner: S, limit: Duration) -> Bounded<S> {
+    pub(crate) fn new(inner: S, limit: Duration) -> Bounded<S> {
         Bounded { inner, limit, waiting: None }
     }
 
@@ -96,7 +96,7 @@ impl tonic::transport::server::Connected for Bounded<TcpStream> {
 }
 
 /// The HTTP port's listener: every connection bounded, no Nagle.
-pub struct HttpListener {
+pub(crate) struct HttpListener {
     pub listener: TcpListener,
     pub limit: Duration,
 }

@@ -26,7 +26,7 @@ async fn stored(shared: &Shared, id: &str) -> Result<crate::store::StoredJob, Er
 
 /// A job drawn as a graph: every task's id, job type, state, level (the
 /// longest path from a root) and parents, as arrays by task index.
-pub async fn graph(shared: &Shared, id: &str) -> Result<Value, Error> {
+pub(super) async fn graph(shared: &Shared, id: &str) -> Result<Value, Error> {
     let job = stored(shared, id).await?;
     let dag = &job.spec.dag;
     let order = dag.check_acyclic().map_err(|_| Error::Internal(format!("job {id} holds a cycle")))?;
@@ -61,7 +61,7 @@ pub async fn graph(shared: &Shared, id: &str) -> Result<Value, Error> {
 }
 
 /// One task of a job, by its id.
-pub async fn task(shared: &Shared, id: &str, task_id: &str) -> Result<crate::proto::api::Task, Error> {
+pub(super) async fn task(shared: &Shared, id: &str, task_id: &str) -> Result<crate::proto::api::Task, Error> {
     let job = job_id(id)?;
     let (spec, idx, record) = shared
         .engine
@@ -76,7 +76,7 @@ pub async fn task(shared: &Shared, id: &str, task_id: &str) -> Result<crate::pro
 }
 
 /// The attempts each connected worker runs now, by handler.
-pub async fn running(shared: &Shared) -> Result<HashMap<String, Vec<Value>>, Error> {
+pub(super) async fn running(shared: &Shared) -> Result<HashMap<String, Vec<Value>>, Error> {
     let mut by_handler: HashMap<String, Vec<Value>> = HashMap::new();
     for held in shared.engine.attempts().await? {
         by_handler.entry(held.handler.to_string()).or_default().push(json!({
@@ -89,7 +89,7 @@ pub async fn running(shared: &Shared) -> Result<HashMap<String, Vec<Value>>, Err
 }
 
 /// The workers, each with what it runs now.
-pub async fn workers(shared: &Shared, api: &Api) -> Result<Value, Error> {
+pub(super) async fn workers(shared: &Shared, api: &Api) -> Result<Value, Error> {
     let mut running = running(shared).await?;
     let workers: Vec<Value> = api
         .workers()
@@ -105,7 +105,7 @@ pub async fn workers(shared: &Shared, api: &Api) -> Result<Value, Error> {
 }
 
 /// What the console's first page shows.
-pub async fn overview(shared: &Shared, api: &Api) -> Result<Value, Error> {
+pub(super) async fn overview(shared: &Shared, api: &Api) -> Result<Value, Error> {
     let mut by_state: BTreeMap<&str, u64> =
         ["pending", "running", "succeeded", "failed", "canceled"].into_iter().map(|s| (s, 0)).collect();
     for job in shared.engine.list(JobFilter::default()).await? {
@@ -130,7 +130,7 @@ pub async fn overview(shared: &Shared, api: &Api) -> Result<Value, Error> {
 }
 
 /// Every job type a worker declared or an operator set a policy for.
-pub fn job_types(shared: &Shared) -> Value {
+pub(super) fn job_types(shared: &Shared) -> Value {
     let mut counts: BTreeMap<String, (u32, u32)> =
         shared.policies.job_types().into_iter().map(|t| (t, (0, 0))).collect();
     for worker in shared.registry.workers() {
@@ -159,7 +159,7 @@ pub fn job_types(shared: &Shared) -> Value {
 }
 
 /// A job type's policy and the descriptor its worker sent.
-pub fn job_type(shared: &Shared, api: &Api, job_type: &str) -> Result<Value, Error> {
+pub(super) fn job_type(shared: &Shared, api: &Api, job_type: &str) -> Result<Value, Error> {
     let policy = api.policy(job_type)?;
     let descriptor = shared.policies.descriptor(job_type).map(|d| descriptor_json(&d));
     Ok(json!({ "job_type": job_type, "policy": policy, "descriptor": descriptor }))
@@ -273,12 +273,12 @@ fn value_json(v: &ConfigValue) -> Value {
 }
 
 /// One server-sent event: its name and JSON data.
-pub type SseItem = (&'static str, Value);
+pub(super) type SseItem = (&'static str, Value);
 
 /// A job's live events for the console: `states` (every task's state, by
 /// index) first and whenever only a fresh snapshot is known, then `task`
 /// and `job` transitions; it ends after the job's final state.
-pub async fn events(api: &Api, id: &str) -> Result<impl Stream<Item = SseItem> + Send, Error> {
+pub(super) async fn events(api: &Api, id: &str) -> Result<impl Stream<Item = SseItem> + Send, Error> {
     let watch = api.watch(id).await?;
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut assembly = crate::wire::JobAssembly::default();

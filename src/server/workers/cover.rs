@@ -29,7 +29,7 @@ type Outbound = tokio::sync::mpsc::Sender<Result<AdminToWorkerMessage, tonic::St
 
 /// One leased worker's session: what covers the attempts its worker runs.
 #[derive(Clone)]
-pub struct Cover {
+pub(super) struct Cover {
     inner: Arc<Mutex<State>>,
     shared: Arc<Shared>,
     handler: HandlerId,
@@ -69,19 +69,19 @@ impl State {
 }
 
 impl Cover {
-    pub fn new(shared: Arc<Shared>, handler: HandlerId, lease: Duration, outbound: Outbound) -> Cover {
+    pub(super) fn new(shared: Arc<Shared>, handler: HandlerId, lease: Duration, outbound: Outbound) -> Cover {
         Cover { inner: Arc::default(), shared, handler, lease, outbound }
     }
 
     /// This session sent the worker an attempt held here.
-    pub fn sent(&self, attempt: Attempt) {
+    pub(super) fn sent(&self, attempt: Attempt) {
         self.inner.lock().expect("cover lock").own.insert(attempt);
     }
 
     /// Heartbeat `number` lists `running` (attempts lent here left out):
     /// renews the lease as of it if every one is covered, and asks about
     /// the others (or about a vouch running out) meanwhile.
-    pub fn heartbeat(&self, number: u64, running: HashSet<Attempt>) {
+    pub(super) fn heartbeat(&self, number: u64, running: HashSet<Attempt>) {
         let now = Instant::now();
         let (covered, ask, elsewhere) = {
             let mut state = self.inner.lock().expect("cover lock");

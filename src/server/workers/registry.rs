@@ -25,7 +25,7 @@ pub struct Known {
     in_flight: HashSet<AttemptId>,
 }
 
-pub type KnownAttempts = Arc<Mutex<Known>>;
+pub(crate) type KnownAttempts = Arc<Mutex<Known>>;
 
 impl Known {
     /// Sent to the worker, or an outcome received from it.

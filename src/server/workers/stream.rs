@@ -50,13 +50,13 @@ const MAX_CAPABILITIES: usize = 256;
 type Outbound = mpsc::Sender<Result<AdminToWorkerMessage, Status>>;
 
 #[derive(Clone)]
-pub struct WorkerStreamService {
+pub(crate) struct WorkerStreamService {
     shared: Arc<Shared>,
     requests: Arc<AtomicU64>,
 }
 
 impl WorkerStreamService {
-    pub fn new(shared: Arc<Shared>) -> WorkerStreamService {
+    pub(crate) fn new(shared: Arc<Shared>) -> WorkerStreamService {
         WorkerStreamService { shared, requests: Arc::default() }
     }
 }

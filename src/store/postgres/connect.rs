@@ -21,7 +21,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 /// the network ends within about `DEAD_PEER` seconds, and the locks its
 /// transaction held (the fence's share lock on the instance's row among
 /// them) with it, instead of when the network comes back.
-pub const SESSION_SETUP: &str = "SET synchronous_commit = on; SET idle_in_transaction_session_timeout = '60s'; \
+pub(super) const SESSION_SETUP: &str = "SET synchronous_commit = on; SET idle_in_transaction_session_timeout = '60s'; \
      SET tcp_keepalives_idle = 3; SET tcp_keepalives_interval = 1; SET tcp_keepalives_count = 3; \
      SET tcp_user_timeout = 6000";
 
@@ -43,7 +43,7 @@ pub enum TlsMode {
 /// A database to connect to: the driver's configuration, the TLS connector,
 /// and a description of it that carries no password.
 #[derive(Clone)]
-pub struct Target {
+pub(crate) struct Target {
     pub config: tokio_postgres::Config,
     pub tls: MakeRustlsConnect,
     pub mode: TlsMode,
@@ -68,7 +68,7 @@ pub struct PasswordSources {
 
 impl Target {
     /// Reads a `postgres://` URL. Errors name the rule broken, never the password.
-    pub fn parse(url: &str, sources: &PasswordSources) -> Result<Target, String> {
+    pub(crate) fn parse(url: &str, sources: &PasswordSources) -> Result<Target, String> {
         let url = url.trim();
         let rest = url.strip_prefix("postgres://").or_else(|| url.strip_prefix("postgresql://")).ok_or_else(|| {
             "the database URL must start with postgres:// (postgres://USER@HOST:PORT/DATABASE)".to_string()
@@ -162,7 +162,7 @@ impl Target {
     }
 
     /// Opens one connection and sets it up; the connection's task runs on the current runtime.
-    pub async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    pub(crate) async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
         let (client, connection) = self.config.connect(self.tls.clone()).await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -212,7 +212,7 @@ fn password_from(
 
 /// The first `HOST:PORT:DATABASE:USER:PASSWORD` line that matches (`*`
 /// matches anything; `\:` and `\\` are a literal colon and backslash).
-pub fn pgpass_lookup(text: &str, host: &str, port: u16, database: &str, user: &str) -> Option<String> {
+pub(super) fn pgpass_lookup(text: &str, host: &str, port: u16, database: &str, user: &str) -> Option<String> {
     let port = port.to_string();
     for line in text.lines() {
         if line.trim_start().starts_with('#') || line.trim().is_empty() {
@@ -261,7 +261,7 @@ fn percent_decode(text: &str) -> String {
 }
 
 /// A message with anything that looks like a URL password removed.
-pub fn strip_password(text: &str) -> String {
+pub(super) fn strip_password(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for word in text.split_inclusive(char::is_whitespace) {
         match word.find("://").and_then(|scheme| word[scheme + 3..].find('@').map(|at| (scheme + 3, scheme + 3 + at))) {

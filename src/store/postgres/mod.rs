@@ -26,7 +26,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::IsolationLevel;
 use uuid::Uuid;
 
-pub use self::connect::{PasswordSources, Target, TlsMode};
+pub(super) use self::connect::Target;
+pub use self::connect::{PasswordSources, TlsMode};
 use super::codec::{self, decode_job, decode_spec, encode, encode_spec};
 use super::{Batch, Error, JobFilter, Store, StoredJob};
 use crate::model::{JobId, JobRecord, TaskRecord};
