@@ -12,6 +12,7 @@
 //! forgets the attempt with its lock and deadline and says what it released
 //! (the slot to free, and how long its volume stays locked after a failure).
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,8 +120,12 @@ impl Ledger {
             self.borrowed.remove(&attempt.task);
             return Some(ended);
         }
-        self.held.get(&attempt.task).filter(|h| h.attempt == attempt.number)?;
-        let held = self.forget_held(attempt.task)?;
+        let Entry::Occupied(entry) = self.held.entry(attempt.task) else { return None };
+        if entry.get().attempt != attempt.number {
+            return None;
+        }
+        let held = entry.remove();
+        self.unlock(attempt.task, &held);
         let window = self.rollback_windows.get(&*held.job_type).filter(|_| ending == Ending::Unsuccessful);
         let cooling = window.zip(held.resource).map(|(window, key)| {
             let until = now.plus_millis(window.as_millis() as i64);
@@ -131,8 +136,14 @@ impl Ledger {
         Some(Ended { handler: held.handler, job_type: held.job_type, cooling })
     }
 
-    fn forget_held(&mut self, task: TaskRef) -> Option<Held> {
-        let held = self.held.remove(&task)?;
+    fn forget_held(&mut self, task: TaskRef) {
+        if let Some(held) = self.held.remove(&task) {
+            self.unlock(task, &held);
+        }
+    }
+
+    /// Releases what a held attempt implied: its deadline and its lock.
+    fn unlock(&mut self, task: TaskRef, held: &Held) {
         if let Some(at) = held.deadline {
             self.deadlines.remove(&(at, task, held.attempt));
         }
@@ -141,7 +152,6 @@ impl Ledger {
                 self.locks.remove(key);
             }
         }
-        Some(held)
     }
 
     pub(super) fn get(&self, task: TaskRef) -> Option<&Held> {
