@@ -1,0 +1,232 @@
+//! The steps that start an attempt: ready tasks queued, handed to a
+//! handler here (held, with its slot, lock and deadline) or lent to another
+//! instance's, attempts borrowed from another instance, and what this
+//! instance asks of the cluster's permits.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::super::attempts::Held;
+use super::{Core, Step};
+use crate::active::ActiveJob;
+use crate::clock::Timestamp;
+use crate::dispatch::{Assignment, FreeSlots, Place, WorkOrder};
+use crate::leader;
+use crate::model::{AttemptId, HandlerId, JobId, TaskIdx, TaskRef, TaskState};
+
+/// What taking the next queued task of a type came to.
+pub(super) enum Take {
+    /// Nothing is queued.
+    Empty,
+    /// The task popped may not run now (or no longer exists); try the next.
+    Skipped,
+    Assigned(Assignment),
+}
+
+impl Core {
+    /// What this instance asks of the cluster's permits: its limited job
+    /// types, and the resources its ready tasks need or its attempts lock.
+    pub(super) fn permit_demand(&mut self) -> crate::dispatch::Demand {
+        // A cooling volume stays locked here, as if still held.
+        let mut resources: std::collections::BTreeMap<String, bool> =
+            self.attempts.locked_resources().map(|key| (key.clone(), true)).collect();
+        self.resource_jobs.retain(|id, _| self.jobs.contains_key(id));
+        for (id, job) in &self.jobs {
+            let on_resources =
+                *self.resource_jobs.entry(*id).or_insert_with(|| job.spec.tasks.iter().any(|t| t.lock().is_some()));
+            if !on_resources {
+                continue;
+            }
+            for (spec, record) in job.spec.tasks.iter().zip(&job.tasks) {
+                if record.state == TaskState::Ready {
+                    if let Some(key) = spec.lock() {
+                        resources.entry(key.to_string()).or_insert(false);
+                    }
+                }
+            }
+        }
+        crate::dispatch::Demand { types: self.dispatch.demand(), resources }
+    }
+
+    pub(super) fn queue_ready(&mut self, job: JobId, ready: &[u32], now: Timestamp) {
+        let Some(active) = self.jobs.get(&job) else { return };
+        for &idx in ready {
+            let spec = &active.spec.tasks[idx as usize];
+            let not_before = active.tasks[idx as usize].not_before;
+            self.dispatch.push_ready(
+                spec.job_type.clone(),
+                spec.priority,
+                TaskRef { job, idx: TaskIdx(idx) },
+                not_before,
+                now,
+            );
+        }
+    }
+
+    /// The one place an attempt becomes held: its slot, lock and deadline.
+    pub(super) fn hold(&mut self, task: TaskRef, attempt: u32, handler: HandlerId, assigned_at: Timestamp) {
+        let Some(job) = self.jobs.get(&task.job) else { return };
+        let spec = &job.spec.tasks[task.idx.index()];
+        let type_timeout = self.dispatch.limits(&spec.job_type).and_then(|l| l.execution_timeout_seconds);
+        let held = Held {
+            attempt,
+            handler,
+            job_type: spec.job_type.clone(),
+            resource: spec.lock().map(str::to_string),
+            deadline: spec.execution_timeout_seconds.or(type_timeout).map(|s| assigned_at.plus_seconds(s)),
+            own_timeout: spec.execution_timeout_seconds.is_some(),
+        };
+        self.dispatch.take_slot(handler, &held.job_type);
+        self.attempts.hold(task, held);
+    }
+
+    /// A job type's execution timeout changed: held attempts of that type
+    /// without a timeout of their own take the new one.
+    pub(super) fn retime_held(&mut self, job_type: &str, seconds: Option<u64>) {
+        for task in self.attempts.of_type_without_own_timeout(job_type) {
+            let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at);
+            let deadline = seconds.zip(assigned_at).map(|(s, at)| at.plus_seconds(s));
+            self.attempts.set_deadline(task, deadline);
+        }
+    }
+
+    /// Hands queued tasks to handlers with free slots, type by type.
+    pub(super) fn dispatch_ready(&mut self, now: Timestamp, step: &mut Step) {
+        self.dispatch.promote_due(now);
+        self.cooled(now, step);
+        for job_type in self.dispatch.queued_types() {
+            let mut blocked: Vec<(TaskRef, crate::model::Priority)> = Vec::new();
+            loop {
+                let jobs = &self.jobs;
+                let near = || self.dispatch.peek(&job_type).map_or_else(Place::default, |t| place_of(jobs, t));
+                let Some(handler) = self.dispatch.pick_handler(&job_type, near, now) else { break };
+                let running = self.dispatch.starts_running(handler);
+                match self.take_one(&job_type, handler, running, now, step, &mut blocked) {
+                    Take::Empty => break,
+                    Take::Skipped => {}
+                    Take::Assigned(assignment) => {
+                        step.send(self.dispatch.sink(handler), WorkOrder::Execute(assignment));
+                    }
+                }
+            }
+            for (task, priority) in blocked {
+                self.dispatch.push_ready(job_type.clone(), priority, task, None, now);
+            }
+        }
+    }
+
+    /// Takes the next queued task of `job_type` and assigns it to `handler`
+    /// (held, and written in the step), unless it may not run now.
+    pub(super) fn take_one(
+        &mut self,
+        job_type: &Arc<str>,
+        handler: HandlerId,
+        running: bool,
+        now: Timestamp,
+        step: &mut Step,
+        blocked: &mut Vec<(TaskRef, crate::model::Priority)>,
+    ) -> Take {
+        let Some(task) = self.dispatch.pop(job_type) else { return Take::Empty };
+        let Some(job) = self.jobs.get(&task.job) else { return Take::Skipped };
+        let record = &job.tasks[task.idx.index()];
+        if record.state != TaskState::Ready {
+            return Take::Skipped;
+        }
+        let spec = &job.spec.tasks[task.idx.index()];
+        // A task never runs while another task on the same volume runs,
+        // whatever job or job type that one belongs to.
+        let locked_elsewhere = |key: &str| self.resource_permits.as_ref().is_some_and(|held| !held.contains(key));
+        if spec.lock().is_some_and(|key| self.attempts.locked(key, now) || locked_elsewhere(key)) {
+            blocked.push((task, spec.priority));
+            return Take::Skipped;
+        }
+        if record.not_before.is_some_and(|at| at > now) {
+            let (job_type, priority, not_before) = (spec.job_type.clone(), spec.priority, record.not_before);
+            self.dispatch.push_ready(job_type, priority, task, not_before, now);
+            return Take::Skipped;
+        }
+        let Some(job) = self.jobs.get_mut(&task.job) else { return Take::Skipped };
+        let attempt = leader::assign(job, task.idx.0, handler, running, now, &mut step.batch);
+        let spec = &job.spec.tasks[task.idx.index()];
+        let assignment = Assignment {
+            released_at: self.released_at.remove(&task),
+            attempt: AttemptId::new(task, attempt),
+            job_name: job.record.name.clone(),
+            task_id: spec.id.clone(),
+            job_type: spec.job_type.clone(),
+            parameters: spec.parameters.clone(),
+            labels: spec.labels.clone(),
+            priority: spec.priority,
+            execution_timeout_seconds: spec.execution_timeout_seconds,
+            lent_by: None,
+        };
+        self.hold(task, attempt, handler, now);
+        Take::Assigned(assignment)
+    }
+
+    /// Lends queued tasks to the free slots of another instance's handlers:
+    /// each is assigned and held here (its handler is the peer's worker)
+    /// and returned once the step is durable.
+    pub(super) fn lend(
+        &mut self,
+        slots: Vec<FreeSlots>,
+        now: Timestamp,
+        step: &mut Step,
+    ) -> Vec<(HandlerId, Assignment)> {
+        self.dispatch.promote_due(now);
+        let mut lent = Vec::new();
+        for offer in slots {
+            let mut left = offer.total;
+            for (job_type, free) in offer.job_types {
+                let mut free = free.min(left);
+                let mut blocked = Vec::new();
+                while free > 0 && self.dispatch.may_run(&job_type) {
+                    match self.take_one(&job_type, offer.handler, false, now, step, &mut blocked) {
+                        Take::Empty => break,
+                        Take::Skipped => {}
+                        Take::Assigned(assignment) => {
+                            lent.push((offer.handler, assignment));
+                            free -= 1;
+                            left -= 1;
+                        }
+                    }
+                }
+                for (task, priority) in blocked {
+                    self.dispatch.push_ready(job_type.clone(), priority, task, None, now);
+                }
+            }
+        }
+        if !lent.is_empty() {
+            tracing::debug!(lent = lent.len(), "lent ready tasks to another instance's workers");
+        }
+        lent
+    }
+
+    /// Attempts another instance lent to a handler here: the reserved
+    /// slots become theirs, and they go to the handler. Those that cannot
+    /// (the handler left) are returned.
+    pub(super) fn borrowed(
+        &mut self,
+        handler: HandlerId,
+        reserved: u32,
+        lent: Vec<Assignment>,
+        step: &mut Step,
+    ) -> Vec<Assignment> {
+        self.dispatch.unreserve(handler, reserved);
+        let Some(sink) = self.dispatch.sink(handler).cloned() else { return lent };
+        for assignment in lent {
+            self.dispatch.take_slot(handler, &assignment.job_type);
+            self.attempts.borrow(assignment.attempt, handler, assignment.job_type.clone());
+            step.send(Some(&sink), WorkOrder::Execute(assignment));
+        }
+        Vec::new()
+    }
+}
+
+/// Where a task's data lives (`TaskSpec::place`).
+fn place_of(jobs: &HashMap<JobId, ActiveJob>, task: TaskRef) -> Place {
+    jobs.get(&task.job)
+        .and_then(|j| j.spec.tasks.get(task.idx.index()))
+        .map(crate::model::TaskSpec::place)
+        .unwrap_or_default()
+}
