@@ -24,6 +24,15 @@ fn at(seconds: i64) -> Timestamp {
 fn core_with_a_handler() -> (Core, HandlerId, mpsc::UnboundedReceiver<WorkOrder>) {
     let mut core = Core::new(Options::default(), broadcast::channel(16).0);
     let handler = HandlerId::new();
+    let (connect, orders) = connection(handler, 1);
+    let step = core.turn([connect], T0);
+    assert!(step.batch.is_empty(), "a connection writes nothing");
+    (core, handler, orders)
+}
+
+/// `handler` connecting in session `session`, with two slots, and the
+/// orders it will be sent.
+fn connection(handler: HandlerId, session: u64) -> (Command, mpsc::UnboundedReceiver<WorkOrder>) {
     let (sink, orders) = mpsc::unbounded_channel();
     let spec = HandlerSpec {
         handler,
@@ -31,13 +40,27 @@ fn core_with_a_handler() -> (Core, HandlerId, mpsc::UnboundedReceiver<WorkOrder>
         capacity: 2,
         type_capacity: Default::default(),
         starts_running: true,
-        session: 1,
+        session,
         sink,
         place: Default::default(),
     };
-    let step = core.turn([HandlerCommand::Connected { spec }.into()], T0);
-    assert!(step.batch.is_empty(), "a connection writes nothing");
-    (core, handler, orders)
+    (HandlerCommand::Connected { spec }.into(), orders)
+}
+
+/// The handler's stream broke; its attempts wait `seconds` for it.
+fn away(handler: HandlerId, session: u64, seconds: u64) -> Command {
+    let keep_for = Some(std::time::Duration::from_secs(seconds));
+    HandlerCommand::Disconnected { handler, session, keep_for, reason: "its stream broke".into() }.into()
+}
+
+/// A core whose handler runs the first task of a two-task chain (attempt 1).
+fn core_running_a_chain() -> (Core, HandlerId, JobId) {
+    let (mut core, handler, _orders) = core_with_a_handler();
+    let id = JobId::new();
+    let (reply, _answer) = oneshot::channel();
+    let step = core.turn([JobCommand::Submit { id, spec: spec(2), origin: JobOrigin::User, reply }.into()], at(1));
+    assert_eq!(sent(&step), [attempt(id, 0, 1)]);
+    (core, handler, id)
 }
 
 /// The attempts a step sends, in order, without sending them.
@@ -156,4 +179,55 @@ fn a_stale_report_is_refused_and_changes_nothing() {
     made_durable(core.turn([Query::Summary { job: id, reply }.into()], at(3)));
     let summary = summary.try_recv().unwrap().expect("the job is led here");
     assert_eq!(summary.record.state, JobState::Running);
+}
+
+#[test]
+fn an_attempt_waits_for_its_absent_handler_and_then_runs_again_elsewhere() {
+    let (mut core, handler, id) = core_running_a_chain();
+    let step = core.turn([away(handler, 1, 10)], at(2));
+    assert!(step.batch.is_empty(), "the attempt is still held while its handler may come back");
+    assert_eq!(core.next_wake(), Some(at(12)), "the loop wakes when its time is up");
+    assert!(core.turn([], at(11)).batch.is_empty());
+    let step = core.turn([], at(12));
+    assert_eq!(written(&step, id), [(0, TaskState::Ready, 1)], "taken back at its time, and ready again");
+    assert!(sent(&step).is_empty(), "no handler is connected");
+    let other = HandlerId::new();
+    let (connect, _orders) = connection(other, 1);
+    let step = core.turn([connect], at(13));
+    assert_eq!(sent(&step), [attempt(id, 0, 2)], "it runs again, as its next attempt");
+    let late = complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() });
+    assert!(core.turn([late], at(14)).batch.is_empty(), "the first attempt's late report is refused");
+}
+
+#[test]
+fn a_handler_back_in_time_keeps_its_attempt_and_reports_it() {
+    let (mut core, handler, id) = core_running_a_chain();
+    core.turn([away(handler, 1, 10)], at(2));
+    let (connect, _orders) = connection(handler, 2);
+    assert!(core.turn([connect], at(5)).batch.is_empty());
+    assert_eq!(core.next_wake(), None, "nothing is left to take back");
+    assert!(core.turn([], at(20)).batch.is_empty(), "past the time it was given, it still holds its attempt");
+    let done = complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() });
+    let step = core.turn([done], at(21));
+    assert_eq!(written(&step, id), [(0, TaskState::Succeeded, 1), (1, TaskState::Running, 1)]);
+    assert_eq!(sent(&step), [attempt(id, 1, 1)]);
+}
+
+#[test]
+fn another_instances_vouch_holds_off_the_take_back_until_it_runs_out() {
+    let (mut core, handler, id) = core_running_a_chain();
+    core.turn([away(handler, 1, 10)], at(2));
+    let (reply, mut vouched) = oneshot::channel();
+    let stranger = attempt(id, 1, 1);
+    let vouch = HandlerCommand::Vouch {
+        handler,
+        attempts: vec![attempt(id, 0, 1), stranger],
+        keep: std::time::Duration::from_secs(30),
+        reply,
+    };
+    core.turn([vouch.into()], at(5));
+    assert_eq!(vouched.try_recv().unwrap(), [attempt(id, 0, 1)], "only what the handler holds here is vouched for");
+    assert_eq!(core.next_wake(), Some(at(35)));
+    assert!(core.turn([], at(12)).batch.is_empty(), "not taken back at the end of its own wait");
+    assert_eq!(written(&core.turn([], at(35)), id), [(0, TaskState::Ready, 1)], "taken back when the vouch runs out");
 }
