@@ -5,9 +5,11 @@
 
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use super::{Action, Command, Core, HandlerCommand, JobCommand, Query, ReportCommand, Step};
+use std::sync::Arc;
+
+use super::{Action, ClusterCommand, Command, Core, HandlerCommand, JobCommand, Query, ReportCommand, Step};
 use crate::clock::Timestamp;
-use crate::dispatch::{HandlerSpec, WorkOrder};
+use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
 use crate::engine::Options;
 use crate::follower::Outcome;
 use crate::model::{AttemptId, HandlerId, JobId, JobOrigin, JobState, TaskIdx, TaskRef, TaskState};
@@ -230,4 +232,53 @@ fn another_instances_vouch_holds_off_the_take_back_until_it_runs_out() {
     assert_eq!(core.next_wake(), Some(at(35)));
     assert!(core.turn([], at(12)).batch.is_empty(), "not taken back at the end of its own wait");
     assert_eq!(written(&core.turn([], at(35)), id), [(0, TaskState::Ready, 1)], "taken back when the vouch runs out");
+}
+
+#[test]
+fn a_borrowed_attempt_holds_its_slot_until_its_report_is_settled() {
+    let mut core = Core::new(Options::default(), broadcast::channel(16).0);
+    let handler = HandlerId::new();
+    let (sink, _orders) = mpsc::unbounded_channel();
+    let spec_of_handler = HandlerSpec {
+        handler,
+        job_types: Some(vec![Arc::from("noop")]),
+        capacity: 1,
+        type_capacity: Default::default(),
+        starts_running: true,
+        session: 1,
+        sink,
+        place: Default::default(),
+    };
+    core.turn([HandlerCommand::Connected { spec: spec_of_handler }.into()], T0);
+    let (reply, mut offers) = oneshot::channel();
+    core.turn([ClusterCommand::Reserve { reply }.into()], at(1));
+    let offers = offers.try_recv().unwrap();
+    assert_eq!(offers.iter().map(|o| (o.handler, o.total)).collect::<Vec<_>>(), [(handler, 1)]);
+    let theirs = attempt(JobId::new(), 0, 3);
+    let assignment = Assignment {
+        attempt: theirs,
+        job_name: "theirs".into(),
+        task_id: "t0".into(),
+        job_type: Arc::from("noop"),
+        parameters: "{}".into(),
+        labels: Default::default(),
+        priority: Default::default(),
+        execution_timeout_seconds: None,
+        released_at: None,
+        lent_by: Some(Arc::from("10.0.0.2:19333")),
+    };
+    let (reply, mut unsent) = oneshot::channel();
+    let step =
+        core.turn([ClusterCommand::Borrowed { handler, reserved: 1, lent: vec![assignment], reply }.into()], at(2));
+    assert_eq!(sent(&step), [theirs], "the borrowed attempt goes to the handler");
+    assert!(step.batch.is_empty(), "a borrowed attempt is its leader's to write");
+    assert!(unsent.try_recv().unwrap().is_empty());
+    let id = JobId::new();
+    let (reply, _answer) = oneshot::channel();
+    let step = core.turn([JobCommand::Submit { id, spec: spec(1), origin: JobOrigin::User, reply }.into()], at(3));
+    assert!(sent(&step).is_empty(), "the handler's one slot runs the borrowed attempt");
+    let other = ClusterCommand::ReturnBorrowed { attempt: attempt(theirs.task.job, 0, 2) };
+    assert!(sent(&core.turn([other.into()], at(4))).is_empty(), "another attempt of that task settles nothing");
+    let settled = core.turn([ClusterCommand::ReturnBorrowed { attempt: theirs }.into()], at(5));
+    assert_eq!(sent(&settled), [attempt(id, 0, 1)], "once settled, its slot runs the next task in the same turn");
 }
