@@ -229,7 +229,10 @@ impl Engine {
             let _ = steps_tx.send(step).await;
         }
         let removals = core.removals();
-        // Stopped by `stop` (EngineHandle::close), or when every handle is gone.
+        // The loop ends when `stop` is cancelled (`EngineHandle::close`, which
+        // waits for the committer's last step after it) or when every handle
+        // is gone. Its watcher ends with it, and makes a panic the server's
+        // fate, so that no loop dies unheard.
         let run = tokio::spawn(run_loop::run(core, clock, commands_rx, steps_tx, stop.clone()));
         tokio::spawn(fatal_if_it_panics(run, fate.clone()));
         let lifetime = handle::Lifetime { ready, removals, fate, stop, done };

@@ -49,9 +49,7 @@ async fn run_check(admins: &[String], token: Option<&str>, tls: &ClientTls) -> R
     let mut client = JobServiceClient::new(channel);
     let mut request = tonic::Request::new(api::RecoverRequest { dry_run: false, here_only: false });
     if let Some(token) = token {
-        let value =
-            format!("Bearer {token}").parse().map_err(|_| "the token cannot be sent in a header".to_string())?;
-        request.metadata_mut().insert("authorization", value);
+        request.metadata_mut().insert("authorization", super::remote::bearer(token).map_err(|e| e.to_string())?);
     }
     let response = client.recover(request).await.map_err(|s| s.message().to_string())?.into_inner();
     let mut lines: Vec<String> = response

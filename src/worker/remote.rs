@@ -227,7 +227,8 @@ pub enum InvalidOptions {
     Token,
 }
 
-fn bearer(token: &str) -> Result<MetadataValue<Ascii>, InvalidOptions> {
+/// The `authorization` header a worker sends to its admins.
+pub(super) fn bearer(token: &str) -> Result<MetadataValue<Ascii>, InvalidOptions> {
     MetadataValue::try_from(format!("Bearer {}", token.trim())).map_err(|_| InvalidOptions::Token)
 }
 
