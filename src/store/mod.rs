@@ -9,6 +9,7 @@
 
 pub mod cluster;
 mod codec;
+#[cfg(any(test, feature = "testsuite"))]
 pub mod conformance;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
@@ -17,6 +18,7 @@ mod journal;
 mod memory;
 mod postgres;
 mod sled;
+#[cfg(any(test, feature = "testsuite"))]
 pub mod stored_v1;
 mod task_group;
 pub mod transfer;

@@ -257,3 +257,21 @@ fn the_state_machine_does_no_io() {
     assert!(files.len() > 12, "found only {} files", files.len());
     assert!(found.is_empty(), "the state machine does I/O: {found:?}");
 }
+
+#[test]
+fn the_store_test_suite_is_not_in_the_shipped_library() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let store = std::fs::read_to_string(root.join("src/store/mod.rs")).expect("src/store/mod.rs");
+    let lines: Vec<&str> = store.lines().map(str::trim).collect();
+    for module in ["pub mod conformance;", "pub mod stored_v1;"] {
+        let at = lines.iter().position(|l| *l == module).unwrap_or_else(|| panic!("src/store/mod.rs: no `{module}`"));
+        assert_eq!(
+            lines[at.saturating_sub(1)],
+            "#[cfg(any(test, feature = \"testsuite\"))]",
+            "src/store/mod.rs: `{module}` must be built for the tests only"
+        );
+    }
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+    let default = manifest.lines().find(|l| l.starts_with("default = ")).expect("Cargo.toml: no default features");
+    assert!(!default.contains("testsuite"), "Cargo.toml: the shipped build must not turn on testsuite: {default}");
+}
