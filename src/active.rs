@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::clock::Timestamp;
-use crate::model::{JobId, JobRecord, JobSpec, StateCounts, TaskIdx, TaskRecord, TaskState, Texts};
+use crate::model::{End, JobId, JobRecord, JobSpec, Phase, StateCounts, TaskIdx, TaskRecord, TaskState, Texts};
 use crate::store::{Batch, StoredJob};
 
 pub struct ActiveJob {
@@ -28,12 +28,13 @@ impl ActiveJob {
         }
         let unmet = (0..spec.len() as u32)
             .map(|t| {
-                spec.dag.parents(t).iter().filter(|&&p| tasks[p as usize].state != TaskState::Succeeded).count() as u32
+                spec.dag.parents(t).iter().filter(|&&p| tasks[p as usize].state() != TaskState::Succeeded).count()
+                    as u32
             })
             .collect();
         let mut counts = StateCounts::default();
         for task in &tasks {
-            counts.add(task.state);
+            counts.add(task.state());
         }
         ActiveJob { record, spec, tasks, unmet, counts, texts }
     }
@@ -54,15 +55,16 @@ impl ActiveJob {
         self.tasks.get(idx.index())
     }
 
-    /// Moves a task to `state`, keeping the counts and the update time right.
-    pub fn set_state(&mut self, idx: u32, state: TaskState, now: Timestamp) {
+    /// Moves a task to `phase`, keeping the counts and the update time right.
+    pub fn set_phase(&mut self, idx: u32, phase: Phase, now: Timestamp) {
         let task = &mut self.tasks[idx as usize];
-        self.counts.shift(task.state, state);
-        task.state = state;
-        task.updated_at = now;
-        if state.is_terminal() {
-            task.finished_at = Some(now);
-        }
+        self.counts.shift(task.state(), phase.state());
+        task.set_phase(phase, now);
+    }
+
+    /// Ends a task at `now`.
+    pub fn end(&mut self, idx: u32, end: End, now: Timestamp) {
+        self.set_phase(idx, Phase::Ended { end, at: now }, now);
     }
 
     /// Adds the task's current record to the batch.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::active::ActiveJob;
 use crate::clock::Timestamp;
-use crate::model::{HandlerId, JobId, TaskState};
+use crate::model::{End, HandlerId, Hold, JobId, Phase, TaskState};
 use crate::store::Batch;
 
 /// How an attempt ended, as its handler reports it.
@@ -58,17 +58,14 @@ pub fn check_holder(job: &ActiveJob, idx: u32, attempt: u32, handler: HandlerId)
     if attempt != task.attempt {
         return Err(Rejection::StaleAttempt { current: task.attempt, reported: attempt });
     }
-    if task.state.is_terminal() {
-        return Err(Rejection::AlreadyEnded { state: task.state });
+    match task.phase {
+        Phase::Ended { end, .. } => Err(Rejection::AlreadyEnded { state: end.state() }),
+        Phase::Pending | Phase::Ready { .. } => Err(Rejection::NotHeld { state: task.state() }),
+        Phase::Held(hold) if hold.handler != handler => {
+            Err(Rejection::NotHolder { attempt, holder: hold.handler.to_string() })
+        }
+        Phase::Held(_) => Ok(()),
     }
-    if !task.state.is_held() {
-        return Err(Rejection::NotHeld { state: task.state });
-    }
-    if task.handler != Some(handler) {
-        let holder = task.handler.map(|h| h.to_string()).unwrap_or_else(|| "nobody".into());
-        return Err(Rejection::NotHolder { attempt, holder });
-    }
-    Ok(())
 }
 
 /// The attempt has begun executing (assigned -> running).
@@ -78,9 +75,8 @@ pub fn check_holder(job: &ActiveJob, idx: u32, attempt: u32, handler: HandlerId)
 /// a start needs no write, and no flush, of its own.
 pub fn start(job: &mut ActiveJob, idx: u32, attempt: u32, handler: HandlerId, now: Timestamp) -> Result<(), Rejection> {
     check_holder(job, idx, attempt, handler)?;
-    if job.tasks[idx as usize].state == TaskState::Assigned {
-        job.set_state(idx, TaskState::Running, now);
-        job.tasks[idx as usize].started_at = Some(now);
+    if let Phase::Held(hold @ Hold { started_at: None, .. }) = job.tasks[idx as usize].phase {
+        job.set_phase(idx, Phase::Held(Hold { started_at: Some(now), ..hold }), now);
     }
     Ok(())
 }
@@ -115,20 +111,20 @@ pub fn complete(
             task.failures += 1;
             if job.record.cancel_requested {
                 // A handler stopped by a cancel reports a failure.
-                fail(job, idx, TaskState::Canceled, now, batch);
+                fail(job, idx, End::Canceled, now, batch);
             } else if task.failures <= retry_limit {
-                task.handler = None;
-                task.not_before = Some(now.plus_seconds(backoff));
-                job.set_state(idx, TaskState::Ready, now);
+                job.set_phase(idx, Phase::Ready { not_before: Some(now.plus_seconds(backoff)) }, now);
+                // Whoever ran it, it waits for a handler again.
+                job.tasks[idx as usize].last_attempt.handler = None;
                 job.record_task(idx, batch);
                 released.ready.push(idx);
             } else {
-                fail(job, idx, TaskState::Failed, now, batch);
+                fail(job, idx, End::Failed, now, batch);
             }
         }
         Outcome::Canceled { reason } => {
             job.tasks[idx as usize].error = Some(job.texts.text(&reason));
-            fail(job, idx, TaskState::Canceled, now, batch);
+            fail(job, idx, End::Canceled, now, batch);
         }
     }
     released.job_done = job.all_ended();
@@ -171,7 +167,7 @@ pub fn lose(
     batch: &mut Batch,
 ) -> Released {
     let mut released = Released::default();
-    if !job.tasks[idx as usize].state.is_held() {
+    if job.tasks[idx as usize].hold().is_none() {
         return released;
     }
     let reason = loss.reason();
@@ -181,17 +177,22 @@ pub fn lose(
         task.lost += 1;
     }
     task.error = Some(error);
-    task.handler = None;
-    if task.lost > lost_limit {
+    let end = if task.lost > lost_limit {
         task.error = Some(Arc::from(format!("{reason}; lost {} times, the limit is {lost_limit}", task.lost)));
-        fail(job, idx, TaskState::Failed, now, batch);
-    } else if job.record.cancel_requested {
-        fail(job, idx, TaskState::Canceled, now, batch);
+        Some(End::Failed)
     } else {
-        task.not_before = None;
-        job.set_state(idx, TaskState::Ready, now);
-        job.record_task(idx, batch);
-        released.ready.push(idx);
+        job.record.cancel_requested.then_some(End::Canceled)
+    };
+    match end {
+        Some(end) => job.end(idx, end, now),
+        None => job.set_phase(idx, Phase::READY, now),
+    }
+    // A lost attempt's handler says nothing of its task.
+    job.tasks[idx as usize].last_attempt.handler = None;
+    job.record_task(idx, batch);
+    match end {
+        Some(end) => fail_descendants(job, idx, end, now, batch),
+        None => released.ready.push(idx),
     }
     released.job_done = job.all_ended();
     released
@@ -201,24 +202,24 @@ pub fn lose(
 /// marking every descendant `upstream_failed`.
 pub fn abandon(job: &mut ActiveJob, idx: u32, reason: &str, now: Timestamp, batch: &mut Batch) -> Released {
     let mut released = Released::default();
-    if !job.tasks[idx as usize].state.is_held() {
+    if job.tasks[idx as usize].hold().is_none() {
         return released;
     }
     job.tasks[idx as usize].error = Some(job.texts.text(reason));
-    fail(job, idx, TaskState::Failed, now, batch);
+    fail(job, idx, End::Failed, now, batch);
     released.job_done = job.all_ended();
     released
 }
 
 fn succeed(job: &mut ActiveJob, idx: u32, now: Timestamp, batch: &mut Batch, released: &mut Released) {
-    job.set_state(idx, TaskState::Succeeded, now);
+    job.end(idx, End::Succeeded, now);
     job.record_task(idx, batch);
     let spec = job.spec.clone();
     for &child in spec.dag.children(idx) {
         let unmet = &mut job.unmet[child as usize];
         *unmet -= 1;
-        if *unmet == 0 && job.tasks[child as usize].state == TaskState::Pending {
-            job.set_state(child, TaskState::Ready, now);
+        if *unmet == 0 && job.tasks[child as usize].phase == Phase::Pending {
+            job.set_phase(child, Phase::READY, now);
             job.record_task(child, batch);
             released.ready.push(child);
         }
@@ -227,26 +228,29 @@ fn succeed(job: &mut ActiveJob, idx: u32, now: Timestamp, batch: &mut Batch, rel
 
 /// Ends a task as failed or canceled and marks every descendant that has
 /// not ended `upstream_failed` (or `canceled`), iteratively.
-fn fail(job: &mut ActiveJob, idx: u32, state: TaskState, now: Timestamp, batch: &mut Batch) {
-    job.set_state(idx, state, now);
+fn fail(job: &mut ActiveJob, idx: u32, end: End, now: Timestamp, batch: &mut Batch) {
+    job.end(idx, end, now);
     job.record_task(idx, batch);
-    let (descendant_state, error) = match state {
-        TaskState::Canceled => (TaskState::Canceled, job.texts.text("canceled with its job")),
-        _ => (
-            TaskState::UpstreamFailed,
-            Arc::from(format!("upstream task {:?} failed", &*job.spec.tasks[idx as usize].id)),
-        ),
+    fail_descendants(job, idx, end, now, batch);
+}
+
+/// Marks every descendant of a task that ended `end` and has not ended
+/// itself `upstream_failed` (or `canceled`), iteratively.
+fn fail_descendants(job: &mut ActiveJob, idx: u32, end: End, now: Timestamp, batch: &mut Batch) {
+    let (descendant_end, error) = match end {
+        End::Canceled => (End::Canceled, job.texts.text("canceled with its job")),
+        _ => (End::UpstreamFailed, Arc::from(format!("upstream task {:?} failed", &*job.spec.tasks[idx as usize].id))),
     };
     let spec = job.spec.clone();
     let mut stack: Vec<u32> = spec.dag.children(idx).to_vec();
     while let Some(t) = stack.pop() {
-        if job.tasks[t as usize].state != TaskState::Pending {
+        if job.tasks[t as usize].phase != Phase::Pending {
             // Already ended through another failed ancestor (with its own
             // descendants), or, for a ready child of a retried job, not ours.
             continue;
         }
         job.tasks[t as usize].error = Some(error.clone());
-        job.set_state(t, descendant_state, now);
+        job.end(t, descendant_end, now);
         job.record_task(t, batch);
         stack.extend_from_slice(spec.dag.children(t));
     }

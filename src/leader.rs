@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use crate::active::ActiveJob;
 use crate::clock::Timestamp;
-use crate::model::{HandlerId, JobId, JobOrigin, JobRecord, JobSpec, JobState, TaskRecord, TaskState};
+use crate::model::{
+    End, HandlerId, Hold, JobId, JobOrigin, JobRecord, JobSpec, JobState, Phase, TaskRecord, TaskState,
+};
 use crate::store::{Batch, StoredJob};
 
 /// Creates a job from a validated spec; its roots are ready at once.
@@ -50,15 +52,12 @@ pub fn assign(
     now: Timestamp,
     batch: &mut Batch,
 ) -> u32 {
-    debug_assert_eq!(job.tasks[idx as usize].state, TaskState::Ready);
+    debug_assert_eq!(job.tasks[idx as usize].state(), TaskState::Ready);
     let task = &mut job.tasks[idx as usize];
     task.attempt += 1;
-    task.handler = Some(handler);
-    task.assigned_at = Some(now);
-    task.not_before = None;
-    task.started_at = running.then_some(now);
     let attempt = task.attempt;
-    job.set_state(idx, if running { TaskState::Running } else { TaskState::Assigned }, now);
+    let hold = Hold { handler, assigned_at: now, started_at: running.then_some(now) };
+    job.set_phase(idx, Phase::Held(hold), now);
     job.record_task(idx, batch);
     if job.record.state == JobState::Pending {
         job.record.state = JobState::Running;
@@ -107,18 +106,14 @@ pub fn cancel(job: &mut ActiveJob, now: Timestamp, batch: &mut Batch) -> CancelR
     }
     for idx in 0..job.len() as u32 {
         let task = &job.tasks[idx as usize];
-        match task.state {
-            TaskState::Pending | TaskState::Ready => {
+        match task.phase {
+            Phase::Pending | Phase::Ready { .. } => {
                 job.tasks[idx as usize].error = Some("canceled with its job".into());
-                job.set_state(idx, TaskState::Canceled, now);
+                job.end(idx, End::Canceled, now);
                 job.record_task(idx, batch);
             }
-            TaskState::Assigned | TaskState::Running => {
-                if let Some(handler) = task.handler {
-                    out.running.push((idx, task.attempt, handler));
-                }
-            }
-            _ => {}
+            Phase::Held(hold) => out.running.push((idx, task.attempt, hold.handler)),
+            Phase::Ended { .. } => {}
         }
     }
     out
@@ -131,14 +126,12 @@ pub fn retry(job: &mut ActiveJob, leader: HandlerId, now: Timestamp, batch: &mut
     job.record.handler = Some(leader);
     for idx in 0..job.len() as u32 {
         let task = &mut job.tasks[idx as usize];
-        if matches!(task.state, TaskState::Failed | TaskState::UpstreamFailed | TaskState::Canceled) {
+        if matches!(task.phase, Phase::Ended { end: End::Failed | End::UpstreamFailed | End::Canceled, .. }) {
             task.failures = 0;
             task.lost = 0;
             task.error = None;
-            task.handler = None;
-            task.not_before = None;
-            task.finished_at = None;
-            job.set_state(idx, TaskState::Pending, now);
+            task.last_attempt.handler = None;
+            job.set_phase(idx, Phase::Pending, now);
         }
     }
     // Recompute the unmet counts from scratch: every parent's state may have changed.
@@ -146,11 +139,11 @@ pub fn retry(job: &mut ActiveJob, leader: HandlerId, now: Timestamp, batch: &mut
     let mut ready = Vec::new();
     for idx in 0..job.len() as u32 {
         let unmet =
-            spec.dag.parents(idx).iter().filter(|&&p| job.tasks[p as usize].state != TaskState::Succeeded).count();
+            spec.dag.parents(idx).iter().filter(|&&p| job.tasks[p as usize].state() != TaskState::Succeeded).count();
         job.unmet[idx as usize] = unmet as u32;
-        if job.tasks[idx as usize].state == TaskState::Pending {
+        if job.tasks[idx as usize].phase == Phase::Pending {
             if unmet == 0 {
-                job.set_state(idx, TaskState::Ready, now);
+                job.set_phase(idx, Phase::READY, now);
                 ready.push(idx);
             }
             job.record_task(idx, batch);
@@ -171,14 +164,13 @@ pub fn fail_job(job: &mut ActiveJob, reason: &str, now: Timestamp, batch: &mut B
     let mut out = CancelRunning::default();
     for idx in 0..job.len() as u32 {
         let task = &job.tasks[idx as usize];
-        if task.state.is_terminal() {
-            continue;
-        }
-        if let (true, Some(handler)) = (task.state.is_held(), task.handler) {
-            out.running.push((idx, task.attempt, handler));
+        match task.phase {
+            Phase::Ended { .. } => continue,
+            Phase::Held(hold) => out.running.push((idx, task.attempt, hold.handler)),
+            Phase::Pending | Phase::Ready { .. } => {}
         }
         job.tasks[idx as usize].error = Some(job.texts.text(reason));
-        job.set_state(idx, TaskState::Failed, now);
+        job.end(idx, End::Failed, now);
         job.record_task(idx, batch);
     }
     out

@@ -20,6 +20,10 @@
 //! | `R5` job-not-finalized | every task ended, the job not finalized for longer than the grace | finalize |
 //! | `R6` scheduler-job | any resubmission of a task of a scheduler job | fail the job and its unfinished tasks |
 //!
+//! R1 stays a check over any snapshot, but jobcenter's own cannot show it:
+//! a held task's state carries its handler, and a stored record held with
+//! no handler is made ready when it is read.
+//!
 //! R7 (duplicates and leftovers) holds by construction: every action names
 //! the attempt it acts on, and the server refuses an action whose task has
 //! moved on, so a finding applied twice, or a stale one, changes nothing; a

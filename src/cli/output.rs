@@ -16,20 +16,20 @@ pub(super) fn job_json(job: &StoredJob, detailed: bool) -> serde_json::Value {
             let mut value = json!({
                 "id": &*spec.id,
                 "job_type": &*spec.job_type,
-                "state": task.state,
+                "state": task.state(),
                 "attempt": task.attempt,
                 "error": task.error,
             });
             if detailed {
                 let extra = json!({
-                    "handler": task.handler.map(|h| h.to_string()),
+                    "handler": task.handler().map(|h| h.to_string()),
                     "failures": task.failures,
                     "lost": task.lost,
                     "created_at": task.created_at.to_rfc3339(),
-                    "assigned_at": task.assigned_at.map(|t| t.to_rfc3339()),
-                    "started_at": task.started_at.map(|t| t.to_rfc3339()),
+                    "assigned_at": task.assigned_at().map(|t| t.to_rfc3339()),
+                    "started_at": task.started_at().map(|t| t.to_rfc3339()),
                     "updated_at": task.updated_at.to_rfc3339(),
-                    "finished_at": task.finished_at.map(|t| t.to_rfc3339()),
+                    "finished_at": task.finished_at().map(|t| t.to_rfc3339()),
                     "output": task.output,
                 });
                 if let (Some(map), serde_json::Value::Object(extra)) = (value.as_object_mut(), extra) {
@@ -80,7 +80,7 @@ pub(super) fn task_table(job: &StoredJob) -> String {
     let width = job.spec.tasks.iter().map(|t| t.id.len()).max().unwrap_or(2).clamp(2, 40);
     let mut out = format!("{:<width$}  {:<16}  {:<16}  {:>7}  ERROR\n", "ID", "JOB TYPE", "STATE", "ATTEMPT");
     for (spec, task) in job.spec.tasks.iter().zip(&job.tasks) {
-        let error = match task.state {
+        let error = match task.state() {
             TaskState::Succeeded => "",
             _ => task.error.as_deref().unwrap_or(""),
         };
@@ -88,7 +88,7 @@ pub(super) fn task_table(job: &StoredJob) -> String {
             "{:<width$}  {:<16}  {:<16}  {:>7}  {}\n",
             &*spec.id,
             &*spec.job_type,
-            task.state.as_str(),
+            task.state().as_str(),
             task.attempt,
             error
         ));

@@ -145,14 +145,14 @@ fn print_summary(job: &crate::store::StoredJob) {
         print!("{}", task_table(job));
     } else {
         let unsucceeded: Vec<(usize, &crate::model::TaskRecord)> =
-            job.tasks.iter().enumerate().filter(|(_, t)| t.state == TaskState::Failed).take(MAX_ROWS).collect();
+            job.tasks.iter().enumerate().filter(|(_, t)| t.state() == TaskState::Failed).take(MAX_ROWS).collect();
         for (idx, task) in unsucceeded {
             println!("{}  failed  {}", job.spec.tasks[idx].id, task.error.as_deref().unwrap_or(""));
         }
     }
     let mut counts = crate::model::StateCounts::default();
     for task in &job.tasks {
-        counts.add(task.state);
+        counts.add(task.state());
     }
     println!("job {} {:?} {}: {}", job.record.id, job.record.name, job.record.state, counts_line(&counts));
 }

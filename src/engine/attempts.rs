@@ -28,10 +28,25 @@ pub(super) struct Held {
     pub job_type: Arc<str>,
     /// The resource (volume) the attempt locks while it runs.
     pub resource: Option<String>,
-    /// When the attempt times out.
-    pub deadline: Option<Timestamp>,
-    /// The deadline comes from the task's own timeout, not its type's policy.
-    pub own_timeout: bool,
+    /// When the attempt times out, and by whose timeout.
+    pub deadline: Deadline,
+}
+
+/// When a held attempt times out: by its task's own timeout, or by its
+/// type's, which a policy change moves (or takes away).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Deadline {
+    Own(Timestamp),
+    OfType(Option<Timestamp>),
+}
+
+impl Deadline {
+    pub(super) fn at(self) -> Option<Timestamp> {
+        match self {
+            Deadline::Own(at) => Some(at),
+            Deadline::OfType(at) => at,
+        }
+    }
 }
 
 /// A borrowed attempt: of a job another instance leads, run by a handler here.
@@ -96,7 +111,7 @@ impl Ledger {
     /// the same task replaces the old one.
     pub(super) fn hold(&mut self, task: TaskRef, held: Held) {
         self.forget_held(task);
-        if let Some(at) = held.deadline {
+        if let Some(at) = held.deadline.at() {
             self.deadlines.insert((at, task, held.attempt));
         }
         if let Some(key) = &held.resource {
@@ -144,7 +159,7 @@ impl Ledger {
 
     /// Releases what a held attempt implied: its deadline and its lock.
     fn unlock(&mut self, task: TaskRef, held: &Held) {
-        if let Some(at) = held.deadline {
+        if let Some(at) = held.deadline.at() {
             self.deadlines.remove(&(at, task, held.attempt));
         }
         if let Some(key) = &held.resource {
@@ -209,17 +224,18 @@ impl Ledger {
 
     /// Every held attempt of `job_type` whose deadline comes from the type's policy.
     pub(super) fn of_type_without_own_timeout(&self, job_type: &str) -> Vec<TaskRef> {
-        self.held.iter().filter(|(_, h)| !h.own_timeout && &*h.job_type == job_type).map(|(t, _)| *t).collect()
+        let of_type = |h: &Held| matches!(h.deadline, Deadline::OfType(_)) && &*h.job_type == job_type;
+        self.held.iter().filter(|(_, h)| of_type(h)).map(|(t, _)| *t).collect()
     }
 
     /// Moves a held attempt's deadline (or removes it).
-    pub(super) fn set_deadline(&mut self, task: TaskRef, deadline: Option<Timestamp>) {
+    pub(super) fn set_deadline(&mut self, task: TaskRef, deadline: Deadline) {
         let Some(held) = self.held.get_mut(&task) else { return };
-        if let Some(at) = held.deadline {
+        if let Some(at) = held.deadline.at() {
             self.deadlines.remove(&(at, task, held.attempt));
         }
         held.deadline = deadline;
-        if let Some(at) = deadline {
+        if let Some(at) = deadline.at() {
             self.deadlines.insert((at, task, held.attempt));
         }
     }
@@ -341,8 +357,7 @@ mod tests {
             handler: handler(1),
             job_type: Arc::from("vacuum"),
             resource: resource.map(String::from),
-            deadline: deadline.map(Timestamp),
-            own_timeout: false,
+            deadline: Deadline::OfType(deadline.map(Timestamp)),
         }
     }
 
@@ -384,7 +399,7 @@ mod tests {
         ledger.hold(task(1), held(2, Some("volume:7"), Some(900)));
         assert_eq!(ledger.len(), 1);
         assert_eq!(ledger.next_wake(), Some(Timestamp(900)));
-        ledger.set_deadline(task(1), None);
+        ledger.set_deadline(task(1), Deadline::OfType(None));
         assert_eq!(ledger.next_wake(), None);
         ledger.end(AttemptId::new(task(1), 2), Ending::Succeeded, Timestamp(0));
         assert!(!ledger.locked("volume:7", Timestamp(0)));

@@ -417,10 +417,10 @@ fn task_event(job: JobId, idx: u32, record: &TaskRecord) -> Event {
     Event::Task {
         job,
         idx,
-        state: record.state,
+        state: record.state(),
         attempt: record.attempt,
         error: record.error.as_deref().map(String::from),
-        handler: record.handler,
+        handler: record.handler(),
         at: record.updated_at,
         progress_percent: record.progress_percent,
         stage: record.stage.to_string(),

@@ -331,7 +331,7 @@ impl EngineHandle {
             None => Ok(self.stored(job).await?.map(|stored| {
                 let mut counts = StateCounts::default();
                 for task in &stored.tasks {
-                    counts.add(task.state);
+                    counts.add(task.state());
                 }
                 Summary { record: stored.record, counts }
             })),

@@ -105,8 +105,7 @@ pub struct HeldAttempt {
     pub task_id: String,
     pub attempt: u32,
     pub handler: HandlerId,
-    /// Started on its worker (else only assigned).
-    pub running: bool,
+    /// When it started on its worker: `None` while only assigned.
     pub started_at: Option<Timestamp>,
 }
 

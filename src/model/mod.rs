@@ -9,7 +9,7 @@ mod state;
 mod stored;
 
 pub use ids::{AttemptId, HandlerId, JobId, NotAnAttemptId, TaskIdx, TaskRef};
-pub use record::{JobOrigin, JobRecord, TaskRecord, Texts};
+pub use record::{End, Hold, JobOrigin, JobRecord, LastAttempt, Phase, TaskRecord, Texts};
 pub use spec::{hex, JobSpec, Place, Placement, Priority, TaskSpec};
 pub use state::{JobState, StateCounts, TaskState};
 pub use stored::TaskRecordV1;

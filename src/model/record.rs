@@ -43,22 +43,19 @@ pub struct JobRecord {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(from = "TaskRecordV1", into = "TaskRecordV1")]
 pub struct TaskRecord {
-    pub state: TaskState,
+    /// Where the task is in its life, with the data of that state.
+    pub phase: Phase,
     /// Number of times the task was handed to a handler; 0 before the first.
     pub attempt: u32,
     /// Attempts that failed (counted against `retry_limit`).
     pub failures: u32,
     /// Attempts lost with their handler (counted against the lost-attempt limit).
     pub lost: u32,
-    /// The handler holding the current attempt.
-    pub handler: Option<HandlerId>,
+    /// The latest attempt no longer held, as views show it; empty while
+    /// an attempt is held (the phase has it).
+    pub last_attempt: LastAttempt,
     pub created_at: Timestamp,
-    pub assigned_at: Option<Timestamp>,
-    pub started_at: Option<Timestamp>,
     pub updated_at: Timestamp,
-    pub finished_at: Option<Timestamp>,
-    /// A ready task is not dispatched before this (retry backoff).
-    pub not_before: Option<Timestamp>,
     pub error: Option<Arc<str>>,
     /// The last lines of output the handler reported (bounded).
     pub output: Arc<[Arc<str>]>,
@@ -67,25 +64,175 @@ pub struct TaskRecord {
     pub stage: Arc<str>,
 }
 
+/// Where a task is in its life, each state with the data only it has: a
+/// held task always has its handler and the time it was handed out; only a
+/// ready task waits out a backoff; only an ended one has an end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting on dependencies.
+    Pending,
+    /// Every dependency succeeded: waiting for a handler, and not handed
+    /// out before `not_before` (a retry's backoff).
+    Ready { not_before: Option<Timestamp> },
+    /// Its current attempt (the record's `attempt`) is held by a handler.
+    Held(Hold),
+    /// Ended, at `at`, until its job is retried.
+    Ended { end: End, at: Timestamp },
+}
+
+/// The current attempt of a held task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hold {
+    pub handler: HandlerId,
+    pub assigned_at: Timestamp,
+    /// When the handler said it started: `None` while it is only assigned.
+    pub started_at: Option<Timestamp>,
+}
+
+/// How a task ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    Succeeded,
+    /// Its retries ran out, or it was lost too often.
+    Failed,
+    /// It never ran because an ancestor failed.
+    UpstreamFailed,
+    Canceled,
+}
+
+/// The latest attempt of a task that no longer holds one: when it was
+/// handed out and started, and by whom while that still says something (a
+/// success or a failure its handler reported; not a lost attempt, and not
+/// one its task has gone back to wait after).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LastAttempt {
+    pub handler: Option<HandlerId>,
+    pub assigned_at: Option<Timestamp>,
+    pub started_at: Option<Timestamp>,
+}
+
+impl Phase {
+    pub fn state(self) -> TaskState {
+        match self {
+            Phase::Pending => TaskState::Pending,
+            Phase::Ready { .. } => TaskState::Ready,
+            Phase::Held(Hold { started_at: None, .. }) => TaskState::Assigned,
+            Phase::Held(Hold { started_at: Some(_), .. }) => TaskState::Running,
+            Phase::Ended { end, .. } => end.state(),
+        }
+    }
+
+    /// Ready, to be handed out as soon as a handler is free.
+    pub const READY: Phase = Phase::Ready { not_before: None };
+}
+
+impl End {
+    pub fn state(self) -> TaskState {
+        match self {
+            End::Succeeded => TaskState::Succeeded,
+            End::Failed => TaskState::Failed,
+            End::UpstreamFailed => TaskState::UpstreamFailed,
+            End::Canceled => TaskState::Canceled,
+        }
+    }
+
+    /// The end a terminal state names; `None` for a state that is no end.
+    pub fn of(state: TaskState) -> Option<End> {
+        match state {
+            TaskState::Succeeded => Some(End::Succeeded),
+            TaskState::Failed => Some(End::Failed),
+            TaskState::UpstreamFailed => Some(End::UpstreamFailed),
+            TaskState::Canceled => Some(End::Canceled),
+            TaskState::Pending | TaskState::Ready | TaskState::Assigned | TaskState::Running => None,
+        }
+    }
+}
+
 impl TaskRecord {
     pub fn initial(has_dependencies: bool, created_at: Timestamp) -> TaskRecord {
         TaskRecord {
-            state: if has_dependencies { TaskState::Pending } else { TaskState::Ready },
+            phase: if has_dependencies { Phase::Pending } else { Phase::READY },
             attempt: 0,
             failures: 0,
             lost: 0,
-            handler: None,
+            last_attempt: LastAttempt::default(),
             created_at,
-            assigned_at: None,
-            started_at: None,
             updated_at: created_at,
-            finished_at: None,
-            not_before: None,
             error: None,
             output: no_lines(),
             progress_percent: 0.0,
             stage: empty_text(),
         }
+    }
+
+    pub fn state(&self) -> TaskState {
+        self.phase.state()
+    }
+
+    /// The current attempt, when a handler holds one.
+    pub fn hold(&self) -> Option<&Hold> {
+        match &self.phase {
+            Phase::Held(hold) => Some(hold),
+            _ => None,
+        }
+    }
+
+    /// The handler holding the current attempt.
+    pub fn holder(&self) -> Option<HandlerId> {
+        self.hold().map(|hold| hold.handler)
+    }
+
+    /// The handler of the current attempt, or of the last one while it
+    /// still says something (`LastAttempt`): what views show.
+    pub fn handler(&self) -> Option<HandlerId> {
+        self.hold().map(|hold| hold.handler).or(self.last_attempt.handler)
+    }
+
+    /// When the current attempt, or else the last one, was handed out.
+    pub fn assigned_at(&self) -> Option<Timestamp> {
+        self.hold().map(|hold| hold.assigned_at).or(self.last_attempt.assigned_at)
+    }
+
+    /// When the current attempt, or else the last one, started.
+    pub fn started_at(&self) -> Option<Timestamp> {
+        match self.hold() {
+            Some(hold) => hold.started_at,
+            None => self.last_attempt.started_at,
+        }
+    }
+
+    pub fn finished_at(&self) -> Option<Timestamp> {
+        match self.phase {
+            Phase::Ended { at, .. } => Some(at),
+            _ => None,
+        }
+    }
+
+    /// A ready task's backoff: not handed out before this.
+    pub fn not_before(&self) -> Option<Timestamp> {
+        match self.phase {
+            Phase::Ready { not_before } => not_before,
+            _ => None,
+        }
+    }
+
+    /// Moves the task to `phase` at `now`. A held attempt that ends leaves
+    /// its handler and times in `last_attempt`; a new one clears it.
+    /// (`ActiveJob::set_phase` keeps a job's counts with it.)
+    pub fn set_phase(&mut self, phase: Phase, now: Timestamp) {
+        match (&self.phase, &phase) {
+            (_, Phase::Held(_)) => self.last_attempt = LastAttempt::default(),
+            (Phase::Held(hold), _) => {
+                self.last_attempt = LastAttempt {
+                    handler: Some(hold.handler),
+                    assigned_at: Some(hold.assigned_at),
+                    started_at: hold.started_at,
+                }
+            }
+            _ => {}
+        }
+        self.phase = phase;
+        self.updated_at = now;
     }
 }
 
@@ -194,6 +341,33 @@ mod tests {
         assert!(Arc::ptr_eq(&texts.lines(&none), &TaskRecord::initial(true, Timestamp::default()).output));
         let long = "x".repeat(Texts::LONGEST + 1);
         assert!(!Arc::ptr_eq(&texts.text(&long), &texts.text(&long)));
+    }
+
+    #[test]
+    fn an_attempt_that_ends_is_kept_as_the_last_until_the_next_is_held() {
+        let (handler, at) = (HandlerId::new(), |s: i64| Timestamp(1_000 * s));
+        let mut task = TaskRecord::initial(false, at(0));
+        let hold = Hold { handler, assigned_at: at(1), started_at: None };
+        task.set_phase(Phase::Held(hold), at(1));
+        assert_eq!(
+            (task.state(), task.holder(), task.last_attempt),
+            (TaskState::Assigned, Some(handler), LastAttempt::default())
+        );
+        task.set_phase(Phase::Held(Hold { started_at: Some(at(2)), ..hold }), at(2));
+        assert_eq!((task.state(), task.started_at(), task.updated_at), (TaskState::Running, Some(at(2)), at(2)));
+        task.set_phase(Phase::Ready { not_before: Some(at(9)) }, at(3));
+        let last = LastAttempt { handler: Some(handler), assigned_at: Some(at(1)), started_at: Some(at(2)) };
+        assert_eq!((task.holder(), task.handler(), task.last_attempt), (None, Some(handler), last));
+        assert_eq!((task.assigned_at(), task.not_before(), task.finished_at()), (Some(at(1)), Some(at(9)), None));
+        let other = HandlerId::new();
+        task.set_phase(Phase::Held(Hold { handler: other, assigned_at: at(10), started_at: None }), at(10));
+        assert_eq!((task.handler(), task.assigned_at(), task.started_at()), (Some(other), Some(at(10)), None));
+        assert_eq!((task.not_before(), task.last_attempt), (None, LastAttempt::default()));
+        task.set_phase(Phase::Ended { end: End::Succeeded, at: at(11) }, at(11));
+        assert_eq!(
+            (task.state(), task.finished_at(), task.handler()),
+            (TaskState::Succeeded, Some(at(11)), Some(other))
+        );
     }
 
     #[test]

@@ -7,15 +7,18 @@
 //! fixtures under `tests/fixtures/stored-v1/` hold them. A later form is a
 //! new type beside it, with its own conversion, never a change to this one.
 //!
-//! Decoding repairs the one state a stored record may hold that the engine
-//! never makes (recovery rule R1): a task assigned or running with no
-//! handler recorded is ready again, its attempt given up uncounted.
+//! The engine's record holds a task's state as a `Phase` that carries the
+//! data of that state; the stored form keeps the flat fields, and decoding
+//! builds the phase from them. It repairs the one state a stored record may
+//! hold that a phase cannot (recovery rule R1): a task assigned or running
+//! with no handler recorded is ready again, its attempt given up uncounted.
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::record::{empty_text, lines_or_none, text_or_empty};
+use super::record::{End, Hold, LastAttempt, Phase};
 use super::{HandlerId, TaskRecord, TaskState};
 use crate::clock::Timestamp;
 
@@ -44,17 +47,17 @@ pub struct TaskRecordV1 {
 impl From<TaskRecord> for TaskRecordV1 {
     fn from(task: TaskRecord) -> TaskRecordV1 {
         TaskRecordV1 {
-            state: task.state,
+            state: task.state(),
             attempt: task.attempt,
             failures: task.failures,
             lost: task.lost,
-            handler: task.handler,
+            handler: task.handler(),
             created_at: task.created_at,
-            assigned_at: task.assigned_at,
-            started_at: task.started_at,
+            assigned_at: task.assigned_at(),
+            started_at: task.started_at(),
             updated_at: task.updated_at,
-            finished_at: task.finished_at,
-            not_before: task.not_before,
+            finished_at: task.finished_at(),
+            not_before: task.not_before(),
             error: task.error,
             output: task.output,
             progress_percent: task.progress_percent,
@@ -65,45 +68,55 @@ impl From<TaskRecord> for TaskRecordV1 {
 
 impl From<TaskRecordV1> for TaskRecord {
     fn from(stored: TaskRecordV1) -> TaskRecord {
-        let task = TaskRecord {
-            state: stored.state,
+        let last =
+            LastAttempt { handler: stored.handler, assigned_at: stored.assigned_at, started_at: stored.started_at };
+        let (phase, last_attempt) = match (End::of(stored.state), stored.state, stored.handler) {
+            (Some(end), ..) => (Phase::Ended { end, at: stored.finished_at.unwrap_or(stored.updated_at) }, last),
+            (None, TaskState::Pending, _) => (Phase::Pending, last),
+            (None, TaskState::Ready, _) => (Phase::Ready { not_before: stored.not_before }, last),
+            (None, _, Some(handler)) => {
+                let assigned_at = stored.assigned_at.unwrap_or(stored.updated_at);
+                let started_at = (stored.state == TaskState::Running).then(|| stored.started_at.unwrap_or(assigned_at));
+                (Phase::Held(Hold { handler, assigned_at, started_at }), LastAttempt::default())
+            }
+            (None, state, None) => return held_without_handler(stored, state),
+        };
+        TaskRecord {
+            phase,
             attempt: stored.attempt,
             failures: stored.failures,
             lost: stored.lost,
-            handler: stored.handler,
+            last_attempt,
             created_at: stored.created_at,
-            assigned_at: stored.assigned_at,
-            started_at: stored.started_at,
             updated_at: stored.updated_at,
-            finished_at: stored.finished_at,
-            not_before: stored.not_before,
             error: stored.error,
             output: stored.output,
             progress_percent: stored.progress_percent,
             stage: stored.stage,
-        };
-        if task.state.is_held() && task.handler.is_none() {
-            return held_without_handler(task);
         }
-        task
     }
 }
 
 /// Rule R1 at decode time: the attempt went to no handler anyone knows, so
 /// nothing runs it; the task is ready again, the loss not counted.
-fn held_without_handler(task: TaskRecord) -> TaskRecord {
+fn held_without_handler(stored: TaskRecordV1, state: TaskState) -> TaskRecord {
     tracing::warn!(
-        state = %task.state,
-        attempt = task.attempt,
+        %state,
+        attempt = stored.attempt,
         "a stored task was held with no handler recorded: it is ready again (recovery rule R1)"
     );
     TaskRecord {
-        state: TaskState::Ready,
-        assigned_at: None,
-        started_at: None,
+        phase: Phase::Ready { not_before: stored.not_before },
+        attempt: stored.attempt,
+        failures: stored.failures,
+        lost: stored.lost,
+        last_attempt: LastAttempt::default(),
+        created_at: stored.created_at,
+        updated_at: stored.updated_at,
+        error: stored.error,
+        output: stored.output,
         progress_percent: 0.0,
         stage: empty_text(),
-        ..task
     }
 }
 
@@ -111,36 +124,78 @@ fn held_without_handler(task: TaskRecord) -> TaskRecord {
 mod tests {
     use super::*;
 
-    fn held(state: TaskState, handler: Option<HandlerId>) -> TaskRecord {
-        let mut task = TaskRecord::initial(false, Timestamp(1_700_000_000_000));
-        task.state = state;
-        task.attempt = 2;
-        task.failures = 1;
-        task.handler = handler;
-        task.assigned_at = Some(Timestamp(1_700_000_001_000));
-        task.started_at = Some(Timestamp(1_700_000_002_000));
-        task.progress_percent = 40.0;
-        task.stage = "copying".into();
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp(1_700_000_000_000 + seconds * 1000)
+    }
+
+    /// A task on its second attempt, in `phase`.
+    fn task(phase: Phase, last_attempt: LastAttempt) -> TaskRecord {
+        let mut task = TaskRecord::initial(false, at(0));
+        (task.phase, task.last_attempt) = (phase, last_attempt);
+        (task.attempt, task.failures, task.updated_at) = (2, 1, at(5));
+        (task.progress_percent, task.stage) = (40.0, "copying".into());
         task
+    }
+
+    fn every_phase() -> Vec<TaskRecord> {
+        let handler = HandlerId::new();
+        let last = LastAttempt { handler: Some(handler), assigned_at: Some(at(1)), started_at: Some(at(2)) };
+        let lost = LastAttempt { handler: None, ..last };
+        let mut tasks = vec![
+            task(Phase::Pending, LastAttempt::default()),
+            task(Phase::Pending, lost),
+            task(Phase::READY, LastAttempt::default()),
+            task(Phase::Ready { not_before: Some(at(30)) }, lost),
+            task(Phase::Held(Hold { handler, assigned_at: at(3), started_at: None }), LastAttempt::default()),
+            task(Phase::Held(Hold { handler, assigned_at: at(3), started_at: Some(at(4)) }), LastAttempt::default()),
+        ];
+        for end in [End::Succeeded, End::Failed, End::UpstreamFailed, End::Canceled] {
+            tasks.push(task(Phase::Ended { end, at: at(5) }, last));
+            tasks.push(task(Phase::Ended { end, at: at(5) }, LastAttempt::default()));
+        }
+        tasks
     }
 
     #[test]
     fn a_record_goes_through_its_stored_form_unchanged() {
-        for state in TaskState::ALL {
-            let task = held(state, Some(HandlerId::new()));
-            assert_eq!(TaskRecord::from(TaskRecordV1::from(task.clone())), task, "{state}");
+        let tasks = every_phase();
+        let states: std::collections::BTreeSet<TaskState> = tasks.iter().map(TaskRecord::state).collect();
+        assert_eq!(states.len(), TaskState::ALL.len(), "every state is tried");
+        for task in tasks {
+            let stored = TaskRecordV1::from(task.clone());
+            assert_eq!(stored.state, task.state());
+            assert_eq!(TaskRecord::from(stored.clone()), task, "{}", task.state());
+            assert_eq!(TaskRecordV1::from(TaskRecord::from(stored.clone())), stored, "{}", task.state());
         }
-        let task = held(TaskState::Succeeded, None);
-        assert_eq!(TaskRecord::from(TaskRecordV1::from(task.clone())), task);
+    }
+
+    #[test]
+    fn a_stored_held_task_is_read_with_its_handler_and_times() {
+        let handler = HandlerId::new();
+        let mut stored = TaskRecordV1::from(task(Phase::READY, LastAttempt::default()));
+        (stored.state, stored.handler, stored.assigned_at, stored.started_at) =
+            (TaskState::Running, Some(handler), Some(at(3)), Some(at(4)));
+        let hold = Hold { handler, assigned_at: at(3), started_at: Some(at(4)) };
+        assert_eq!(TaskRecord::from(stored.clone()).phase, Phase::Held(hold));
+        // What no build wrote, read as near as it can be: a held task's times
+        // are never missing, an ended one always has its end.
+        (stored.assigned_at, stored.started_at) = (None, None);
+        let hold = Hold { handler, assigned_at: at(5), started_at: Some(at(5)) };
+        assert_eq!(TaskRecord::from(stored.clone()).phase, Phase::Held(hold));
+        (stored.state, stored.finished_at) = (TaskState::Failed, None);
+        assert_eq!(TaskRecord::from(stored).phase, Phase::Ended { end: End::Failed, at: at(5) });
     }
 
     #[test]
     fn a_task_held_with_no_handler_decodes_as_ready_with_its_counts_kept() {
         for state in [TaskState::Assigned, TaskState::Running] {
-            let task = TaskRecord::from(TaskRecordV1::from(held(state, None)));
-            assert_eq!(task.state, TaskState::Ready, "{state}");
+            let mut stored = TaskRecordV1::from(task(Phase::READY, LastAttempt::default()));
+            (stored.state, stored.handler, stored.assigned_at, stored.started_at) =
+                (state, None, Some(at(3)), Some(at(4)));
+            let task = TaskRecord::from(stored);
+            assert_eq!(task.phase, Phase::READY, "{state}");
             assert_eq!((task.attempt, task.failures, task.lost), (2, 1, 0));
-            assert_eq!((task.assigned_at, task.started_at, task.progress_percent), (None, None, 0.0));
+            assert_eq!((task.assigned_at(), task.started_at(), task.progress_percent), (None, None, 0.0));
             assert!(task.stage.is_empty());
         }
     }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use super::{Batch, JobFilter, Store};
 use crate::clock::Timestamp;
 use crate::jobfile::{self, Format, Limits};
-use crate::model::{HandlerId, JobId, JobOrigin, JobRecord, JobSpec, JobState, TaskIdx, TaskRecord, TaskState};
+use crate::model::{
+    End, HandlerId, Hold, JobId, JobOrigin, JobRecord, JobSpec, JobState, Phase, TaskIdx, TaskRecord, TaskState,
+};
 
 /// Opens the same store again, as after a restart.
 pub type Reopen<'a> = &'a dyn Fn() -> Arc<dyn Store>;
@@ -53,7 +55,7 @@ pub fn round_trips_a_new_job(store: &dyn Store) {
     let stored = store.get_job(job.id).unwrap().expect("stored");
     assert_eq!(stored.record, job);
     assert_eq!(*stored.spec, *spec);
-    let states: Vec<TaskState> = stored.tasks.iter().map(|t| t.state).collect();
+    let states: Vec<TaskState> = stored.tasks.iter().map(|t| t.state()).collect();
     assert_eq!(
         states,
         [TaskState::Ready, TaskState::Pending, TaskState::Pending, TaskState::Pending, TaskState::Pending]
@@ -66,7 +68,7 @@ pub fn task_records_override_initial_state(store: &dyn Store) {
     let spec = spec(3);
     let job = record(&spec, JobState::Running);
     let mut task = TaskRecord::initial(false, Timestamp(1_000));
-    task.state = TaskState::Succeeded;
+    task.phase = Phase::Ended { end: End::Succeeded, at: Timestamp(1_500) };
     task.attempt = 1;
     let batch = Batch {
         new_jobs: vec![(job.clone(), spec)],
@@ -77,7 +79,7 @@ pub fn task_records_override_initial_state(store: &dyn Store) {
     store.flush().unwrap();
     let stored = store.get_job(job.id).unwrap().unwrap();
     assert_eq!(stored.tasks[0], task);
-    assert_eq!(stored.tasks[1].state, TaskState::Pending);
+    assert_eq!(stored.tasks[1].phase, Phase::Pending);
 }
 
 pub fn terminal_jobs_leave_the_active_set(store: &dyn Store) {
@@ -152,11 +154,11 @@ pub fn the_last_record_written_for_a_key_wins(store: &dyn Store) {
     store.write(&Batch { new_jobs: vec![(job.clone(), spec.clone())], ..Batch::default() }).unwrap();
     // Two writes before one flush, and one task twice in one batch: the last one counts.
     job.state = JobState::Running;
-    task.state = TaskState::Assigned;
+    let hold = Hold { handler: HandlerId::new(), assigned_at: Timestamp(1_100), started_at: None };
+    task.phase = Phase::Held(hold);
     task.attempt = 1;
-    task.handler = Some(HandlerId::new());
     let assigned = task.clone();
-    task.state = TaskState::Running;
+    task.phase = Phase::Held(Hold { started_at: Some(Timestamp(1_200)), ..hold });
     store
         .write(&Batch {
             jobs: vec![job.clone()],
@@ -174,7 +176,7 @@ pub fn writing_a_batch_again_changes_nothing(store: &dyn Store) {
     let spec = spec(3);
     let job = record(&spec, JobState::Running);
     let mut task = TaskRecord::initial(false, Timestamp(1_000));
-    task.state = TaskState::Succeeded;
+    task.phase = Phase::Ended { end: End::Succeeded, at: Timestamp(1_500) };
     let batch = Batch {
         new_jobs: vec![(job.clone(), spec.clone())],
         tasks: vec![(job.id, TaskIdx(0), task.clone())],
@@ -216,9 +218,12 @@ pub fn flushed_writes_survive_a_reopen(store: Arc<dyn Store>, reopen: Reopen) {
     let spec = spec(4);
     let job = record(&spec, JobState::Running);
     let mut task = TaskRecord::initial(false, Timestamp(2_000));
-    task.state = TaskState::Running;
+    task.phase = Phase::Held(Hold {
+        handler: HandlerId::new(),
+        assigned_at: Timestamp(2_100),
+        started_at: Some(Timestamp(2_200)),
+    });
     task.attempt = 2;
-    task.handler = Some(HandlerId::new());
     commit(
         &*store,
         Batch {
@@ -235,7 +240,7 @@ pub fn flushed_writes_survive_a_reopen(store: Arc<dyn Store>, reopen: Reopen) {
     assert_eq!(active[0].record, job);
     assert_eq!(*active[0].spec, *spec);
     assert_eq!(active[0].tasks[0], task);
-    assert_eq!(active[0].tasks[1].state, TaskState::Pending);
+    assert_eq!(active[0].tasks[1].phase, Phase::Pending);
     assert_eq!(reopened.settings("policy/").unwrap(), vec![("policy/noop".to_string(), b"p".to_vec())]);
 }
 
@@ -245,7 +250,7 @@ pub fn removes_ended_jobs_with_all_they_own(store: Arc<dyn Store>, reopen: Reope
     let running = record(&small, JobState::Running);
     let mut kept = record(&small, JobState::Running);
     let failed = |attempt| TaskRecord {
-        state: TaskState::Failed,
+        phase: Phase::Ended { end: End::Failed, at: Timestamp(1_500) },
         attempt,
         error: Some("boom".into()),
         ..TaskRecord::initial(false, Timestamp(1_000))
@@ -288,7 +293,7 @@ pub fn removes_ended_jobs_with_all_they_own(store: Arc<dyn Store>, reopen: Reope
     assert_eq!(*stored.spec, *small, "no chunk of the old spec remains");
     assert_eq!(stored.tasks.len(), 3);
     assert!(
-        stored.tasks.iter().all(|t| matches!(t.state, TaskState::Ready | TaskState::Pending) && t.attempt == 0),
+        stored.tasks.iter().all(|t| matches!(t.state(), TaskState::Ready | TaskState::Pending) && t.attempt == 0),
         "no task record of the old job remains: {:?}",
         stored.tasks
     );

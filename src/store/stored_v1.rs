@@ -1,16 +1,18 @@
 //! What the fixtures of schema 1 hold (`tests/fixtures/stored-v1/`): the
 //! bytes a sled directory, a PostgreSQL database and an export were given by
 //! the build that wrote them, kept so that every later build proves it still
-//! reads them. `written` is what went in; `check` is what reading it back
-//! must give. The fixtures are never written again: a new stored form gets
-//! fixtures of its own beside these.
+//! reads them: `check` says what reading them back must give, in today's
+//! records. The fixtures are never written again (what went in is in this
+//! file's history): a new stored form gets fixtures of its own beside these.
 
 use std::sync::Arc;
 
 use super::{Batch, JobFilter, Store};
 use crate::clock::Timestamp;
 use crate::jobfile::{self, Format, Limits};
-use crate::model::{HandlerId, JobId, JobOrigin, JobRecord, JobSpec, JobState, TaskIdx, TaskRecord, TaskState};
+use crate::model::{
+    End, HandlerId, Hold, JobId, JobOrigin, JobRecord, JobSpec, JobState, LastAttempt, Phase, TaskIdx, TaskRecord,
+};
 
 /// Under the crate's root.
 pub const SLED_DIR: &str = "tests/fixtures/stored-v1/sled";
@@ -73,51 +75,39 @@ fn job(id: [u8; 16], spec: &JobSpec, state: JobState, origin: JobOrigin) -> JobR
     }
 }
 
-/// The task records written, by index: one task in each state, and `t8`
-/// held with no handler (what rule R1 repairs). `t6` has none stored.
+/// What the tasks of the running job read back as, by index: one in each
+/// state, each with the data of its state. `t8` was written held with no
+/// handler, which no phase can hold: it reads back ready (rule R1), its
+/// times and stage gone. `t6` has no record stored.
 fn tasks() -> Vec<(u32, TaskRecord)> {
-    let base = |state: TaskState, attempt: u32| {
+    let worker = Some(handler(WORKER));
+    let task = |phase: Phase, attempt: u32, last_attempt: LastAttempt| {
         let mut task = TaskRecord::initial(false, at(0));
-        task.state = state;
-        task.attempt = attempt;
-        task.updated_at = at(50);
-        if attempt > 0 {
-            task.handler = Some(handler(WORKER));
-            task.assigned_at = Some(at(10));
-        }
+        (task.phase, task.attempt, task.last_attempt, task.updated_at) = (phase, attempt, last_attempt, at(50));
         task
     };
-    let mut succeeded = base(TaskState::Succeeded, 1);
-    succeeded.started_at = Some(at(11));
-    succeeded.finished_at = Some(at(12));
+    let ran = |started_at: Option<Timestamp>| LastAttempt { handler: worker, assigned_at: Some(at(10)), started_at };
+    let ended = |end: End, seconds: i64| Phase::Ended { end, at: at(seconds) };
+    let mut succeeded = task(ended(End::Succeeded, 12), 1, ran(Some(at(11))));
     succeeded.output = vec!["slept 10 ms".into(), "done".into()].into();
     succeeded.progress_percent = 100.0;
     succeeded.stage = "done".into();
-    let mut failed = base(TaskState::Failed, 3);
+    let mut failed = task(ended(End::Failed, 40), 3, ran(None));
     failed.failures = 3;
-    failed.finished_at = Some(at(40));
     failed.error = Some("asked to fail".into());
-    let mut upstream = TaskRecord::initial(true, at(0));
-    upstream.state = TaskState::UpstreamFailed;
+    let mut upstream = task(ended(End::UpstreamFailed, 40), 0, LastAttempt::default());
     upstream.updated_at = at(40);
-    upstream.finished_at = Some(at(40));
-    let mut running = base(TaskState::Running, 2);
+    let hold = |started_at: Option<Timestamp>| Hold { handler: handler(WORKER), assigned_at: at(10), started_at };
+    let mut running = task(Phase::Held(hold(Some(at(21)))), 2, LastAttempt::default());
     running.lost = 1;
-    running.started_at = Some(at(21));
     running.progress_percent = 40.5;
     running.stage = "copying".into();
-    let assigned = base(TaskState::Assigned, 1);
-    let mut ready = base(TaskState::Ready, 1);
-    ready.handler = None;
+    let assigned = task(Phase::Held(hold(None)), 1, LastAttempt::default());
+    let mut ready = task(Phase::Ready { not_before: Some(at(80)) }, 1, LastAttempt { handler: None, ..ran(None) });
     ready.failures = 1;
-    ready.not_before = Some(at(80));
     ready.error = Some("exit status 1".into());
-    let mut canceled = base(TaskState::Canceled, 1);
-    canceled.finished_at = Some(at(30));
-    let mut headless = base(TaskState::Running, 1);
-    headless.handler = None;
-    headless.started_at = Some(at(11));
-    headless.stage = "lost its handler".into();
+    let canceled = task(ended(End::Canceled, 30), 1, ran(None));
+    let headless = task(Phase::READY, 1, LastAttempt::default());
     vec![
         (0, succeeded),
         (1, failed),
@@ -130,17 +120,16 @@ fn tasks() -> Vec<(u32, TaskRecord)> {
     ]
 }
 
-/// Everything the fixtures were made from, as one batch.
-pub fn written() -> Batch {
+/// The jobs, their specs, their tasks' records and the setting that
+/// reading the fixtures back must give.
+fn expected() -> Batch {
     let (running, ended) = (running_spec(), ended_spec());
     let mut done = TaskRecord::initial(false, at(0));
-    done.state = TaskState::Succeeded;
+    done.phase = Phase::Ended { end: End::Succeeded, at: at(90) };
     done.attempt = 1;
-    done.handler = Some(handler(WORKER));
-    done.assigned_at = Some(at(1));
-    done.started_at = Some(at(2));
+    done.last_attempt =
+        LastAttempt { handler: Some(handler(WORKER)), assigned_at: Some(at(1)), started_at: Some(at(2)) };
     done.updated_at = at(90);
-    done.finished_at = Some(at(90));
     let scheduled = JobOrigin::Scheduler { job_type: "vacuum".into(), sequence: 42 };
     let running_id = JobId::from_bytes(RUNNING);
     let mut tasks: Vec<(JobId, TaskIdx, TaskRecord)> =
@@ -157,11 +146,12 @@ pub fn written() -> Batch {
     }
 }
 
-/// Panics unless `store` holds what was written, read back: the records,
-/// the specs and the setting as they went in, the one held task without a
-/// handler ready again (R1), and the task with no record pending.
+/// Panics unless `store` holds what schema 1's first build wrote, read
+/// back: the records, the specs and the setting as they went in, the one
+/// held task without a handler ready again (R1), and the task with no
+/// record pending.
 pub fn check(store: &dyn Store) {
-    let batch = written();
+    let batch = expected();
     let listed = store.list_jobs(&JobFilter::default()).expect("the jobs are listed");
     let mut ids: Vec<JobId> = listed.iter().map(|j| j.id).collect();
     ids.sort();
@@ -173,16 +163,7 @@ pub fn check(store: &dyn Store) {
         assert_eq!(&stored.record, record, "the record of {}", record.name);
         assert_eq!(*stored.spec, **spec, "the spec of {}", record.name);
         for (idx, task) in stored.tasks.iter().enumerate() {
-            let written = batch.tasks.iter().find(|(job, i, _)| *job == record.id && i.0 == idx as u32);
-            let expected = match written {
-                Some((_, _, task)) if task.state.is_held() && task.handler.is_none() => TaskRecord {
-                    state: TaskState::Ready,
-                    assigned_at: None,
-                    started_at: None,
-                    progress_percent: 0.0,
-                    stage: "".into(),
-                    ..task.clone()
-                },
+            let expected = match batch.tasks.iter().find(|(job, i, _)| *job == record.id && i.0 == idx as u32) {
                 Some((_, _, task)) => task.clone(),
                 None => TaskRecord::initial(spec.dag.in_degree(idx as u32) > 0, record.created_at),
             };

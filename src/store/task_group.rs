@@ -110,15 +110,17 @@ mod tests {
 
     use super::*;
     use crate::clock::Timestamp;
-    use crate::model::{HandlerId, TaskState};
+    use crate::model::{End, HandlerId, Hold, Phase};
 
     fn record(seed: u32) -> TaskRecord {
         let mut task = TaskRecord::initial(seed.is_multiple_of(2), Timestamp(1_700_000_000_000 + i64::from(seed)));
-        task.state =
-            [TaskState::Pending, TaskState::Running, TaskState::Succeeded, TaskState::Failed][seed as usize % 4];
+        let at = Timestamp(1_700_000_000_500 + i64::from(seed));
+        let hold = Hold { handler: HandlerId::new(), assigned_at: at, started_at: Some(at) };
+        let ended = |end| Phase::Ended { end, at };
+        task.phase = [Phase::Pending, Phase::Held(hold), ended(End::Succeeded), ended(End::Failed)][seed as usize % 4];
         task.attempt = seed % 5;
         if seed.is_multiple_of(3) {
-            task.handler = Some(HandlerId::new());
+            task.last_attempt.handler = task.hold().is_none().then(HandlerId::new);
             task.error = Some(Arc::from(format!("error {seed}").as_str()));
             task.output = vec![Arc::from("a line"), Arc::from(format!("line {seed}").as_str())].into();
         }

@@ -8,7 +8,9 @@ use super::conformance::{record, spec};
 use super::transfer::export;
 use super::{Batch, MemoryStore, SledStore, Store};
 use crate::clock::Timestamp;
-use crate::model::{HandlerId, JobId, JobState, TaskIdx, TaskRecord, TaskState};
+use crate::model::{End, HandlerId, Hold, JobId, JobState, Phase, TaskIdx, TaskRecord};
+
+const SUCCEEDED: Phase = Phase::Ended { end: End::Succeeded, at: Timestamp(1_500) };
 
 #[test]
 fn memory_store_crash_forgets_unflushed_writes() {
@@ -125,11 +127,7 @@ fn ended_jobs(store: &SledStore, jobs: usize, tasks: usize) -> Vec<JobId> {
         let job = record(&spec, JobState::Succeeded);
         let records = (0..tasks as u32)
             .map(|i| {
-                (
-                    job.id,
-                    TaskIdx(i),
-                    TaskRecord { state: TaskState::Succeeded, ..TaskRecord::initial(i > 0, Timestamp(1_000)) },
-                )
+                (job.id, TaskIdx(i), TaskRecord { phase: SUCCEEDED, ..TaskRecord::initial(i > 0, Timestamp(1_000)) })
             })
             .collect();
         ids.push(job.id);
@@ -145,7 +143,7 @@ fn rewrite_tasks(store: &SledStore, jobs: &[JobId], tasks: usize, round: usize) 
         let stage = format!("round {round:04}");
         let records = (0..tasks as u32)
             .map(|i| {
-                let record = TaskRecord { state: TaskState::Succeeded, ..TaskRecord::initial(i > 0, Timestamp(1_000)) };
+                let record = TaskRecord { phase: SUCCEEDED, ..TaskRecord::initial(i > 0, Timestamp(1_000)) };
                 (job, TaskIdx(i), TaskRecord { stage: stage.as_str().into(), ..record })
             })
             .collect();
@@ -544,7 +542,7 @@ fn sled_write_reads_what_the_writes_before_it_staged() {
     let small = spec(8);
     let job = record(&small, JobState::Running);
     let done = |stage: &str| TaskRecord {
-        state: TaskState::Succeeded,
+        phase: SUCCEEDED,
         stage: stage.into(),
         ..TaskRecord::initial(false, Timestamp(1_000))
     };
@@ -617,10 +615,11 @@ fn sled_task_groups_rewritten_piecemeal_read_back_whole() {
             let changed: Vec<(JobId, TaskIdx, TaskRecord)> = (0..1 + next % 4)
                 .map(|k| {
                     let idx = (next >> 8).wrapping_add(k * 29) % tasks as u32;
-                    // A held task has its handler (one without is made ready when read: rule R1).
+                    let at = Timestamp(1_000 + i64::from(round));
+                    let hold = Hold { handler: worker, assigned_at: at, started_at: None };
+                    let held = [hold, Hold { started_at: Some(at), ..hold }].map(Phase::Held);
                     let task = TaskRecord {
-                        state: [TaskState::Assigned, TaskState::Running, TaskState::Succeeded][(round % 3) as usize],
-                        handler: Some(worker),
+                        phase: [held[0], held[1], Phase::Ended { end: End::Succeeded, at }][(round % 3) as usize],
                         attempt: round,
                         stage: format!("round {round}").as_str().into(),
                         error: (round % 5 == 0).then(|| format!("failed in round {round}").as_str().into()),

@@ -323,7 +323,7 @@ fn write_job(store: &dyn Store, incoming: Incoming) -> Result<(), TransferError>
 mod tests {
     use super::*;
     use crate::clock::Timestamp;
-    use crate::model::{JobState, TaskIdx, TaskState};
+    use crate::model::{End, JobState, Phase, TaskIdx};
     use crate::store::conformance::{record, spec};
     use crate::store::MemoryStore;
 
@@ -332,7 +332,7 @@ mod tests {
         let spec = spec(25_000);
         let job = record(&spec, JobState::Running);
         let mut task = TaskRecord::initial(false, Timestamp(1_000));
-        task.state = TaskState::Succeeded;
+        task.phase = Phase::Ended { end: End::Succeeded, at: Timestamp(1_500) };
         task.attempt = 1;
         let batch = Batch {
             new_jobs: vec![(job.clone(), spec)],

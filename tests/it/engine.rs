@@ -205,7 +205,7 @@ async fn acknowledged_submits_and_completions_survive_a_crash(subject: Subject) 
     subject.crash();
     let stored = store.get_job(job).unwrap().unwrap();
     assert_eq!(
-        stored.tasks[a.attempt.task.idx.index()].state,
+        stored.tasks[a.attempt.task.idx.index()].state(),
         TaskState::Assigned,
         "dispatched only after the assignment is durable"
     );
@@ -213,7 +213,7 @@ async fn acknowledged_submits_and_completions_survive_a_crash(subject: Subject) 
     subject.crash();
     let stored = store.get_job(job).unwrap().unwrap();
     assert_eq!(
-        stored.tasks[a.attempt.task.idx.index()].state,
+        stored.tasks[a.attempt.task.idx.index()].state(),
         TaskState::Succeeded,
         "an acknowledged completion is durable"
     );
@@ -274,7 +274,7 @@ async fn cancel_stops_running_work_and_ends_the_job_canceled(subject: Subject) {
     let record = engine.wait(job).await.unwrap();
     assert_eq!(record.state, JobState::Canceled);
     let stored = engine.job(job).await.unwrap().unwrap();
-    assert!(stored.tasks.iter().all(|t| t.state == TaskState::Canceled));
+    assert!(stored.tasks.iter().all(|t| t.state() == TaskState::Canceled));
     assert!(matches!(engine.cancel(job).await, Err(Error::JobEnded(_))));
 }
 
@@ -291,7 +291,7 @@ async fn executor_runs_many_jobs_and_retry_reruns_the_failed_part(subject: Subje
         assert_eq!(record.state, expected, "job {n}");
     }
     let failed = engine.job(jobs[0]).await.unwrap().unwrap();
-    let states: Vec<TaskState> = failed.tasks.iter().map(|t| t.state).collect();
+    let states: Vec<TaskState> = failed.tasks.iter().map(|t| t.state()).collect();
     use TaskState::{Failed as F, Succeeded as S, UpstreamFailed as U};
     assert_eq!(states, [S, S, S, F, S, S, U, S, U]);
     // The failure is permanent (fail: true), so a retry fails the same way, but only reruns 4, 7, 9.
@@ -317,7 +317,7 @@ async fn restart_requeues_orphaned_attempts_as_new_attempts(subject: Subject) {
     };
     let engine = start(subject.open().await, Orphans::Requeue).await;
     let stored = engine.job(job).await.unwrap().unwrap();
-    let held = stored.tasks.iter().filter(|t| t.state.is_held()).count();
+    let held = stored.tasks.iter().filter(|t| t.state().is_held()).count();
     assert_eq!(held, 0, "nothing is left held by a handler that is gone");
     LocalExecutor::start(engine.clone(), Registry::new(builtin_handlers()), 4, None).await.unwrap();
     assert_eq!(engine.wait(job).await.unwrap().state, JobState::Succeeded);
@@ -390,7 +390,7 @@ async fn a_restart_keeps_held_attempts_with_their_volume_and_their_deadline(subj
     assert_eq!(&*b.task_id, "b");
     engine.complete(b.attempt, worker.handler, ok()).await.unwrap().unwrap();
     let stored = engine.job(job).await.unwrap().unwrap();
-    assert_eq!(stored.tasks[0].state, TaskState::Failed);
+    assert_eq!(stored.tasks[0].state(), TaskState::Failed);
     assert_eq!(stored.tasks[0].error.as_deref(), Some("execution timed out after 2 s"));
     assert_eq!(stored.tasks[0].attempt, 1, "the kept attempt was not run again");
 }

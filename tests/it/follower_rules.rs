@@ -41,7 +41,7 @@ impl Fixture {
     }
 
     fn state(&self, id: &str) -> TaskState {
-        self.job.tasks[self.idx(id) as usize].state
+        self.job.tasks[self.idx(id) as usize].state()
     }
 
     fn assign(&mut self, id: &str) -> u32 {
@@ -175,7 +175,7 @@ fn a_step_writes_the_result_and_the_released_children_in_one_batch() {
         .batch
         .tasks
         .iter()
-        .map(|(_, idx, record)| (f.job.spec.tasks[idx.0 as usize].id.to_string(), record.state))
+        .map(|(_, idx, record)| (f.job.spec.tasks[idx.0 as usize].id.to_string(), record.state()))
         .collect();
     assert_eq!(
         written,
@@ -200,7 +200,7 @@ fn failure_marks_every_descendant_in_the_same_batch() {
         .batch
         .tasks
         .iter()
-        .map(|(_, idx, record)| (f.job.spec.tasks[idx.0 as usize].id.to_string(), record.state))
+        .map(|(_, idx, record)| (f.job.spec.tasks[idx.0 as usize].id.to_string(), record.state()))
         .collect();
     written.sort();
     let upstream = TaskState::UpstreamFailed;
@@ -231,8 +231,8 @@ fn retries_make_the_task_ready_again_after_its_backoff() {
     assert_eq!(f.assign("a"), 1);
     assert_eq!(f.fail("a"), (names(&["a"]), false));
     let a = &f.job.tasks[f.idx("a") as usize];
-    assert_eq!((a.state, a.failures), (TaskState::Ready, 1));
-    assert_eq!(a.not_before, Some(f.now.plus_seconds(7)));
+    assert_eq!((a.state(), a.failures), (TaskState::Ready, 1));
+    assert_eq!(a.not_before(), Some(f.now.plus_seconds(7)));
     assert_eq!(f.assign("a"), 2, "a retry is a new attempt");
     f.fail("a");
     assert_eq!(f.assign("a"), 3);

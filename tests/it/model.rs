@@ -134,7 +134,7 @@ impl System {
 
     fn nth(&self, k: usize, pick: impl Fn(TaskState) -> bool) -> Option<u32> {
         let candidates: Vec<u32> =
-            (0..self.job.len() as u32).filter(|&t| pick(self.job.tasks[t as usize].state)).collect();
+            (0..self.job.len() as u32).filter(|&t| pick(self.job.tasks[t as usize].state())).collect();
         (!candidates.is_empty()).then(|| candidates[k % candidates.len()])
     }
 
@@ -175,7 +175,7 @@ impl System {
                 if let Some(t) = self.nth(k, |s| s == TaskState::Assigned) {
                     let attempt = self.job.tasks[t as usize].attempt;
                     follower::start(&mut self.job, t, attempt, self.handler, self.now).unwrap();
-                    assert_eq!(self.job.tasks[t as usize].state, TaskState::Running);
+                    assert_eq!(self.job.tasks[t as usize].state(), TaskState::Running);
                 }
             }
             Op::Complete(k, ok) => {
@@ -251,10 +251,10 @@ impl System {
         for t in 0..self.job.len() as u32 {
             let task = &self.job.tasks[t as usize];
             assert!(
-                !(task.state == TaskState::Pending && self.job.unmet[t as usize] == 0),
+                !(task.state() == TaskState::Pending && self.job.unmet[t as usize] == 0),
                 "task {t} is pending with every parent succeeded: a step was stored in part"
             );
-            if task.state.is_held() {
+            if task.state().is_held() {
                 let released = follower::lose(
                     &mut self.job,
                     t,
@@ -275,31 +275,35 @@ impl System {
         for t in 0..job.len() {
             let task = &job.tasks[t];
             assert!(
-                matches_model(task.state, &self.model.state[t]),
+                matches_model(task.state(), &self.model.state[t]),
                 "task {t}: {} vs model {:?}",
-                task.state,
+                task.state(),
                 self.model.state[t]
             );
             assert_eq!(task.attempt, self.model.attempt[t], "task {t} attempt");
             let parents = job.spec.dag.parents(t as u32);
             let unsucceeded =
-                parents.iter().filter(|&&p| job.tasks[p as usize].state != TaskState::Succeeded).count() as u32;
+                parents.iter().filter(|&&p| job.tasks[p as usize].state() != TaskState::Succeeded).count() as u32;
             assert_eq!(job.unmet[t], unsucceeded, "task {t}: in-degree equals its unsucceeded parents");
-            if matches!(task.state, TaskState::Ready | TaskState::Assigned | TaskState::Running) {
-                assert_eq!(unsucceeded, 0, "task {t} is {} with an unsucceeded parent", task.state);
+            if matches!(task.state(), TaskState::Ready | TaskState::Assigned | TaskState::Running) {
+                assert_eq!(unsucceeded, 0, "task {t} is {} with an unsucceeded parent", task.state());
             }
-            if matches!(task.state, TaskState::Failed | TaskState::UpstreamFailed) {
+            if matches!(task.state(), TaskState::Failed | TaskState::UpstreamFailed) {
                 for d in job.spec.dag.descendants(t as u32) {
-                    assert_eq!(job.tasks[d as usize].state, TaskState::UpstreamFailed, "descendant {d} of failed {t}");
+                    assert_eq!(
+                        job.tasks[d as usize].state(),
+                        TaskState::UpstreamFailed,
+                        "descendant {d} of failed {t}"
+                    );
                 }
             }
         }
         let mut counted = jobcenter::model::StateCounts::default();
         for task in &job.tasks {
-            counted.add(task.state);
+            counted.add(task.state());
         }
         assert_eq!(counted, job.counts);
-        let all_succeeded = job.tasks.iter().all(|t| t.state == TaskState::Succeeded);
+        let all_succeeded = job.tasks.iter().all(|t| t.state() == TaskState::Succeeded);
         assert_eq!(job.record.state == JobState::Succeeded, all_succeeded && self.finalized);
         assert_eq!(self.finalized, self.model.finished(), "finalized exactly when every task ended");
         if self.finalized {

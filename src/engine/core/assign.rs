@@ -6,13 +6,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::super::attempts::Held;
+use super::super::attempts::{Deadline, Held};
 use super::{Core, Step};
 use crate::active::ActiveJob;
 use crate::clock::Timestamp;
 use crate::dispatch::{Assignment, FreeSlots, Place, WorkOrder};
 use crate::leader;
-use crate::model::{AttemptId, HandlerId, JobId, TaskIdx, TaskRef, TaskState};
+use crate::model::{AttemptId, HandlerId, JobId, Phase, TaskIdx, TaskRef};
 
 /// What taking the next queued task of a type came to.
 pub(super) enum Take {
@@ -38,7 +38,7 @@ impl Core {
                 continue;
             }
             for (spec, record) in job.spec.tasks.iter().zip(&job.tasks) {
-                if record.state == TaskState::Ready {
+                if let Phase::Ready { .. } = record.phase {
                     if let Some(key) = spec.lock() {
                         resources.entry(key.to_string()).or_insert(false);
                     }
@@ -52,7 +52,7 @@ impl Core {
         let Some(active) = self.jobs.get(&job) else { return };
         for &idx in ready {
             let spec = &active.spec.tasks[idx as usize];
-            let not_before = active.tasks[idx as usize].not_before;
+            let not_before = active.tasks[idx as usize].not_before();
             self.dispatch.push_ready(
                 spec.job_type.clone(),
                 spec.priority,
@@ -73,8 +73,10 @@ impl Core {
             handler,
             job_type: spec.job_type.clone(),
             resource: spec.lock().map(str::to_string),
-            deadline: spec.execution_timeout_seconds.or(type_timeout).map(|s| assigned_at.plus_seconds(s)),
-            own_timeout: spec.execution_timeout_seconds.is_some(),
+            deadline: match spec.execution_timeout_seconds {
+                Some(seconds) => Deadline::Own(assigned_at.plus_seconds(seconds)),
+                None => Deadline::OfType(type_timeout.map(|seconds| assigned_at.plus_seconds(seconds))),
+            },
         };
         self.dispatch.take_slot(handler, &held.job_type);
         self.attempts.hold(task, held);
@@ -84,9 +86,9 @@ impl Core {
     /// without a timeout of their own take the new one.
     pub(super) fn retime_held(&mut self, job_type: &str, seconds: Option<u64>) {
         for task in self.attempts.of_type_without_own_timeout(job_type) {
-            let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at);
+            let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at());
             let deadline = seconds.zip(assigned_at).map(|(s, at)| at.plus_seconds(s));
-            self.attempts.set_deadline(task, deadline);
+            self.attempts.set_deadline(task, Deadline::OfType(deadline));
         }
     }
 
@@ -129,9 +131,7 @@ impl Core {
         let Some(task) = self.dispatch.pop(job_type) else { return Take::Empty };
         let Some(job) = self.jobs.get(&task.job) else { return Take::Skipped };
         let record = &job.tasks[task.idx.index()];
-        if record.state != TaskState::Ready {
-            return Take::Skipped;
-        }
+        let Phase::Ready { not_before } = record.phase else { return Take::Skipped };
         let spec = &job.spec.tasks[task.idx.index()];
         // A task never runs while another task on the same volume runs,
         // whatever job or job type that one belongs to.
@@ -140,8 +140,8 @@ impl Core {
             blocked.push((task, spec.priority));
             return Take::Skipped;
         }
-        if record.not_before.is_some_and(|at| at > now) {
-            let (job_type, priority, not_before) = (spec.job_type.clone(), spec.priority, record.not_before);
+        if not_before.is_some_and(|at| at > now) {
+            let (job_type, priority) = (spec.job_type.clone(), spec.priority);
             self.dispatch.push_ready(job_type, priority, task, not_before, now);
             return Take::Skipped;
         }

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::super::attempts::Ending;
+use super::super::attempts::{Deadline, Ending};
 use super::{Action, Core, Returned, Step, COOLING, HANDLER_NAME};
 use crate::clock::Timestamp;
 use crate::dispatch::WorkOrder;
@@ -64,7 +64,7 @@ impl Core {
         };
         let succeeded = matches!(outcome, Outcome::Succeeded { .. });
         // A report may name a task the job does not have: `complete` refuses it.
-        let since = job.tasks.get(task.idx.index()).and_then(|t| t.assigned_at);
+        let since = job.tasks.get(task.idx.index()).and_then(|t| t.assigned_at());
         let released = follower::complete(job, task.idx.0, attempt, handler, outcome, now, &mut step.batch)?;
         if let (true, Some(since), Some(held)) = (succeeded, since, self.attempts.get(task)) {
             let job_type = held.job_type.clone();
@@ -104,7 +104,7 @@ impl Core {
         let task = attempt.task;
         let Some(job) = self.jobs.get_mut(&task.job) else { return };
         let record = &job.tasks[task.idx.index()];
-        if !record.state.is_held() || record.attempt != attempt.number {
+        if record.hold().is_none() || record.attempt != attempt.number {
             return;
         }
         let released = follower::lose(job, task.idx.0, loss, limit, now, &mut step.batch);
@@ -132,7 +132,7 @@ impl Core {
         while let Some((at, attempt)) = self.attempts.overdue(now) {
             let task = attempt.task;
             let Some(handler) = self.attempts.get(task).map(|held| held.handler) else { break };
-            let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at);
+            let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at());
             let seconds = at.millis_since(assigned_at.unwrap_or(at)) / 1000;
             self.cancel_attempt(handler, task, attempt.number, step);
             let error = format!("execution timed out after {seconds} s");
@@ -140,7 +140,7 @@ impl Core {
             if let Err(rejection) = self.complete(task, attempt.number, handler, outcome, None, now, step) {
                 tracing::warn!(%attempt, %rejection, "timeout not applied");
                 // Never leave a deadline that cannot be applied in the table.
-                self.attempts.set_deadline(task, None);
+                self.attempts.set_deadline(task, Deadline::OfType(None));
             }
         }
         while let Some((handler, reason)) = self.attempts.due_back(now) {
@@ -221,7 +221,7 @@ impl Core {
         if let Some(before) = dropped_before {
             for attempt in self.attempts.of_handler(handler) {
                 let task = attempt.task;
-                let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at);
+                let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at());
                 if !running.contains(&attempt) && assigned_at.is_some_and(|at| at < before) {
                     reconciled.dropped += 1;
                     self.lose_attempt(attempt, &Loss::NotCounted("its worker no longer runs it".into()), now, step);

@@ -5,7 +5,6 @@ use super::super::Summary;
 use super::{Core, Query, Step};
 use crate::active::ActiveJob;
 use crate::clock::Timestamp;
-use crate::model::TaskState;
 
 impl Core {
     pub(super) fn answer(&mut self, query: Query, now: Timestamp, step: &mut Step) {
@@ -18,7 +17,7 @@ impl Core {
                     self.jobs
                         .values()
                         .flat_map(|job| {
-                            job.spec.tasks.iter().zip(&job.tasks).filter(|(_, t)| !t.state.is_terminal()).filter_map(
+                            job.spec.tasks.iter().zip(&job.tasks).filter(|(_, t)| !t.state().is_terminal()).filter_map(
                                 |(spec, _)| spec.placement.as_ref()?.dedupe_key.as_deref().map(str::to_string),
                             )
                         })
@@ -41,8 +40,7 @@ impl Core {
                             task_id: job.spec.tasks[task.idx.index()].id.to_string(),
                             attempt: held.attempt,
                             handler: held.handler,
-                            running: record.state == TaskState::Running,
-                            started_at: record.started_at,
+                            started_at: record.started_at(),
                         })
                     })
                     .collect();

@@ -8,7 +8,7 @@ use super::{Core, Step};
 use crate::active::ActiveJob;
 use crate::clock::Timestamp;
 use crate::follower::{self, Loss};
-use crate::model::{AttemptId, HandlerId, JobId, JobOrigin, TaskIdx, TaskRef, TaskState};
+use crate::model::{AttemptId, HandlerId, JobId, JobOrigin, Phase, TaskIdx, TaskRef, TaskState};
 
 impl Core {
     /// A plain snapshot of the active jobs for the recovery rules: each job
@@ -23,23 +23,23 @@ impl Core {
                     .tasks
                     .iter()
                     .enumerate()
-                    .filter(|(_, t)| t.state.is_held() || t.state == TaskState::Ready)
+                    .filter(|(_, t)| matches!(t.phase, Phase::Held(_) | Phase::Ready { .. }))
                     .map(|(idx, t)| {
                         let spec = &job.spec.tasks[idx];
                         recovery::TaskSnapshot {
                             idx: idx as u32,
                             id: spec.id.to_string(),
-                            state: recovery_state(t.state),
+                            state: recovery_state(t.state()),
                             attempt: t.attempt,
-                            handler: t.handler.map(|h| h.to_string()),
-                            assigned_at: t.assigned_at.map(Timestamp::as_millis),
-                            started_at: t.started_at.map(Timestamp::as_millis),
+                            handler: t.holder().map(|h| h.to_string()),
+                            assigned_at: t.assigned_at().map(Timestamp::as_millis),
+                            started_at: t.started_at().map(Timestamp::as_millis),
                             updated_at: t.updated_at.as_millis(),
-                            finished_at: t.finished_at.map(Timestamp::as_millis),
+                            finished_at: t.finished_at().map(Timestamp::as_millis),
                             pinned_node: spec.placement.as_ref().and_then(|p| p.node.as_deref()).map(str::to_string),
                             progress_timeout_ms: t
-                                .state
-                                .is_held()
+                                .hold()
+                                .is_some()
                                 .then(|| spec.placement.as_ref()?.estimated_runtime_ms.map(|ms| ms.saturating_mul(2)))
                                 .flatten(),
                             queued: self.dispatch.is_queued(TaskRef { job: job.id(), idx: TaskIdx(idx as u32) }),
@@ -82,18 +82,11 @@ impl Core {
                 let task_ref = TaskRef { job: job_id, idx: TaskIdx(*task) };
                 let Some(active) = self.jobs.get(&job_id) else { return false };
                 let Some(record) = active.tasks.get(*task as usize) else { return false };
-                if !record.state.is_held() || record.attempt != *attempt {
-                    return false;
-                }
-                let holder = record.handler;
-                if let Some(handler) = holder {
-                    self.cancel_attempt(handler, task_ref, *attempt, step);
-                }
+                let Some(holder) = record.holder().filter(|_| record.attempt == *attempt) else { return false };
+                self.cancel_attempt(holder, task_ref, *attempt, step);
                 if rule == recovery::Rule::HandlerSilent {
                     // A silent handler gets no more work, this task included.
-                    if let Some(handler) = holder {
-                        self.dispatch.remove_handler(handler, None);
-                    }
+                    self.dispatch.remove_handler(holder, None);
                 }
                 if matches!(action, A::FailTask { .. }) {
                     let limit_reason = format!("{reason}: its node is unresponsive");
@@ -118,7 +111,7 @@ impl Core {
                     .jobs
                     .get(&job_id)
                     .and_then(|j| j.tasks.get(*task as usize))
-                    .is_some_and(|t| t.state == TaskState::Ready);
+                    .is_some_and(|t| matches!(t.phase, Phase::Ready { .. }));
                 if !ready || self.dispatch.is_queued(task_ref) {
                     return false;
                 }

@@ -9,7 +9,7 @@ use super::{Core, Step, COOLING, HANDLER_NAME};
 use crate::active::ActiveJob;
 use crate::clock::Timestamp;
 use crate::follower::Loss;
-use crate::model::{AttemptId, HandlerId, TaskIdx, TaskRecord, TaskRef, TaskState};
+use crate::model::{AttemptId, HandlerId, Phase, TaskIdx, TaskRecord, TaskRef};
 use crate::store::StoredJob;
 
 impl Core {
@@ -44,21 +44,17 @@ impl Core {
             let mut ready = Vec::new();
             let mut held: Vec<(u32, u32, HandlerId, Timestamp)> = Vec::new();
             for idx in 0..job.len() as u32 {
-                let state = job.tasks[idx as usize].state;
-                if state == TaskState::Pending && job.unmet[idx as usize] == 0 {
-                    job.set_state(idx, TaskState::Ready, now);
+                if job.tasks[idx as usize].phase == Phase::Pending && job.unmet[idx as usize] == 0 {
+                    job.set_phase(idx, Phase::READY, now);
                     job.record_task(idx, &mut step.batch);
                 }
                 let record: &TaskRecord = &job.tasks[idx as usize];
-                match record.state {
-                    TaskState::Ready => ready.push(idx),
-                    // Held with no handler is not read back: decoding makes it ready (rule R1).
-                    TaskState::Assigned | TaskState::Running => {
-                        if let Some(handler) = record.handler {
-                            held.push((idx, record.attempt, handler, record.assigned_at.unwrap_or(now)));
-                        }
-                    }
-                    _ => {}
+                match record.phase {
+                    Phase::Ready { .. } => ready.push(idx),
+                    // A held task always has its handler: decoding made one
+                    // stored without it ready again (rule R1).
+                    Phase::Held(hold) => held.push((idx, record.attempt, hold.handler, hold.assigned_at)),
+                    Phase::Pending | Phase::Ended { .. } => {}
                 }
             }
             self.jobs.insert(id, job);

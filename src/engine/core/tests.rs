@@ -84,7 +84,7 @@ fn written(step: &Step, job: JobId) -> Vec<(u32, TaskState, u32)> {
         .tasks
         .iter()
         .filter(|(j, ..)| *j == job)
-        .map(|(_, idx, task)| (idx.0, (task.state, task.attempt)))
+        .map(|(_, idx, task)| (idx.0, (task.state(), task.attempt)))
         .collect();
     last.into_iter().map(|(idx, (state, attempt))| (idx, state, attempt)).collect()
 }

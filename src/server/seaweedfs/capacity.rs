@@ -659,7 +659,7 @@ impl Tracker {
         let gone: Vec<(JobId, u32)> =
             self.keys.lock().expect("capacity lock").keys().filter(|k| !live.contains(k)).copied().collect();
         for (job, idx) in gone {
-            let state = shared.engine.task_at(job, idx as usize).await.ok().flatten().map(|(_, _, r)| r.state);
+            let state = shared.engine.task_at(job, idx as usize).await.ok().flatten().map(|(_, _, r)| r.state());
             self.ended(job, idx, state == Some(crate::model::TaskState::Succeeded), now);
         }
         if let (Some(topology), _) = self.topology(&shared.options.masters, false).await {

@@ -43,7 +43,7 @@ pub(super) async fn graph(shared: &Shared, id: &str) -> Result<Value, Error> {
         kinds.push(index);
     }
     let ids: Vec<&str> = job.spec.tasks.iter().map(|t| &*t.id).collect();
-    let states: Vec<&str> = job.tasks.iter().map(|t| t.state.as_str()).collect();
+    let states: Vec<&str> = job.tasks.iter().map(|t| t.state().as_str()).collect();
     let deps: Vec<&[u32]> = (0..job.spec.len() as u32).map(|i| dag.parents(i)).collect();
     let record = &job.record;
     Ok(json!({
@@ -81,7 +81,7 @@ pub(super) async fn running(shared: &Shared) -> Result<HashMap<String, Vec<Value
     for held in shared.engine.attempts().await? {
         by_handler.entry(held.handler.to_string()).or_default().push(json!({
             "job_id": held.job.to_string(), "task_id": held.task_id, "attempt": held.attempt,
-            "state": if held.running { "running" } else { "assigned" },
+            "state": if held.started_at.is_some() { "running" } else { "assigned" },
             "started_at_ms": held.started_at.map(|t| t.as_millis()).unwrap_or(0),
         }));
     }

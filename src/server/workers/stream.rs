@@ -1197,7 +1197,7 @@ mod tests {
             })]
         })
         .await;
-        assert_eq!(task.state, crate::model::TaskState::Failed);
+        assert_eq!(task.state(), crate::model::TaskState::Failed);
         let kept_line = format!("{} [...]", "é".repeat(MAX_LINE_BYTES / 2));
         assert_eq!(task.output.iter().map(|l| l.to_string()).collect::<Vec<_>>(), [kept_line, "short".to_string()]);
         assert_eq!(task.error.as_deref(), Some(format!("{} [...]", &error[..MAX_ERROR_BYTES]).as_str()));

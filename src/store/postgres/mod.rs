@@ -323,9 +323,9 @@ fn merge(batches: &[Batch]) -> Merged {
             let row = (
                 job.0,
                 idx.0 as i32,
-                task.state.as_str(),
+                task.state().as_str(),
                 task.attempt as i32,
-                task.handler.map(|h| h.0),
+                task.handler().map(|h| h.0),
                 encode(task),
             );
             match tasks.get(&(*job, idx.0)) {
@@ -948,7 +948,7 @@ fn database_message(e: &tokio_postgres::Error) -> String {
 mod tests {
     use super::*;
     use crate::clock::Timestamp;
-    use crate::model::{JobOrigin, JobState, TaskIdx, TaskState};
+    use crate::model::{HandlerId, Hold, JobOrigin, JobState, Phase, TaskIdx};
 
     fn job(state: JobState) -> JobRecord {
         JobRecord {
@@ -977,7 +977,8 @@ mod tests {
             ..Batch::default()
         };
         record.state = JobState::Running;
-        task.state = TaskState::Running;
+        task.phase =
+            Phase::Held(Hold { handler: HandlerId::new(), assigned_at: Timestamp(2), started_at: Some(Timestamp(2)) });
         let second = Batch {
             jobs: vec![record.clone()],
             tasks: vec![(record.id, TaskIdx(0), task.clone()), (record.id, TaskIdx(1), task.clone())],

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use jobcenter::clock::Timestamp;
 use jobcenter::jobfile::{self, Format, Limits};
-use jobcenter::model::{HandlerId, JobId, JobOrigin, JobRecord, JobState, TaskRecord, TaskState};
+use jobcenter::model::{End, HandlerId, Hold, JobId, JobOrigin, JobRecord, JobState, LastAttempt, Phase, TaskRecord};
 use jobcenter::proto::peer::{
     peer_report, DedupeKeysRequest, FreeSlots, KnowsRequest, LendRequest, PeerCancel, PeerGiveUp, PeerOutcome,
     PeerProgress, PeerReport,
@@ -269,15 +269,20 @@ fn worker_stream(dir: &Path) {
 
 fn record(seed: u32) -> TaskRecord {
     let mut task = TaskRecord::initial(seed.is_multiple_of(2), Timestamp(1_700_000_000_000 + i64::from(seed)));
-    task.state = [TaskState::Pending, TaskState::Running, TaskState::Succeeded, TaskState::Failed][seed as usize % 4];
+    let handler = HandlerId(uuid::Uuid::from_u128(0x5eed_0000_0000_4000_8000_0000_0000_0001));
+    let at = Timestamp(1_700_000_000_500);
+    let hold = Hold { handler, assigned_at: at, started_at: Some(at) };
+    let ended = |end| Phase::Ended { end, at };
+    task.phase = [Phase::Pending, Phase::Held(hold), ended(End::Succeeded), ended(End::Failed)][seed as usize % 4];
     task.attempt = seed % 5;
     if seed.is_multiple_of(3) {
-        task.handler = Some(HandlerId(uuid::Uuid::from_u128(0x5eed_0000_0000_4000_8000_0000_0000_0001)));
         task.error = Some(Arc::from(format!("error {seed}").as_str()));
         task.output = vec![Arc::from("a line"), Arc::from(format!("line {seed}").as_str())].into();
         task.progress_percent = 42.5;
         task.stage = Arc::from("copying");
-        task.started_at = Some(Timestamp(1_700_000_000_500));
+        if task.hold().is_none() {
+            task.last_attempt = LastAttempt { handler: Some(handler), assigned_at: Some(at), started_at: Some(at) };
+        }
     }
     task
 }

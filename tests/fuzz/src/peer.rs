@@ -224,7 +224,7 @@ impl Harness {
                             .tasks
                             .iter()
                             .zip(&before)
-                            .filter(|(_, record)| !record.state.is_terminal())
+                            .filter(|(_, record)| !record.state().is_terminal())
                             .filter_map(|(spec, _)| spec.labels.get("dedupe_key").cloned())
                             .collect();
                         assert_eq!(keys, expected, "the dedupe keys are not those of the tasks not ended");
@@ -238,7 +238,7 @@ impl Harness {
         // The calls may have ended the job already.
         let _ = engine.cancel(job).await;
         for (idx, record) in self.tasks(job).await.iter().enumerate() {
-            if let (true, Some(handler)) = (record.state.is_held(), record.handler) {
+            if let Some(handler) = record.holder() {
                 let give_up = PeerReport {
                     handler: handler.to_string(),
                     attempt_id: AttemptId::new(TaskRef { job, idx: TaskIdx(idx as u32) }, record.attempt).to_string(),
@@ -278,13 +278,12 @@ impl Harness {
         let mut lent_tasks = HashSet::new();
         for lent in &answer.tasks {
             let handler: HandlerId = lent.handler.parse().expect("a lent task names its handler");
-            let AttemptId { task, number: attempt } =
-                lent.attempt_id.parse().expect("a lent task has an attempt id");
+            let AttemptId { task, number: attempt } = lent.attempt_id.parse().expect("a lent task has an attempt id");
             assert_eq!(task.job, job, "a task of another job was lent");
             let idx = task.idx.0;
             let spec = &self.spec.tasks[idx as usize];
             assert!(lent_tasks.insert(idx), "task {idx} was lent twice in one answer");
-            assert_eq!(before[idx as usize].state, TaskState::Ready, "a task that was not ready was lent");
+            assert_eq!(before[idx as usize].state(), TaskState::Ready, "a task that was not ready was lent");
             *lent_to.entry(handler).or_default() += 1;
             *lent_by_type.entry((handler, lent.job_type.clone())).or_default() += 1;
             assert_eq!(
@@ -298,7 +297,7 @@ impl Harness {
             assert_eq!(lent.execution_timeout_seconds, spec.execution_timeout_seconds, "a lent task's timeout");
             let record = &after[idx as usize];
             assert!(
-                record.state == TaskState::Assigned && record.handler == Some(handler) && record.attempt == attempt,
+                record.state() == TaskState::Assigned && record.handler() == Some(handler) && record.attempt == attempt,
                 "a lent task is not held by the handler it was lent to: {record:?}"
             );
             holders.insert(idx, (handler, attempt));
@@ -339,7 +338,7 @@ impl Harness {
         let holds = named.and_then(|(task, attempt)| {
             let idx = task.idx.0;
             let holder = holders.get(&idx).copied()?;
-            (Some(holder) == sender.map(|s| (s, attempt)) && before.get(idx as usize)?.state.is_held()).then_some(idx)
+            (Some(holder) == sender.map(|s| (s, attempt)) && before.get(idx as usize)?.state().is_held()).then_some(idx)
         });
         let settles = matches!(sent.kind, Some(peer_report::Kind::Outcome(_) | peer_report::Kind::GiveUp(_)));
         if settles {
@@ -366,16 +365,16 @@ impl Harness {
                 holders.remove(&idx);
                 let output: Vec<&str> = new.output.iter().map(|l| &**l).collect();
                 if outcome.success {
-                    assert_eq!(new.state, TaskState::Succeeded, "a success left {new:?}");
+                    assert_eq!(new.state(), TaskState::Succeeded, "a success left {new:?}");
                     assert_eq!(output, outcome.output, "a success's output");
                     assert!(new.error.is_none());
                 } else if outcome.canceled {
-                    assert_eq!(new.state, TaskState::Canceled, "a cancel left {new:?}");
+                    assert_eq!(new.state(), TaskState::Canceled, "a cancel left {new:?}");
                     assert_eq!(new.error.as_deref(), Some(&*outcome.error), "a cancel's reason");
                 } else {
                     let retried = old.failures < spec.retry_limit;
                     let state = if retried { TaskState::Ready } else { TaskState::Failed };
-                    assert_eq!(new.state, state, "a failure left {new:?}");
+                    assert_eq!(new.state(), state, "a failure left {new:?}");
                     assert_eq!(new.failures, old.failures + 1);
                     assert_eq!(new.error.as_deref(), Some(&*outcome.error), "a failure's error");
                     assert_eq!(output, outcome.output, "a failure's output");
@@ -386,11 +385,11 @@ impl Harness {
                 let lost = old.lost + u32::from(give_up.counted);
                 assert_eq!(new.lost, lost, "a giving up counted wrong: {new:?}");
                 let state = if lost > LOST_LIMIT { TaskState::Failed } else { TaskState::Ready };
-                assert_eq!(new.state, state, "a giving up left {new:?}");
+                assert_eq!(new.state(), state, "a giving up left {new:?}");
                 assert!(new.error.as_deref().is_some_and(|e| e.starts_with(&*give_up.reason)), "{new:?}");
             }
             Some(peer_report::Kind::Progress(progress)) => {
-                assert!(new.state == TaskState::Running && new.handler == old.handler, "a progress left {new:?}");
+                assert!(new.state() == TaskState::Running && new.handler() == old.handler(), "a progress left {new:?}");
                 assert_eq!(new.progress_percent.to_bits(), progress.percent.to_bits(), "a progress's percent");
                 let line = jobcenter::engine::Progress {
                     percent: progress.percent,

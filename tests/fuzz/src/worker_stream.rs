@@ -199,7 +199,7 @@ impl Harness {
         let deadline = tokio::time::Instant::now() + LIMIT;
         let held_before = loop {
             let held = self.job(job).await.swap_remove(0);
-            if held.handler == Some(self.bystander) && held.state.is_held() {
+            if held.holder() == Some(self.bystander) {
                 break held;
             }
             assert!(tokio::time::Instant::now() < deadline, "the bystander never got its task: {held:?}");
@@ -295,7 +295,7 @@ impl Harness {
             if accepted && !lease {
                 for (idx, task) in tasks.iter().enumerate() {
                     assert!(
-                        !(task.state.is_held() && task.handler == Some(handler)),
+                        task.holder() != Some(handler),
                         "task {idx} is still held by a worker without a lease whose session ended: {task:?}"
                     );
                 }
@@ -340,7 +340,7 @@ impl Harness {
         }
         engine.cancel(job).await.expect("the job is canceled");
         let held = self.job(job).await.swap_remove(0);
-        if held.state.is_held() {
+        if held.state().is_held() {
             let canceled = JobCompleted {
                 job_id: jobcenter::model::AttemptId::new(
                     jobcenter::model::TaskRef { job, idx: jobcenter::model::TaskIdx(0) },
