@@ -9,11 +9,16 @@ use std::sync::Arc;
 
 use super::{Action, ClusterCommand, Command, Core, HandlerCommand, JobCommand, Query, ReportCommand, Step};
 use crate::clock::Timestamp;
+use crate::dispatch::FreeSlots;
 use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
 use crate::engine::Options;
 use crate::follower::Outcome;
-use crate::model::{AttemptId, HandlerId, JobId, JobOrigin, JobState, TaskIdx, TaskRef, TaskState};
-use crate::store::conformance::spec;
+use crate::jobfile::{self, Format, Limits};
+use crate::model::{
+    AttemptId, HandlerId, Hold, JobId, JobOrigin, JobSpec, JobState, Phase, TaskIdx, TaskRecord, TaskRef, TaskState,
+};
+use crate::store::conformance::{record, spec};
+use crate::store::StoredJob;
 
 const T0: Timestamp = Timestamp(1_795_694_400_000);
 
@@ -35,11 +40,19 @@ fn core_with_a_handler() -> (Core, HandlerId, mpsc::UnboundedReceiver<WorkOrder>
 /// `handler` connecting in session `session`, with two slots, and the
 /// orders it will be sent.
 fn connection(handler: HandlerId, session: u64) -> (Command, mpsc::UnboundedReceiver<WorkOrder>) {
+    connection_with_slots(handler, session, 2)
+}
+
+fn connection_with_slots(
+    handler: HandlerId,
+    session: u64,
+    capacity: u32,
+) -> (Command, mpsc::UnboundedReceiver<WorkOrder>) {
     let (sink, orders) = mpsc::unbounded_channel();
     let spec = HandlerSpec {
         handler,
         job_types: None,
-        capacity: 2,
+        capacity,
         type_capacity: Default::default(),
         starts_running: true,
         session,
@@ -100,6 +113,25 @@ fn made_durable(step: Step) {
 
 fn complete(attempt: AttemptId, handler: HandlerId, outcome: Outcome) -> Command {
     ReportCommand::Complete { attempt, handler, outcome, received: None, answer: None }.into()
+}
+
+/// `n` tasks that depend on nothing.
+fn independent(n: usize) -> Arc<JobSpec> {
+    let tasks: Vec<String> =
+        (0..n).map(|i| format!(r#"{{"id":"t{i}","job_type":"noop","parameters":{{}}}}"#)).collect();
+    let text = format!(r#"{{"name":"independent","tasks":[{}]}}"#, tasks.join(","));
+    Arc::new(jobfile::parse(text.as_bytes(), Format::Json, "test", &Limits::default()).expect("valid"))
+}
+
+fn submit(core: &mut Core, spec: Arc<JobSpec>, now: Timestamp) -> (JobId, Step) {
+    let (id, (reply, _answer)) = (JobId::new(), oneshot::channel());
+    (id, core.turn([JobCommand::Submit { id, spec, origin: JobOrigin::User, reply }.into()], now))
+}
+
+/// What a query or command answers once its step is durable.
+fn answer_of<T>(step: Step, mut answer: oneshot::Receiver<T>) -> T {
+    made_durable(step);
+    answer.try_recv().expect("answered once durable")
 }
 
 fn attempt(job: JobId, idx: u32, number: u32) -> AttemptId {
@@ -281,4 +313,120 @@ fn a_borrowed_attempt_holds_its_slot_until_its_report_is_settled() {
     assert!(sent(&core.turn([other.into()], at(4))).is_empty(), "another attempt of that task settles nothing");
     let settled = core.turn([ClusterCommand::ReturnBorrowed { attempt: theirs }.into()], at(5));
     assert_eq!(sent(&settled), [attempt(id, 0, 1)], "once settled, its slot runs the next task in the same turn");
+}
+
+#[test]
+fn a_reconnected_handler_keeps_what_it_runs_loses_what_it_dropped_and_hears_of_what_it_does_not_hold() {
+    let (mut core, handler, _orders) = core_with_a_handler();
+    let (id, step) = submit(&mut core, independent(2), at(1));
+    assert_eq!(sent(&step), [attempt(id, 0, 1), attempt(id, 1, 1)]);
+    let stranger = attempt(JobId::new(), 0, 1);
+    let (reply, answer) = oneshot::channel();
+    let running = [attempt(id, 0, 1), stranger].into_iter().collect();
+    let reconcile = HandlerCommand::Reconcile { handler, running, dropped_before: Some(at(3)), reply };
+    let step = core.turn([reconcile.into()], at(5));
+    assert_eq!(written(&step, id), [(1, TaskState::Running, 2)], "what it dropped runs again, here, at once");
+    assert_eq!(sent(&step), [attempt(id, 1, 2)]);
+    let reconciled = answer_of(step, answer);
+    assert_eq!((reconciled.adopted, reconciled.dropped, reconciled.not_held), (1, 1, vec![stranger]));
+    // Only what it was given before the time it names is dropped.
+    let (reply, answer) = oneshot::channel();
+    let reconcile =
+        HandlerCommand::Reconcile { handler, running: Default::default(), dropped_before: Some(at(5)), reply };
+    let step = core.turn([reconcile.into()], at(6));
+    assert_eq!(written(&step, id), [(0, TaskState::Running, 2)]);
+    let reconciled = answer_of(step, answer);
+    assert_eq!((reconciled.adopted, reconciled.dropped, reconciled.not_held), (0, 1, vec![]));
+}
+
+#[test]
+fn a_task_lent_to_another_instances_handler_is_held_here_and_ends_by_that_handlers_report() {
+    let mut core = Core::new(Options::default(), broadcast::channel(16).0);
+    let (id, step) = submit(&mut core, spec(2), at(1));
+    assert!(sent(&step).is_empty(), "no handler is connected here");
+    let theirs = HandlerId::new();
+    let (reply, answer) = oneshot::channel();
+    let offer = FreeSlots { handler: theirs, total: 2, job_types: vec![(Arc::from("noop"), 2)] };
+    let step = core.turn([ClusterCommand::Lend { slots: vec![offer], reply }.into()], at(2));
+    assert_eq!(written(&step, id), [(0, TaskState::Assigned, 1)], "held by their handler, durable before it leaves");
+    assert!(sent(&step).is_empty(), "a lent attempt goes out through its borrower, not from here");
+    let lent = answer_of(step, answer);
+    assert_eq!(lent.iter().map(|(h, a)| (*h, a.attempt)).collect::<Vec<_>>(), [(theirs, attempt(id, 0, 1))]);
+    let done = || Outcome::Succeeded { output: Vec::new() };
+    assert!(core.turn([complete(attempt(id, 0, 1), HandlerId::new(), done())], at(3)).batch.is_empty());
+    let step = core.turn([complete(attempt(id, 0, 1), theirs, done())], at(4));
+    assert_eq!(
+        written(&step, id),
+        [(0, TaskState::Succeeded, 1), (1, TaskState::Ready, 0)],
+        "its child waits for a handler"
+    );
+    let (reply, answer) = oneshot::channel();
+    let offer = FreeSlots { handler: theirs, total: 1, job_types: vec![(Arc::from("noop"), 1)] };
+    let step = core.turn([ClusterCommand::Lend { slots: vec![offer], reply }.into()], at(5));
+    assert_eq!(answer_of(step, answer).len(), 1, "the task it released is lent in its turn");
+}
+
+#[test]
+fn an_adopted_job_keeps_the_attempt_borrowed_here_and_its_report_completes_it_here() {
+    let mut core = Core::new(Options::default(), broadcast::channel(16).0);
+    let handler = HandlerId::new();
+    let (connect, _orders) = connection_with_slots(handler, 1, 1);
+    core.turn([connect], T0);
+    let spec = spec(2);
+    let mut stored = StoredJob { record: record(&spec, JobState::Running), spec: spec.clone(), tasks: Vec::new() };
+    let id = stored.record.id;
+    let borrowed = Assignment {
+        attempt: attempt(id, 0, 1),
+        job_name: "chain".into(),
+        task_id: "t0".into(),
+        job_type: Arc::from("noop"),
+        parameters: "{}".into(),
+        labels: Default::default(),
+        priority: Default::default(),
+        execution_timeout_seconds: None,
+        released_at: None,
+        lent_by: Some(Arc::from("10.0.0.2:19333")),
+    };
+    let (reply, _unsent) = oneshot::channel();
+    let step =
+        core.turn([ClusterCommand::Borrowed { handler, reserved: 0, lent: vec![borrowed], reply }.into()], at(2));
+    assert_eq!(sent(&step), [attempt(id, 0, 1)]);
+    // Its leader went away; this instance claims the job as the leader left it.
+    let mut running = TaskRecord::initial(false, at(0));
+    running.set_phase(Phase::Held(Hold { handler, assigned_at: at(2), started_at: Some(at(2)) }), at(2));
+    running.attempt = 1;
+    stored.tasks = vec![running, TaskRecord::initial(true, at(0))];
+    let (reply, answer) = oneshot::channel();
+    let step = core.turn([ClusterCommand::Adopt { jobs: vec![stored.clone()], reply }.into()], at(3));
+    let leader = step.batch.jobs.iter().find(|j| j.id == id).and_then(|j| j.handler);
+    assert_eq!(leader, Some(core.options.instance), "the job's record names its new leader");
+    assert!(sent(&step).is_empty(), "its running attempt is not sent again");
+    assert_eq!(answer_of(step, answer), 1);
+    let (reply, answer) = oneshot::channel();
+    assert_eq!(answer_of(core.turn([ClusterCommand::Adopt { jobs: vec![stored], reply }.into()], at(4)), answer), 0);
+    let step = core.turn([complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() })], at(5));
+    assert_eq!(written(&step, id), [(0, TaskState::Succeeded, 1), (1, TaskState::Running, 1)]);
+    assert_eq!(
+        sent(&step),
+        [attempt(id, 1, 1)],
+        "the handler's one slot, the borrowed attempt's no more, runs the next task"
+    );
+}
+
+#[test]
+fn only_jobs_no_attempt_runs_for_are_released_to_other_instances() {
+    let (mut core, _handler, _orders) = core_with_a_handler();
+    let (busy, step) = submit(&mut core, independent(2), at(1));
+    assert_eq!(sent(&step).len(), 2, "both of the handler's slots run the first job");
+    let (idle, step) = submit(&mut core, spec(1), at(2));
+    assert!(sent(&step).is_empty());
+    let (reply, answer) = oneshot::channel();
+    let step = core.turn([ClusterCommand::Release { up_to: 5, reply }.into()], at(3));
+    assert_eq!(step.batch.released, [idle], "the release is written with the step");
+    assert_eq!(answer_of(step, answer), [idle]);
+    for (job, led) in [(busy, true), (idle, false)] {
+        let (reply, answer) = oneshot::channel();
+        let summary = answer_of(core.turn([Query::Summary { job, reply }.into()], at(4)), answer);
+        assert_eq!(summary.is_some(), led, "{job} led here");
+    }
 }
