@@ -11,7 +11,7 @@ use crate::proto::plugin::{AdminRuntimeConfig, AdminRuntimeDefaults};
 
 /// The settings of one job type.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Policy {
+pub(crate) struct Policy {
     pub global_execution_concurrency: u32,
     pub per_worker_execution_concurrency: u32,
     pub retry_limit: u32,
@@ -69,7 +69,7 @@ pub(crate) const SETTINGS: [&str; 10] = [
 ];
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("unknown policy setting {name:?}; settings are {}, and worker.NAME for a worker configuration value", SETTINGS.join(", "))]
     UnknownSetting { name: String },
     #[error("policy setting {name} must be a whole number, not {value:?}")]
@@ -83,14 +83,14 @@ pub(crate) type Overrides = BTreeMap<String, u32>;
 
 /// Where a value of an effective policy came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     Default,
     Descriptor,
     Set,
 }
 
 impl Source {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Source::Default => "default",
             Source::Descriptor => "descriptor",
@@ -116,12 +116,8 @@ impl Policy {
         })
     }
 
-    pub fn get(&self, name: &str) -> Option<u32> {
-        self.clone().slot(name).map(|v| *v)
-    }
-
     /// The effective policy of a job type and where each value came from.
-    pub fn resolve(
+    pub(crate) fn resolve(
         job_type: &str,
         builtin: Option<Policy>,
         descriptor: Option<&AdminRuntimeDefaults>,
@@ -161,7 +157,7 @@ impl Policy {
         (policy, sources)
     }
 
-    pub fn limits(&self) -> TypeLimits {
+    pub(crate) fn limits(&self) -> TypeLimits {
         TypeLimits {
             global: self.global_execution_concurrency.max(1),
             per_worker: self.per_worker_execution_concurrency.max(1),
@@ -171,7 +167,7 @@ impl Policy {
     }
 
     /// The policy as the worker stream carries it.
-    pub fn to_runtime(&self) -> AdminRuntimeConfig {
+    pub(crate) fn to_runtime(&self) -> AdminRuntimeConfig {
         let int = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
         AdminRuntimeConfig {
             enabled: true,

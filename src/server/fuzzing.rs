@@ -1,5 +1,5 @@
 //! An admin as the fuzz targets reach it (feature `fuzzing`, hidden from
-//! the documentation): its shared state and engine over a given store, with
+//! the documentation): its parts and engine over a given store, with
 //! no listener and no background loop; worker sessions fed from any stream
 //! of decoded messages, exactly as the worker stream feeds them; and the
 //! peer service.
@@ -11,8 +11,9 @@ use tokio_stream::Stream;
 use tonic::Status;
 
 use super::cluster::peer::PeerServiceImpl;
+use super::policies::Policies;
 use super::workers::stream::WorkerStreamService;
-use super::{assemble, ServerOptions, Shared};
+use super::{assemble, Registry, ServerOptions};
 use crate::clock::{Clock, SystemClock};
 use crate::engine::EngineHandle;
 use crate::model::HandlerId;
@@ -21,21 +22,25 @@ use crate::store::Store;
 
 /// One admin, alone (no cluster).
 pub struct Admin {
-    shared: Arc<Shared>,
+    engine: EngineHandle,
     workers: WorkerStreamService,
+    peer: PeerServiceImpl,
+    registry: Registry,
+    policies: Policies,
 }
 
 impl Admin {
-    /// Starts the engine over `store` and assembles what a server shares.
+    /// Starts the engine over `store` and assembles the server's parts
+    /// (its loops are not started).
     pub async fn start(store: Arc<dyn Store>, options: ServerOptions) -> Result<Admin, super::Error> {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let (shared, _foreign_orders) = assemble(store, &options, clock, super::Topology::Alone, 0).await?;
-        let workers = WorkerStreamService::new(shared.clone());
-        Ok(Admin { shared, workers })
+        let (parts, _loops) = assemble(store, &options, clock, super::Topology::Alone, 0).await?;
+        let policies = parts.workers.sessions.policies.clone();
+        Ok(Admin { engine: parts.engine, workers: parts.workers, peer: parts.peer, registry: parts.registry, policies })
     }
 
     pub fn engine(&self) -> &EngineHandle {
-        &self.shared.engine
+        &self.engine
     }
 
     /// Opens a worker session whose messages arrive on `inbound`, as a
@@ -53,16 +58,16 @@ impl Admin {
 
     /// The peer service other instances call.
     pub fn peer_service(&self) -> impl crate::proto::peer::peer_service_server::PeerService {
-        PeerServiceImpl::new(self.shared.clone())
+        self.peer.clone()
     }
 
     /// The workers whose sessions are registered now.
     pub fn connected_workers(&self) -> Vec<HandlerId> {
-        self.shared.registry.handlers()
+        self.registry.handlers()
     }
 
     /// Whether a job type's descriptor is in the policy book.
     pub fn has_descriptor(&self, job_type: &str) -> bool {
-        self.shared.policies.has_descriptor(job_type)
+        self.policies.has_descriptor(job_type)
     }
 }

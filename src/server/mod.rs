@@ -139,37 +139,6 @@ impl Stats {
     }
 }
 
-/// What every part of the server shares.
-pub struct Shared {
-    pub stats: Stats,
-    pub cluster_lock: seaweedfs::master::ClusterLock,
-    /// The maintenance changes under way, for the capacity view.
-    pub capacity: seaweedfs::capacity::Tracker,
-    /// The filers and S3 servers the masters listed last.
-    pub cluster_nodes: seaweedfs::context::Known,
-    pub scheduler: duties::scheduler::SchedulerState,
-    pub recovery_gate: duties::recovery::Gate,
-    pub prune_gate: duties::retention::Gate,
-    pub metrics: surface::metrics::Metrics,
-    pub engine: EngineHandle,
-    pub registry: Registry,
-    pub policies: policies::Policies,
-    pub auth: Auth,
-    pub options: ServerOptions,
-    pub grpc_port: u16,
-    pub clock: Arc<dyn Clock>,
-    /// Alone, or this instance among several on one database.
-    pub topology: Topology,
-    /// The background duties, supervised.
-    pub duties: duties::Duties,
-    /// The scheduler loop is paused (alone; in a cluster, `cluster` says).
-    pub scheduler_paused: std::sync::atomic::AtomicBool,
-    /// Links to the other instances of the cluster.
-    pub peers: cluster::peer::Peers,
-    /// The console's signed-in browsers.
-    pub sessions: surface::console::Sessions,
-}
-
 /// Runs the server on listeners that are already bound until `shutdown`
 /// resolves, then stops in order: it takes no more work (the listeners
 /// close, worker streams end, the duties that take work end); it hands its
@@ -198,10 +167,10 @@ pub async fn run(
         }
         None => Topology::Alone,
     };
-    let (shared, foreign_receiver) = assemble(store.clone(), &options, clock, topology, grpc_addr.port()).await?;
-    let engine = shared.engine.clone();
+    let (parts, loops) = assemble(store.clone(), &options, clock, topology, grpc_addr.port()).await?;
+    let engine = parts.engine.clone();
     let fate = engine.fate().clone();
-    if let Topology::Member(_) = &shared.topology {
+    if let Topology::Member(_) = &parts.topology {
         // Nothing of a limited type, and nothing on a volume, runs here
         // before the permits duty holds its first permits.
         engine.set_permits(Default::default(), Default::default()).await?;
@@ -210,14 +179,13 @@ pub async fn run(
         let handlers = HandlerRegistry::new(builtin_handlers());
         LocalExecutor::start(engine.clone(), handlers, options.local_worker_slots, None).await?;
     }
-    keep_duties(&shared, foreign_receiver);
+    keep_duties(&parts, loops);
 
-    let api = surface::api::Api::new(shared.clone());
-    let worker_service = PluginControlServiceServer::new(workers::stream::WorkerStreamService::new(shared.clone()))
+    let worker_service = PluginControlServiceServer::new(parts.workers.clone())
         .max_decoding_message_size(options.max_worker_message_bytes)
         .max_encoding_message_size(options.max_worker_message_bytes);
     // A streamed submission's chunks (1 MiB) always fit in one message.
-    let job_service = JobServiceServer::new(surface::api::JobServiceImpl::new(api.clone()))
+    let job_service = JobServiceServer::new(parts.jobs.clone())
         .max_decoding_message_size(options.max_request_bytes.max(2 * 1024 * 1024))
         .max_encoding_message_size(options.max_request_bytes.max(64 * 1024 * 1024));
 
@@ -231,7 +199,7 @@ pub async fn run(
         .max_concurrent_streams(Some(u32::try_from(options.max_workers).unwrap_or(u32::MAX).saturating_add(256)))
         .add_service(worker_service)
         .add_service(job_service)
-        .add_service(PeerServiceServer::new(cluster::peer::PeerServiceImpl::new(shared.clone())))
+        .add_service(PeerServiceServer::new(parts.peer.clone()))
         // Small messages (an acknowledgement, then a work order) must not wait
         // for each other's TCP acknowledgement: no Nagle on the worker streams.
         .serve_with_incoming_shutdown(
@@ -241,9 +209,9 @@ pub async fn run(
             closing.clone().cancelled_owned(),
         );
     let http = surface::stall::HttpListener { listener: http, limit: options.send_timeout };
-    let http_server = axum::serve(http, surface::http::router(shared.clone(), api))
+    let http_server = axum::serve(http, surface::http::router(parts.http.clone()))
         .with_graceful_shutdown(closing.clone().cancelled_owned());
-    match &shared.topology {
+    match &parts.topology {
         Topology::Member(node) => {
             eprintln!("jobcenter server listening: http {http_addr} grpc {grpc_addr} instance {}", node.id)
         }
@@ -260,8 +228,8 @@ pub async fn run(
             // Take no more work: the listeners close, and worker streams,
             // which live as long as their workers, end.
             closing.cancel();
-            shared.registry.stop_all();
-            shared.duties.stop_intake().await;
+            parts.registry.stop_all();
+            parts.duties.stop_intake().await;
             tokio::select! {
                 (grpc_result, http_result) = &mut serve => {
                     for e in [grpc_result.err().map(Error::from), http_result.err().map(Error::from)].into_iter().flatten() {
@@ -277,7 +245,7 @@ pub async fn run(
         // Nothing of this instance may go on: no hand-over, no last writes.
         fatal = fate.met() => return Err(fatal.into()),
     }
-    stop(&shared).await;
+    stop(&parts).await;
     match fate.fatal() {
         Some(fatal) => Err(fatal.clone().into()),
         None => Ok(()),
@@ -311,14 +279,14 @@ impl Error {
 }
 
 /// The steps of a stop after the intake: hand the jobs over, flush, close.
-async fn stop(shared: &Shared) {
+async fn stop(parts: &Parts) {
     // The engine writes its last steps while this instance still leads.
-    shared.engine.close().await;
-    shared.duties.stop_all().await;
-    let store = shared.engine.store().clone();
-    if let Topology::Member(node) = &shared.topology {
+    parts.engine.close().await;
+    parts.duties.stop_all().await;
+    let store = parts.engine.store().clone();
+    if let Topology::Member(node) = &parts.topology {
         // A clean stop hands the jobs over at once instead of after the lag.
-        shared.engine.fate().leaving();
+        parts.engine.fate().leaving();
         if let Err(e) = node.leave().await {
             tracing::warn!(instance = %node.id, error = %e, "could not leave the cluster cleanly; the others will notice the silence");
         }
@@ -329,37 +297,29 @@ async fn stop(shared: &Shared) {
 }
 
 /// Starts every background duty this server has, in one supervised set.
-fn keep_duties(shared: &Arc<Shared>, foreign_receiver: ForeignOrders) {
-    let duties = &shared.duties;
-    let s = shared.clone();
-    duties.keep("recovery", Stage::Intake, move || duties::recovery::checks(s.clone()));
-    let s = shared.clone();
-    duties.keep("retention", Stage::Intake, move || duties::retention::prunes(s.clone()));
-    if !shared.options.masters.is_empty() {
-        seaweedfs::master::keep_duties(duties, shared);
+fn keep_duties(parts: &Parts, loops: Loops) {
+    let Loops { recovery, pruner, scheduler, seaweedfs, clock, cluster, foreign_orders } = loops;
+    let duties = &parts.duties;
+    duties.keep("recovery", Stage::Intake, move || recovery.clone().checks());
+    duties.keep("retention", Stage::Intake, move || pruner.clone().prunes());
+    if seaweedfs.has_masters() {
+        seaweedfs::master::keep_duties(duties, &seaweedfs, &parts.engine, &clock, &parts.registry);
     }
-    let node = match &shared.topology {
-        Topology::Alone => {
-            let s = shared.clone();
-            duties.keep("scheduler", Stage::Intake, move || duties::scheduler::detections(s.clone()));
-            return;
-        }
-        Topology::Member(node) => node,
+    let Some((member, lending)) = cluster else {
+        duties.keep("scheduler", Stage::Intake, move || scheduler.clone().detections());
+        return;
     };
-    let (s, n) = (shared.clone(), node.clone());
-    duties.keep("scheduler", Stage::Intake, move || duties::scheduler::cluster_detections(s.clone(), n.clone()));
-    let (s, n) = (shared.clone(), node.clone());
-    duties.keep("permits", Stage::Intake, move || cluster::permits(s.clone(), n.clone()));
-    let (s, n) = (shared.clone(), node.clone());
-    duties.keep("borrower", Stage::Intake, move || cluster::peer::borrower(s.clone(), n.clone()));
-    let (s, n, orders) = (shared.clone(), node.clone(), Arc::new(tokio::sync::Mutex::new(foreign_receiver)));
-    duties.keep("foreign orders", Stage::Intake, move || {
-        cluster::peer::foreign_orders(s.clone(), n.clone(), orders.clone())
-    });
-    let (s, n) = (shared.clone(), node.clone());
-    duties.keep("heartbeats", Stage::Membership, move || cluster::heartbeats(s.clone(), n.clone()));
-    let (s, n) = (shared.clone(), node.clone());
-    duties.keep("fence", Stage::Membership, move || cluster::fence(s.clone(), n.clone()));
+    let node = member.node.clone();
+    duties.keep("scheduler", Stage::Intake, move || scheduler.clone().cluster_detections(node.clone()));
+    let m = member.clone();
+    duties.keep("permits", Stage::Intake, move || cluster::permits(m.clone()));
+    let l = lending.clone();
+    duties.keep("borrower", Stage::Intake, move || l.clone().borrower());
+    let orders = Arc::new(tokio::sync::Mutex::new(foreign_orders));
+    duties.keep("foreign orders", Stage::Intake, move || lending.clone().foreign_orders(orders.clone()));
+    let m = member.clone();
+    duties.keep("heartbeats", Stage::Membership, move || cluster::heartbeats(m.clone()));
+    duties.keep("fence", Stage::Membership, move || cluster::fence(member.clone()));
 }
 
 /// Work orders for handlers connected to other instances, with their
@@ -367,21 +327,52 @@ fn keep_duties(shared: &Arc<Shared>, foreign_receiver: ForeignOrders) {
 type ForeignReceiver = Arc<tokio::sync::Mutex<ForeignOrders>>;
 type ForeignOrders = tokio::sync::mpsc::UnboundedReceiver<(crate::model::HandlerId, crate::dispatch::WorkOrder)>;
 
-/// What a server shares before it listens: the engine over `store`, the
-/// policy book, and the state every part reads. With it, the work orders
-/// the engine gives for handlers connected to other instances.
+/// What the server serves, as `assemble` built and wired it: the engine,
+/// the services of its two ports, and what a stop ends (the worker
+/// sessions, the duties; in a cluster, the membership). Each service holds
+/// the handles it uses and nothing else; only `run`, `stop` and
+/// `keep_duties` (and the fuzzing admin) hold this.
+struct Parts {
+    engine: EngineHandle,
+    topology: Topology,
+    registry: Registry,
+    duties: duties::Duties,
+    workers: workers::stream::WorkerStreamService,
+    jobs: surface::api::JobServiceImpl,
+    peer: cluster::peer::PeerServiceImpl,
+    http: surface::http::AppState,
+}
+
+/// The loops `keep_duties` starts, each with the handles it uses.
+struct Loops {
+    recovery: Arc<duties::recovery::Recovery>,
+    pruner: Arc<duties::retention::Pruner>,
+    scheduler: Arc<duties::scheduler::Scheduler>,
+    seaweedfs: seaweedfs::SeaweedFs,
+    /// For the capacity view's changes.
+    clock: Arc<dyn Clock>,
+    /// In a cluster: this instance as a member (permits, heartbeats, the
+    /// fence) and its part in the work across instances.
+    cluster: Option<(Arc<cluster::Member>, Arc<cluster::peer::Lending>)>,
+    /// The work orders the engine gives for handlers connected to other instances.
+    foreign_orders: ForeignOrders,
+}
+
+/// Builds the server over `store`: the engine, the policy book, and each
+/// part with the handles it uses, wired to one another; what it serves, and
+/// the loops `keep_duties` starts (which it does not start).
 async fn assemble(
     store: Arc<dyn Store>,
     options: &ServerOptions,
     clock: Arc<dyn Clock>,
     topology: Topology,
     grpc_port: u16,
-) -> Result<(Arc<Shared>, ForeignOrders), Error> {
-    let (foreign_orders, foreign_receiver) = tokio::sync::mpsc::unbounded_channel();
+) -> Result<(Parts, Loops), Error> {
+    let (foreign_sender, foreign_orders) = tokio::sync::mpsc::unbounded_channel();
     let fate = crate::fate::Fate::default();
     let member = topology.member();
     let engine_options = Options {
-        foreign_orders: member.is_some().then_some(foreign_orders),
+        foreign_orders: member.is_some().then_some(foreign_sender),
         orphans: Orphans::Keep { grace: options.orphan_grace },
         lost_attempt_limit: options.lost_attempt_limit,
         instance: member.map(|n| n.id).unwrap_or_default(),
@@ -400,43 +391,146 @@ async fn assemble(
     for job_type in policies.job_types().iter().map(String::as_str).chain(["noop", "shell"]) {
         policies.push_limits(&engine, job_type).await;
     }
-    let shared = Arc::new(Shared {
-        stats: Stats::default(),
-        cluster_lock: seaweedfs::master::ClusterLock::new(seaweedfs::master::Turns {
-            turn: options.cluster_lock_turn,
-            ..seaweedfs::master::Turns::default()
-        }),
-        capacity: seaweedfs::capacity::Tracker::default(),
-        cluster_nodes: seaweedfs::context::Known::default(),
-        scheduler: duties::scheduler::SchedulerState::default(),
-        recovery_gate: duties::recovery::Gate::default(),
-        prune_gate: duties::retention::Gate::default(),
-        metrics: surface::metrics::Metrics::new(),
+
+    // The handles several parts share: each is cheap to clone.
+    let registry = Registry::default();
+    let duties = duties::Duties::new(fate);
+    let metrics = Arc::new(surface::metrics::Metrics::new());
+    let stats = Arc::new(Stats::default());
+    let auth = Auth::new(options.token.clone());
+    let peers = cluster::peer::Peers::new(options.token.as_deref());
+    let seaweedfs = seaweedfs::SeaweedFs::new(options.masters.clone(), options.cluster_lock_turn);
+    let board = duties::scheduler::Board::new(engine.clone(), clock.clone(), duties.clone());
+    let reports = cluster::peer::Reports { topology: topology.clone(), peers: peers.clone(), engine: engine.clone() };
+
+    let scheduler = Arc::new(duties::scheduler::Scheduler {
+        board: board.clone(),
+        registry: registry.clone(),
+        policies: policies.clone(),
+        topology: topology.clone(),
+        peers: peers.clone(),
+        metrics: metrics.clone(),
+        seaweedfs: seaweedfs.clone(),
+        limits: options.limits.clone(),
+    });
+    let recovery = Arc::new(duties::recovery::Recovery {
+        gate: Arc::default(),
         engine: engine.clone(),
-        registry: Registry::default(),
-        policies,
-        auth: Auth::new(options.token.clone()),
-        options: options.clone(),
+        clock: clock.clone(),
+        registry: registry.clone(),
+        topology: topology.clone(),
+        peers: peers.clone(),
+        metrics: metrics.clone(),
+        board: board.clone(),
+        settings: duties::recovery::Settings {
+            silence_timeout: options.silence_timeout,
+            finalize_grace: options.finalize_grace,
+            progress_timeout: options.progress_timeout,
+            delivery_grace: options.delivery_grace,
+            interval: options.recovery_interval,
+            orphan_grace: options.orphan_grace,
+            cluster: options.cluster,
+            limits: options.limits.clone(),
+        },
+    });
+    let pruner = Arc::new(duties::retention::Pruner {
+        gate: Arc::default(),
+        engine: engine.clone(),
+        clock: clock.clone(),
+        metrics: metrics.clone(),
+        topology: topology.clone(),
+        retention: options.retention.clone(),
+        interval: options.prune_interval,
+    });
+    let sessions = Arc::new(workers::stream::WorkerSessions {
+        engine: engine.clone(),
+        registry: registry.clone(),
+        clock: clock.clone(),
+        topology: topology.clone(),
+        peers: peers.clone(),
+        reports: reports.clone(),
+        board: board.clone(),
+        policies: policies.clone(),
+        seaweedfs: seaweedfs.clone(),
+        stats: stats.clone(),
+        duties: duties.clone(),
+        settings: workers::stream::Settings {
+            max_workers: options.max_workers,
+            heartbeat_interval: options.heartbeat_interval,
+            orphan_grace: options.orphan_grace,
+            silence_timeout: options.silence_timeout,
+        },
+    });
+    let workers = workers::stream::WorkerStreamService::new(sessions, auth.clone());
+    let peer = cluster::peer::PeerServiceImpl::new(
+        auth.clone(),
+        engine.clone(),
+        peers.clone(),
+        registry.clone(),
+        topology.clone(),
+        options.orphan_grace,
+    );
+    let api = surface::api::Api {
+        engine: engine.clone(),
+        registry: registry.clone(),
+        topology: topology.clone(),
+        peers: peers.clone(),
+        policies: policies.clone(),
+        metrics: metrics.clone(),
+        scheduler: scheduler.clone(),
+        recovery: recovery.clone(),
+        pruner: pruner.clone(),
+        seaweedfs: seaweedfs.clone(),
+        limits: options.limits.clone(),
         grpc_port,
-        clock,
-        topology,
-        duties: duties::Duties::new(fate),
-        scheduler_paused: std::sync::atomic::AtomicBool::new(false),
-        peers: cluster::peer::Peers::default(),
-        sessions: surface::console::Sessions::default(),
+    };
+    let scrape = surface::metrics::Scrape {
+        metrics: metrics.clone(),
+        engine: engine.clone(),
+        registry: registry.clone(),
+        policies: policies.clone(),
+        scheduler: board,
+        recovery: recovery.gate.clone(),
+        prune: pruner.gate.clone(),
+        stats: stats.clone(),
+    };
+    let http = surface::http::AppState {
+        api: api.clone(),
+        auth: auth.clone(),
+        sessions: Arc::default(),
+        scrape: Arc::new(scrape),
+        stats,
+        topology: topology.clone(),
+        engine: engine.clone(),
+        grpc_port,
+        max_request_bytes: options.max_request_bytes,
+    };
+    let cluster = topology.member().map(|node| {
+        let member = cluster::Member {
+            node: node.clone(),
+            engine: engine.clone(),
+            registry: registry.clone(),
+            policies: policies.clone(),
+            metrics: metrics.clone(),
+            recovery: recovery.clone(),
+            duties: duties.clone(),
+            delivery_grace: options.delivery_grace,
+        };
+        let lending = cluster::peer::Lending {
+            node: node.clone(),
+            engine: engine.clone(),
+            peers,
+            reports,
+            duties: duties.clone(),
+            grpc_port,
+        };
+        (Arc::new(member), Arc::new(lending))
     });
 
-    engine.on_commit(Arc::new(shared.metrics.commit_observer()));
-    shared.metrics.declare_recovery_rules(&[
-        "R1",
-        "R2",
-        "R2-undelivered",
-        "R3",
-        "R3-pinned",
-        "R3-progress",
-        "R4",
-        "R5",
-        "R6",
-    ]);
-    Ok((shared, foreign_receiver))
+    engine.on_commit(Arc::new(metrics.commit_observer()));
+    metrics.declare_recovery_rules(&["R1", "R2", "R2-undelivered", "R3", "R3-pinned", "R3-progress", "R4", "R5", "R6"]);
+    let jobs = surface::api::JobServiceImpl::new(api, auth);
+    let parts = Parts { engine, topology, registry, duties, workers, jobs, peer, http };
+    let loops = Loops { recovery, pruner, scheduler, seaweedfs, clock, cluster, foreign_orders };
+    Ok((parts, loops))
 }

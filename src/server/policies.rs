@@ -82,7 +82,7 @@ fn with_set(
 /// What every work order of a job type carries from the book: resolved
 /// once per job type and kept until the book changes.
 #[derive(Debug, PartialEq)]
-pub struct ForDispatch {
+pub(crate) struct ForDispatch {
     pub runtime: AdminRuntimeConfig,
     pub admin_values: std::collections::HashMap<String, ConfigValue>,
     pub worker_values: std::collections::HashMap<String, ConfigValue>,
@@ -93,7 +93,7 @@ impl ForDispatch {
     /// execution timeout stands in for its job type's, as it does for the
     /// admin's own deadline, so that a worker stops the execution itself
     /// when no admin is there to.
-    pub fn runtime_for(&self, own_timeout_seconds: Option<u64>) -> AdminRuntimeConfig {
+    pub(crate) fn runtime_for(&self, own_timeout_seconds: Option<u64>) -> AdminRuntimeConfig {
         let mut runtime = self.runtime;
         if let Some(seconds) = own_timeout_seconds {
             runtime.execution_timeout_seconds = i32::try_from(seconds).unwrap_or(i32::MAX);
@@ -142,14 +142,14 @@ impl std::ops::DerefMut for Locked {
 }
 
 #[derive(Clone)]
-pub struct Policies {
+pub(crate) struct Policies {
     engine: EngineHandle,
     book: Arc<Mutex<Locked>>,
 }
 
 impl Policies {
     /// Loads what the store holds (blocking: call it off the runtime).
-    pub fn load(store: Arc<dyn Store>, engine: EngineHandle) -> Result<Policies, store::Error> {
+    pub(crate) fn load(store: Arc<dyn Store>, engine: EngineHandle) -> Result<Policies, store::Error> {
         let book = read_book(&*store)?;
         Ok(Policies { engine, book: Arc::new(Mutex::new(Locked { book, for_dispatch: BTreeMap::new() })) })
     }
@@ -157,7 +157,7 @@ impl Policies {
     /// Reads the policy book again (blocking: call it off the runtime), as
     /// another admin instance sharing the store may have changed it; returns
     /// the job types whose descriptor, policy or worker values changed.
-    pub fn refresh(&self, store: &dyn Store) -> Result<Vec<String>, store::Error> {
+    pub(crate) fn refresh(&self, store: &dyn Store) -> Result<Vec<String>, store::Error> {
         let fresh = read_book(store)?;
         let mut book = self.book.lock().expect("policy lock");
         if book.book == fresh {
@@ -189,7 +189,7 @@ impl Policies {
     }
 
     /// Job types with a descriptor or a policy set.
-    pub fn job_types(&self) -> Vec<String> {
+    pub(crate) fn job_types(&self) -> Vec<String> {
         let book = self.book.lock().expect("policy lock");
         let mut types: Vec<String> = book.descriptors.keys().chain(book.overrides.keys()).cloned().collect();
         types.sort();
@@ -198,25 +198,25 @@ impl Policies {
     }
 
     /// The descriptor a worker sent for the job type, if one did.
-    pub fn descriptor(&self, job_type: &str) -> Option<JobTypeDescriptor> {
+    pub(crate) fn descriptor(&self, job_type: &str) -> Option<JobTypeDescriptor> {
         self.book.lock().expect("policy lock").descriptors.get(job_type).cloned()
     }
 
-    pub fn has_descriptor(&self, job_type: &str) -> bool {
+    pub(crate) fn has_descriptor(&self, job_type: &str) -> bool {
         self.book.lock().expect("policy lock").descriptors.contains_key(job_type)
     }
 
-    pub fn effective(&self, job_type: &str) -> (Policy, BTreeMap<String, Source>) {
+    pub(crate) fn effective(&self, job_type: &str) -> (Policy, BTreeMap<String, Source>) {
         effective(&self.book.lock().expect("policy lock"), job_type)
     }
 
     /// What a work order of the job type carries: the effective policy as
     /// the admin's runtime settings, and the admin and worker values.
-    pub fn for_dispatch(&self, job_type: &str) -> Arc<ForDispatch> {
+    pub(crate) fn for_dispatch(&self, job_type: &str) -> Arc<ForDispatch> {
         self.book.lock().expect("policy lock").for_dispatch(job_type)
     }
 
-    pub async fn save_descriptor(&self, descriptor: JobTypeDescriptor) -> Result<(), engine::Error> {
+    pub(crate) async fn save_descriptor(&self, descriptor: JobTypeDescriptor) -> Result<(), engine::Error> {
         let key = format!("{DESCRIPTOR_PREFIX}{}", descriptor.job_type);
         self.engine.put_settings(vec![(key, Some(descriptor.encode_to_vec()))]).await?;
         self.book.lock().expect("policy lock").descriptors.insert(descriptor.job_type.clone(), descriptor);
@@ -224,7 +224,7 @@ impl Policies {
     }
 
     /// Applies `name=value` changes; nothing changes when one is invalid.
-    pub async fn set(
+    pub(crate) async fn set(
         &self,
         job_type: &str,
         changes: &BTreeMap<String, String>,
@@ -270,18 +270,18 @@ impl Policies {
 
     /// The admin configuration values of a job type: its descriptor's
     /// defaults, with what an operator set on top.
-    pub fn admin_values(&self, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
+    pub(crate) fn admin_values(&self, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
         admin_values(&self.book.lock().expect("policy lock"), job_type)
     }
 
     /// The worker configuration values of a job type: the descriptor's
     /// defaults, with what an operator set on top.
-    pub fn worker_values(&self, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
+    pub(crate) fn worker_values(&self, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
         worker_values(&self.book.lock().expect("policy lock"), job_type)
     }
 
     /// Tells the engine the dispatch limits of a job type.
-    pub async fn push_limits(&self, engine: &EngineHandle, job_type: &str) {
+    pub(crate) async fn push_limits(&self, engine: &EngineHandle, job_type: &str) {
         let (policy, _) = self.effective(job_type);
         if engine.set_limits(Arc::from(job_type), policy.limits()).await.is_err() {
             tracing::debug!(job_type, "engine stopped before the limits were set");

@@ -21,8 +21,13 @@ use std::time::{Duration, Instant};
 
 use crate::backoff::Backoff;
 use crate::clock::Clock;
+use crate::engine::EngineHandle;
 use crate::model::HandlerId;
-use crate::server::Shared;
+use crate::server::duties::recovery::Recovery;
+use crate::server::duties::Duties;
+use crate::server::policies::Policies;
+use crate::server::surface::metrics::Metrics;
+use crate::server::workers::registry::Registry;
 use crate::store::cluster::{Beat, Instance, Introduction, Membership, Role};
 use crate::store::{self, Store};
 
@@ -207,7 +212,8 @@ impl Node {
 }
 
 /// Whether this server runs alone or as a member of a cluster of
-/// instances sharing one database.
+/// instances sharing one database. Cheap to clone.
+#[derive(Clone)]
 pub enum Topology {
     Alone,
     Member(Arc<Node>),
@@ -229,6 +235,23 @@ impl Topology {
     }
 }
 
+/// This instance as a member of its cluster: its node, and what its loops
+/// use (`permits`, `heartbeats` with its share of the jobs, `fence`).
+pub(crate) struct Member {
+    pub(crate) node: Arc<Node>,
+    pub(crate) engine: EngineHandle,
+    /// The workers connected here: the heartbeats list them, the fence ends
+    /// their sessions.
+    pub(crate) registry: Registry,
+    /// Read again at each heartbeat: another instance may have changed them.
+    pub(crate) policies: Policies,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Run on the jobs adopted, once their delivery grace has passed.
+    pub(crate) recovery: Arc<Recovery>,
+    pub(crate) duties: Duties,
+    pub(crate) delivery_grace: Duration,
+}
+
 /// How often an instance settles its permits when nothing wakes it.
 const PERMITS_EVERY: Duration = Duration::from_millis(250);
 /// What a type wanted over this many settlements counts: permits are not
@@ -239,13 +262,14 @@ const WANT_WINDOW: usize = 8;
 /// split over the instances that have its tasks to run (slots in the
 /// database, `jobcenter.permits`), so the limit holds cluster-wide; this
 /// instance dispatches a type's tasks only within the slots it holds.
-pub(crate) async fn permits(shared: Arc<Shared>, node: Arc<Node>) {
+pub(crate) async fn permits(member: Arc<Member>) {
+    let node = &member.node;
     // The server set no permits at all before it listened (`server::run`).
     let mut last = Settled::default();
     loop {
-        match settle_permits(&shared, &node, &mut last).await {
+        match settle_permits(&member, &mut last).await {
             Ok(()) => {}
-            Err(store::Error::Fenced { .. }) => return deactivated(&shared, &node),
+            Err(store::Error::Fenced { .. }) => return deactivated(&member.engine, node),
             Err(e) => tracing::warn!(error = %e, "cannot settle the permits"),
         }
         tokio::select! {
@@ -324,8 +348,9 @@ impl Settled {
     }
 }
 
-async fn settle_permits(shared: &Arc<Shared>, node: &Arc<Node>, last: &mut Settled) -> Result<(), store::Error> {
-    let demand = shared.engine.permit_demand().await.map_err(engine_error)?;
+async fn settle_permits(member: &Member, last: &mut Settled) -> Result<(), store::Error> {
+    let node = &member.node;
+    let demand = member.engine.permit_demand().await.map_err(engine_error)?;
     let requests = last.requests(demand);
     let store = node.store.clone();
     let (requests, granted) = tokio::task::spawn_blocking(move || {
@@ -337,23 +362,24 @@ async fn settle_permits(shared: &Arc<Shared>, node: &Arc<Node>, last: &mut Settl
     let held = &last.held;
     let types = held.iter().filter_map(|(key, n)| key.strip_prefix(TYPE_KEY).map(|t| (Arc::from(t), *n))).collect();
     let resources = held.keys().filter(|k| !k.starts_with(TYPE_KEY)).cloned().collect();
-    shared.engine.set_permits(types, resources).await.map_err(engine_error)
+    member.engine.set_permits(types, resources).await.map_err(engine_error)
 }
 
 /// The loop of a server instance: heartbeat, then its share of the jobs.
-pub(crate) async fn heartbeats(shared: Arc<Shared>, node: Arc<Node>) {
+pub(crate) async fn heartbeats(member: Arc<Member>) {
+    let node = &member.node;
     // A beat that failed (most often a connection the network dropped) is
     // tried again soon on another connection, not a whole interval later:
     // a lossy link must not let the fence's silence build up.
     let mut again = Backoff::doubling(Duration::from_millis(100), node.timing.heartbeat);
     loop {
         let started = Instant::now();
-        let pause = match beat(&shared, &node).await {
+        let pause = match beat(&member).await {
             Ok(()) => {
                 again.reset();
                 node.timing.heartbeat.saturating_sub(started.elapsed())
             }
-            Err(store::Error::Fenced { .. }) => return deactivated(&shared, &node),
+            Err(store::Error::Fenced { .. }) => return deactivated(&member.engine, node),
             Err(e) => {
                 let silent = node.beat_ok.lock().expect("beat lock").elapsed();
                 tracing::warn!(error = %e, silent_for_ms = silent.as_millis() as u64, "heartbeat failed");
@@ -373,7 +399,8 @@ pub(crate) async fn heartbeats(shared: Arc<Shared>, node: Arc<Node>) {
 /// database fences anyway, simply wait. A heartbeat that goes through again
 /// (it was not deactivated) lifts the fence; one refused (it was) starts it
 /// over as a new instance.
-pub(crate) async fn fence(shared: Arc<Shared>, node: Arc<Node>) {
+pub(crate) async fn fence(member: Arc<Member>) {
+    let node = &member.node;
     let after = node.fence_after();
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -383,17 +410,18 @@ pub(crate) async fn fence(shared: Arc<Shared>, node: Arc<Node>) {
                 instance = %node.id,
                 silent_for_ms = silent.as_millis() as u64,
                 lag_ms = node.timing.lag.as_millis() as u64,
-                workers = shared.registry.len(),
+                workers = member.registry.len(),
                 "no heartbeat reached the database for too long: this instance fences itself, lets its workers go and takes none until a heartbeat goes through"
             );
-            shared.registry.stop_all();
+            member.registry.stop_all();
         }
     }
 }
 
-async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error> {
-    let led = shared.engine.active_jobs().await.map(|jobs| jobs.len()).unwrap_or(0);
-    let workers = shared.registry.workers();
+async fn beat(member: &Member) -> Result<(), store::Error> {
+    let node = &member.node;
+    let led = member.engine.active_jobs().await.map(|jobs| jobs.len()).unwrap_or(0);
+    let workers = member.registry.workers();
     let mut detectors: BTreeSet<String> = BTreeSet::new();
     for worker in &workers {
         detectors.extend(worker.capabilities.iter().filter(|c| c.can_detect).map(|c| c.job_type.clone()));
@@ -437,7 +465,7 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
     node.offset_ms.store(membership.now_ms - midpoint, Ordering::Relaxed);
     for gone in &membership.deactivated {
         tracing::warn!(instance = %gone, lag_ms = lag.as_millis() as u64, "deactivated a silent instance; its jobs are free to claim");
-        shared.metrics.note_deactivation();
+        member.metrics.note_deactivation();
     }
     if let Some(me) = membership.instances.iter().find(|i| i.id == node.id) {
         node.paused.store(me.paused, Ordering::Relaxed);
@@ -445,19 +473,19 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
     // Workers connected to the other live instances are alive, though not here.
     let elsewhere = membership.instances.iter().filter(|i| i.id != node.id).flat_map(|i| i.handlers.iter().copied());
     let elsewhere: std::collections::HashSet<HandlerId> = elsewhere.filter(|h| !handlers.contains(h)).collect();
-    let _ = shared.engine.peer_handlers(elsewhere).await;
+    let _ = member.engine.peer_handlers(elsewhere).await;
     let servers = membership.servers().count().max(1);
     let share = membership.active_jobs.div_ceil(servers);
     let unowned = membership.unowned_jobs;
     *node.membership.lock().expect("membership lock") = Some(membership);
 
     // Policies set through another instance apply here from the next beat.
-    let (store, policies) = (node.store.clone(), shared.policies.clone());
+    let (store, policies) = (node.store.clone(), member.policies.clone());
     match tokio::task::spawn_blocking(move || policies.refresh(&*store)).await {
         Ok(Ok(changed)) => {
             for job_type in changed {
                 tracing::info!(job_type, "policy changed by another instance: applied here");
-                shared.policies.push_limits(&shared.engine, &job_type).await;
+                member.policies.push_limits(&member.engine, &job_type).await;
             }
         }
         Ok(Err(e)) => tracing::warn!(error = %e, "cannot read the policies again"),
@@ -465,7 +493,7 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
     }
 
     if led > share {
-        let released = shared.engine.release(led - share).await.map_err(engine_error)?;
+        let released = member.engine.release(led - share).await.map_err(engine_error)?;
         if !released.is_empty() {
             tracing::info!(released = released.len(), led, share, "released jobs above this instance's share");
         }
@@ -481,11 +509,11 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
         .map_err(|e| store::Error::Io(e.to_string()))??;
         if !claimed.is_empty() {
             let n = claimed.len();
-            let adopted = shared.engine.adopt(claimed).await.map_err(engine_error)?;
+            let adopted = member.engine.adopt(claimed).await.map_err(engine_error)?;
             node.adoptions.fetch_add(1, Ordering::AcqRel);
             node.wake_permits();
             tracing::info!(claimed = n, adopted, led = led + adopted, share, "took the lead of jobs nobody led");
-            check_adopted(shared.clone());
+            check_adopted(member);
         }
     }
     Ok(())
@@ -497,11 +525,11 @@ async fn beat(shared: &Arc<Shared>, node: &Arc<Node>) -> Result<(), store::Error
 /// back), rather than waiting for the periodic check, which can come up to
 /// an interval later. The part runs single-flight here, as it does when the
 /// periodic check asks for it.
-fn check_adopted(shared: Arc<Shared>) {
-    let duties = shared.duties.clone();
-    duties.spawn(async move {
-        tokio::time::sleep(shared.options.delivery_grace + Duration::from_millis(100)).await;
-        match crate::server::duties::recovery::check(&shared, false).await {
+fn check_adopted(member: &Member) {
+    let (recovery, grace) = (member.recovery.clone(), member.delivery_grace);
+    member.duties.spawn(async move {
+        tokio::time::sleep(grace + Duration::from_millis(100)).await;
+        match recovery.check(false).await {
             Ok(findings) => {
                 tracing::info!(n_findings = findings.len(), "checked the jobs adopted a delivery grace ago")
             }
@@ -520,9 +548,9 @@ fn engine_error(e: crate::engine::Error) -> store::Error {
 /// This instance was deactivated: it stops acting at once, and `main`
 /// starts the process over as a new instance (a new id), as if restarted.
 /// Its workers keep their attempts through it, as through any restart.
-pub(crate) fn deactivated(shared: &Shared, node: &Node) {
+pub(crate) fn deactivated(engine: &EngineHandle, node: &Node) {
     tracing::error!(instance = %node.id, "deactivated by the cluster: its writes are refused");
-    shared.engine.fate().meet(crate::fate::Fatal::Deactivated);
+    engine.fate().meet(crate::fate::Fatal::Deactivated);
 }
 
 #[cfg(test)]

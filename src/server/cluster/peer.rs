@@ -16,8 +16,10 @@ use tokio::sync::Notify;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
+use super::{Node, Topology};
 use crate::backoff::Backoff;
 use crate::dispatch::{Assignment, FreeSlots};
+use crate::engine::EngineHandle;
 use crate::follower::{Loss, Outcome, Rejection};
 use crate::model::{AttemptId, HandlerId, JobId};
 use crate::proto::peer::{
@@ -27,7 +29,9 @@ use crate::proto::peer::{
     VouchResponse,
 };
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, CancelRequest, WorkKind};
-use crate::server::Shared;
+use crate::server::duties::Duties;
+use crate::server::surface::auth::Auth;
+use crate::server::workers::registry::Registry;
 use crate::wire;
 
 /// How long one call to another instance may take.
@@ -41,9 +45,17 @@ const IDLE_POLL: Duration = Duration::from_millis(200);
 /// nobody leads the job (a failover in progress).
 const REPORT_PATIENCE: Duration = Duration::from_secs(90);
 
-/// This instance's links to the others.
+/// This instance's links to the others, and the token it calls them with.
+/// Cheap to clone: the clones share the links.
+#[derive(Clone)]
+pub(crate) struct Peers {
+    links: Arc<Links>,
+    /// `Bearer TOKEN`, sent with every call when a token is set.
+    bearer: Option<tonic::metadata::AsciiMetadataValue>,
+}
+
 #[derive(Default)]
-pub struct Peers {
+struct Links {
     clients: Mutex<HashMap<String, PeerServiceClient<Channel>>>,
     /// Who leads a job, as last learned: its leader's gRPC address.
     leaders: Mutex<HashMap<JobId, Arc<str>>>,
@@ -55,10 +67,16 @@ pub struct Peers {
 }
 
 impl Peers {
+    /// Links to be made as they are needed, each call carrying `token`.
+    pub(crate) fn new(token: Option<&str>) -> Peers {
+        let bearer = token.and_then(|t| format!("Bearer {}", t.trim()).parse().ok());
+        Peers { links: Arc::default(), bearer }
+    }
+
     /// The handlers tasks were lent to within `within`, with the gRPC
     /// address of the instance that offered each and how long ago.
-    pub fn lent_within(&self, within: std::time::Duration) -> Vec<(HandlerId, Arc<str>, std::time::Duration)> {
-        let at = self.handler_at.lock().expect("handler_at lock");
+    pub(crate) fn lent_within(&self, within: std::time::Duration) -> Vec<(HandlerId, Arc<str>, std::time::Duration)> {
+        let at = self.links.handler_at.lock().expect("handler_at lock");
         at.iter()
             .map(|(handler, (address, when))| (*handler, address.clone(), when.elapsed()))
             .filter(|(_, _, ago)| *ago < within)
@@ -66,7 +84,7 @@ impl Peers {
     }
 
     fn client(&self, address: &str) -> Option<PeerServiceClient<Channel>> {
-        let mut clients = self.clients.lock().expect("peer clients lock");
+        let mut clients = self.links.clients.lock().expect("peer clients lock");
         if let Some(client) = clients.get(address) {
             return Some(client.clone());
         }
@@ -87,43 +105,76 @@ impl Peers {
     }
 
     fn forget(&self, address: &str) {
-        self.clients.lock().expect("peer clients lock").remove(address);
+        self.links.clients.lock().expect("peer clients lock").remove(address);
     }
 
-    pub fn wake(&self) {
-        self.wake.notify_one();
+    pub(crate) fn wake(&self) {
+        self.links.wake.notify_one();
     }
-}
 
-fn request<T>(shared: &Shared, message: T) -> Request<T> {
-    request_within(shared, message, CALL_TIMEOUT)
-}
-
-/// A call to another instance, with this one's token, bounded by `timeout`.
-pub(crate) fn request_within<T>(shared: &Shared, message: T, timeout: Duration) -> Request<T> {
-    let mut request = Request::new(message);
-    request.set_timeout(timeout);
-    if let Some(value) = shared.options.token.as_ref().and_then(|t| format!("Bearer {}", t.trim()).parse().ok()) {
-        request.metadata_mut().insert("authorization", value);
+    fn request<T>(&self, message: T) -> Request<T> {
+        self.request_within(message, CALL_TIMEOUT)
     }
-    request
-}
 
-/// Which of `attempts` (held here for `handler`, a worker connected to the
-/// instance at `address`) that worker's session knows; `None` if that
-/// instance cannot tell (it did not answer, or the worker has not sent a
-/// heartbeat there yet).
-pub(crate) async fn known_at(
-    shared: &Shared,
-    address: &str,
-    handler: HandlerId,
-    attempts: &[AttemptId],
-) -> Option<Vec<AttemptId>> {
-    let mut client = shared.peers.client(address)?;
-    let attempt_ids = attempts.iter().map(AttemptId::to_string).collect();
-    let request = KnowsRequest { handler: handler.to_string(), attempt_ids };
-    let answer = client.knows(request_within(shared, request, CALL_TIMEOUT)).await.ok()?.into_inner();
-    answer.heard.then(|| answer.known.iter().filter_map(|id| id.parse().ok()).collect())
+    /// A call to another instance, with this one's token, bounded by `timeout`.
+    pub(crate) fn request_within<T>(&self, message: T, timeout: Duration) -> Request<T> {
+        let mut request = Request::new(message);
+        request.set_timeout(timeout);
+        if let Some(value) = self.bearer.clone() {
+            request.metadata_mut().insert("authorization", value);
+        }
+        request
+    }
+
+    /// Which of `attempts` (held here for `handler`, a worker connected to the
+    /// instance at `address`) that worker's session knows; `None` if that
+    /// instance cannot tell (it did not answer, or the worker has not sent a
+    /// heartbeat there yet).
+    pub(crate) async fn known_at(
+        &self,
+        address: &str,
+        handler: HandlerId,
+        attempts: &[AttemptId],
+    ) -> Option<Vec<AttemptId>> {
+        let mut client = self.client(address)?;
+        let attempt_ids = attempts.iter().map(AttemptId::to_string).collect();
+        let request = KnowsRequest { handler: handler.to_string(), attempt_ids };
+        let answer = client.knows(self.request_within(request, CALL_TIMEOUT)).await.ok()?.into_inner();
+        answer.heard.then(|| answer.known.iter().filter_map(|id| id.parse().ok()).collect())
+    }
+
+    /// Asks the instance at `address`, which leads the jobs of `attempts`, to
+    /// vouch for them: the attempts it holds for `handler` (a worker connected
+    /// here whose lease is `lease`), and how long from the call they are covered.
+    pub(crate) async fn vouch_at(
+        &self,
+        address: &str,
+        handler: HandlerId,
+        attempts: &[AttemptId],
+        lease: Duration,
+    ) -> Result<(Vec<AttemptId>, Duration), String> {
+        let mut client = self.client(address).ok_or_else(|| format!("{address} is not an address"))?;
+        let attempt_ids = attempts.iter().map(AttemptId::to_string).collect();
+        let message = VouchRequest { handler: handler.to_string(), attempt_ids, lease_ms: lease.as_millis() as u64 };
+        let call = client.vouch(self.request_within(message, CALL_TIMEOUT));
+        let answer = match tokio::time::timeout(CALL_TIMEOUT, call).await {
+            Ok(Ok(answer)) => answer.into_inner(),
+            Ok(Err(status)) => return Err(status.message().to_string()),
+            Err(_) => return Err(format!("no answer within {CALL_TIMEOUT:?}")),
+        };
+        let held = answer.held.iter().filter_map(|id| id.parse().ok()).collect();
+        Ok((held, Duration::from_millis(answer.valid_ms)))
+    }
+
+    /// The dedupe keys of the tasks not ended in the jobs the instance at
+    /// `address` leads.
+    pub(crate) async fn dedupe_keys_at(&self, address: &str) -> Result<Vec<String>, String> {
+        let mut client = self.client(address).ok_or_else(|| format!("{address} is not an address"))?;
+        match client.dedupe_keys(self.request(DedupeKeysRequest {})).await {
+            Ok(answer) => Ok(answer.into_inner().keys),
+            Err(status) => Err(status.message().to_string()),
+        }
+    }
 }
 
 /// How long a vouch for a worker's attempts lets another instance renew
@@ -131,41 +182,8 @@ pub(crate) async fn known_at(
 /// after the worker's own wait (an instance that adopts the job, or this one
 /// restarted, waits the grace before it takes the attempts back; a worker
 /// renewed up to the end of the vouch has stopped by then).
-pub(crate) fn vouch_validity(options: &crate::server::ServerOptions, lease: Duration) -> Duration {
-    lease.min(options.orphan_grace.saturating_sub(wire::take_back_after(lease)))
-}
-
-/// Asks the instance at `address`, which leads the jobs of `attempts`, to
-/// vouch for them: the attempts it holds for `handler` (a worker connected
-/// here whose lease is `lease`), and how long from the call they are covered.
-pub(crate) async fn vouch_at(
-    shared: &Shared,
-    address: &str,
-    handler: HandlerId,
-    attempts: &[AttemptId],
-    lease: Duration,
-) -> Result<(Vec<AttemptId>, Duration), String> {
-    let mut client = shared.peers.client(address).ok_or_else(|| format!("{address} is not an address"))?;
-    let attempt_ids = attempts.iter().map(AttemptId::to_string).collect();
-    let message = VouchRequest { handler: handler.to_string(), attempt_ids, lease_ms: lease.as_millis() as u64 };
-    let call = client.vouch(request_within(shared, message, CALL_TIMEOUT));
-    let answer = match tokio::time::timeout(CALL_TIMEOUT, call).await {
-        Ok(Ok(answer)) => answer.into_inner(),
-        Ok(Err(status)) => return Err(status.message().to_string()),
-        Err(_) => return Err(format!("no answer within {CALL_TIMEOUT:?}")),
-    };
-    let held = answer.held.iter().filter_map(|id| id.parse().ok()).collect();
-    Ok((held, Duration::from_millis(answer.valid_ms)))
-}
-
-/// The dedupe keys of the tasks not ended in the jobs the instance at
-/// `address` leads.
-pub(crate) async fn dedupe_keys_at(shared: &Shared, address: &str) -> Result<Vec<String>, String> {
-    let mut client = shared.peers.client(address).ok_or_else(|| format!("{address} is not an address"))?;
-    match client.dedupe_keys(request(shared, DedupeKeysRequest {})).await {
-        Ok(answer) => Ok(answer.into_inner().keys),
-        Err(status) => Err(status.message().to_string()),
-    }
+pub(crate) fn vouch_validity(orphan_grace: Duration, lease: Duration) -> Duration {
+    lease.min(orphan_grace.saturating_sub(wire::take_back_after(lease)))
 }
 
 /// The client API of another instance (its gRPC address), connected now.
@@ -177,14 +195,33 @@ pub(crate) async fn job_service(
 }
 
 /// The lender's side: answers other instances.
+#[derive(Clone)]
 pub(crate) struct PeerServiceImpl {
-    shared: Arc<Shared>,
-    crash: crate::crash::CrashPoint,
+    auth: Auth,
+    engine: EngineHandle,
+    /// Where the handlers of the tasks lent are connected.
+    peers: Peers,
+    /// The workers connected here: cancels go to them, and their sessions
+    /// say what they know.
+    registry: Registry,
+    /// A fenced instance vouches for nothing.
+    topology: Topology,
+    /// What a vouch may cover (`vouch_validity`).
+    orphan_grace: Duration,
+    crash: Arc<crate::crash::CrashPoint>,
 }
 
 impl PeerServiceImpl {
-    pub(crate) fn new(shared: Arc<Shared>) -> PeerServiceImpl {
-        PeerServiceImpl { shared, crash: crate::crash::CrashPoint::from_env() }
+    pub(crate) fn new(
+        auth: Auth,
+        engine: EngineHandle,
+        peers: Peers,
+        registry: Registry,
+        topology: Topology,
+        orphan_grace: Duration,
+    ) -> PeerServiceImpl {
+        let crash = Arc::new(crate::crash::CrashPoint::from_env());
+        PeerServiceImpl { auth, engine, peers, registry, topology, orphan_grace, crash }
     }
 }
 
@@ -199,7 +236,7 @@ fn engine_status(e: crate::engine::Error) -> Status {
 #[tonic::async_trait]
 impl PeerService for PeerServiceImpl {
     async fn lend(&self, request: Request<LendRequest>) -> Result<Response<LendResponse>, Status> {
-        self.shared.auth.check(request.metadata())?;
+        self.auth.check(request.metadata())?;
         let request = request.into_inner();
         let borrower: Arc<str> = Arc::from(request.address.as_str());
         let mut slots = Vec::new();
@@ -209,11 +246,11 @@ impl PeerService for PeerServiceImpl {
             job_types.sort();
             slots.push(FreeSlots { handler: handler_of(&free.handler)?, total: free.total, job_types });
         }
-        let lent = self.shared.engine.lend(slots).await.map_err(engine_status)?;
+        let lent = self.engine.lend(slots).await.map_err(engine_status)?;
         if !lent.is_empty() {
             // The attempts are durable here, and the borrower has not heard of them.
             self.crash.reached("lend-durable");
-            let mut at = self.shared.peers.handler_at.lock().expect("handler_at lock");
+            let mut at = self.peers.links.handler_at.lock().expect("handler_at lock");
             let now = std::time::Instant::now();
             for (handler, _) in &lent {
                 at.insert(*handler, (borrower.clone(), now));
@@ -237,7 +274,7 @@ impl PeerService for PeerServiceImpl {
     }
 
     async fn cancel(&self, request: Request<PeerCancel>) -> Result<Response<PeerCancelResponse>, Status> {
-        self.shared.auth.check(request.metadata())?;
+        self.auth.check(request.metadata())?;
         let cancel = request.into_inner();
         let handler = handler_of(&cancel.handler)?;
         let body = admin_to_worker_message::Body::CancelRequest(CancelRequest {
@@ -251,14 +288,14 @@ impl PeerService for PeerServiceImpl {
             sent_at: None,
             body: Some(body),
         };
-        Ok(Response::new(PeerCancelResponse { delivered: self.shared.registry.send(handler, message) }))
+        Ok(Response::new(PeerCancelResponse { delivered: self.registry.send(handler, message) }))
     }
 
     async fn knows(&self, request: Request<KnowsRequest>) -> Result<Response<KnowsResponse>, Status> {
-        self.shared.auth.check(request.metadata())?;
+        self.auth.check(request.metadata())?;
         let request = request.into_inner();
         let handler = handler_of(&request.handler)?;
-        let Some(known) = self.shared.registry.known(handler) else {
+        let Some(known) = self.registry.known(handler) else {
             return Ok(Response::new(KnowsResponse { heard: false, known: Vec::new() }));
         };
         let known = known.lock().expect("known lock");
@@ -276,9 +313,9 @@ impl PeerService for PeerServiceImpl {
     }
 
     async fn vouch(&self, request: Request<VouchRequest>) -> Result<Response<VouchResponse>, Status> {
-        self.shared.auth.check(request.metadata())?;
+        self.auth.check(request.metadata())?;
         // A fenced instance may have been deactivated: its word binds nobody.
-        if self.shared.topology.is_fenced() {
+        if self.topology.is_fenced() {
             return Err(Status::unavailable("peer: this instance cannot reach its database and vouches for nothing"));
         }
         let request = request.into_inner();
@@ -292,31 +329,31 @@ impl PeerService for PeerServiceImpl {
             return Err(Status::invalid_argument("peer: vouch: lease_ms must be above 0"));
         }
         let lease = Duration::from_millis(request.lease_ms);
-        let valid = vouch_validity(&self.shared.options, lease);
+        let valid = vouch_validity(self.orphan_grace, lease);
         let keep = valid + wire::take_back_after(lease);
-        let held = self.shared.engine.vouch(handler, attempts, keep).await.map_err(engine_status)?;
+        let held = self.engine.vouch(handler, attempts, keep).await.map_err(engine_status)?;
         let held = held.iter().map(AttemptId::to_string).collect();
         Ok(Response::new(VouchResponse { held, valid_ms: valid.as_millis() as u64 }))
     }
 
     async fn dedupe_keys(&self, request: Request<DedupeKeysRequest>) -> Result<Response<DedupeKeysResponse>, Status> {
-        self.shared.auth.check(request.metadata())?;
-        let keys = self.shared.engine.active_dedupe_keys().await.map_err(engine_status)?;
+        self.auth.check(request.metadata())?;
+        let keys = self.engine.active_dedupe_keys().await.map_err(engine_status)?;
         Ok(Response::new(DedupeKeysResponse { keys: keys.into_iter().collect() }))
     }
 
     async fn report(&self, request: Request<PeerReport>) -> Result<Response<PeerReportResponse>, Status> {
-        self.shared.auth.check(request.metadata())?;
+        self.auth.check(request.metadata())?;
         let report = request.into_inner();
         let handler = handler_of(&report.handler)?;
         let attempt = report
             .attempt_id
             .parse::<AttemptId>()
             .map_err(|e| Status::invalid_argument(format!("peer: bad attempt id: {e}")))?;
-        let result = apply_here(&self.shared, handler, attempt, report.kind).await.map_err(engine_status)?;
+        let result = apply_here(&self.engine, handler, attempt, report.kind).await.map_err(engine_status)?;
         let response = match result {
             Ok(()) => PeerReportResponse { applied: true, refusal: String::new(), not_led_here: false },
-            Err(Rejection::JobEnded { job } | Rejection::UnknownJob { job }) if !ended(&self.shared, job).await => {
+            Err(Rejection::JobEnded { job } | Rejection::UnknownJob { job }) if !ended(&self.engine, job).await => {
                 PeerReportResponse { applied: false, refusal: String::new(), not_led_here: true }
             }
             Err(rejection) => {
@@ -327,52 +364,13 @@ impl PeerService for PeerServiceImpl {
     }
 }
 
-/// Stops attempts of jobs led here that workers connected to other
-/// instances run: each order goes to the instance the worker is connected to.
-pub(crate) async fn foreign_orders(
-    shared: Arc<Shared>,
-    node: Arc<super::Node>,
-    orders: crate::server::ForeignReceiver,
-) {
-    // Held while this duty runs: a duty started again takes it over.
-    let mut orders = orders.lock().await;
-    while let Some((handler, order)) = orders.recv().await {
-        let crate::dispatch::WorkOrder::Cancel { attempt } = order else { continue };
-        // Where it was lent to, else where the cluster last saw it.
-        let lent_to = shared.peers.handler_at.lock().expect("handler_at lock").get(&handler).map(|(a, _)| a.clone());
-        let address = lent_to.or_else(|| {
-            let live = node.live();
-            let instance = live.iter().find(|i| i.id != node.id && i.handlers.contains(&handler))?;
-            Some(Arc::from(instance.grpc_address.as_str()))
-        });
-        let Some(address) = address else {
-            tracing::warn!(%handler, %attempt, "no live instance has the worker of an attempt to stop");
-            continue;
-        };
-        let duty = shared.clone();
-        shared.duties.spawn(async move {
-            let shared = duty;
-            let message = PeerCancel {
-                handler: handler.to_string(),
-                attempt_id: attempt.to_string(),
-                reason: "canceled by jobcenter".into(),
-            };
-            let Some(mut client) = shared.peers.client(&address) else { return };
-            if let Err(status) = client.cancel(request(&shared, message)).await {
-                tracing::warn!(instance = %address, %handler, error = %status, "could not stop an attempt on another instance's worker");
-            }
-        });
-    }
-}
-
 /// Applies a report to this instance's engine.
 async fn apply_here(
-    shared: &Shared,
+    engine: &EngineHandle,
     handler: HandlerId,
     attempt: AttemptId,
     kind: Option<peer_report::Kind>,
 ) -> Result<Result<(), Rejection>, crate::engine::Error> {
-    let engine = &shared.engine;
     match kind {
         Some(peer_report::Kind::Outcome(outcome)) => {
             let outcome = if outcome.success {
@@ -404,12 +402,12 @@ async fn apply_here(
 }
 
 /// Whether the job has ended, as the database says (unsure counts as not).
-async fn ended(shared: &Shared, job: JobId) -> bool {
-    matches!(whereabouts(shared, job).await, Some(Some(w)) if w.state.is_terminal())
+async fn ended(engine: &EngineHandle, job: JobId) -> bool {
+    matches!(whereabouts(engine, job).await, Some(Some(w)) if w.state.is_terminal())
 }
 
-async fn whereabouts(shared: &Shared, job: JobId) -> Option<Option<crate::store::cluster::Whereabouts>> {
-    let store = shared.engine.store().clone();
+async fn whereabouts(engine: &EngineHandle, job: JobId) -> Option<Option<crate::store::cluster::Whereabouts>> {
+    let store = engine.store().clone();
     tokio::task::spawn_blocking(move || store.cluster().map(|c| c.whereabouts(job)))
         .await
         .ok()
@@ -464,180 +462,247 @@ pub(crate) fn progress_report(progress: &crate::engine::Progress) -> peer_report
     })
 }
 
-/// Sends a report on an attempt of a job led elsewhere to its leader
-/// (`leader` when known), and follows the job when it moves; retried while
-/// nobody leads it. `None` when it could not be settled: the worker keeps
-/// the outcome and reports it again.
-pub(crate) async fn report_to_leader(
-    shared: &Arc<Shared>,
-    leader: Option<Arc<str>>,
-    handler: HandlerId,
-    attempt: AttemptId,
-    kind: peer_report::Kind,
-) -> Option<Settled> {
-    let task = attempt.task;
-    let node = shared.topology.member()?;
-    let peers = &shared.peers;
-    let deadline = tokio::time::Instant::now() + REPORT_PATIENCE;
-    let mut address = leader.or_else(|| peers.leaders.lock().expect("leaders lock").get(&task.job).cloned());
-    let mut pauses = Backoff::doubling(Duration::from_millis(100), Duration::from_secs(2));
-    loop {
-        let target = match address.take() {
-            Some(address) => address,
-            None => match whereabouts(shared, task.job).await {
-                Some(Some(w)) if w.state.is_terminal() => {
-                    return Some(Settled::Refused(Rejection::JobEnded { job: task.job }.to_string()))
-                }
-                Some(Some(w)) => match w.owner {
-                    Some(owner) if owner.id == node.id => {
-                        // It is led here now.
-                        let result = apply_here(shared, handler, attempt, Some(kind.clone())).await.ok()?;
-                        return Some(match result {
-                            Ok(()) => Settled::Applied,
-                            Err(rejection) => Settled::Refused(rejection.to_string()),
-                        });
+/// Reports on attempts of jobs led elsewhere, sent on to their leader: what
+/// a worker session and the borrower use. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Reports {
+    /// Alone, there is nobody to send them to.
+    pub(crate) topology: Topology,
+    pub(crate) peers: Peers,
+    /// A job led here by now takes the report itself; the database says who leads.
+    pub(crate) engine: EngineHandle,
+}
+
+impl Reports {
+    /// Sends a report on an attempt of a job led elsewhere to its leader
+    /// (`leader` when known), and follows the job when it moves; retried while
+    /// nobody leads it. `None` when it could not be settled: the worker keeps
+    /// the outcome and reports it again.
+    pub(crate) async fn report_to_leader(
+        &self,
+        leader: Option<Arc<str>>,
+        handler: HandlerId,
+        attempt: AttemptId,
+        kind: peer_report::Kind,
+    ) -> Option<Settled> {
+        let task = attempt.task;
+        let node = self.topology.member()?;
+        let peers = &self.peers;
+        let deadline = tokio::time::Instant::now() + REPORT_PATIENCE;
+        let mut address = leader.or_else(|| peers.links.leaders.lock().expect("leaders lock").get(&task.job).cloned());
+        let mut pauses = Backoff::doubling(Duration::from_millis(100), Duration::from_secs(2));
+        loop {
+            let target = match address.take() {
+                Some(address) => address,
+                None => match whereabouts(&self.engine, task.job).await {
+                    Some(Some(w)) if w.state.is_terminal() => {
+                        return Some(Settled::Refused(Rejection::JobEnded { job: task.job }.to_string()))
                     }
-                    Some(owner) => Arc::from(owner.grpc_address.as_str()),
-                    None => {
-                        if tokio::time::Instant::now() >= deadline {
-                            return None;
+                    Some(Some(w)) => match w.owner {
+                        Some(owner) if owner.id == node.id => {
+                            // It is led here now.
+                            let result = apply_here(&self.engine, handler, attempt, Some(kind.clone())).await.ok()?;
+                            return Some(match result {
+                                Ok(()) => Settled::Applied,
+                                Err(rejection) => Settled::Refused(rejection.to_string()),
+                            });
                         }
-                        tokio::time::sleep(pauses.next_pause()).await;
-                        continue;
-                    }
+                        Some(owner) => Arc::from(owner.grpc_address.as_str()),
+                        None => {
+                            if tokio::time::Instant::now() >= deadline {
+                                return None;
+                            }
+                            tokio::time::sleep(pauses.next_pause()).await;
+                            continue;
+                        }
+                    },
+                    Some(None) => return Some(Settled::Refused(Rejection::UnknownJob { job: task.job }.to_string())),
+                    None => return None,
                 },
-                Some(None) => return Some(Settled::Refused(Rejection::UnknownJob { job: task.job }.to_string())),
-                None => return None,
-            },
-        };
-        let message =
-            PeerReport { handler: handler.to_string(), attempt_id: attempt.to_string(), kind: Some(kind.clone()) };
-        let response = match peers.client(&target) {
-            Some(mut client) => client.report(request(shared, message)).await,
-            None => Err(Status::invalid_argument("bad address")),
-        };
-        match response.map(Response::into_inner) {
-            Ok(r) if r.applied => {
-                peers.leaders.lock().expect("leaders lock").insert(task.job, target);
-                return Some(Settled::Applied);
+            };
+            let message =
+                PeerReport { handler: handler.to_string(), attempt_id: attempt.to_string(), kind: Some(kind.clone()) };
+            let response = match peers.client(&target) {
+                Some(mut client) => client.report(peers.request(message)).await,
+                None => Err(Status::invalid_argument("bad address")),
+            };
+            match response.map(Response::into_inner) {
+                Ok(r) if r.applied => {
+                    peers.links.leaders.lock().expect("leaders lock").insert(task.job, target);
+                    return Some(Settled::Applied);
+                }
+                Ok(r) if !r.not_led_here => {
+                    peers.links.leaders.lock().expect("leaders lock").remove(&task.job);
+                    return Some(Settled::Refused(r.refusal));
+                }
+                Ok(_) => {}
+                Err(status) => {
+                    tracing::debug!(leader = %target, error = %status, "report to a job's leader failed");
+                    peers.forget(&target);
+                }
             }
-            Ok(r) if !r.not_led_here => {
-                peers.leaders.lock().expect("leaders lock").remove(&task.job);
-                return Some(Settled::Refused(r.refusal));
+            // The job moved, or its leader is away: ask the database who leads it.
+            peers.links.leaders.lock().expect("leaders lock").remove(&task.job);
+            if tokio::time::Instant::now() >= deadline {
+                return None;
             }
-            Ok(_) => {}
-            Err(status) => {
-                tracing::debug!(leader = %target, error = %status, "report to a job's leader failed");
-                peers.forget(&target);
-            }
-        }
-        // The job moved, or its leader is away: ask the database who leads it.
-        peers.leaders.lock().expect("leaders lock").remove(&task.job);
-        if tokio::time::Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(pauses.next_pause()).await;
-    }
-}
-
-/// The borrower: while this instance's workers have slots nothing queued
-/// here can use, ask the other live servers for ready tasks.
-pub(crate) async fn borrower(shared: Arc<Shared>, node: Arc<super::Node>) {
-    let mut first = 0usize;
-    loop {
-        let others: Vec<Arc<str>> = node
-            .live()
-            .iter()
-            .filter(|i| i.id != node.id && i.role == crate::store::cluster::Role::Server && i.active)
-            .map(|i| Arc::from(i.grpc_address.as_str()))
-            .collect();
-        let got = if others.is_empty() { 0 } else { borrow_round(&shared, &node, &others, first).await };
-        first = first.wrapping_add(1);
-        if got == 0 {
-            tokio::select! {
-                () = shared.peers.wake.notified() => {}
-                () = tokio::time::sleep(IDLE_POLL) => {}
-            }
+            tokio::time::sleep(pauses.next_pause()).await;
         }
     }
 }
 
-/// One round: reserve the idle slots, offer them to each other instance in
-/// turn, and hand what was lent to the workers. Returns how many tasks came.
-async fn borrow_round(shared: &Arc<Shared>, node: &super::Node, others: &[Arc<str>], first: usize) -> usize {
-    let Ok(offers) = shared.engine.reserve().await else { return 0 };
-    if offers.is_empty() {
-        return 0;
-    }
-    let reserved: BTreeMap<HandlerId, u32> = offers.iter().map(|o| (o.handler, o.total)).collect();
-    let mut left: BTreeMap<HandlerId, FreeSlots> = offers.into_iter().map(|o| (o.handler, o)).collect();
-    let mut lent: BTreeMap<HandlerId, Vec<Assignment>> = BTreeMap::new();
-    for k in 0..others.len() {
-        if left.is_empty() {
-            break;
-        }
-        let lender = &others[(first + k) % others.len()];
-        let slots = left
-            .values()
-            .map(|o| crate::proto::peer::FreeSlots {
-                handler: o.handler.to_string(),
-                total: o.total,
-                job_types: o.job_types.iter().map(|(t, n)| (t.to_string(), *n)).collect(),
-            })
-            .collect();
-        let address = format!("127.0.0.1:{}", shared.grpc_port);
-        let address = node.live().into_iter().find(|i| i.id == node.id).map_or(address, |me| me.grpc_address);
-        let message = LendRequest { instance: node.id.to_string(), slots, address };
-        let Some(mut client) = shared.peers.client(lender) else { continue };
-        let tasks = match client.lend(request(shared, message)).await {
-            Ok(response) => response.into_inner().tasks,
-            Err(status) => {
-                tracing::debug!(lender = %lender, error = %status, "asking another instance for work failed");
-                shared.peers.forget(lender);
-                continue;
+/// This instance's part in the work across instances, as its duties do it:
+/// borrowing ready tasks for its idle workers (`borrower`), and stopping
+/// attempts lent to workers connected elsewhere (`foreign_orders`).
+pub(crate) struct Lending {
+    pub(crate) node: Arc<Node>,
+    pub(crate) engine: EngineHandle,
+    pub(crate) peers: Peers,
+    /// A borrowed attempt its worker left before it came goes back to its leader.
+    pub(crate) reports: Reports,
+    pub(crate) duties: Duties,
+    /// The address offered to lenders until the heartbeats list this instance's own.
+    pub(crate) grpc_port: u16,
+}
+
+impl Lending {
+    /// The borrower: while this instance's workers have slots nothing queued
+    /// here can use, ask the other live servers for ready tasks.
+    pub(crate) async fn borrower(self: Arc<Self>) {
+        let node = &self.node;
+        let mut first = 0usize;
+        loop {
+            let others: Vec<Arc<str>> = node
+                .live()
+                .iter()
+                .filter(|i| i.id != node.id && i.role == crate::store::cluster::Role::Server && i.active)
+                .map(|i| Arc::from(i.grpc_address.as_str()))
+                .collect();
+            let got = if others.is_empty() { 0 } else { self.borrow_round(&others, first).await };
+            first = first.wrapping_add(1);
+            if got == 0 {
+                tokio::select! {
+                    () = self.peers.links.wake.notified() => {}
+                    () = tokio::time::sleep(IDLE_POLL) => {}
+                }
             }
-        };
-        for task in tasks {
-            let (Ok(handler), Ok(attempt)) = (task.handler.parse::<HandlerId>(), task.attempt_id.parse::<AttemptId>())
-            else {
+        }
+    }
+
+    /// One round: reserve the idle slots, offer them to each other instance in
+    /// turn, and hand what was lent to the workers. Returns how many tasks came.
+    async fn borrow_round(&self, others: &[Arc<str>], first: usize) -> usize {
+        let node = &self.node;
+        let Ok(offers) = self.engine.reserve().await else { return 0 };
+        if offers.is_empty() {
+            return 0;
+        }
+        let reserved: BTreeMap<HandlerId, u32> = offers.iter().map(|o| (o.handler, o.total)).collect();
+        let mut left: BTreeMap<HandlerId, FreeSlots> = offers.into_iter().map(|o| (o.handler, o)).collect();
+        let mut lent: BTreeMap<HandlerId, Vec<Assignment>> = BTreeMap::new();
+        for k in 0..others.len() {
+            if left.is_empty() {
+                break;
+            }
+            let lender = &others[(first + k) % others.len()];
+            let slots = left
+                .values()
+                .map(|o| crate::proto::peer::FreeSlots {
+                    handler: o.handler.to_string(),
+                    total: o.total,
+                    job_types: o.job_types.iter().map(|(t, n)| (t.to_string(), *n)).collect(),
+                })
+                .collect();
+            let address = format!("127.0.0.1:{}", self.grpc_port);
+            let address = node.live().into_iter().find(|i| i.id == node.id).map_or(address, |me| me.grpc_address);
+            let message = LendRequest { instance: node.id.to_string(), slots, address };
+            let Some(mut client) = self.peers.client(lender) else { continue };
+            let tasks = match client.lend(self.peers.request(message)).await {
+                Ok(response) => response.into_inner().tasks,
+                Err(status) => {
+                    tracing::debug!(lender = %lender, error = %status, "asking another instance for work failed");
+                    self.peers.forget(lender);
+                    continue;
+                }
+            };
+            for task in tasks {
+                let (Ok(handler), Ok(attempt)) =
+                    (task.handler.parse::<HandlerId>(), task.attempt_id.parse::<AttemptId>())
+                else {
+                    continue;
+                };
+                let job_type: Arc<str> = Arc::from(task.job_type.as_str());
+                if let Some(offer) = left.get_mut(&handler) {
+                    offer.total = offer.total.saturating_sub(1);
+                    if let Some((_, n)) = offer.job_types.iter_mut().find(|(t, _)| *t == job_type) {
+                        *n = n.saturating_sub(1);
+                    }
+                    offer.job_types.retain(|(_, n)| *n > 0);
+                }
+                lent.entry(handler).or_default().push(Assignment {
+                    attempt,
+                    job_name: task.job_name,
+                    task_id: task.task_id.into(),
+                    job_type,
+                    parameters: task.parameters.into(),
+                    labels: task.labels.into_iter().collect(),
+                    priority: wire::priority_from_wire(task.priority),
+                    execution_timeout_seconds: task.execution_timeout_seconds,
+                    released_at: None,
+                    lent_by: Some(lender.clone()),
+                });
+            }
+            left.retain(|_, o| o.total > 0 && !o.job_types.is_empty());
+        }
+        let mut got = 0;
+        for (handler, n) in reserved {
+            let assignments = lent.remove(&handler).unwrap_or_default();
+            got += assignments.len();
+            let Ok(unsent) = self.engine.borrowed(handler, n, assignments).await else { continue };
+            for a in unsent {
+                // The worker left between the offer and the answer: the leader takes the attempt back.
+                let reports = self.reports.clone();
+                self.duties.spawn(async move {
+                    let loss = Loss::NotCounted("the worker it was lent to left".into());
+                    reports.report_to_leader(a.lent_by.clone(), handler, a.attempt, give_up_report(&loss)).await;
+                });
+            }
+        }
+        got
+    }
+
+    /// Stops attempts of jobs led here that workers connected to other
+    /// instances run: each order goes to the instance the worker is connected to.
+    pub(crate) async fn foreign_orders(self: Arc<Self>, orders: crate::server::ForeignReceiver) {
+        let node = &self.node;
+        // Held while this duty runs: a duty started again takes it over.
+        let mut orders = orders.lock().await;
+        while let Some((handler, order)) = orders.recv().await {
+            let crate::dispatch::WorkOrder::Cancel { attempt } = order else { continue };
+            // Where it was lent to, else where the cluster last saw it.
+            let lent_to =
+                self.peers.links.handler_at.lock().expect("handler_at lock").get(&handler).map(|(a, _)| a.clone());
+            let address = lent_to.or_else(|| {
+                let live = node.live();
+                let instance = live.iter().find(|i| i.id != node.id && i.handlers.contains(&handler))?;
+                Some(Arc::from(instance.grpc_address.as_str()))
+            });
+            let Some(address) = address else {
+                tracing::warn!(%handler, %attempt, "no live instance has the worker of an attempt to stop");
                 continue;
             };
-            let job_type: Arc<str> = Arc::from(task.job_type.as_str());
-            if let Some(offer) = left.get_mut(&handler) {
-                offer.total = offer.total.saturating_sub(1);
-                if let Some((_, n)) = offer.job_types.iter_mut().find(|(t, _)| *t == job_type) {
-                    *n = n.saturating_sub(1);
+            let peers = self.peers.clone();
+            self.duties.spawn(async move {
+                let message = PeerCancel {
+                    handler: handler.to_string(),
+                    attempt_id: attempt.to_string(),
+                    reason: "canceled by jobcenter".into(),
+                };
+                let Some(mut client) = peers.client(&address) else { return };
+                if let Err(status) = client.cancel(peers.request(message)).await {
+                    tracing::warn!(instance = %address, %handler, error = %status, "could not stop an attempt on another instance's worker");
                 }
-                offer.job_types.retain(|(_, n)| *n > 0);
-            }
-            lent.entry(handler).or_default().push(Assignment {
-                attempt,
-                job_name: task.job_name,
-                task_id: task.task_id.into(),
-                job_type,
-                parameters: task.parameters.into(),
-                labels: task.labels.into_iter().collect(),
-                priority: wire::priority_from_wire(task.priority),
-                execution_timeout_seconds: task.execution_timeout_seconds,
-                released_at: None,
-                lent_by: Some(lender.clone()),
-            });
-        }
-        left.retain(|_, o| o.total > 0 && !o.job_types.is_empty());
-    }
-    let mut got = 0;
-    for (handler, n) in reserved {
-        let assignments = lent.remove(&handler).unwrap_or_default();
-        got += assignments.len();
-        let Ok(unsent) = shared.engine.borrowed(handler, n, assignments).await else { continue };
-        for a in unsent {
-            // The worker left between the offer and the answer: the leader takes the attempt back.
-            let duty = shared.clone();
-            shared.duties.spawn(async move {
-                let loss = Loss::NotCounted("the worker it was lent to left".into());
-                report_to_leader(&duty, a.lent_by.clone(), handler, a.attempt, give_up_report(&loss)).await;
             });
         }
     }
-    got
 }

@@ -27,7 +27,7 @@ use crate::fate::Fate;
 
 /// When a duty ends in a stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stage {
+pub(crate) enum Stage {
     /// With the first step: it takes or makes work (detections, recovery,
     /// borrowing, pruning, the SeaweedFS locks).
     Intake,
@@ -62,7 +62,7 @@ const MOST_PAUSE: Duration = Duration::from_secs(30);
 
 /// The supervised set. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct Duties {
+pub(crate) struct Duties {
     intake: Group,
     membership: Group,
     fate: Fate,
@@ -84,7 +84,7 @@ impl Group {
 }
 
 impl Duties {
-    pub fn new(fate: Fate) -> Duties {
+    pub(crate) fn new(fate: Fate) -> Duties {
         Duties { intake: Group::default(), membership: Group::default(), fate }
     }
 
@@ -100,7 +100,7 @@ impl Duties {
     /// doubling to 30 s, back to 1 s after a run of 30 s or more) and
     /// reported at error level each time. Nothing is
     /// started again once a fatal condition was met.
-    pub fn keep<F, Fut>(&self, name: &'static str, stage: Stage, duty: F)
+    pub(crate) fn keep<F, Fut>(&self, name: &'static str, stage: Stage, duty: F)
     where
         F: Fn() -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
@@ -143,7 +143,7 @@ impl Duties {
 
     /// Runs a one-off piece of a duty (a detection, a deferred check) in the
     /// set: it ends at the first step of a stop if it has not by then.
-    pub fn spawn<Fut>(&self, work: Fut)
+    pub(crate) fn spawn<Fut>(&self, work: Fut)
     where
         Fut: Future<Output = ()> + Send + 'static,
     {
@@ -158,12 +158,12 @@ impl Duties {
 
     /// The first step of a stop: every duty that takes or makes work has
     /// ended when this returns.
-    pub async fn stop_intake(&self) {
+    pub(crate) async fn stop_intake(&self) {
         self.intake.end().await;
     }
 
     /// The last step: every duty has ended when this returns.
-    pub async fn stop_all(&self) {
+    pub(crate) async fn stop_all(&self) {
         self.intake.end().await;
         self.membership.end().await;
     }

@@ -8,11 +8,16 @@ use std::sync::Arc;
 
 use jobcenter_recovery as recovery;
 
+use super::scheduler::Board;
+use crate::clock::Clock;
+use crate::engine::EngineHandle;
 use crate::model::JobOrigin;
 use crate::proto::api;
-use crate::server::cluster::peer;
+use crate::server::cluster::peer::{self, Peers};
+use crate::server::cluster::{Timing, Topology};
 use crate::server::duties::DutyError;
-use crate::server::Shared;
+use crate::server::surface::metrics::Metrics;
+use crate::server::workers::registry::Registry;
 
 /// The job type of the periodic check, as a cluster task.
 pub(crate) const JOB_TYPE: &str = crate::wire::RECOVERY_CHECK_JOB_TYPE;
@@ -20,257 +25,300 @@ pub(crate) const JOB_TYPE: &str = crate::wire::RECOVERY_CHECK_JOB_TYPE;
 /// Keeps the check single-flight: a check that is still running when the
 /// next is due makes that one a no-op (a queue of one).
 #[derive(Default)]
-pub struct Gate {
+pub(crate) struct Gate {
     running: super::flight::Gate,
     /// The last check that ran here (not a dry run): when, and what it found.
     last: std::sync::Mutex<Option<(i64, Vec<api::Finding>)>>,
 }
 
 impl Gate {
-    pub fn is_running(&self) -> bool {
+    pub(crate) fn is_running(&self) -> bool {
         self.running.is_taken()
     }
 
-    pub fn last(&self) -> Option<(i64, Vec<api::Finding>)> {
+    pub(crate) fn last(&self) -> Option<(i64, Vec<api::Finding>)> {
         self.last.lock().expect("last check lock").clone()
     }
 }
 
-/// Runs the check once; applies the actions unless `dry_run`.
-pub(crate) async fn check(shared: &Shared, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
-    let gate = &shared.recovery_gate;
-    let Some(_pass) = gate.running.enter() else {
-        return Err(DutyError::Busy("a recovery check is already running".into()));
-    };
-    let result = check_inner(shared, dry_run).await;
-    if let (Ok(findings), false) = (&result, dry_run) {
-        *gate.last.lock().expect("last check lock") = Some((shared.clock.now().as_millis(), findings.clone()));
-    }
-    result
+/// The recovery check and what it reads: the engine's jobs, the workers
+/// connected here and, in a cluster, elsewhere; what it writes: the engine's
+/// steps, the metrics and the scheduler's activity log.
+pub(crate) struct Recovery {
+    pub(crate) gate: Arc<Gate>,
+    pub(crate) engine: EngineHandle,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) registry: Registry,
+    pub(crate) topology: Topology,
+    /// The other instances: what their sessions know, the workers lent to.
+    pub(crate) peers: Peers,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Each finding applied is a line of the activity log.
+    pub(crate) board: Board,
+    pub(crate) settings: Settings,
 }
 
-async fn check_inner(shared: &Shared, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
-    // While the store is away nothing is durable and no work order leaves:
-    // what the check would see then is the outage, not a fault.
-    let Some(ready_for) = shared.engine.ready_for() else {
-        return Err(DutyError::NotNow("the store is away: the recovery check waits until it is back".into()));
-    };
-    let now = shared.clock.now().as_millis();
-    let (mut jobs, engine_handlers) = shared.engine.recovery_snapshot().await?;
-    // No work order could leave before the store took writes again: an
-    // attempt is counted as handed over from then at the earliest.
-    let ready_since = now - ready_for.as_millis() as i64;
-    for task in jobs.iter_mut().flat_map(|job| job.tasks.iter_mut()) {
-        if let Some(assigned_at) = task.assigned_at.as_mut() {
-            *assigned_at = (*assigned_at).max(ready_since);
+/// The server's settings the check reads.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) silence_timeout: std::time::Duration,
+    pub(crate) finalize_grace: std::time::Duration,
+    pub(crate) progress_timeout: std::time::Duration,
+    pub(crate) delivery_grace: std::time::Duration,
+    /// How often the periodic check runs.
+    pub(crate) interval: std::time::Duration,
+    /// The first check waits no longer than this after a start.
+    pub(crate) orphan_grace: std::time::Duration,
+    /// The cluster's pace: a worker lent within two heartbeats and the lag is alive.
+    pub(crate) cluster: Timing,
+    /// The periodic check's job is a job like any other.
+    pub(crate) limits: crate::jobfile::Limits,
+}
+
+impl Recovery {
+    /// The last check that ran here (not a dry run): when, and what it found.
+    pub(crate) fn last(&self) -> Option<(i64, Vec<api::Finding>)> {
+        self.gate.last()
+    }
+
+    /// Runs the check once; applies the actions unless `dry_run`.
+    pub(crate) async fn check(&self, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
+        let gate = &self.gate;
+        let Some(_pass) = gate.running.enter() else {
+            return Err(DutyError::Busy("a recovery check is already running".into()));
+        };
+        let result = self.check_inner(dry_run).await;
+        if let (Ok(findings), false) = (&result, dry_run) {
+            *gate.last.lock().expect("last check lock") = Some((self.clock.now().as_millis(), findings.clone()));
         }
+        result
     }
-    let grace_ms = shared.options.delivery_grace.as_millis() as i64;
-    let mut handlers = std::collections::BTreeMap::new();
-    for worker in shared.registry.workers() {
-        let last_seen = worker.last_seen.as_millis();
-        let handler = worker.handler.to_string();
-        let knows = worker
-            .known
-            .as_ref()
-            .and_then(|known| known.lock().expect("known lock").all())
-            .map(|all| all.into_iter().map(|a| (a.task.job.to_string(), a.task.idx.0, a.number)).collect());
-        handlers.insert(
-            handler.clone(),
-            recovery::HandlerSnapshot { handler, node: worker.worker_id.clone(), last_seen, knows },
-        );
+
+    async fn check_inner(&self, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
+        // While the store is away nothing is durable and no work order leaves:
+        // what the check would see then is the outage, not a fault.
+        let Some(ready_for) = self.engine.ready_for() else {
+            return Err(DutyError::NotNow("the store is away: the recovery check waits until it is back".into()));
+        };
+        let now = self.clock.now().as_millis();
+        let (mut jobs, engine_handlers) = self.engine.recovery_snapshot().await?;
+        // No work order could leave before the store took writes again: an
+        // attempt is counted as handed over from then at the earliest.
+        let ready_since = now - ready_for.as_millis() as i64;
+        for task in jobs.iter_mut().flat_map(|job| job.tasks.iter_mut()) {
+            if let Some(assigned_at) = task.assigned_at.as_mut() {
+                *assigned_at = (*assigned_at).max(ready_since);
+            }
+        }
+        let grace_ms = self.settings.delivery_grace.as_millis() as i64;
+        let mut handlers = std::collections::BTreeMap::new();
+        for worker in self.registry.workers() {
+            let last_seen = worker.last_seen.as_millis();
+            let handler = worker.handler.to_string();
+            let knows = worker
+                .known
+                .as_ref()
+                .and_then(|known| known.lock().expect("known lock").all())
+                .map(|all| all.into_iter().map(|a| (a.task.job.to_string(), a.task.idx.0, a.number)).collect());
+            handlers.insert(
+                handler.clone(),
+                recovery::HandlerSnapshot { handler, node: worker.worker_id.clone(), last_seen, knows },
+            );
+        }
+        // Workers connected to the other live instances are alive: an attempt
+        // one of them runs for a job led here is not orphaned. Their instances
+        // say which of the attempts held here for them past the delivery grace
+        // their sessions know.
+        if let Some(node) = self.topology.member() {
+            let timing = &self.settings.cluster;
+            let lent = self.peers.lent_within(timing.heartbeat * 2 + timing.lag);
+            let live = node.live();
+            for worker in elsewhere(node.id, &live, lent, now, |ms| node.local_ms(ms)) {
+                let id = worker.handler.to_string();
+                if handlers.contains_key(&id) {
+                    continue;
+                }
+                let due = held_past(&jobs, &id, now - grace_ms);
+                let knows = match due.is_empty() {
+                    true => None,
+                    false => self.peers.known_at(&worker.address, worker.handler, &due).await.map(|known| {
+                        known.into_iter().map(|a| (a.task.job.to_string(), a.task.idx.0, a.number)).collect()
+                    }),
+                };
+                handlers.insert(id, worker.snapshot(knows));
+            }
+        }
+        for handler in engine_handlers {
+            // In-process executors live as long as the admin does.
+            let id = handler.to_string();
+            handlers.entry(id.clone()).or_insert(recovery::HandlerSnapshot {
+                handler: id,
+                node: "admin".into(),
+                last_seen: now,
+                knows: None,
+            });
+        }
+        let snapshot = recovery::Snapshot {
+            now,
+            config: recovery::Config {
+                silence_timeout_ms: self.settings.silence_timeout.as_millis() as i64,
+                finalize_grace_ms: self.settings.finalize_grace.as_millis() as i64,
+                progress_timeout_ms: self.settings.progress_timeout.as_millis() as i64,
+                delivery_grace_ms: grace_ms,
+            },
+            handlers,
+            jobs,
+        };
+        let findings = recovery::check(&snapshot);
+        let applied = if dry_run || findings.is_empty() {
+            vec![false; findings.len()]
+        } else {
+            self.engine.apply_recovery(findings.iter().map(|f| (f.rule, f.action.clone())).collect()).await?
+        };
+        if !dry_run {
+            // A silent worker gets no more work: its session ends, and the worker,
+            // when it wakes, finds its stream gone and drops what it was running.
+            for finding in findings.iter().filter(|f| f.rule == recovery::Rule::HandlerSilent) {
+                if let Some(handler) = finding.handler.as_deref().and_then(|h| h.parse().ok()) {
+                    self.registry.stop(handler);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(findings.len());
+        for (finding, applied) in findings.into_iter().zip(applied) {
+            if !dry_run {
+                self.metrics.record_recovery_finding(finding.rule.id());
+                let done = if applied { "applied" } else { "skipped (the task moved on)" };
+                let message = format!(
+                    "{} job {} task {}: {} ({})",
+                    finding.rule,
+                    finding.job,
+                    finding.task.as_deref().unwrap_or("-"),
+                    done,
+                    finding.detail
+                );
+                self.board.record(JOB_TYPE, message);
+            }
+            tracing::warn!(
+                rule = finding.rule.id(),
+                job.id = %finding.job,
+                task.id = finding.task.as_deref().unwrap_or(""),
+                handler = finding.handler.as_deref().unwrap_or(""),
+                age_ms = finding.age_ms,
+                applied,
+                dry_run,
+                detail = %finding.detail,
+                "recovery finding"
+            );
+            let action = serde_json::to_value(&finding.action)
+                .ok()
+                .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(String::from))
+                .unwrap_or_default();
+            out.push(api::Finding {
+                rule: finding.rule.id().into(),
+                rule_name: finding.rule.name().into(),
+                job_id: finding.job,
+                task_id: finding.task.unwrap_or_default(),
+                handler: finding.handler.unwrap_or_default(),
+                age_ms: finding.age_ms,
+                action,
+                detail: finding.detail,
+                applied,
+                instance: self.topology.member().map(|n| n.id.to_string()).unwrap_or_default(),
+            });
+        }
+        Ok(out)
     }
-    // Workers connected to the other live instances are alive: an attempt
-    // one of them runs for a job led here is not orphaned. Their instances
-    // say which of the attempts held here for them past the delivery grace
-    // their sessions know.
-    if let Some(node) = shared.topology.member() {
-        let timing = &shared.options.cluster;
-        let lent = shared.peers.lent_within(timing.heartbeat * 2 + timing.lag);
-        let live = node.live();
-        for worker in elsewhere(node.id, &live, lent, now, |ms| node.local_ms(ms)) {
-            let id = worker.handler.to_string();
-            if handlers.contains_key(&id) {
+
+    /// The check over the whole cluster: this instance checks the jobs it leads
+    /// and asks every other live instance to check the jobs it leads. Alone,
+    /// the same as `check`. An instance that does not answer is skipped: once
+    /// silent past the lag threshold, it is deactivated and its jobs taken over.
+    pub(crate) async fn check_cluster(&self, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
+        let mut findings = self.check(dry_run).await?;
+        let Some(node) = self.topology.member() else { return Ok(findings) };
+        for instance in
+            node.live().into_iter().filter(|i| i.id != node.id && i.role == crate::store::cluster::Role::Server)
+        {
+            match self.check_elsewhere(&instance.grpc_address, dry_run).await {
+                Ok(more) => findings.extend(more),
+                Err(e) => {
+                    tracing::warn!(instance = %instance.id, error = %e, "another instance did not run its part of the recovery check")
+                }
+            }
+        }
+        Ok(findings)
+    }
+
+    /// The check at another instance, or why it gave nothing.
+    async fn check_elsewhere(&self, address: &str, dry_run: bool) -> Result<Vec<api::Finding>, String> {
+        let mut client = peer::job_service(address).await.map_err(|e| e.to_string())?;
+        let message = api::RecoverRequest { dry_run, here_only: true };
+        let request = self.peers.request_within(message, std::time::Duration::from_secs(30));
+        Ok(client.recover(request).await.map_err(|status| status.message().to_string())?.into_inner().findings)
+    }
+
+    /// Whether this instance runs the periodic check now: alone, always; in a
+    /// cluster, the instance holding the recovery lease (one at a time, a live
+    /// one: the lease of a silent holder runs out and another takes it).
+    async fn my_turn(&self) -> bool {
+        let Some(_) = self.topology.member() else { return true };
+        let store = self.engine.store().clone();
+        let ttl = self.settings.interval * 3;
+        let lease = tokio::task::spawn_blocking(move || store.cluster().map(|c| c.lease("recovery", ttl))).await;
+        matches!(lease, Ok(Some(Ok(true))))
+    }
+
+    /// Every interval: a cluster task when a worker can run one, else the check here.
+    pub(crate) async fn checks(self: Arc<Self>) {
+        tokio::time::sleep(self.settings.orphan_grace.min(self.settings.interval)).await;
+        let mut in_flight: Option<crate::model::JobId> = None;
+        loop {
+            if !self.my_turn().await {
+                tokio::time::sleep(self.settings.interval).await;
                 continue;
             }
-            let due = held_past(&jobs, &id, now - grace_ms);
-            let knows = match due.is_empty() {
-                true => None,
-                false => peer::known_at(shared, &worker.address, worker.handler, &due)
-                    .await
-                    .map(|known| known.into_iter().map(|a| (a.task.job.to_string(), a.task.idx.0, a.number)).collect()),
-            };
-            handlers.insert(id, worker.snapshot(knows));
-        }
-    }
-    for handler in engine_handlers {
-        // In-process executors live as long as the admin does.
-        let id = handler.to_string();
-        handlers.entry(id.clone()).or_insert(recovery::HandlerSnapshot {
-            handler: id,
-            node: "admin".into(),
-            last_seen: now,
-            knows: None,
-        });
-    }
-    let snapshot = recovery::Snapshot {
-        now,
-        config: recovery::Config {
-            silence_timeout_ms: shared.options.silence_timeout.as_millis() as i64,
-            finalize_grace_ms: shared.options.finalize_grace.as_millis() as i64,
-            progress_timeout_ms: shared.options.progress_timeout.as_millis() as i64,
-            delivery_grace_ms: grace_ms,
-        },
-        handlers,
-        jobs,
-    };
-    let findings = recovery::check(&snapshot);
-    let applied = if dry_run || findings.is_empty() {
-        vec![false; findings.len()]
-    } else {
-        shared.engine.apply_recovery(findings.iter().map(|f| (f.rule, f.action.clone())).collect()).await?
-    };
-    if !dry_run {
-        // A silent worker gets no more work: its session ends, and the worker,
-        // when it wakes, finds its stream gone and drops what it was running.
-        for finding in findings.iter().filter(|f| f.rule == recovery::Rule::HandlerSilent) {
-            if let Some(handler) = finding.handler.as_deref().and_then(|h| h.parse().ok()) {
-                shared.registry.stop(handler);
+            let capable = self
+                .registry
+                .workers()
+                .iter()
+                .any(|w| w.capabilities.iter().any(|c| c.job_type == JOB_TYPE && c.can_execute));
+            if capable {
+                let busy = match in_flight {
+                    Some(job) => match self.engine.summary(job).await {
+                        Ok(Some(summary)) => !summary.record.state.is_terminal(),
+                        _ => false,
+                    },
+                    None => false,
+                };
+                if !busy {
+                    in_flight = self.submit_cluster_task().await;
+                }
+            } else if let Err(e) = self.check_cluster(false).await {
+                tracing::debug!(error = %e, "recovery check skipped");
             }
+            tokio::time::sleep(self.settings.interval).await;
         }
     }
-    let mut out = Vec::with_capacity(findings.len());
-    for (finding, applied) in findings.into_iter().zip(applied) {
-        if !dry_run {
-            shared.metrics.record_recovery_finding(finding.rule.id());
-            let done = if applied { "applied" } else { "skipped (the task moved on)" };
-            let message = format!(
-                "{} job {} task {}: {} ({})",
-                finding.rule,
-                finding.job,
-                finding.task.as_deref().unwrap_or("-"),
-                done,
-                finding.detail
-            );
-            super::scheduler::record(shared, JOB_TYPE, message);
-        }
-        tracing::warn!(
-            rule = finding.rule.id(),
-            job.id = %finding.job,
-            task.id = finding.task.as_deref().unwrap_or(""),
-            handler = finding.handler.as_deref().unwrap_or(""),
-            age_ms = finding.age_ms,
-            applied,
-            dry_run,
-            detail = %finding.detail,
-            "recovery finding"
-        );
-        let action = serde_json::to_value(&finding.action)
-            .ok()
-            .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(String::from))
-            .unwrap_or_default();
-        out.push(api::Finding {
-            rule: finding.rule.id().into(),
-            rule_name: finding.rule.name().into(),
-            job_id: finding.job,
-            task_id: finding.task.unwrap_or_default(),
-            handler: finding.handler.unwrap_or_default(),
-            age_ms: finding.age_ms,
-            action,
-            detail: finding.detail,
-            applied,
-            instance: shared.topology.member().map(|n| n.id.to_string()).unwrap_or_default(),
-        });
-    }
-    Ok(out)
-}
 
-/// The check over the whole cluster: this instance checks the jobs it leads
-/// and asks every other live instance to check the jobs it leads. Alone,
-/// the same as `check`. An instance that does not answer is skipped: once
-/// silent past the lag threshold, it is deactivated and its jobs taken over.
-pub(crate) async fn check_cluster(shared: &Shared, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
-    let mut findings = check(shared, dry_run).await?;
-    let Some(node) = shared.topology.member() else { return Ok(findings) };
-    for instance in node.live().into_iter().filter(|i| i.id != node.id && i.role == crate::store::cluster::Role::Server)
-    {
-        match check_elsewhere(shared, &instance.grpc_address, dry_run).await {
-            Ok(more) => findings.extend(more),
+    async fn submit_cluster_task(&self) -> Option<crate::model::JobId> {
+        let text = format!(r#"{{"name":"{JOB_TYPE}","tasks":[{{"id":"check","job_type":"{JOB_TYPE}"}}]}}"#);
+        let spec =
+            crate::jobfile::parse(text.as_bytes(), crate::jobfile::Format::Json, JOB_TYPE, &self.settings.limits);
+        let spec = match spec {
+            Ok(spec) => spec,
             Err(e) => {
-                tracing::warn!(instance = %instance.id, error = %e, "another instance did not run its part of the recovery check")
+                tracing::error!(error = %e, "cannot build the recovery check job");
+                return None;
             }
-        }
-    }
-    Ok(findings)
-}
-
-/// The check at another instance, or why it gave nothing.
-async fn check_elsewhere(shared: &Shared, address: &str, dry_run: bool) -> Result<Vec<api::Finding>, String> {
-    let mut client = peer::job_service(address).await.map_err(|e| e.to_string())?;
-    let message = api::RecoverRequest { dry_run, here_only: true };
-    let request = peer::request_within(shared, message, std::time::Duration::from_secs(30));
-    Ok(client.recover(request).await.map_err(|status| status.message().to_string())?.into_inner().findings)
-}
-
-/// Whether this instance runs the periodic check now: alone, always; in a
-/// cluster, the instance holding the recovery lease (one at a time, a live
-/// one: the lease of a silent holder runs out and another takes it).
-async fn my_turn(shared: &Shared) -> bool {
-    let Some(_) = shared.topology.member() else { return true };
-    let store = shared.engine.store().clone();
-    let ttl = shared.options.recovery_interval * 3;
-    let lease = tokio::task::spawn_blocking(move || store.cluster().map(|c| c.lease("recovery", ttl))).await;
-    matches!(lease, Ok(Some(Ok(true))))
-}
-
-/// Every interval: a cluster task when a worker can run one, else the check here.
-pub(crate) async fn checks(shared: Arc<Shared>) {
-    tokio::time::sleep(shared.options.orphan_grace.min(shared.options.recovery_interval)).await;
-    let mut in_flight: Option<crate::model::JobId> = None;
-    loop {
-        if !my_turn(&shared).await {
-            tokio::time::sleep(shared.options.recovery_interval).await;
-            continue;
-        }
-        let capable = shared
-            .registry
-            .workers()
-            .iter()
-            .any(|w| w.capabilities.iter().any(|c| c.job_type == JOB_TYPE && c.can_execute));
-        if capable {
-            let busy = match in_flight {
-                Some(job) => match shared.engine.summary(job).await {
-                    Ok(Some(summary)) => !summary.record.state.is_terminal(),
-                    _ => false,
-                },
-                None => false,
-            };
-            if !busy {
-                in_flight = submit_cluster_task(&shared).await;
+        };
+        let origin = JobOrigin::Scheduler { job_type: JOB_TYPE.into(), sequence: 0 };
+        match self.engine.submit(spec, origin).await {
+            Ok(job) => Some(job),
+            Err(e) => {
+                tracing::debug!(error = %e, "recovery check job not submitted");
+                None
             }
-        } else if let Err(e) = check_cluster(&shared, false).await {
-            tracing::debug!(error = %e, "recovery check skipped");
-        }
-        tokio::time::sleep(shared.options.recovery_interval).await;
-    }
-}
-
-async fn submit_cluster_task(shared: &Shared) -> Option<crate::model::JobId> {
-    let text = format!(r#"{{"name":"{JOB_TYPE}","tasks":[{{"id":"check","job_type":"{JOB_TYPE}"}}]}}"#);
-    let spec = crate::jobfile::parse(text.as_bytes(), crate::jobfile::Format::Json, JOB_TYPE, &shared.options.limits);
-    let spec = match spec {
-        Ok(spec) => spec,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot build the recovery check job");
-            return None;
-        }
-    };
-    let origin = JobOrigin::Scheduler { job_type: JOB_TYPE.into(), sequence: 0 };
-    match shared.engine.submit(spec, origin).await {
-        Ok(job) => Some(job),
-        Err(e) => {
-            tracing::debug!(error = %e, "recovery check job not submitted");
-            None
         }
     }
 }

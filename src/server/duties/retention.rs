@@ -6,15 +6,18 @@
 //! id prunes for all. After each prune the store may reclaim the space of
 //! what was removed (`Store::reclaim`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::Clock;
+use crate::engine::EngineHandle;
 use crate::model::{JobId, JobRecord};
 use crate::proto::api;
-use crate::retention::{expired, human, Reason};
+use crate::retention::{expired, human, Reason, Retention};
+use crate::server::cluster::Topology;
 use crate::server::duties::DutyError;
 use crate::server::surface::convert;
-use crate::server::Shared;
-use crate::server::Topology;
+use crate::server::surface::metrics::Metrics;
 use crate::store::JobFilter;
 
 /// At most this many jobs, and this many of their tasks, per removal step.
@@ -26,96 +29,145 @@ const BATCH_PAUSE: Duration = Duration::from_millis(20);
 
 /// Keeps pruning single-flight on an instance.
 #[derive(Default)]
-pub struct Gate {
+pub(crate) struct Gate {
     running: super::flight::Gate,
 }
 
 impl Gate {
-    pub fn is_running(&self) -> bool {
+    pub(crate) fn is_running(&self) -> bool {
         self.running.is_taken()
     }
 }
 
-/// The rules in a line, for `prune` and the log.
-pub(crate) fn rules(shared: &Shared) -> String {
-    let r = &shared.options.retention;
-    format!("ended jobs are kept {}, at most {}; recovery checks {}", human(r.age), r.count, human(r.recovery_checks))
+/// Pruning on this instance: the rules, what it reads and removes through
+/// the engine, and the store it lets reclaim the space.
+pub(crate) struct Pruner {
+    pub(crate) gate: Arc<Gate>,
+    pub(crate) engine: EngineHandle,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// In a cluster, the live instance with the lowest id prunes for all.
+    pub(crate) topology: Topology,
+    pub(crate) retention: Retention,
+    /// How often the loop prunes.
+    pub(crate) interval: Duration,
 }
 
-/// The ended jobs the rules remove now, newest first.
-async fn due(shared: &Shared) -> Result<Vec<(JobRecord, Reason)>, DutyError> {
-    let records = shared.engine.list(JobFilter::default()).await?;
-    let now = shared.clock.now();
-    let mut gone: std::collections::HashMap<JobId, Reason> =
-        expired(&records, now, &shared.options.retention).into_iter().collect();
-    Ok(records.into_iter().filter_map(|r| gone.remove(&r.id).map(|reason| (r, reason))).collect())
-}
+impl Pruner {
+    /// The rules in a line, for `prune` and the log.
+    pub(crate) fn rules(&self) -> String {
+        let r = &self.retention;
+        format!(
+            "ended jobs are kept {}, at most {}; recovery checks {}",
+            human(r.age),
+            r.count,
+            human(r.recovery_checks)
+        )
+    }
 
-/// Finds what the rules remove and, unless `dry_run`, removes it.
-pub(crate) async fn prune(shared: &Shared, dry_run: bool) -> Result<api::PruneResponse, DutyError> {
-    let Some(_pass) = shared.prune_gate.running.enter() else {
-        return Err(DutyError::Busy("a prune is already running; try again when it has ended".into()));
-    };
-    prune_inner(shared, dry_run).await
-}
+    /// The ended jobs the rules remove now, newest first.
+    async fn due(&self) -> Result<Vec<(JobRecord, Reason)>, DutyError> {
+        let records = self.engine.list(JobFilter::default()).await?;
+        let now = self.clock.now();
+        let mut gone: std::collections::HashMap<JobId, Reason> =
+            expired(&records, now, &self.retention).into_iter().collect();
+        Ok(records.into_iter().filter_map(|r| gone.remove(&r.id).map(|reason| (r, reason))).collect())
+    }
 
-async fn prune_inner(shared: &Shared, dry_run: bool) -> Result<api::PruneResponse, DutyError> {
-    let due = due(shared).await?;
-    let retention = &shared.options.retention;
-    let jobs = due
-        .iter()
-        .map(|(record, reason)| api::PrunedJob {
-            job: Some(convert::summary(record)),
-            reason: reason.describe(retention),
-        })
-        .collect();
-    if !dry_run {
-        let mut removed = 0;
-        let (mut batch, mut tasks) = (Vec::new(), 0u64);
-        // Oldest first: a prune cut short leaves the newest.
-        for (record, _) in due.iter().rev() {
-            batch.push(record.id);
-            tasks += u64::from(record.n_tasks);
-            if batch.len() >= BATCH_JOBS || tasks >= BATCH_TASKS {
-                removed += shared.engine.remove(std::mem::take(&mut batch)).await?;
-                tasks = 0;
-                tokio::time::sleep(BATCH_PAUSE).await;
+    /// Finds what the rules remove and, unless `dry_run`, removes it.
+    pub(crate) async fn prune(&self, dry_run: bool) -> Result<api::PruneResponse, DutyError> {
+        let Some(_pass) = self.gate.running.enter() else {
+            return Err(DutyError::Busy("a prune is already running; try again when it has ended".into()));
+        };
+        self.prune_inner(dry_run).await
+    }
+
+    async fn prune_inner(&self, dry_run: bool) -> Result<api::PruneResponse, DutyError> {
+        let due = self.due().await?;
+        let retention = &self.retention;
+        let jobs = due
+            .iter()
+            .map(|(record, reason)| api::PrunedJob {
+                job: Some(convert::summary(record)),
+                reason: reason.describe(retention),
+            })
+            .collect();
+        if !dry_run {
+            let mut removed = 0;
+            let (mut batch, mut tasks) = (Vec::new(), 0u64);
+            // Oldest first: a prune cut short leaves the newest.
+            for (record, _) in due.iter().rev() {
+                batch.push(record.id);
+                tasks += u64::from(record.n_tasks);
+                if batch.len() >= BATCH_JOBS || tasks >= BATCH_TASKS {
+                    removed += self.engine.remove(std::mem::take(&mut batch)).await?;
+                    tasks = 0;
+                    tokio::time::sleep(BATCH_PAUSE).await;
+                }
+            }
+            if !batch.is_empty() {
+                removed += self.engine.remove(batch).await?;
+            }
+            if removed > 0 {
+                self.metrics.jobs_pruned(removed as u64);
+                tracing::info!(removed, rules = %self.rules(), "ended jobs removed");
             }
         }
-        if !batch.is_empty() {
-            removed += shared.engine.remove(batch).await?;
-        }
-        if removed > 0 {
-            shared.metrics.jobs_pruned(removed as u64);
-            tracing::info!(removed, rules = %rules(shared), "ended jobs removed");
+        Ok(api::PruneResponse { jobs, dry_run, rules: self.rules() })
+    }
+
+    /// Whether this instance prunes: alone always; in a cluster, the live
+    /// instance with the lowest id.
+    fn prunes_here(&self) -> bool {
+        match &self.topology {
+            Topology::Alone => true,
+            Topology::Member(node) => node.live().iter().map(|i| i.id).min().is_none_or(|lowest| lowest == node.id),
         }
     }
-    Ok(api::PruneResponse { jobs, dry_run, rules: rules(shared) })
-}
 
-/// Whether this instance prunes: alone always; in a cluster, the live
-/// instance with the lowest id.
-fn prunes_here(shared: &Shared) -> bool {
-    match &shared.topology {
-        Topology::Alone => true,
-        Topology::Member(node) => node.live().iter().map(|i| i.id).min().is_none_or(|lowest| lowest == node.id),
+    /// Prunes every `--prune-interval`.
+    pub(crate) async fn prunes(self: Arc<Self>) {
+        let mut compactions = CompactionPace::default();
+        loop {
+            tokio::time::sleep(self.interval).await;
+            if !self.prunes_here() {
+                continue;
+            }
+            if let Err(e) = self.prune(false).await {
+                tracing::warn!(error = %e, "pruning ended jobs failed; trying again at the next interval");
+            }
+            if compactions.try_now() {
+                compactions.record(self.reclaim().await);
+            }
+        }
     }
-}
 
-/// Prunes every `--prune-interval`.
-pub(crate) async fn prunes(shared: std::sync::Arc<Shared>) {
-    let mut compactions = CompactionPace::default();
-    loop {
-        tokio::time::sleep(shared.options.prune_interval).await;
-        if !prunes_here(&shared) {
-            continue;
+    /// Lets the store give back the space of what was removed, when that is due
+    /// (a sled data directory compacts its log while the server runs). False
+    /// when it tried and failed.
+    async fn reclaim(&self) -> bool {
+        let store = self.engine.store().clone();
+        match tokio::task::spawn_blocking(move || store.reclaim()).await {
+            Ok(Ok(Some(done))) => {
+                self.metrics.store_compacted(&done);
+                tracing::info!(
+                    before_mib = done.before_bytes / (1024 * 1024),
+                    after_mib = done.after_bytes / (1024 * 1024),
+                    took_ms = done.took.as_millis() as u64,
+                    "store compacted"
+                );
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "compacting the store failed; trying again later, less often while it fails");
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "compacting the store stopped");
+                return false;
+            }
         }
-        if let Err(e) = prune(&shared, false).await {
-            tracing::warn!(error = %e, "pruning ended jobs failed; trying again at the next interval");
-        }
-        if compactions.try_now() {
-            compactions.record(reclaim(&shared).await);
-        }
+        true
     }
 }
 
@@ -148,34 +200,6 @@ impl CompactionPace {
             self.skip = (2u32.saturating_pow(self.failures) - 1).min(MAX_SKIPPED_PRUNES);
         }
     }
-}
-
-/// Lets the store give back the space of what was removed, when that is due
-/// (a sled data directory compacts its log while the server runs). False
-/// when it tried and failed.
-async fn reclaim(shared: &Shared) -> bool {
-    let store = shared.engine.store().clone();
-    match tokio::task::spawn_blocking(move || store.reclaim()).await {
-        Ok(Ok(Some(done))) => {
-            shared.metrics.store_compacted(&done);
-            tracing::info!(
-                before_mib = done.before_bytes / (1024 * 1024),
-                after_mib = done.after_bytes / (1024 * 1024),
-                took_ms = done.took.as_millis() as u64,
-                "store compacted"
-            );
-        }
-        Ok(Ok(None)) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "compacting the store failed; trying again later, less often while it fails");
-            return false;
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "compacting the store stopped");
-            return false;
-        }
-    }
-    true
 }
 
 #[cfg(test)]

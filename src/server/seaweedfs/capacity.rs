@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::clock::Timestamp;
+use super::master::Masters;
+use crate::clock::{Clock, Timestamp};
+use crate::engine::EngineHandle;
 use crate::model::JobId;
 use crate::proto::api::DiskCapacity;
 use crate::proto::master::VolumeListResponse;
@@ -22,7 +24,7 @@ pub(crate) const UNREPORTED_AT_MOST_MS: i64 = 5 * 60 * 1000;
 
 /// A volume as the master lists it on one disk.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct VolumeHere {
+pub(crate) struct VolumeHere {
     pub size: u64,
     pub deleted_bytes: u64,
     pub compact_revision: u32,
@@ -30,7 +32,7 @@ pub struct VolumeHere {
 
 /// One disk of one volume server, as the master reports it.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Disk {
+pub(crate) struct Disk {
     pub server: String,
     pub data_center: String,
     pub rack: String,
@@ -44,11 +46,11 @@ pub struct Disk {
 }
 
 impl Disk {
-    pub fn shard_count(&self) -> i64 {
+    pub(crate) fn shard_count(&self) -> i64 {
         self.shards.values().map(|(bits, _)| i64::from(bits.count_ones())).sum()
     }
 
-    pub fn used_bytes(&self) -> u64 {
+    pub(crate) fn used_bytes(&self) -> u64 {
         self.volumes.values().map(|v| v.size).sum::<u64>() + self.shards.values().map(|(_, b)| b).sum::<u64>()
     }
 
@@ -74,13 +76,13 @@ pub(crate) fn same_server(a: &str, b: &str) -> bool {
 
 /// The master's topology, flattened to disks.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Topology {
+pub(crate) struct Topology {
     pub disks: Vec<Disk>,
     pub volume_size_limit: u64,
 }
 
 impl Topology {
-    pub fn from_master(list: &VolumeListResponse) -> Topology {
+    pub(crate) fn from_master(list: &VolumeListResponse) -> Topology {
         let mut disks = Vec::new();
         let info = list.topology_info.clone().unwrap_or_default();
         for dc in &info.data_center_infos {
@@ -142,7 +144,7 @@ impl Topology {
 
 /// What one task does to one disk.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Delta {
+pub(crate) struct Delta {
     pub server: String,
     pub disk_id: Option<u32>,
     pub volumes: i64,
@@ -154,7 +156,7 @@ pub struct Delta {
 
 /// The kind of change a maintenance task makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Vacuum,
     Encode,
     Move,
@@ -163,7 +165,7 @@ pub enum Kind {
 
 impl Kind {
     /// Its name in the API: `vacuum`, `encode`, `move` or `move_shards`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Vacuum => "vacuum",
             Kind::Encode => "encode",
@@ -186,7 +188,7 @@ impl Kind {
 /// One task's change to the cluster: what it holds on disks while it runs,
 /// and what it leaves once done.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Change {
+pub(crate) struct Change {
     /// `JOB_ID/TASK_ID`, or a proposal's id.
     pub key: String,
     pub kind: Kind,
@@ -208,7 +210,7 @@ pub struct Change {
 
 /// What a task's parameters and labels say about where it acts.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Where {
+pub(crate) struct Where {
     pub volume: u32,
     /// (server, disk id, shard ids) it reads from.
     pub sources: Vec<(String, Option<u32>, Vec<u32>)>,
@@ -220,7 +222,7 @@ impl Where {
     /// From a SeaweedFS `task_params_pb`, else from the loose parameters and
     /// labels (`volume_id`, `server`/`source_server`/`source_node`,
     /// `target_server`/`target_node`).
-    pub fn of(params: Option<&TaskParams>, loose: &dyn Fn(&str) -> Option<String>) -> Option<Where> {
+    pub(crate) fn of(params: Option<&TaskParams>, loose: &dyn Fn(&str) -> Option<String>) -> Option<Where> {
         if let Some(p) = params.filter(|p| p.volume_id != 0 || !p.sources.is_empty()) {
             let volume = if p.volume_id != 0 { p.volume_id } else { p.sources[0].volume_id };
             return Some(Where {
@@ -244,7 +246,7 @@ impl Where {
 impl Change {
     /// The change a task of `job_type` makes, given where it acts and the
     /// topology it starts from; `None` for job types that change no disk.
-    pub fn plan(key: String, job_type: &str, at: &Where, topology: &Topology) -> Option<Change> {
+    pub(crate) fn plan(key: String, job_type: &str, at: &Where, topology: &Topology) -> Option<Change> {
         let volume = at.volume;
         let here = topology.volume(volume).next().map(|(_, v)| v.clone()).unwrap_or_default();
         let size = i64::try_from(here.size).unwrap_or(i64::MAX);
@@ -329,7 +331,7 @@ impl Change {
     }
 
     /// Whether the master's topology already shows this finished change.
-    pub fn shown_by(&self, topology: &Topology) -> bool {
+    pub(crate) fn shown_by(&self, topology: &Topology) -> bool {
         let on = |delta: &Delta| topology.disk_index(&delta.server, delta.disk_id).map(|i| &topology.disks[i]);
         match self.kind {
             Kind::Vacuum => topology.volume(self.volume).all(|(_, v)| Some(v.compact_revision) != self.revision_before),
@@ -521,7 +523,7 @@ impl Changes {
 /// changes of the cluster job types' tasks, followed through the engine's
 /// events and checked against its held attempts every 2 s.
 #[derive(Default)]
-pub struct Tracker {
+pub(crate) struct Tracker {
     changes: std::sync::Mutex<Changes>,
     /// The specs of jobs with a task of a changing job type (`None`: none),
     /// for the jobs with held attempts.
@@ -570,11 +572,7 @@ impl Tracker {
     /// The master's topology: asked now when `fresh`, else asked again
     /// when older than 2 s; the last one known when the master cannot be
     /// reached, with the error.
-    pub async fn topology(
-        &self,
-        masters: &super::master::Masters,
-        fresh: bool,
-    ) -> (Option<Arc<Topology>>, Option<String>) {
+    pub(crate) async fn topology(&self, masters: &Masters, fresh: bool) -> (Option<Arc<Topology>>, Option<String>) {
         let mut last = self.last.lock().await;
         if let Some((topology, at)) = last.as_ref().filter(|_| !fresh) {
             if at.elapsed() < std::time::Duration::from_secs(2) {
@@ -591,17 +589,17 @@ impl Tracker {
         }
     }
 
-    pub fn changes(&self) -> Vec<Change> {
+    pub(crate) fn changes(&self) -> Vec<Change> {
         self.changes.lock().expect("capacity lock").all()
     }
 
     /// A job's spec when it holds a task of a changing job type (asked of
     /// the engine once per job: most jobs hold none).
-    async fn spec_of(&self, shared: &crate::server::Shared, job: JobId) -> Option<Arc<crate::model::JobSpec>> {
+    async fn spec_of(&self, engine: &EngineHandle, job: JobId) -> Option<Arc<crate::model::JobSpec>> {
         if let Some(known) = self.specs.lock().expect("capacity lock").get(&job) {
             return known.clone();
         }
-        let spec = shared.engine.task_at(job, 0).await.ok().flatten().map(|(spec, _, _)| spec);
+        let spec = engine.task_at(job, 0).await.ok().flatten().map(|(spec, _, _)| spec);
         let spec = spec.filter(|s| s.tasks.iter().any(|t| changes_disks(&t.job_type)));
         self.specs.lock().expect("capacity lock").insert(job, spec.clone());
         spec
@@ -609,14 +607,14 @@ impl Tracker {
 
     /// Starts following task `idx` of a job if it is of a changing job type
     /// and not yet followed.
-    async fn follow(&self, shared: &crate::server::Shared, job: JobId, idx: usize) {
+    async fn follow(&self, engine: &EngineHandle, masters: &Masters, job: JobId, idx: usize) {
         if self.keys.lock().expect("capacity lock").contains_key(&(job, idx as u32)) {
             return;
         }
-        let Some(spec) = self.spec_of(shared, job).await else { return };
+        let Some(spec) = self.spec_of(engine, job).await else { return };
         let Some(task) = spec.tasks.get(idx).filter(|t| changes_disks(&t.job_type)) else { return };
         let Some(at) = where_of(&task.parameters, &task.labels) else { return };
-        let (Some(topology), _) = self.topology(&shared.options.masters, false).await else { return };
+        let (Some(topology), _) = self.topology(masters, false).await else { return };
         let key = format!("{job}/{}", task.id);
         let Some(change) = Change::plan(key.clone(), &task.job_type, &at, &topology) else { return };
         self.keys.lock().expect("capacity lock").insert((job, idx as u32), key);
@@ -642,51 +640,51 @@ impl Tracker {
     /// Brings the followed tasks in line with the attempts the engine holds
     /// (in case events were missed), forgets the specs of jobs that hold
     /// none, and the finished changes the master now shows.
-    async fn resync(&self, shared: &crate::server::Shared) {
-        let Ok(held) = shared.engine.attempts().await else { return };
+    async fn resync(&self, engine: &EngineHandle, masters: &Masters, clock: &dyn Clock) {
+        let Ok(held) = engine.attempts().await else { return };
         let mut live = HashSet::new();
         for attempt in &held {
-            let Some(spec) = self.spec_of(shared, attempt.job).await else { continue };
+            let Some(spec) = self.spec_of(engine, attempt.job).await else { continue };
             let Some(idx) = spec.tasks.iter().position(|t| *t.id == *attempt.task_id) else { continue };
             if changes_disks(&spec.tasks[idx].job_type) {
                 live.insert((attempt.job, idx as u32));
-                self.follow(shared, attempt.job, idx).await;
+                self.follow(engine, masters, attempt.job, idx).await;
             }
         }
         let holding: HashSet<JobId> = held.iter().map(|a| a.job).collect();
         self.specs.lock().expect("capacity lock").retain(|job, _| holding.contains(job));
-        let now = shared.clock.now();
+        let now = clock.now();
         let gone: Vec<(JobId, u32)> =
             self.keys.lock().expect("capacity lock").keys().filter(|k| !live.contains(k)).copied().collect();
         for (job, idx) in gone {
-            let state = shared.engine.task_at(job, idx as usize).await.ok().flatten().map(|(_, _, r)| r.state());
+            let state = engine.task_at(job, idx as usize).await.ok().flatten().map(|(_, _, r)| r.state());
             self.ended(job, idx, state == Some(crate::model::TaskState::Succeeded), now);
         }
-        if let (Some(topology), _) = self.topology(&shared.options.masters, false).await {
+        if let (Some(topology), _) = self.topology(masters, false).await {
             self.changes.lock().expect("capacity lock").settle(&topology, now);
         }
     }
 }
 
 /// Follows the engine's events and resyncs every 2 s, while masters are given.
-pub(crate) async fn follow(shared: Arc<crate::server::Shared>) {
+pub(crate) async fn follow(tracker: Arc<Tracker>, masters: Arc<Masters>, engine: EngineHandle, clock: Arc<dyn Clock>) {
     use crate::engine::Event;
     use crate::model::TaskState;
-    let mut events = shared.engine.subscribe();
+    let mut events = engine.subscribe();
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
     loop {
         tokio::select! {
-            _ = tick.tick() => shared.capacity.resync(&shared).await,
+            _ = tick.tick() => tracker.resync(&engine, &masters, &*clock).await,
             event = events.recv() => match event {
                 Ok(Event::Task { job, idx, state, at, .. }) => match state {
-                    TaskState::Assigned | TaskState::Running if shared.capacity.may_change(job) => {
-                        shared.capacity.follow(&shared, job, idx as usize).await;
+                    TaskState::Assigned | TaskState::Running if tracker.may_change(job) => {
+                        tracker.follow(&engine, &masters, job, idx as usize).await;
                     }
-                    TaskState::Succeeded => shared.capacity.ended(job, idx, true, at),
-                    _ => shared.capacity.ended(job, idx, false, at),
+                    TaskState::Succeeded => tracker.ended(job, idx, true, at),
+                    _ => tracker.ended(job, idx, false, at),
                 },
                 Ok(Event::Job { .. }) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => shared.capacity.resync(&shared).await,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => tracker.resync(&engine, &masters, &*clock).await,
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             },
         }

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use crate::proto::plugin::{config_value, ClusterContext, ConfigValue};
 
-use crate::server::Shared;
+use super::master::Masters;
+use crate::server::policies::Policies;
+use crate::server::workers::registry::Registry;
 
 /// How often the filers and S3 servers are asked of the masters.
 pub(crate) const REFRESH: Duration = Duration::from_secs(10);
@@ -30,10 +32,10 @@ pub struct Nodes {
 }
 
 #[derive(Default)]
-pub struct Known(Mutex<Nodes>);
+pub(crate) struct Known(Mutex<Nodes>);
 
 impl Known {
-    pub fn get(&self) -> Nodes {
+    pub(crate) fn get(&self) -> Nodes {
         self.0.lock().expect("nodes lock").clone()
     }
 
@@ -43,20 +45,26 @@ impl Known {
 }
 
 /// The cluster context of a detection or an execution of `job_type`.
-pub(crate) fn cluster_context(shared: &Shared, job_type: &str, execution: bool) -> ClusterContext {
-    let nodes = shared.cluster_nodes.get();
+pub(crate) fn cluster_context(
+    masters: &Masters,
+    known: &Known,
+    policies: &Policies,
+    registry: &Registry,
+    job_type: &str,
+    execution: bool,
+) -> ClusterContext {
+    let nodes = known.get();
     let mut context = ClusterContext {
-        master_grpc_addresses: shared.options.masters.addresses.clone(),
+        master_grpc_addresses: masters.addresses.clone(),
         filer_addresses: nodes.filers,
         s3_grpc_addresses: nodes.s3,
         metadata: HashMap::from([("source".to_string(), "jobcenter".to_string())]),
         ..ClusterContext::default()
     };
     if execution && job_type == S3_LIFECYCLE {
-        let admin = shared.policies.admin_values(job_type);
-        let (policy, _) = shared.policies.effective(job_type);
-        let executors = shared
-            .registry
+        let admin = policies.admin_values(job_type);
+        let (policy, _) = policies.effective(job_type);
+        let executors = registry
             .workers()
             .iter()
             .filter(|w| w.capabilities.iter().any(|c| c.job_type == job_type && c.can_execute))
@@ -116,10 +124,10 @@ impl Budget {
 }
 
 /// Asks the masters for their filers and S3 servers every [`REFRESH`].
-pub(crate) async fn refresh(shared: Arc<Shared>) {
+pub(crate) async fn refresh(masters: Arc<Masters>, known: Arc<Known>) {
     loop {
-        match super::master::cluster_nodes(&shared.options.masters).await {
-            Ok(nodes) => shared.cluster_nodes.set(nodes),
+        match super::master::cluster_nodes(&masters).await {
+            Ok(nodes) => known.set(nodes),
             Err(e) => tracing::debug!(error = %e, "cannot list the cluster's filers and S3 servers"),
         }
         tokio::time::sleep(REFRESH).await;

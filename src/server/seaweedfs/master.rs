@@ -10,12 +10,15 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 
+use super::SeaweedFs;
+use crate::clock::Clock;
+use crate::engine::EngineHandle;
 use crate::proto::master::{
     seaweed_client::SeaweedClient, DisableVacuumRequest, EnableVacuumRequest, LeaseAdminTokenRequest,
     ListClusterNodesRequest, ReleaseAdminTokenRequest, VolumeListRequest,
 };
 use crate::server::duties::{Duties, Stage};
-use crate::server::Shared;
+use crate::server::workers::registry::Registry;
 use crate::wire;
 
 /// The lock an admin holds to say it is there (the master then leaves a
@@ -362,16 +365,15 @@ impl ClusterLock {
 /// is held: it is held as long as any waits or runs, within a turn. When the
 /// turn is over the gate closes, and the lock is let go once the running
 /// attempts end (an operator's `weed shell` gets in then).
-async fn execution_lock(shared: Arc<Shared>) {
-    let masters = shared.options.masters.clone();
+async fn execution_lock(seaweedfs: SeaweedFs, engine: EngineHandle) {
     let gated: Vec<Arc<str>> = CLUSTER_JOB_TYPES.iter().map(|t| Arc::from(*t)).collect();
     let mut hold: Option<Hold<'_>> = None;
     let mut idle_since: Option<tokio::time::Instant> = None;
     loop {
-        let open = hold.is_some() && !shared.cluster_lock.turn_over().await;
-        let Ok((queued, running)) = shared.engine.gate(gated.clone(), open).await else { return };
+        let open = hold.is_some() && !seaweedfs.lock.turn_over().await;
+        let Ok((queued, running)) = engine.gate(gated.clone(), open).await else { return };
         if hold.is_none() && queued > 0 {
-            match shared.cluster_lock.hold(&masters, "jobcenter maintenance", Duration::from_secs(30)).await {
+            match seaweedfs.hold("jobcenter maintenance", Duration::from_secs(30)).await {
                 Ok(h) => {
                     hold = Some(h);
                     idle_since = None;
@@ -388,7 +390,7 @@ async fn execution_lock(shared: Arc<Shared>) {
         } else if hold.is_some() && queued == 0 && running == 0 {
             if idle_since.get_or_insert_with(tokio::time::Instant::now).elapsed() >= Duration::from_secs(2) {
                 // Close the gate first; let go only if nothing slipped through.
-                let Ok((queued, running)) = shared.engine.gate(gated.clone(), false).await else { return };
+                let Ok((queued, running)) = engine.gate(gated.clone(), false).await else { return };
                 if queued == 0 && running == 0 {
                     hold = None;
                 }
@@ -403,28 +405,37 @@ async fn execution_lock(shared: Arc<Shared>) {
 
 /// Holds the presence lock, keeps the master's vacuum off while a
 /// vacuum-capable worker is connected, and runs cluster job types only under
-/// the cluster lock.
-pub fn keep_duties(duties: &Duties, shared: &Arc<Shared>) {
-    let keeper = shared.clone();
+/// the cluster lock; the capacity view follows the engine's tasks (`engine`,
+/// `clock`), and the vacuum the workers connected (`registry`).
+pub(crate) fn keep_duties(
+    duties: &Duties,
+    seaweedfs: &SeaweedFs,
+    engine: &EngineHandle,
+    clock: &Arc<dyn Clock>,
+    registry: &Registry,
+) {
+    let keeper = seaweedfs.clone();
     duties.keep("cluster lock", Stage::Intake, move || {
         let keeper = keeper.clone();
-        async move { keeper.cluster_lock.keep(keeper.options.masters.clone()).await }
+        async move { keeper.lock.keep((*keeper.masters).clone()).await }
     });
-    let refresher = shared.clone();
-    duties.keep("cluster nodes", Stage::Intake, move || super::context::refresh(refresher.clone()));
-    let follower = shared.clone();
-    duties.keep("capacity", Stage::Intake, move || super::capacity::follow(follower.clone()));
-    let runner = shared.clone();
-    duties.keep("execution lock", Stage::Intake, move || execution_lock(runner.clone()));
-    let presence = shared.clone();
-    duties.keep("presence lock", Stage::Intake, move || presence_lock(presence.clone()));
-    let vacuum = shared.clone();
-    duties.keep("master vacuum", Stage::Intake, move || master_vacuum(vacuum.clone()));
+    let (masters, known) = (seaweedfs.masters.clone(), seaweedfs.nodes.clone());
+    duties.keep("cluster nodes", Stage::Intake, move || super::context::refresh(masters.clone(), known.clone()));
+    let (tracker, masters, followed, clock) =
+        (seaweedfs.capacity.clone(), seaweedfs.masters.clone(), engine.clone(), clock.clone());
+    duties.keep("capacity", Stage::Intake, move || {
+        super::capacity::follow(tracker.clone(), masters.clone(), followed.clone(), clock.clone())
+    });
+    let (runner, engine) = (seaweedfs.clone(), engine.clone());
+    duties.keep("execution lock", Stage::Intake, move || execution_lock(runner.clone(), engine.clone()));
+    let masters = seaweedfs.masters.clone();
+    duties.keep("presence lock", Stage::Intake, move || presence_lock(masters.clone()));
+    let (masters, registry) = (seaweedfs.masters.clone(), registry.clone());
+    duties.keep("master vacuum", Stage::Intake, move || master_vacuum(masters.clone(), registry.clone()));
 }
 
 /// Holds the presence lock that tells the masters an admin is connected.
-async fn presence_lock(presence: Arc<Shared>) {
-    let masters = presence.options.masters.clone();
+async fn presence_lock(masters: Arc<Masters>) {
     loop {
         match acquire(&masters, PRESENCE_LOCK, "jobcenter admin connected", Duration::from_secs(5)).await {
             Ok(mut lease) => loop {
@@ -444,15 +455,11 @@ async fn presence_lock(presence: Arc<Shared>) {
 
 /// Keeps the master's periodic vacuum off while a vacuum-capable worker is
 /// connected, and on otherwise.
-async fn master_vacuum(shared: Arc<Shared>) {
-    let masters = shared.options.masters.clone();
+async fn master_vacuum(masters: Arc<Masters>, registry: Registry) {
     let mut disabled: Option<bool> = None;
     loop {
-        let capable = shared
-            .registry
-            .workers()
-            .iter()
-            .any(|w| w.capabilities.iter().any(|c| c.job_type == "vacuum" && c.can_execute));
+        let capable =
+            registry.workers().iter().any(|w| w.capabilities.iter().any(|c| c.job_type == "vacuum" && c.can_execute));
         if disabled != Some(capable) {
             match set_vacuum(&masters, !capable).await {
                 Ok(()) => {

@@ -9,15 +9,22 @@ use std::sync::Arc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
+use super::auth::Auth;
 use super::convert;
+use super::metrics::Metrics;
+use crate::engine::EngineHandle;
 use crate::engine::{self, Event};
 use crate::jobfile::{self, Format};
 use crate::model::{JobId, JobOrigin, JobState};
 use crate::proto::api::{self, job_event, job_service_server::JobService};
-use crate::server::cluster::peer;
-use crate::server::duties::{recovery, retention, scheduler};
-use crate::server::seaweedfs::capacity;
-use crate::server::Shared;
+use crate::server::cluster::peer::{self, Peers};
+use crate::server::cluster::Topology;
+use crate::server::duties::recovery::Recovery;
+use crate::server::duties::retention::Pruner;
+use crate::server::duties::scheduler::{self, Scheduler};
+use crate::server::policies::Policies;
+use crate::server::seaweedfs::{capacity, SeaweedFs};
+use crate::server::workers::registry::Registry;
 use crate::store::{JobFilter, StoredJob};
 use crate::wire;
 
@@ -135,16 +142,30 @@ fn parse_job_id(text: &str) -> Result<JobId, Error> {
     text.parse().map_err(|_| Error::Invalid(format!("{text:?} is not a job id (a UUID)")))
 }
 
+/// The client API: the engine it reads and writes; the workers connected;
+/// the cluster (the instances, the leader of a job led elsewhere); the
+/// duties it runs on demand (a detection, a recovery check, a prune); the
+/// policy book; the SeaweedFS capacity view; the metrics of the steps it
+/// waits for; and its settings. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Api {
-    shared: Arc<Shared>,
+    pub(crate) engine: EngineHandle,
+    pub(crate) registry: Registry,
+    pub(crate) topology: Topology,
+    pub(crate) peers: Peers,
+    pub(crate) policies: Policies,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) scheduler: Arc<Scheduler>,
+    pub(crate) recovery: Arc<Recovery>,
+    pub(crate) pruner: Arc<Pruner>,
+    pub(crate) seaweedfs: SeaweedFs,
+    /// What a submitted job may hold.
+    pub(crate) limits: crate::jobfile::Limits,
+    /// This instance's gRPC port, as `instances` lists it alone.
+    pub(crate) grpc_port: u16,
 }
 
 impl Api {
-    pub(crate) fn new(shared: Arc<Shared>) -> Api {
-        Api { shared }
-    }
-
     pub(crate) async fn submit(&self, content: Vec<u8>, format: &str, source_name: &str) -> Result<String, Error> {
         let format = match format {
             "" | "json" => Format::Json,
@@ -152,7 +173,7 @@ impl Api {
             "yaml" | "yml" => Format::Yaml,
             other => return Err(Error::Invalid(format!("unknown job file format {other:?}: use json, toml or yaml"))),
         };
-        let limits = self.shared.options.limits.clone();
+        let limits = self.limits.clone();
         if content.len() as u64 > limits.max_file_bytes {
             return Err(job_too_large(source_name, limits.max_file_bytes));
         }
@@ -162,25 +183,25 @@ impl Api {
             .map_err(|e| Error::Internal(e.to_string()))?
             .map_err(Error::Rejected)?;
         let started = std::time::Instant::now();
-        let id = self.shared.engine.submit(spec, JobOrigin::User).await?;
-        if let Some(node) = self.shared.topology.member() {
+        let id = self.engine.submit(spec, JobOrigin::User).await?;
+        if let Some(node) = self.topology.member() {
             node.wake_permits();
         }
         // Until the committer reports its own timings: a submission is a step that waits to be durable.
-        self.shared.metrics.observe_api_step(started.elapsed());
+        self.metrics.observe_api_step(started.elapsed());
         Ok(id.to_string())
     }
 
     /// A job as stored (or as its leader holds it now).
     async fn stored(&self, id: JobId) -> Result<StoredJob, Error> {
-        self.shared.engine.job(id).await?.ok_or_else(|| Error::NotFound(format!("no job {id}")))
+        self.engine.job(id).await?.ok_or_else(|| Error::NotFound(format!("no job {id}")))
     }
 
     /// The tasks in `range` of a job as one part, with the worker behind each handler.
     fn part(&self, stored: &StoredJob, range: std::ops::Range<usize>) -> api::Job {
         let mut part = convert::part(stored, range);
         for task in part.tasks.iter_mut().filter(|t| !t.handler.is_empty()) {
-            task.worker_id = self.shared.registry.worker_id(&task.handler).unwrap_or_default();
+            task.worker_id = self.registry.worker_id(&task.handler).unwrap_or_default();
         }
         part
     }
@@ -240,8 +261,7 @@ impl Api {
             limit: Some(limit + 1),
             ..JobFilter::default()
         };
-        let mut jobs: Vec<api::JobSummary> =
-            self.shared.engine.list(filter).await?.iter().map(convert::summary).collect();
+        let mut jobs: Vec<api::JobSummary> = self.engine.list(filter).await?.iter().map(convert::summary).collect();
         let next = if jobs.len() > limit {
             jobs.truncate(limit);
             jobs.last().map(|j| j.id.clone()).unwrap_or_default()
@@ -254,8 +274,8 @@ impl Api {
     /// In a cluster: the gRPC address of the live instance that leads an
     /// active job, when that is not this one.
     async fn led_by(&self, id: crate::model::JobId) -> Result<Option<String>, Error> {
-        let Some(node) = self.shared.topology.member() else { return Ok(None) };
-        let store = self.shared.engine.store().clone();
+        let Some(node) = self.topology.member() else { return Ok(None) };
+        let store = self.engine.store().clone();
         let whereabouts = tokio::task::spawn_blocking(move || store.cluster().map(|c| c.whereabouts(id)))
             .await
             .map_err(|e| Error::Internal(e.to_string()))?;
@@ -277,15 +297,15 @@ impl Api {
         let client = peer::job_service(address).await.map_err(|e| {
             Error::Unavailable(format!("the instance leading the job ({address}) cannot be reached: {e}"))
         })?;
-        let request = peer::request_within(&self.shared, message, std::time::Duration::from_secs(30));
+        let request = self.peers.request_within(message, std::time::Duration::from_secs(30));
         Ok((client, request))
     }
 
     pub(crate) async fn cancel(&self, id: &str) -> Result<(), Error> {
         let id = parse_job_id(id)?;
         let started = std::time::Instant::now();
-        match self.shared.engine.cancel(id).await {
-            Err(crate::engine::Error::JobEnded(_)) if self.shared.topology.member().is_some() => {
+        match self.engine.cancel(id).await {
+            Err(crate::engine::Error::JobEnded(_)) if self.topology.member().is_some() => {
                 let Some(address) = self.led_by(id).await? else {
                     return Err(crate::engine::Error::JobEnded(id).into());
                 };
@@ -296,7 +316,7 @@ impl Api {
             }
             other => other?,
         }
-        self.shared.metrics.observe_api_step(started.elapsed());
+        self.metrics.observe_api_step(started.elapsed());
         tracing::info!(job.id = %id, "job canceled over the API");
         Ok(())
     }
@@ -304,33 +324,33 @@ impl Api {
     pub(crate) async fn retry(&self, id: &str) -> Result<(), Error> {
         let id = parse_job_id(id)?;
         let started = std::time::Instant::now();
-        self.shared.engine.retry(id).await?;
-        self.shared.metrics.observe_api_step(started.elapsed());
+        self.engine.retry(id).await?;
+        self.metrics.observe_api_step(started.elapsed());
         tracing::info!(job.id = %id, "job retried over the API");
         Ok(())
     }
 
     pub(crate) fn workers(&self) -> Vec<api::Worker> {
-        self.shared.registry.workers().iter().map(|w| w.to_api()).collect()
+        self.registry.workers().iter().map(|w| w.to_api()).collect()
     }
 
     /// The instances sharing this one's database; this one alone otherwise.
     pub(crate) async fn instances(&self) -> Result<Vec<api::Instance>, Error> {
-        let Some(node) = self.shared.topology.member().cloned() else {
-            let led = self.shared.engine.active_jobs().await?.len();
+        let Some(node) = self.topology.member().cloned() else {
+            let led = self.engine.active_jobs().await?.len();
             return Ok(vec![api::Instance {
                 id: LOCAL_INSTANCE.into(),
                 role: "server".into(),
-                grpc_address: format!("127.0.0.1:{}", self.shared.grpc_port),
+                grpc_address: format!("127.0.0.1:{}", self.grpc_port),
                 status: "active".into(),
-                paused: scheduler::paused(&self.shared),
+                paused: self.scheduler.paused(),
                 jobs_led: u32::try_from(led).unwrap_or(u32::MAX),
-                workers: u32::try_from(self.shared.registry.len()).unwrap_or(u32::MAX),
+                workers: u32::try_from(self.registry.len()).unwrap_or(u32::MAX),
                 answering: true,
                 ..api::Instance::default()
             }]);
         };
-        let store = self.shared.engine.store().clone();
+        let store = self.engine.store().clone();
         let instances = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").instances())
             .await
             .map_err(|e| Error::Internal(e.to_string()))?
@@ -357,7 +377,7 @@ impl Api {
 
     /// Pauses or resumes the scheduler loop of one instance (by id) or of all.
     pub(crate) async fn set_scheduler_paused(&self, paused: bool, instance: &str) -> Result<u32, Error> {
-        let Some(node) = self.shared.topology.member().cloned() else {
+        let Some(node) = self.topology.member().cloned() else {
             // Alone, the one instance is `local`, as `instances` lists it.
             match instance {
                 "" | LOCAL_INSTANCE => {}
@@ -372,8 +392,8 @@ impl Api {
                     )))
                 }
             }
-            self.shared.scheduler_paused.store(paused, std::sync::atomic::Ordering::Relaxed);
-            self.shared.scheduler.wake();
+            self.scheduler.board.set_paused(paused);
+            self.scheduler.board.wake();
             return Ok(1);
         };
         let target = match instance {
@@ -382,7 +402,7 @@ impl Api {
                 Error::Invalid(format!("{text:?} is not an instance id (a UUID): see `jobcenter instances`"))
             })?)),
         };
-        let store = self.shared.engine.store().clone();
+        let store = self.engine.store().clone();
         let changed = tokio::task::spawn_blocking(move || store.cluster().expect("cluster").set_paused(target, paused))
             .await
             .map_err(|e| Error::Internal(e.to_string()))?
@@ -401,14 +421,14 @@ impl Api {
         if job_type.is_empty() {
             return Err(Error::Invalid("a job type is required".into()));
         }
-        let (policy, sources) = self.shared.policies.effective(job_type);
+        let (policy, sources) = self.policies.effective(job_type);
         let mut out = convert::policy(job_type, &policy, &sources);
         // Each value as JSON text.
         let texts = |values: std::collections::HashMap<String, crate::proto::plugin::ConfigValue>| {
             values.into_iter().map(|(k, v)| (k, crate::wire::value_to_json(&v).to_string())).collect()
         };
-        out.worker_config = texts(self.shared.policies.worker_values(job_type));
-        out.admin_config = texts(self.shared.policies.admin_values(job_type));
+        out.worker_config = texts(self.policies.worker_values(job_type));
+        out.admin_config = texts(self.policies.admin_values(job_type));
         Ok(out)
     }
 
@@ -420,14 +440,9 @@ impl Api {
         if job_type.is_empty() {
             return Err(Error::Invalid("a job type is required".into()));
         }
-        self.shared
-            .policies
-            .set(job_type, changes)
-            .await
-            .map_err(Error::from)?
-            .map_err(|e| Error::Invalid(e.to_string()))?;
-        self.shared.policies.push_limits(&self.shared.engine, job_type).await;
-        self.shared.scheduler.wake();
+        self.policies.set(job_type, changes).await.map_err(Error::from)?.map_err(|e| Error::Invalid(e.to_string()))?;
+        self.policies.push_limits(&self.engine, job_type).await;
+        self.scheduler.board.wake();
         self.policy(job_type)
     }
 
@@ -435,7 +450,7 @@ impl Api {
         if job_type.is_empty() {
             return Err(Error::Invalid("a job type is required".into()));
         }
-        let outcome = scheduler::detect(&self.shared, job_type, run).await?;
+        let outcome = self.scheduler.detect(job_type, run).await?;
         Ok(api::DetectResponse {
             proposals: outcome
                 .proposals
@@ -459,7 +474,7 @@ impl Api {
     }
 
     pub(crate) fn activities(&self, job_type: &str, limit: u32) -> Vec<api::ActivityEntry> {
-        let all = self.shared.scheduler.activities();
+        let all = self.scheduler.board.activities();
         let mut picked: Vec<api::ActivityEntry> = all
             .into_iter()
             .filter(|a| job_type.is_empty() || a.job_type == job_type)
@@ -473,17 +488,16 @@ impl Api {
 
     /// The capacity view of the SeaweedFS cluster of `--master`.
     pub(crate) async fn capacity(&self) -> Result<api::Capacity, Error> {
-        let masters = &self.shared.options.masters;
-        if masters.is_empty() {
+        if !self.seaweedfs.has_masters() {
             return Err(Error::Invalid(
                 "no SeaweedFS master: start the server with --master to see its capacity".into(),
             ));
         }
-        let (topology, error) = self.shared.capacity.topology(masters, true).await;
+        let (topology, error) = self.seaweedfs.topology(true).await;
         let Some(topology) = topology else {
             return Err(Error::Unavailable(format!("the master's topology: {}", error.unwrap_or_default())));
         };
-        let changes = self.shared.capacity.changes();
+        let changes = self.seaweedfs.changes();
         let disks = capacity::view(&topology, &changes);
         let changes = changes
             .into_iter()
@@ -503,7 +517,7 @@ impl Api {
     }
 
     pub(crate) fn runs(&self, job_type: &str) -> api::RunHistory {
-        let runs = scheduler::runs(&self.shared, job_type);
+        let runs = self.scheduler.board.runs(job_type);
         let entry = |r: &scheduler::Run| api::RunEntry {
             at_ms: r.at_ms,
             duration_ms: r.duration_ms,
@@ -521,11 +535,8 @@ impl Api {
     }
 
     pub(crate) async fn recover(&self, dry_run: bool, here_only: bool) -> Result<api::RecoverResponse, Error> {
-        let findings = if here_only {
-            recovery::check(&self.shared, dry_run).await
-        } else {
-            recovery::check_cluster(&self.shared, dry_run).await
-        };
+        let findings =
+            if here_only { self.recovery.check(dry_run).await } else { self.recovery.check_cluster(dry_run).await };
         let findings = findings?;
         Ok(api::RecoverResponse { findings, dry_run })
     }
@@ -533,12 +544,12 @@ impl Api {
     /// The job's summary once it has ended.
     pub(crate) async fn wait(&self, id: &str) -> Result<api::JobSummary, Error> {
         let id = parse_job_id(id)?;
-        Ok(convert::summary(&self.shared.engine.wait(id).await?))
+        Ok(convert::summary(&self.engine.wait(id).await?))
     }
 
     /// Removes the ended jobs past the retention rules now (or only names them).
     pub(crate) async fn prune(&self, dry_run: bool) -> Result<api::PruneResponse, Error> {
-        Ok(retention::prune(&self.shared, dry_run).await?)
+        Ok(self.pruner.prune(dry_run).await?)
     }
 
     /// A snapshot (in parts), then the job's transitions, until it has ended.
@@ -547,7 +558,7 @@ impl Api {
         id: &str,
     ) -> Result<impl Stream<Item = Result<api::JobEvent, Status>> + Send, Error> {
         let id = parse_job_id(id)?;
-        let events = self.shared.engine.subscribe();
+        let events = self.engine.subscribe();
         let snapshot = self.stored(id).await?;
         Ok(watch_stream(snapshot, events, self.clone()))
     }
@@ -607,7 +618,7 @@ async fn forward(
     // In a cluster, a job led by another instance (from the start, or
     // since it moved) sends no events here: its durable state is read
     // every second instead, and sent as a fresh snapshot when it changed.
-    let cluster = api.shared.topology.member().is_some();
+    let cluster = api.topology.member().is_some();
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     // What was last sent, to compare with (kept only where it is needed).
     let mut last = cluster.then_some((snapshot.record, snapshot.tasks));
@@ -618,7 +629,7 @@ async fn forward(
                 None => return,
             },
             _ = tick.tick(), if cluster => {
-                if matches!(api.shared.engine.summary(id).await, Ok(Some(_))) {
+                if matches!(api.engine.summary(id).await, Ok(Some(_))) {
                     continue;
                 }
                 let stored = match api.stored(id).await {
@@ -679,7 +690,7 @@ async fn forward(
             // Fell behind: start again from the transitions after a
             // fresh subscription, and a snapshot taken after it.
             Err(_lagged) => {
-                events = tokio_stream::wrappers::BroadcastStream::new(api.shared.engine.subscribe());
+                events = tokio_stream::wrappers::BroadcastStream::new(api.engine.subscribe());
                 let stored = match api.stored(id).await {
                     Ok(stored) => stored,
                     Err(e) => {
@@ -704,15 +715,16 @@ async fn forward(
 #[derive(Clone)]
 pub(crate) struct JobServiceImpl {
     api: Api,
+    auth: Auth,
 }
 
 impl JobServiceImpl {
-    pub(crate) fn new(api: Api) -> JobServiceImpl {
-        JobServiceImpl { api }
+    pub(crate) fn new(api: Api, auth: Auth) -> JobServiceImpl {
+        JobServiceImpl { api, auth }
     }
 
     fn check<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        self.api.shared.auth.check(request.metadata())
+        self.auth.check(request.metadata())
     }
 }
 
@@ -737,7 +749,7 @@ impl JobService for JobServiceImpl {
         request: Request<tonic::Streaming<api::SubmitJobChunk>>,
     ) -> Result<Response<api::SubmitJobResponse>, Status> {
         self.check(&request)?;
-        let limit = self.api.shared.options.limits.max_file_bytes;
+        let limit = self.api.limits.max_file_bytes;
         let mut chunks = request.into_inner();
         let (mut content, mut format, mut source_name) = (Vec::new(), String::new(), String::new());
         while let Some(chunk) = chunks.message().await? {
@@ -862,7 +874,7 @@ impl JobService for JobServiceImpl {
 
     async fn backup(&self, request: Request<api::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
         self.check(&request)?;
-        Ok(Response::new(super::backup::stream(self.api.shared.clone())))
+        Ok(Response::new(super::backup::stream(self.api.engine.clone())))
     }
 
     async fn prune(&self, request: Request<api::PruneRequest>) -> Result<Response<api::PruneResponse>, Status> {

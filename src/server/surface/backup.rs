@@ -11,13 +11,12 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::sync::Arc;
 
 use tonic::Status;
 
+use crate::engine::EngineHandle;
 use crate::model::JobId;
 use crate::proto::api;
-use crate::server::Shared;
 use crate::store::transfer::ExportWriter;
 use crate::store::JobFilter;
 
@@ -50,12 +49,12 @@ impl Write for ChunkWriter {
 }
 
 /// Starts the copy; its chunks come through the returned stream.
-pub(super) fn stream(shared: Arc<Shared>) -> tokio_stream::wrappers::ReceiverStream<Result<api::BackupChunk, Status>> {
+pub(super) fn stream(engine: EngineHandle) -> tokio_stream::wrappers::ReceiverStream<Result<api::BackupChunk, Status>> {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let mut out = ChunkWriter { buffer: Vec::with_capacity(CHUNK_BYTES + 64 * 1024), chunks: tx.clone() };
-        match copy(&shared, &runtime, &mut out) {
+        match copy(&engine, &runtime, &mut out) {
             Ok(summary) => {
                 let last = api::BackupChunk { data: std::mem::take(&mut out.buffer), summary: Some(summary) };
                 let _ = tx.blocking_send(Ok(last));
@@ -81,13 +80,13 @@ enum CopyError {
 }
 
 fn copy(
-    shared: &Shared,
+    engine: &EngineHandle,
     runtime: &tokio::runtime::Handle,
     out: &mut dyn Write,
 ) -> Result<api::BackupSummary, CopyError> {
-    let (taken_at, led) = runtime.block_on(shared.engine.snapshot())?;
+    let (taken_at, led) = runtime.block_on(engine.snapshot())?;
     let mut led: BTreeMap<JobId, _> = led.into_iter().map(|job| (job.record.id, job)).collect();
-    let store = shared.engine.store().clone();
+    let store = engine.store().clone();
     let mut records = store.list_jobs(&JobFilter::default())?;
     records.reverse();
     let mut writer = ExportWriter::start(out)?;
@@ -101,14 +100,14 @@ fn copy(
                 Some(job) if job.record.state.is_terminal() => writer.job(&job)?,
                 // Retried since it was listed: as its leader holds it now.
                 Some(_) => {
-                    if let Some(job) = runtime.block_on(shared.engine.job(record.id))? {
+                    if let Some(job) = runtime.block_on(engine.job(record.id))? {
                         writer.job(&job)?;
                     }
                 }
                 // Removed since (retention).
                 None => {}
             }
-        } else if let Some(job) = runtime.block_on(shared.engine.job(record.id))? {
+        } else if let Some(job) = runtime.block_on(engine.job(record.id))? {
             writer.job(&job)?;
         }
     }

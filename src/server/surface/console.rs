@@ -60,7 +60,7 @@ struct Session {
 
 /// The browsers signed in with the token, by session id.
 #[derive(Default)]
-pub struct Sessions {
+pub(crate) struct Sessions {
     open: Mutex<HashMap<String, Session>>,
 }
 
@@ -70,7 +70,7 @@ fn random_hex() -> String {
 
 impl Sessions {
     /// Opens a session: its id (for the cookie) and its anti-forgery token.
-    pub fn open(&self) -> (String, String) {
+    pub(crate) fn open(&self) -> (String, String) {
         let (id, csrf) = (random_hex(), random_hex());
         let mut open = self.open.lock().expect("sessions lock");
         open.retain(|_, s| s.opened.elapsed() < SESSION_LIFETIME);
@@ -84,13 +84,13 @@ impl Sessions {
     }
 
     /// The anti-forgery token of the request's session, if it has a live one.
-    pub fn csrf(&self, headers: &HeaderMap) -> Option<String> {
+    pub(crate) fn csrf(&self, headers: &HeaderMap) -> Option<String> {
         let id = session_id(headers)?;
         let open = self.open.lock().expect("sessions lock");
         open.get(&id).filter(|s| s.opened.elapsed() < SESSION_LIFETIME).map(|s| s.csrf.clone())
     }
 
-    pub fn close(&self, headers: &HeaderMap) {
+    pub(crate) fn close(&self, headers: &HeaderMap) {
         if let Some(id) = session_id(headers) {
             self.open.lock().expect("sessions lock").remove(&id);
         }

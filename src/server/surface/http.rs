@@ -18,14 +18,31 @@ use serde_json::{json, Value};
 use tokio_stream::StreamExt;
 
 use super::api::{Api, Error};
+use super::auth::Auth;
+use super::metrics::Scrape;
 use super::{console, views};
-use crate::server::Shared;
+use crate::engine::EngineHandle;
+use crate::server::cluster::Topology;
+use crate::server::Stats;
 use crate::wire::PLUGIN_STATUS_PATH;
 
+/// What the routes use: the API, the token and the console's sessions (the
+/// guard), the metrics to render, the dispatch figures, what readiness
+/// reads, and the settings they answer with. Cheap to clone (each request
+/// clones it).
 #[derive(Clone)]
-struct AppState {
-    shared: Arc<Shared>,
-    api: Api,
+pub(crate) struct AppState {
+    pub(crate) api: Api,
+    pub(crate) auth: Auth,
+    pub(crate) sessions: Arc<console::Sessions>,
+    pub(crate) scrape: Arc<Scrape>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) topology: Topology,
+    pub(crate) engine: EngineHandle,
+    /// The worker's first question: where the worker stream is.
+    pub(crate) grpc_port: u16,
+    /// The largest request body taken.
+    pub(crate) max_request_bytes: usize,
 }
 
 impl IntoResponse for Error {
@@ -52,14 +69,14 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
         return next.run(request).await;
     }
     let headers = request.headers();
-    let auth = &state.shared.auth;
+    let auth = &state.auth;
     let bearer = headers.get("authorization").and_then(|v| v.to_str().ok());
     let verdict = console::judge(
         request.method(),
         headers,
         auth.enabled() && path != "/api/session",
         auth.check_header(bearer),
-        &state.shared.sessions,
+        &state.sessions,
     );
     match verdict {
         console::Verdict::Allowed => next.run(request).await,
@@ -71,18 +88,17 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
 /// Ready while the store takes writes: a server whose database is away
 /// acknowledges nothing and says so here.
 async fn readyz(State(state): State<AppState>) -> (axum::http::StatusCode, &'static str) {
-    if state.shared.topology.is_fenced() {
+    if state.topology.is_fenced() {
         (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not ready: this instance cannot reach its database\n")
-    } else if state.shared.engine.is_ready() {
+    } else if state.engine.is_ready() {
         (axum::http::StatusCode::OK, "ready\n")
     } else {
         (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not ready: the store is unavailable\n")
     }
 }
 
-pub(crate) fn router(shared: Arc<Shared>, api: Api) -> Router {
-    let body_limit = shared.options.max_request_bytes;
-    let state = AppState { shared, api };
+pub(crate) fn router(state: AppState) -> Router {
+    let body_limit = state.max_request_bytes;
     // The guard runs once a route and its method are matched: an unknown
     // path is 404 and a method the route does not serve is 405 for every
     // caller, as the OpenAPI document says; everything served is judged.
@@ -130,7 +146,7 @@ async fn console_asset(file: Result<Path<String>, PathRejection>) -> Response {
 }
 
 async fn plugin_status(State(state): State<AppState>) -> Json<Value> {
-    Json(json!({ "enabled": true, "worker_grpc_port": state.shared.grpc_port }))
+    Json(json!({ "enabled": true, "worker_grpc_port": state.grpc_port }))
 }
 
 type Reply = Result<Response, Error>;
@@ -282,7 +298,7 @@ async fn submit_job(
         StatusCode::PAYLOAD_TOO_LARGE => Error::TooLarge(format!(
             "the job file is larger than {} bytes, the most one request takes (the server's --max-request-bytes \
              raises it; `jobcenter submit` sends a file of any size in chunks)",
-            s.shared.options.max_request_bytes
+            s.max_request_bytes
         )),
         _ => Error::Invalid(format!("the job file could not be read: {e}")),
     })?;
@@ -341,7 +357,7 @@ async fn prune(State(s): State<AppState>, q: Params) -> Reply {
 }
 
 async fn stats(State(s): State<AppState>) -> Reply {
-    let (count, p50, p99) = s.shared.stats.dispatch();
+    let (count, p50, p99) = s.stats.dispatch();
     Ok(Json(json!({ "dispatch": { "count": count, "p50_us": p50, "p99_us": p99 } })).into_response())
 }
 
@@ -353,7 +369,7 @@ async fn openapi() -> Response {
 }
 
 async fn metrics(State(s): State<AppState>) -> Reply {
-    let text = s.shared.metrics.render(&s.shared).await;
+    let text = s.scrape.render().await;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 
@@ -390,13 +406,13 @@ async fn set_scheduler_paused(State(s): State<AppState>, q: Params, paused: bool
 }
 
 async fn workers(State(s): State<AppState>) -> Reply {
-    Ok(Json(views::workers(&s.shared, &s.api).await?).into_response())
+    Ok(Json(views::workers(&s.api).await?).into_response())
 }
 
 /// Whether this browser is signed in, and its session's anti-forgery token.
 async fn session(State(s): State<AppState>, headers: HeaderMap) -> Json<Value> {
-    let csrf = s.shared.sessions.csrf(&headers);
-    let required = s.shared.auth.enabled();
+    let csrf = s.sessions.csrf(&headers);
+    let required = s.auth.enabled();
     Json(
         json!({ "token_required": required, "authenticated": !required || csrf.is_some(), "csrf": csrf.unwrap_or_default() }),
     )
@@ -412,13 +428,13 @@ struct SignIn {
 async fn sign_in(State(s): State<AppState>, q: Params, JsonBody(body): JsonBody<SignIn>) -> Reply {
     q.taking(&[])?;
     let presented = format!("Bearer {}", body.token.trim());
-    if !s.shared.auth.check_header(Some(&presented)) {
+    if !s.auth.check_header(Some(&presented)) {
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         return Ok(
             (StatusCode::UNAUTHORIZED, Json(json!({ "error": "that is not the admin's token" }))).into_response()
         );
     }
-    let (id, csrf) = s.shared.sessions.open();
+    let (id, csrf) = s.sessions.open();
     let mut response = Json(json!({ "csrf": csrf })).into_response();
     response.headers_mut().insert(axum::http::header::SET_COOKIE, console::cookie(Some(&id)));
     Ok(response)
@@ -426,22 +442,22 @@ async fn sign_in(State(s): State<AppState>, q: Params, JsonBody(body): JsonBody<
 
 async fn sign_out(State(s): State<AppState>, q: Params, headers: HeaderMap) -> Reply {
     q.taking(&[])?;
-    s.shared.sessions.close(&headers);
+    s.sessions.close(&headers);
     let mut response = Json(json!({ "signed_out": true })).into_response();
     response.headers_mut().insert(axum::http::header::SET_COOKIE, console::cookie(None));
     Ok(response)
 }
 
 async fn overview(State(s): State<AppState>) -> Reply {
-    Ok(Json(views::overview(&s.shared, &s.api).await?).into_response())
+    Ok(Json(views::overview(&s.api).await?).into_response())
 }
 
 async fn graph(State(s): State<AppState>, PathParams(id): PathParams<String>) -> Reply {
-    Ok(Json(views::graph(&s.shared, &id).await?).into_response())
+    Ok(Json(views::graph(&s.api, &id).await?).into_response())
 }
 
 async fn task(State(s): State<AppState>, PathParams((id, task)): PathParams<(String, String)>) -> Reply {
-    Ok(Json(views::task(&s.shared, &id, &task).await?).into_response())
+    Ok(Json(views::task(&s.api, &id, &task).await?).into_response())
 }
 
 async fn events(State(s): State<AppState>, PathParams(id): PathParams<String>) -> Reply {
@@ -452,11 +468,11 @@ async fn events(State(s): State<AppState>, PathParams(id): PathParams<String>) -
 }
 
 async fn job_types(State(s): State<AppState>) -> Json<Value> {
-    Json(views::job_types(&s.shared))
+    Json(views::job_types(&s.api))
 }
 
 async fn job_type(State(s): State<AppState>, PathParams(job_type): PathParams<String>) -> Reply {
-    Ok(Json(views::job_type(&s.shared, &s.api, &job_type)?).into_response())
+    Ok(Json(views::job_type(&s.api, &job_type)?).into_response())
 }
 
 async fn get_policy(State(s): State<AppState>, PathParams(job_type): PathParams<String>) -> Reply {

@@ -34,8 +34,12 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::engine::EngineHandle;
 use crate::model::{JobState, TaskState};
-use crate::server::Shared;
+use crate::server::duties::scheduler::Board;
+use crate::server::duties::{recovery, retention};
+use crate::server::policies::Policies;
+use crate::server::Stats;
 use crate::store::JobFilter;
 
 /// Upper bounds, in seconds, of the latency histograms.
@@ -47,7 +51,7 @@ const JOB_STATES: [JobState; 5] =
 
 /// The server's metrics; counters and histograms are fed as things happen,
 /// gauges are set at each scrape.
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     jobs: IntGaugeVec,
     tasks: IntGaugeVec,
@@ -109,7 +113,7 @@ fn histogram(registry: &Registry, name: &str, help: &str) -> Histogram {
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    pub(crate) fn new() -> Metrics {
         let registry = Registry::new();
         Metrics {
             jobs: gauge_vec(&registry, "jobcenter_jobs", "Stored jobs by state.", "state"),
@@ -189,42 +193,42 @@ impl Metrics {
     }
 
     /// One finding of the recovery check under `rule` (its invariant id).
-    pub fn record_recovery_finding(&self, rule: &str) {
+    pub(crate) fn record_recovery_finding(&self, rule: &str) {
         self.recovery_findings.with_label_values(&[rule]).inc();
     }
 
     /// Makes rules appear at 0 before their first finding.
-    pub fn declare_recovery_rules(&self, rules: &[&str]) {
+    pub(crate) fn declare_recovery_rules(&self, rules: &[&str]) {
         for rule in rules {
             self.recovery_findings.with_label_values(&[*rule]);
         }
     }
 
-    pub fn note_deactivation(&self) {
+    pub(crate) fn note_deactivation(&self) {
         self.deactivations.inc();
     }
 
-    pub fn jobs_pruned(&self, n: u64) {
+    pub(crate) fn jobs_pruned(&self, n: u64) {
         self.pruned.inc_by(n);
     }
 
-    pub fn store_compacted(&self, done: &crate::store::Reclaimed) {
+    pub(crate) fn store_compacted(&self, done: &crate::store::Reclaimed) {
         self.compactions.inc();
         self.reclaimed.inc_by(done.before_bytes.saturating_sub(done.after_bytes));
     }
 
-    pub fn record_detection(&self, job_type: &str) {
+    pub(crate) fn record_detection(&self, job_type: &str) {
         self.detections.with_label_values(&[job_type]).inc();
     }
 
-    pub fn record_proposals(&self, job_type: &str, n: u64) {
+    pub(crate) fn record_proposals(&self, job_type: &str, n: u64) {
         self.proposals.with_label_values(&[job_type]).inc_by(n);
     }
 
     /// What the engine's committer calls after each group commit with the
     /// time of the whole commit (write and flush) and of the flush alone.
     /// From its first call on, the stand-in measurements stop.
-    pub fn commit_observer(&self) -> impl Fn(Duration, Duration) + Send + Sync + 'static {
+    pub(crate) fn commit_observer(&self) -> impl Fn(Duration, Duration) + Send + Sync + 'static {
         let (commit, flush) = (self.commit_seconds.clone(), self.flush_seconds.clone());
         let reported = self.committer_reports.clone();
         move |commit_latency, flush_latency| {
@@ -236,17 +240,17 @@ impl Metrics {
 
     /// Stand-in for the committer's own timing: an API call that waited for
     /// its step to be durable (submit, cancel, retry).
-    pub fn observe_api_step(&self, latency: Duration) {
+    pub(crate) fn observe_api_step(&self, latency: Duration) {
         if !self.committer_reports.load(Ordering::Relaxed) {
             self.commit_seconds.observe(latency.as_secs_f64());
         }
     }
 
     /// Sets the gauges from the engine, the store and the registry.
-    async fn refresh(&self, shared: &Shared) {
+    async fn refresh(&self, scrape: &Scrape) {
         // Every stored job, by state (a scan of job records, without their tasks).
         let mut jobs: BTreeMap<JobState, i64> = JOB_STATES.iter().map(|s| (*s, 0)).collect();
-        match shared.engine.list(JobFilter::default()).await {
+        match scrape.engine.list(JobFilter::default()).await {
             Ok(records) => {
                 for record in records {
                     *jobs.entry(record.state).or_default() += 1;
@@ -259,10 +263,10 @@ impl Metrics {
         }
 
         let mut counts = [0i64; TaskState::ALL.len()];
-        let active = shared.engine.active_jobs().await.unwrap_or_default();
+        let active = scrape.engine.active_jobs().await.unwrap_or_default();
         self.active_jobs.set(active.len() as i64);
         for record in &active {
-            if let Ok(Some(summary)) = shared.engine.summary(record.id).await {
+            if let Ok(Some(summary)) = scrape.engine.summary(record.id).await {
                 for (slot, state) in TaskState::ALL.iter().enumerate() {
                     counts[slot] += i64::from(summary.counts.get(*state));
                 }
@@ -272,14 +276,14 @@ impl Metrics {
             self.tasks.with_label_values(&[state.as_str()]).set(counts[slot]);
         }
 
-        let workers = shared.registry.workers();
+        let workers = scrape.registry.workers();
         self.workers_connected.set(workers.len() as i64);
         self.runtime_tasks.set(tokio::runtime::Handle::current().metrics().num_alive_tasks() as i64);
-        self.subscribers.set(shared.engine.subscribers() as i64);
-        let (detections, routes) = shared.scheduler.in_flight();
+        self.subscribers.set(scrape.engine.subscribers() as i64);
+        let (detections, routes) = scrape.scheduler.in_flight();
         for (duty, running) in [
-            ("recovery", usize::from(shared.recovery_gate.is_running())),
-            ("prune", usize::from(shared.prune_gate.is_running())),
+            ("recovery", usize::from(scrape.recovery.is_running())),
+            ("prune", usize::from(scrape.prune.is_running())),
             ("detection", detections),
             ("detection_route", routes),
         ] {
@@ -287,7 +291,7 @@ impl Metrics {
         }
         let mut total: BTreeMap<String, i64> = BTreeMap::new();
         let mut used: BTreeMap<String, i64> = BTreeMap::new();
-        for job_type in shared.policies.job_types().iter().map(String::as_str).chain(["noop", "shell"]) {
+        for job_type in scrape.policies.job_types().iter().map(String::as_str).chain(["noop", "shell"]) {
             total.entry(job_type.to_string()).or_default();
             used.entry(job_type.to_string()).or_default();
         }
@@ -319,7 +323,7 @@ impl Metrics {
 
         // Until the committer reports its own timings, time a flush here.
         if !self.committer_reports.load(Ordering::Relaxed) {
-            let store = shared.engine.store().clone();
+            let store = scrape.engine.store().clone();
             let flushed = tokio::task::spawn_blocking(move || {
                 let started = Instant::now();
                 store.flush().map(|()| started.elapsed())
@@ -332,16 +336,39 @@ impl Metrics {
     }
 
     /// The text exposition of every metric, gauges refreshed.
-    pub async fn render(&self, shared: &Shared) -> String {
-        self.refresh(shared).await;
+    async fn render(&self, scrape: &Scrape) -> String {
+        self.refresh(scrape).await;
         let mut families = self.registry.gather();
-        families.push(dispatch_family(&shared.stats));
+        families.push(dispatch_family(&scrape.stats));
         families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut out = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&families, &mut out) {
             tracing::warn!(error = %e, "metrics: cannot encode");
         }
         String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// What a scrape reads besides the metrics fed as things happen: the
+/// engine and the store behind it, the workers connected, the job types
+/// of the policy book, the single-flight duties under way, and the
+/// dispatch figures.
+pub(crate) struct Scrape {
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) engine: EngineHandle,
+    pub(crate) registry: crate::server::workers::registry::Registry,
+    pub(crate) policies: Policies,
+    /// Detections under way, and routes open to their detectors.
+    pub(crate) scheduler: Board,
+    pub(crate) recovery: Arc<recovery::Gate>,
+    pub(crate) prune: Arc<retention::Gate>,
+    pub(crate) stats: Arc<Stats>,
+}
+
+impl Scrape {
+    /// The text exposition of every metric, gauges refreshed.
+    pub(crate) async fn render(&self) -> String {
+        self.metrics.render(self).await
     }
 }
 

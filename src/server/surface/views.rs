@@ -12,22 +12,21 @@ use super::convert;
 use crate::model::JobId;
 use crate::proto::api::job_event;
 use crate::proto::plugin::{config_value::Kind, ConfigField, ConfigForm, ConfigValue, JobTypeDescriptor};
-use crate::server::Shared;
 use crate::store::JobFilter;
 
 fn job_id(text: &str) -> Result<JobId, Error> {
     text.parse().map_err(|_| Error::Invalid(format!("{text:?} is not a job id (a UUID)")))
 }
 
-async fn stored(shared: &Shared, id: &str) -> Result<crate::store::StoredJob, Error> {
+async fn stored(api: &Api, id: &str) -> Result<crate::store::StoredJob, Error> {
     let id = job_id(id)?;
-    shared.engine.job(id).await?.ok_or_else(|| Error::NotFound(format!("no job {id}")))
+    api.engine.job(id).await?.ok_or_else(|| Error::NotFound(format!("no job {id}")))
 }
 
 /// A job drawn as a graph: every task's id, job type, state, level (the
 /// longest path from a root) and parents, as arrays by task index.
-pub(super) async fn graph(shared: &Shared, id: &str) -> Result<Value, Error> {
-    let job = stored(shared, id).await?;
+pub(super) async fn graph(api: &Api, id: &str) -> Result<Value, Error> {
+    let job = stored(api, id).await?;
     let dag = &job.spec.dag;
     let order = dag.check_acyclic().map_err(|_| Error::Internal(format!("job {id} holds a cycle")))?;
     let levels = dag.levels(&order);
@@ -61,24 +60,24 @@ pub(super) async fn graph(shared: &Shared, id: &str) -> Result<Value, Error> {
 }
 
 /// One task of a job, by its id.
-pub(super) async fn task(shared: &Shared, id: &str, task_id: &str) -> Result<crate::proto::api::Task, Error> {
+pub(super) async fn task(api: &Api, id: &str, task_id: &str) -> Result<crate::proto::api::Task, Error> {
     let job = job_id(id)?;
-    let (spec, idx, record) = shared
+    let (spec, idx, record) = api
         .engine
         .task(job, task_id)
         .await?
         .ok_or_else(|| Error::NotFound(format!("no task {task_id:?} in a job {id}")))?;
     let mut task = convert::task_of(&spec, idx, &record);
     if !task.handler.is_empty() {
-        task.worker_id = shared.registry.worker_id(&task.handler).unwrap_or_default();
+        task.worker_id = api.registry.worker_id(&task.handler).unwrap_or_default();
     }
     Ok(task)
 }
 
 /// The attempts each connected worker runs now, by handler.
-pub(super) async fn running(shared: &Shared) -> Result<HashMap<String, Vec<Value>>, Error> {
+pub(super) async fn running(api: &Api) -> Result<HashMap<String, Vec<Value>>, Error> {
     let mut by_handler: HashMap<String, Vec<Value>> = HashMap::new();
-    for held in shared.engine.attempts().await? {
+    for held in api.engine.attempts().await? {
         by_handler.entry(held.handler.to_string()).or_default().push(json!({
             "job_id": held.job.to_string(), "task_id": held.task_id, "attempt": held.attempt,
             "state": if held.started_at.is_some() { "running" } else { "assigned" },
@@ -89,8 +88,8 @@ pub(super) async fn running(shared: &Shared) -> Result<HashMap<String, Vec<Value
 }
 
 /// The workers, each with what it runs now.
-pub(super) async fn workers(shared: &Shared, api: &Api) -> Result<Value, Error> {
-    let mut running = running(shared).await?;
+pub(super) async fn workers(api: &Api) -> Result<Value, Error> {
+    let mut running = running(api).await?;
     let workers: Vec<Value> = api
         .workers()
         .into_iter()
@@ -105,10 +104,10 @@ pub(super) async fn workers(shared: &Shared, api: &Api) -> Result<Value, Error> 
 }
 
 /// What the console's first page shows.
-pub(super) async fn overview(shared: &Shared, api: &Api) -> Result<Value, Error> {
+pub(super) async fn overview(api: &Api) -> Result<Value, Error> {
     let mut by_state: BTreeMap<&str, u64> =
         ["pending", "running", "succeeded", "failed", "canceled"].into_iter().map(|s| (s, 0)).collect();
-    for job in shared.engine.list(JobFilter::default()).await? {
+    for job in api.engine.list(JobFilter::default()).await? {
         *by_state.entry(job.state.as_str()).or_default() += 1;
     }
     let workers = api.workers();
@@ -116,7 +115,7 @@ pub(super) async fn overview(shared: &Shared, api: &Api) -> Result<Value, Error>
     let total = slots(|w| w.execution_slots_total);
     let used = slots(|w| w.execution_slots_used);
     let running: u64 = workers.iter().map(|w| u64::from(w.held_attempts)).sum();
-    let recovery = shared.recovery_gate.last().map(|(at_ms, findings)| json!({ "at_ms": at_ms, "findings": findings }));
+    let recovery = api.recovery.last().map(|(at_ms, findings)| json!({ "at_ms": at_ms, "findings": findings }));
     Ok(json!({
         "jobs_by_state": by_state,
         "tasks_running": running,
@@ -130,10 +129,9 @@ pub(super) async fn overview(shared: &Shared, api: &Api) -> Result<Value, Error>
 }
 
 /// Every job type a worker declared or an operator set a policy for.
-pub(super) fn job_types(shared: &Shared) -> Value {
-    let mut counts: BTreeMap<String, (u32, u32)> =
-        shared.policies.job_types().into_iter().map(|t| (t, (0, 0))).collect();
-    for worker in shared.registry.workers() {
+pub(super) fn job_types(api: &Api) -> Value {
+    let mut counts: BTreeMap<String, (u32, u32)> = api.policies.job_types().into_iter().map(|t| (t, (0, 0))).collect();
+    for worker in api.registry.workers() {
         for capability in worker.to_api().capabilities {
             let entry = counts.entry(capability.job_type).or_default();
             entry.0 += u32::from(capability.can_detect);
@@ -143,7 +141,7 @@ pub(super) fn job_types(shared: &Shared) -> Value {
     let types: Vec<Value> = counts
         .into_iter()
         .map(|(job_type, (detectors, executors))| {
-            let descriptor = shared.policies.descriptor(&job_type);
+            let descriptor = api.policies.descriptor(&job_type);
             let text = |f: fn(&JobTypeDescriptor) -> &str| descriptor.as_ref().map_or("", f).to_string();
             json!({
                 "job_type": job_type,
@@ -159,9 +157,9 @@ pub(super) fn job_types(shared: &Shared) -> Value {
 }
 
 /// A job type's policy and the descriptor its worker sent.
-pub(super) fn job_type(shared: &Shared, api: &Api, job_type: &str) -> Result<Value, Error> {
+pub(super) fn job_type(api: &Api, job_type: &str) -> Result<Value, Error> {
     let policy = api.policy(job_type)?;
-    let descriptor = shared.policies.descriptor(job_type).map(|d| descriptor_json(&d));
+    let descriptor = api.policies.descriptor(job_type).map(|d| descriptor_json(&d));
     Ok(json!({ "job_type": job_type, "policy": policy, "descriptor": descriptor }))
 }
 

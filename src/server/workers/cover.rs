@@ -18,10 +18,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::stream::WorkerSessions;
+use crate::engine::EngineHandle;
 use crate::model::{AttemptId, HandlerId};
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, CancelRequest, WorkKind};
 use crate::server::cluster::peer;
-use crate::server::Shared;
 use crate::wire;
 
 type Attempt = AttemptId;
@@ -31,7 +32,7 @@ type Outbound = tokio::sync::mpsc::Sender<Result<AdminToWorkerMessage, tonic::St
 #[derive(Clone)]
 pub(super) struct Cover {
     inner: Arc<Mutex<State>>,
-    shared: Arc<Shared>,
+    sessions: Arc<WorkerSessions>,
     handler: HandlerId,
     lease: Duration,
     outbound: Outbound,
@@ -69,8 +70,8 @@ impl State {
 }
 
 impl Cover {
-    pub(super) fn new(shared: Arc<Shared>, handler: HandlerId, lease: Duration, outbound: Outbound) -> Cover {
-        Cover { inner: Arc::default(), shared, handler, lease, outbound }
+    pub(super) fn new(sessions: Arc<WorkerSessions>, handler: HandlerId, lease: Duration, outbound: Outbound) -> Cover {
+        Cover { inner: Arc::default(), sessions, handler, lease, outbound }
     }
 
     /// This session sent the worker an attempt held here.
@@ -88,7 +89,7 @@ impl Cover {
             state.vouched.retain(|attempt, _| running.contains(attempt));
             let covered = state.covers(&running, now);
             // A vouch is asked again once half of it is spent.
-            let soon = now + peer::vouch_validity(&self.shared.options, self.lease) / 2;
+            let soon = now + peer::vouch_validity(self.sessions.settings.orphan_grace, self.lease) / 2;
             let expiring = state.vouched.values().any(|until| *until < soon);
             state.latest = Some((number, running));
             let ask = !state.asking && (!covered || expiring);
@@ -108,7 +109,7 @@ impl Cover {
     /// elsewhere take, when that changed.
     fn tell_elsewhere(&self, running: Option<u32>) {
         if let Some(running) = running {
-            let (engine, handler) = (self.shared.engine.clone(), self.handler);
+            let (engine, handler) = (self.sessions.engine.clone(), self.handler);
             tokio::spawn(async move {
                 let _ = engine.handler_elsewhere(handler, running).await;
             });
@@ -131,15 +132,15 @@ impl Cover {
             state.latest.as_ref().map(|(_, running)| running.iter().copied().collect()).unwrap_or_default()
         };
         let held: HashSet<Attempt> =
-            self.shared.engine.holds(self.handler, running.clone()).await.unwrap_or_default().into_iter().collect();
+            self.sessions.engine.holds(self.handler, running.clone()).await.unwrap_or_default().into_iter().collect();
         let foreign: Vec<Attempt> = running.iter().copied().filter(|a| !held.contains(a)).collect();
         let mut vouched = Vec::new();
         let mut cancel = Vec::new();
-        if let Some(node) = self.shared.topology.member() {
+        if let Some(node) = self.sessions.topology.member() {
             let mut by_leader: BTreeMap<String, Vec<Attempt>> = BTreeMap::new();
             for attempt in foreign {
                 let asked_at = Instant::now();
-                match whereabouts(&self.shared, attempt.task.job).await {
+                match whereabouts(&self.sessions.engine, attempt.task.job).await {
                     // The database cannot tell now: asked again next time.
                     None => {}
                     Some(None) => cancel.push((attempt, "its job does not exist")),
@@ -150,7 +151,7 @@ impl Cover {
                         }
                         Some(owner) => by_leader.entry(owner.grpc_address).or_default().push(attempt),
                         None => {
-                            let valid = peer::vouch_validity(&self.shared.options, self.lease);
+                            let valid = peer::vouch_validity(self.sessions.settings.orphan_grace, self.lease);
                             vouched.push((attempt, asked_at + valid));
                         }
                     },
@@ -158,7 +159,7 @@ impl Cover {
             }
             for (address, attempts) in by_leader {
                 let asked_at = Instant::now();
-                match peer::vouch_at(&self.shared, &address, self.handler, &attempts, self.lease).await {
+                match self.sessions.peers.vouch_at(&address, self.handler, &attempts, self.lease).await {
                     Ok((held_there, valid)) => {
                         for attempt in attempts {
                             if held_there.contains(&attempt) {
@@ -215,8 +216,11 @@ impl Cover {
     }
 }
 
-async fn whereabouts(shared: &Shared, job: crate::model::JobId) -> Option<Option<crate::store::cluster::Whereabouts>> {
-    let store = shared.engine.store().clone();
+async fn whereabouts(
+    engine: &EngineHandle,
+    job: crate::model::JobId,
+) -> Option<Option<crate::store::cluster::Whereabouts>> {
+    let store = engine.store().clone();
     match tokio::task::spawn_blocking(move || store.cluster().map(|c| c.whereabouts(job))).await {
         Ok(Some(Ok(found))) => Some(found),
         _ => None,

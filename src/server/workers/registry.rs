@@ -118,9 +118,10 @@ pub struct Registration {
     pub stop: Arc<Notify>,
 }
 
-#[derive(Default)]
+/// Cheap to clone: the clones share the workers.
+#[derive(Clone, Default)]
 pub struct Registry {
-    inner: Mutex<(u64, BTreeMap<HandlerId, WorkerEntry>)>,
+    inner: Arc<Mutex<(u64, BTreeMap<HandlerId, WorkerEntry>)>>,
 }
 
 impl Registry {

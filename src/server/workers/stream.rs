@@ -13,10 +13,11 @@ use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::registry::KnownAttempts;
+use super::registry::{KnownAttempts, Registry};
+use crate::clock::Clock;
 use crate::dispatch::{Assignment, HandlerSpec, Place, WorkOrder};
 use crate::engine::Answer;
-use crate::engine::Progress;
+use crate::engine::{EngineHandle, Progress};
 use crate::follower::{Loss, Outcome, Rejection};
 use crate::jobfile;
 use crate::model::{AttemptId, HandlerId};
@@ -26,11 +27,14 @@ use crate::proto::plugin::{
     AdminToWorkerMessage, CancelRequest, ExecuteJobRequest, JobCompleted, JobSpec, RequestConfigSchema, WorkKind,
     WorkerHeartbeat, WorkerHello, WorkerToAdminMessage,
 };
-use crate::server::cluster::peer;
-use crate::server::duties::scheduler;
-use crate::server::seaweedfs::context;
-use crate::server::Shared;
-use crate::server::Topology;
+use crate::server::cluster::peer::{self, Peers, Reports};
+use crate::server::cluster::Topology;
+use crate::server::duties::scheduler::{self, Board};
+use crate::server::duties::Duties;
+use crate::server::policies::Policies;
+use crate::server::seaweedfs::SeaweedFs;
+use crate::server::surface::auth::Auth;
+use crate::server::Stats;
 use crate::wire;
 use crate::worker::cut;
 
@@ -51,13 +55,49 @@ type Outbound = mpsc::Sender<Result<AdminToWorkerMessage, Status>>;
 
 #[derive(Clone)]
 pub(crate) struct WorkerStreamService {
-    shared: Arc<Shared>,
+    pub(crate) sessions: Arc<WorkerSessions>,
+    /// The token a worker's stream must carry, when one is set.
+    auth: Auth,
     requests: Arc<AtomicU64>,
 }
 
+/// What the worker sessions use, shared by them all: the registry they join
+/// and the engine their workers serve; the cluster (the fence,
+/// adoptions, reports to a job's leader, the borrower's wake-up); the
+/// scheduler's board (detectors' messages, the activity log); the policy
+/// book; the SeaweedFS cluster's context; the dispatch figures; the duties
+/// a session hands its background reports to; and its settings.
+pub(crate) struct WorkerSessions {
+    pub(crate) engine: EngineHandle,
+    pub(crate) registry: Registry,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) topology: Topology,
+    pub(crate) peers: Peers,
+    pub(crate) reports: Reports,
+    pub(crate) board: Board,
+    pub(crate) policies: Policies,
+    pub(crate) seaweedfs: SeaweedFs,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) duties: Duties,
+    pub(crate) settings: Settings,
+}
+
+/// The server's settings a session reads.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Settings {
+    /// Workers connected at once; more are refused until one leaves.
+    pub(crate) max_workers: usize,
+    /// How often a worker heartbeats, and a session compares what it runs.
+    pub(crate) heartbeat_interval: Duration,
+    /// A worker's lease must fit within both (`lease_refusal`); the first
+    /// also bounds a vouch (`peer::vouch_validity`).
+    pub(crate) orphan_grace: Duration,
+    pub(crate) silence_timeout: Duration,
+}
+
 impl WorkerStreamService {
-    pub(crate) fn new(shared: Arc<Shared>) -> WorkerStreamService {
-        WorkerStreamService { shared, requests: Arc::default() }
+    pub(crate) fn new(sessions: Arc<WorkerSessions>, auth: Auth) -> WorkerStreamService {
+        WorkerStreamService { sessions, auth, requests: Arc::default() }
     }
 }
 
@@ -105,8 +145,8 @@ impl PluginControlService for WorkerStreamService {
         &self,
         request: Request<Streaming<WorkerToAdminMessage>>,
     ) -> Result<Response<Self::WorkerStreamStream>, Status> {
-        self.shared.auth.check(request.metadata())?;
-        if let Some(node) = self.shared.topology.member().filter(|node| node.is_fenced()) {
+        self.auth.check(request.metadata())?;
+        if let Some(node) = self.sessions.topology.member().filter(|node| node.is_fenced()) {
             return Err(Status::unavailable(format!(
                 "admin instance {} cannot reach its database and takes no workers: connect to another instance",
                 node.id
@@ -163,14 +203,14 @@ impl WorkerStreamService {
             }
         }
         let lease = wire::lease_of(&hello.metadata).map_err(Status::invalid_argument)?;
-        if self.shared.registry.len() >= self.shared.options.max_workers {
+        if self.sessions.registry.len() >= self.sessions.settings.max_workers {
             return Err(Status::resource_exhausted(format!(
                 "{} workers are connected, the most this admin takes; try again later",
-                self.shared.options.max_workers
+                self.sessions.settings.max_workers
             )));
         }
         let (outbound, receiver) = mpsc::channel(OUTBOUND_QUEUE);
-        if let Some(refusal) = lease.and_then(|lease| lease_refusal(&self.shared.options, lease)) {
+        if let Some(refusal) = lease.and_then(|lease| lease_refusal(&self.sessions.settings, lease)) {
             tracing::warn!(worker.id = %hello.worker_id, %refusal, "worker refused");
             let body = admin_to_worker_message::Body::Hello(AdminHello {
                 accepted: false,
@@ -184,7 +224,7 @@ impl WorkerStreamService {
         let handler = handler_of(&hello);
         let renewals = outbound.clone();
         let session = Session {
-            shared: self.shared.clone(),
+            sessions: self.sessions.clone(),
             requests: self.requests.clone(),
             handler,
             place: place_of(&hello, peer),
@@ -193,13 +233,13 @@ impl WorkerStreamService {
             outbound,
             pending_schema: HashMap::new(),
             reported_slots: None,
-            connected_at: self.shared.clock.now(),
+            connected_at: self.sessions.clock.now(),
             reconciled_at: None,
             adoptions_seen: 0,
             lent: std::sync::Mutex::default(),
-            known: self.shared.topology.member().map(|_| KnownAttempts::default()),
+            known: self.sessions.topology.member().map(|_| KnownAttempts::default()),
             renewed_at: tokio::time::Instant::now(),
-            cover: lease.map(|lease| super::cover::Cover::new(self.shared.clone(), handler, lease, renewals.clone())),
+            cover: lease.map(|lease| super::cover::Cover::new(self.sessions.clone(), handler, lease, renewals.clone())),
         };
         tokio::spawn(session.run(inbound));
         Ok(receiver)
@@ -209,12 +249,12 @@ impl WorkerStreamService {
 /// Why a worker's lease does not fit this admin's timeouts, if it does not:
 /// the admin must wait for a disconnected worker longer than the worker
 /// keeps running without an admin, or one attempt could run twice at once.
-fn lease_refusal(options: &crate::server::ServerOptions, lease: Duration) -> Option<String> {
+fn lease_refusal(settings: &Settings, lease: Duration) -> Option<String> {
     let wait = wire::take_back_after(lease);
-    let (limit, option) = if options.orphan_grace <= options.silence_timeout {
-        (options.orphan_grace, "--orphan-grace")
+    let (limit, option) = if settings.orphan_grace <= settings.silence_timeout {
+        (settings.orphan_grace, "--orphan-grace")
     } else {
-        (options.silence_timeout, "--silence-timeout")
+        (settings.silence_timeout, "--silence-timeout")
     };
     (wait >= limit).then(|| {
         format!(
@@ -237,7 +277,7 @@ fn place_of(hello: &WorkerHello, peer: Option<std::net::SocketAddr>) -> Place {
 }
 
 struct Session {
-    shared: Arc<Shared>,
+    sessions: Arc<WorkerSessions>,
     requests: Arc<AtomicU64>,
     handler: HandlerId,
     /// Where the worker runs.
@@ -292,11 +332,11 @@ impl Session {
     where
         S: Stream<Item = Result<WorkerToAdminMessage, Status>> + Unpin,
     {
-        let shared = self.shared.clone();
+        let sessions = self.sessions.clone();
         let handler = self.handler;
-        let now = shared.clock.now();
+        let now = sessions.clock.now();
         let (registration, previous) =
-            shared.registry.register(handler, &self.hello, now, Some(self.outbound.clone()), self.known.clone());
+            sessions.registry.register(handler, &self.hello, now, Some(self.outbound.clone()), self.known.clone());
         if let Some(previous) = previous {
             // The same process reconnected before its old stream was noticed
             // gone: that session ends, and this one takes over its attempts.
@@ -337,7 +377,7 @@ impl Session {
             admin_to_worker_message::Body::Hello(AdminHello {
                 accepted: true,
                 message: format!("jobcenter {}", env!("CARGO_PKG_VERSION")),
-                heartbeat_interval_seconds: shared.options.heartbeat_interval.as_secs().max(1) as i32,
+                heartbeat_interval_seconds: sessions.settings.heartbeat_interval.as_secs().max(1) as i32,
                 reconnect_delay_seconds: 5,
             }),
         );
@@ -348,9 +388,9 @@ impl Session {
         let renewal = self.lease.is_some().then(|| message(wire::LEASE_RENEWAL.into(), None));
         if !self.send(hello_reply).await
             || (renewal.is_some_and(|renewal| self.outbound.try_send(Ok(renewal)).is_err()))
-            || shared.engine.connected(spec).await.is_err()
+            || sessions.engine.connected(spec).await.is_err()
         {
-            shared.registry.unregister(handler, registration.session);
+            sessions.registry.unregister(handler, registration.session);
             return;
         }
         // A worker without a lease dropped whatever it ran when its last
@@ -359,7 +399,7 @@ impl Session {
         // not when that handler is given up for gone.
         if self.lease.is_none() && !self.hello.worker_id.is_empty() {
             let name: Arc<str> = Arc::from(self.hello.worker_id.as_str());
-            if let Ok(ended) = shared.engine.returned(handler, name).await {
+            if let Ok(ended) = sessions.engine.returned(handler, name).await {
                 for attempt in ended {
                     let what = if attempt.from_scheduler {
                         "its scheduler job is failed now, and the next detection proposes the work again"
@@ -371,15 +411,15 @@ impl Session {
                         self.hello.worker_id, attempt.task_id, attempt.attempt.task.job, attempt.attempt.number
                     );
                     tracing::warn!(worker.id = %self.hello.worker_id, %handler, job.id = %attempt.attempt.task.job, task.id = %attempt.task_id, "{line}");
-                    scheduler::record(&shared, &attempt.job_type, line);
+                    sessions.board.record(&attempt.job_type, line);
                 }
             }
         }
-        shared.scheduler.wake();
-        shared.peers.wake();
+        sessions.board.wake();
+        sessions.peers.wake();
         for capability in self.hello.capabilities.clone() {
-            shared.policies.push_limits(&shared.engine, &capability.job_type).await;
-            if !shared.policies.has_descriptor(&capability.job_type) {
+            sessions.policies.push_limits(&sessions.engine, &capability.job_type).await;
+            if !sessions.policies.has_descriptor(&capability.job_type) {
                 let request_id = self.next_request_id("schema");
                 self.pending_schema.insert(request_id.clone(), capability.job_type.clone());
                 let body = admin_to_worker_message::Body::RequestConfigSchema(RequestConfigSchema {
@@ -390,7 +430,7 @@ impl Session {
             }
         }
 
-        let mut fencing = shared.topology.member().map(|node| node.fencing());
+        let mut fencing = sessions.topology.member().map(|node| node.fencing());
         let reason = loop {
             // A worker with a lease heartbeats at least every quarter of it:
             // one silent for a whole lease has stopped its executions, or
@@ -432,7 +472,7 @@ impl Session {
             }
         };
         tracing::info!(worker.id = %self.hello.worker_id, %handler, reason, "worker disconnected");
-        shared.registry.unregister(handler, registration.session);
+        sessions.registry.unregister(handler, registration.session);
         // A worker with a lease keeps running its attempts and reports them
         // when it is back; they wait for it until its lease, counted from
         // the last heartbeat renewed, has surely run out. A worker without
@@ -440,7 +480,7 @@ impl Session {
         let keep_for = self.lease.map(|lease| {
             (self.renewed_at + wire::take_back_after(lease)).saturating_duration_since(tokio::time::Instant::now())
         });
-        if let Err(e) = shared.engine.disconnected(handler, registration.session, keep_for, &reason).await {
+        if let Err(e) = sessions.engine.disconnected(handler, registration.session, keep_for, &reason).await {
             tracing::debug!(error = %e, "engine stopped before the worker's attempts were released");
         }
     }
@@ -463,7 +503,7 @@ impl Session {
                     self.note(assignment.attempt);
                 }
                 if let Some(released_at) = assignment.released_at {
-                    self.shared.stats.record_dispatch(released_at.elapsed());
+                    self.sessions.stats.record_dispatch(released_at.elapsed());
                 }
                 sent
             }
@@ -493,7 +533,7 @@ impl Session {
         let parameters = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&assignment.parameters)
             .map(|map| wire::json_to_values(&map))
             .unwrap_or_default();
-        let book = self.shared.policies.for_dispatch(&assignment.job_type);
+        let book = self.sessions.policies.for_dispatch(&assignment.job_type);
         ExecuteJobRequest {
             request_id: format!("exec-{job_id}"),
             job: Some(JobSpec {
@@ -516,7 +556,12 @@ impl Session {
             admin_runtime: Some(book.runtime_for(assignment.execution_timeout_seconds)),
             admin_config_values: book.admin_values.clone(),
             worker_config_values: book.worker_values.clone(),
-            cluster_context: Some(context::cluster_context(&self.shared, &assignment.job_type, true)),
+            cluster_context: Some(self.sessions.seaweedfs.context(
+                &self.sessions.policies,
+                &self.sessions.registry,
+                &assignment.job_type,
+                true,
+            )),
             attempt: i32::try_from(assignment.attempt.number).unwrap_or(i32::MAX),
         }
     }
@@ -524,11 +569,11 @@ impl Session {
     /// Handles one message; an error ends the stream with that status.
     async fn handle(&mut self, incoming: WorkerToAdminMessage) -> Result<(), Status> {
         use worker_to_admin_message::Body;
-        let engine = &self.shared.engine;
-        self.shared.registry.seen(self.handler, self.shared.clock.now());
+        let engine = &self.sessions.engine;
+        self.sessions.registry.seen(self.handler, self.sessions.clock.now());
         match incoming.body {
             Some(Body::Heartbeat(heartbeat)) => {
-                self.shared.registry.heartbeat(self.handler, &heartbeat, self.shared.clock.now());
+                self.sessions.registry.heartbeat(self.handler, &heartbeat, self.sessions.clock.now());
                 if let Some(known) = &self.known {
                     let running = heartbeat.running_work.iter().filter_map(|w| w.work_id.parse::<AttemptId>().ok());
                     known.lock().expect("known lock").heartbeat(running.collect());
@@ -558,7 +603,7 @@ impl Session {
                 let total = u32::try_from(heartbeat.execution_slots_total).unwrap_or(0);
                 if total > 0 && self.reported_slots != Some(total) {
                     self.reported_slots = Some(total);
-                    let _ = self.shared.engine.handler_slots(self.handler, total).await;
+                    let _ = self.sessions.engine.handler_slots(self.handler, total).await;
                 }
             }
             Some(Body::JobProgressUpdate(update)) => {
@@ -566,7 +611,7 @@ impl Session {
                     // Detection activity, not an attempt.
                     let text = update.activities.first().map(|a| a.message.clone()).unwrap_or(update.message.clone());
                     let event = scheduler::DetectionEvent::Activity(format!("{}: {text}", update.stage));
-                    self.shared.scheduler.route(&update.request_id, event);
+                    self.sessions.board.route(&update.request_id, event);
                     return Ok(());
                 }
                 let attempt = attempt_of("job_progress_update", &update.job_id)?;
@@ -580,10 +625,10 @@ impl Session {
                     l.leader.clone()
                 });
                 if let Some(leader) = lent_by {
-                    let (shared, handler, report) =
-                        (self.shared.clone(), self.handler, peer::progress_report(&progress));
-                    self.shared.duties.spawn(async move {
-                        peer::report_to_leader(&shared, Some(leader), handler, attempt, report).await;
+                    let (reports, handler, report) =
+                        (self.sessions.reports.clone(), self.handler, peer::progress_report(&progress));
+                    self.sessions.duties.spawn(async move {
+                        reports.report_to_leader(Some(leader), handler, attempt, report).await;
                     });
                     return Ok(());
                 }
@@ -609,10 +654,10 @@ impl Session {
                 match response.job_type_descriptor {
                     Some(descriptor) if response.success => {
                         let job_type = descriptor.job_type.clone();
-                        if let Err(e) = self.shared.policies.save_descriptor(descriptor).await {
+                        if let Err(e) = self.sessions.policies.save_descriptor(descriptor).await {
                             tracing::error!(job_type, error = %e, "cannot store a job type descriptor");
                         }
-                        self.shared.policies.push_limits(engine, &job_type).await;
+                        self.sessions.policies.push_limits(engine, &job_type).await;
                     }
                     _ => tracing::warn!(
                         job_type = response.job_type,
@@ -635,18 +680,15 @@ impl Session {
             Some(Body::DetectionProposals(proposals)) => {
                 let request_id = proposals.request_id.clone();
                 let event = scheduler::DetectionEvent::Proposals(proposals.proposals);
-                if !self.shared.scheduler.route(&request_id, event) {
+                if !self.sessions.board.route(&request_id, event) {
                     tracing::debug!(handler = %self.handler, request_id, "proposals for no detection running");
                 }
             }
             Some(Body::DetectionComplete(complete)) => {
                 let request_id = complete.request_id.clone();
-                let event = scheduler::DetectionEvent::Complete {
-                    success: complete.success,
-                    error: complete.error_message,
-                    total: complete.total_proposals,
-                };
-                if !self.shared.scheduler.route(&request_id, event) {
+                let event =
+                    scheduler::DetectionEvent::Complete { success: complete.success, error: complete.error_message };
+                if !self.sessions.board.route(&request_id, event) {
                     tracing::debug!(handler = %self.handler, request_id, "completion of no detection running");
                 }
             }
@@ -666,21 +708,21 @@ impl Session {
         // Jobs adopted from another instance may hold attempts of this worker:
         // compare at once. Held attempts it does not report are not dropped
         // here: their outcomes may still be on their way.
-        let adoptions = self.shared.topology.member().map_or(0, |node| node.adoptions());
+        let adoptions = self.sessions.topology.member().map_or(0, |node| node.adoptions());
         let adopted = adoptions != self.adoptions_seen;
         self.adoptions_seen = adoptions;
         let first = self.reconciled_at.is_none();
         if !first
             && !adopted
-            && self.reconciled_at.is_some_and(|at| at.elapsed() < self.shared.options.heartbeat_interval)
+            && self.reconciled_at.is_some_and(|at| at.elapsed() < self.sessions.settings.heartbeat_interval)
         {
             return;
         }
         self.reconciled_at = Some(tokio::time::Instant::now());
         let running = heartbeat.running_work.iter().filter_map(|w| w.work_id.parse::<AttemptId>().ok()).collect();
         let dropped_before = first.then_some(self.connected_at);
-        let Ok(answer) = self.shared.engine.reconcile(self.handler, running, dropped_before).await else { return };
-        let shared = self.shared.clone();
+        let Ok(answer) = self.sessions.engine.reconcile(self.handler, running, dropped_before).await else { return };
+        let sessions = self.sessions.clone();
         let outbound = self.outbound.clone();
         let (handler, worker_id) = (self.handler, self.hello.worker_id.clone());
         tokio::spawn(async move {
@@ -692,7 +734,7 @@ impl Session {
                 );
             }
             for attempt in reconciled.not_held {
-                if keep_foreign(&shared, attempt.task.job).await {
+                if keep_foreign(&sessions, attempt.task.job).await {
                     continue;
                 }
                 tracing::warn!(worker.id = %worker_id, %handler, %attempt, "the worker runs an attempt it does not hold: canceling it");
@@ -718,10 +760,10 @@ impl Session {
             entry.started = true;
             let progress =
                 Progress { percent: percent(work.progress_percent), stage: work.stage.clone(), message: String::new() };
-            let (shared, handler, leader) = (self.shared.clone(), self.handler, entry.leader.clone());
-            self.shared.duties.spawn(async move {
+            let (reports, handler, leader) = (self.sessions.reports.clone(), self.handler, entry.leader.clone());
+            self.sessions.duties.spawn(async move {
                 let report = peer::progress_report(&progress);
-                peer::report_to_leader(&shared, Some(leader), handler, attempt, report).await;
+                reports.report_to_leader(Some(leader), handler, attempt, report).await;
             });
         }
     }
@@ -743,15 +785,15 @@ impl Session {
     /// first, and is acknowledged once that one settled it.
     fn answer(&self, attempt: AttemptId, report: peer_report::Kind) -> Option<Answer> {
         let ack = self.acknowledgement(&attempt.to_string());
-        self.shared.topology.member()?;
-        let shared = self.shared.clone();
+        self.sessions.topology.member()?;
+        let sessions = self.sessions.clone();
         let (handler, outbound, lease) = (self.handler, self.outbound.clone(), self.lease.is_some());
         let known = self.known.clone();
         let runtime = tokio::runtime::Handle::current();
         Some(Box::new(move |result: Result<(), Rejection>| match result {
             Err(Rejection::UnknownJob { .. } | Rejection::JobEnded { .. }) => {
                 let outbound = lease.then_some(outbound);
-                runtime.spawn(settle(shared, None, handler, attempt, report, outbound, known));
+                runtime.spawn(settle(sessions, None, handler, attempt, report, outbound, known));
             }
             other => {
                 if let Some(known) = known {
@@ -769,13 +811,13 @@ impl Session {
     /// once it is settled.
     fn settle_lent(&self, leader: Option<Arc<str>>, attempt: AttemptId, report: peer_report::Kind) {
         let outbound = self.lease.is_some().then(|| self.outbound.clone());
-        let (shared, handler, known) = (self.shared.clone(), self.handler, self.known.clone());
-        self.shared.duties.spawn(settle(shared, leader, handler, attempt, report, outbound, known));
+        let (sessions, handler, known) = (self.sessions.clone(), self.handler, self.known.clone());
+        self.sessions.duties.spawn(settle(sessions, leader, handler, attempt, report, outbound, known));
     }
 
     async fn completed(&self, completed: JobCompleted) -> Result<(), Status> {
         let received = std::time::Instant::now();
-        let engine = &self.shared.engine;
+        let engine = &self.sessions.engine;
         let attempt = attempt_of("job_completed", &completed.job_id)?;
         self.note(attempt);
         let lent_by = self.lent.lock().expect("lent lock").remove(&completed.job_id).map(|l| l.leader);
@@ -831,7 +873,7 @@ impl Session {
             self.settle_lent(lent_by, attempt, peer::outcome_report(&outcome));
             return Ok(());
         }
-        let answer = match self.shared.topology {
+        let answer = match self.sessions.topology {
             Topology::Member(_) => self.answer(attempt, peer::outcome_report(&outcome)),
             Topology::Alone => self.acknowledgement(&completed.job_id),
         };
@@ -849,7 +891,7 @@ impl Session {
 /// frees the slot it held here. Unsettled, the worker keeps the outcome and
 /// reports it again.
 async fn settle(
-    shared: Arc<Shared>,
+    sessions: Arc<WorkerSessions>,
     leader: Option<Arc<str>>,
     handler: HandlerId,
     attempt: AttemptId,
@@ -858,7 +900,7 @@ async fn settle(
     known: Option<KnownAttempts>,
 ) {
     let attempt_id = attempt.to_string();
-    let settled = peer::report_to_leader(&shared, leader, handler, attempt, report).await;
+    let settled = sessions.reports.report_to_leader(leader, handler, attempt, report).await;
     let refusal = match settled {
         None => {
             tracing::warn!(attempt_id, "report on a job led elsewhere not settled: the worker keeps it");
@@ -876,8 +918,8 @@ async fn settle(
     if let Some(outbound) = outbound {
         acknowledge(&outbound, &attempt_id, refusal.as_deref());
     }
-    let _ = shared.engine.return_borrowed(attempt).await;
-    shared.peers.wake();
+    let _ = sessions.engine.return_borrowed(attempt).await;
+    sessions.peers.wake();
 }
 
 /// Waits until this instance fences itself (never alone).
@@ -928,9 +970,9 @@ fn acknowledge(outbound: &Outbound, attempt_id: &str, refusal: Option<&str>) {
 
 /// Whether an attempt of `job` that this instance does not hold belongs to
 /// a job led elsewhere (or about to be), so the worker must keep it.
-async fn keep_foreign(shared: &Shared, job: crate::model::JobId) -> bool {
-    match &shared.topology {
-        Topology::Member(node) => led_elsewhere(node, shared.engine.store().clone(), job).await,
+async fn keep_foreign(sessions: &WorkerSessions, job: crate::model::JobId) -> bool {
+    match &sessions.topology {
+        Topology::Member(node) => led_elsewhere(node, sessions.engine.store().clone(), job).await,
         Topology::Alone => false,
     }
 }
@@ -971,11 +1013,11 @@ mod tests {
     async fn service() -> WorkerStreamService {
         let clock: Arc<dyn crate::clock::Clock> = Arc::new(SystemClock);
         let store = Arc::new(MemoryStore::new());
-        let (shared, _) =
+        let (parts, _) =
             crate::server::assemble(store, &crate::server::ServerOptions::default(), clock, super::Topology::Alone, 0)
                 .await
                 .expect("an admin");
-        WorkerStreamService::new(shared)
+        parts.workers
     }
 
     fn send(inbound: &Inbound, body: worker_to_admin_message::Body) {
@@ -1059,7 +1101,7 @@ mod tests {
     #[tokio::test]
     async fn a_descriptor_is_kept_only_as_the_answer_to_the_sessions_request() {
         let service = service().await;
-        let policies = &service.shared.policies;
+        let policies = &service.sessions.policies;
 
         // Unasked: refused, and nothing is stored.
         let (inbound, mut answers) = open(&service, hello(&["noop"])).await;
@@ -1121,7 +1163,7 @@ mod tests {
         let status = service.open(UnboundedReceiverStream::new(messages), None).await.expect_err("refused");
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         assert_eq!(status.message(), "hello: 257 capabilities, the most a worker may declare is 256");
-        assert!(service.shared.registry.is_empty());
+        assert!(service.sessions.registry.is_empty());
     }
 
     /// Runs one `noop` task on a session: the record it leaves after the
@@ -1135,7 +1177,7 @@ mod tests {
             &crate::jobfile::Limits::default(),
         )
         .expect("a job");
-        let engine = service.shared.engine.clone();
+        let engine = service.sessions.engine.clone();
         let job: JobId = engine.submit(spec, JobOrigin::User).await.expect("submitted");
         let (inbound, mut answers) = open(&service, hello(&["noop"])).await;
         let attempt_id = loop {
