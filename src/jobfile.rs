@@ -502,152 +502,150 @@ fn label_value(value: &serde_json::Value) -> Result<String, String> {
     }
 }
 
+/// Once `MAX_PROBLEMS` problems are found, validation stops looking: the
+/// problems are taken out of `problems`, to be returned at once.
+fn enough(problems: &mut Vec<Problem>) -> Result<(), Vec<Problem>> {
+    if problems.len() >= MAX_PROBLEMS {
+        return Err(std::mem::take(problems));
+    }
+    Ok(())
+}
+
+/// The job's checks, in the order its problems are listed. A step that
+/// returns an error has taken every problem found so far: looking further
+/// is pointless (a limit is passed, or there are enough problems).
 fn validate(file: JobFile, fingerprint: [u8; 32], limits: &Limits) -> Result<JobSpec, Vec<Problem>> {
     let mut problems = Vec::new();
-    if file.name.trim().is_empty() {
+    check_name(&file.name, &mut problems);
+    check_size(&file.tasks, limits, &mut problems)?;
+    let index_of = index_ids(&file.tasks, limits, &mut problems)?;
+    let parent_lists = parent_lists(&file.tasks, &index_of, &mut problems)?;
+    drop(index_of);
+    let tasks = task_specs(file.tasks, limits, &mut problems)?;
+    // The graph is looked at only once nothing else is wrong.
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    let dag = acyclic_dag(parent_lists, &tasks)?;
+    Ok(JobSpec { name: file.name, tasks, dag, fingerprint })
+}
+
+/// The job's name: not empty, not too long, no control characters.
+fn check_name(name: &str, problems: &mut Vec<Problem>) {
+    if name.trim().is_empty() {
         problems.push(Problem::BadName { reason: "must not be empty".into() });
-    } else if file.name.len() > MAX_NAME_BYTES {
+    } else if name.len() > MAX_NAME_BYTES {
         problems.push(Problem::BadName { reason: format!("longer than {MAX_NAME_BYTES} bytes") });
-    } else if file.name.chars().any(char::is_control) {
+    } else if name.chars().any(char::is_control) {
         problems.push(Problem::BadName { reason: "must not contain control characters".into() });
     }
-    if file.tasks.is_empty() {
+}
+
+/// The job's size: at least one task, and no more tasks and dependencies
+/// than the limits; past them nothing else is looked at.
+fn check_size(tasks: &[TaskFile], limits: &Limits, problems: &mut Vec<Problem>) -> Result<(), Vec<Problem>> {
+    if tasks.is_empty() {
         problems.push(Problem::EmptyJob);
-        return Err(problems);
+        return Err(std::mem::take(problems));
     }
-    if file.tasks.len() > limits.max_tasks {
-        problems.push(Problem::TooManyTasks { count: file.tasks.len(), limit: limits.max_tasks });
-        return Err(problems);
+    if tasks.len() > limits.max_tasks {
+        problems.push(Problem::TooManyTasks { count: tasks.len(), limit: limits.max_tasks });
+        return Err(std::mem::take(problems));
     }
-    let n_edges: usize = file.tasks.iter().map(|t| t.depends_on.len()).sum();
+    let n_edges: usize = tasks.iter().map(|t| t.depends_on.len()).sum();
     if n_edges > limits.max_edges {
         problems.push(Problem::TooManyEdges { count: n_edges, limit: limits.max_edges });
-        return Err(problems);
+        return Err(std::mem::take(problems));
     }
+    Ok(())
+}
 
-    let mut index_of: HashMap<&str, u32> = HashMap::with_capacity(file.tasks.len());
-    for (index, task) in file.tasks.iter().enumerate() {
-        check_id(&task.id, index, limits, &mut problems);
+/// Each task's id, and the index of the tasks by id (the first of a
+/// duplicated id keeps it).
+fn index_ids<'a>(
+    tasks: &'a [TaskFile],
+    limits: &Limits,
+    problems: &mut Vec<Problem>,
+) -> Result<HashMap<&'a str, u32>, Vec<Problem>> {
+    let mut index_of: HashMap<&str, u32> = HashMap::with_capacity(tasks.len());
+    for (index, task) in tasks.iter().enumerate() {
+        check_id(&task.id, index, limits, problems);
         if let Some(first) = index_of.insert(task.id.as_str(), index as u32) {
             problems.push(Problem::DuplicateId { id: task.id.clone(), first: first as usize, second: index });
             index_of.insert(task.id.as_str(), first);
         }
-        if problems.len() >= MAX_PROBLEMS {
-            return Err(problems);
-        }
+        enough(problems)?;
     }
+    Ok(index_of)
+}
 
-    let mut parent_lists: Vec<Vec<u32>> = Vec::with_capacity(file.tasks.len());
-    for task in &file.tasks {
-        let mut parents = Vec::with_capacity(task.depends_on.len());
-        for dependency in &task.depends_on {
-            if *dependency == task.id {
-                problems.push(Problem::SelfDependency { task: task.id.clone() });
-            } else {
-                match index_of.get(dependency.as_str()) {
-                    Some(&p) => parents.push(p),
-                    None => problems
-                        .push(Problem::UnknownDependency { task: task.id.clone(), dependency: dependency.clone() }),
+/// Each task's parents, by index: sorted, each once.
+fn parent_lists(
+    tasks: &[TaskFile],
+    index_of: &HashMap<&str, u32>,
+    problems: &mut Vec<Problem>,
+) -> Result<Vec<Vec<u32>>, Vec<Problem>> {
+    let mut parent_lists: Vec<Vec<u32>> = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        parent_lists.push(task_parents(task, tasks, index_of, problems)?);
+    }
+    Ok(parent_lists)
+}
+
+/// One task's parents: not itself, known, each named once.
+fn task_parents(
+    task: &TaskFile,
+    tasks: &[TaskFile],
+    index_of: &HashMap<&str, u32>,
+    problems: &mut Vec<Problem>,
+) -> Result<Vec<u32>, Vec<Problem>> {
+    let mut parents = Vec::with_capacity(task.depends_on.len());
+    for dependency in &task.depends_on {
+        if *dependency == task.id {
+            problems.push(Problem::SelfDependency { task: task.id.clone() });
+        } else {
+            match index_of.get(dependency.as_str()) {
+                Some(&p) => parents.push(p),
+                None => {
+                    problems.push(Problem::UnknownDependency { task: task.id.clone(), dependency: dependency.clone() })
                 }
             }
-            if problems.len() >= MAX_PROBLEMS {
-                return Err(problems);
-            }
         }
-        // Sorting finds repeats in O(n log n); a task may depend on a million others.
-        parents.sort_unstable();
-        let mut repeated = parents.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]).collect::<Vec<u32>>();
-        repeated.dedup();
-        for p in repeated {
-            problems.push(Problem::DuplicateDependency {
-                task: task.id.clone(),
-                dependency: file.tasks[p as usize].id.clone(),
-            });
-            if problems.len() >= MAX_PROBLEMS {
-                return Err(problems);
-            }
-        }
-        parents.dedup();
-        parent_lists.push(parents);
+        enough(problems)?;
     }
-    drop(index_of);
+    // Sorting finds repeats in O(n log n); a task may depend on a million others.
+    parents.sort_unstable();
+    let mut repeated = parents.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]).collect::<Vec<u32>>();
+    repeated.dedup();
+    for p in repeated {
+        problems.push(Problem::DuplicateDependency { task: task.id.clone(), dependency: tasks[p as usize].id.clone() });
+        enough(problems)?;
+    }
+    parents.dedup();
+    Ok(parents)
+}
 
+/// Each task's job type, parameters and labels, and the `TaskSpec` of each
+/// task without a problem; the tasks share one copy of each job type.
+fn task_specs(
+    tasks: Vec<TaskFile>,
+    limits: &Limits,
+    problems: &mut Vec<Problem>,
+) -> Result<Vec<TaskSpec>, Vec<Problem>> {
     let mut job_types: HashMap<String, Arc<str>> = HashMap::new();
-    let mut tasks = Vec::with_capacity(file.tasks.len());
-    for task in file.tasks {
+    let mut specs = Vec::with_capacity(tasks.len());
+    for task in tasks {
         let task_problems_before = problems.len();
-        if task.job_type.is_empty() {
-            problems.push(Problem::BadJobType { task: task.id.clone(), reason: "is empty".into() });
-        } else if task.job_type.len() > MAX_JOB_TYPE_BYTES {
-            problems.push(Problem::BadJobType {
-                task: task.id.clone(),
-                reason: format!("is longer than {MAX_JOB_TYPE_BYTES} bytes"),
-            });
-        } else if !task.job_type.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
-            problems.push(Problem::BadJobType {
-                task: task.id.clone(),
-                reason: format!("{:?} may use ASCII letters, digits and _ - . only", task.job_type),
-            });
-        }
-        let parameters: Box<str> = match task.parameters {
-            None => "{}".into(),
-            Some(raw) => {
-                let text = raw.get();
-                if !text.starts_with('{') {
-                    problems.push(Problem::ParametersNotObject { task: task.id.clone() });
-                } else if text.len() > limits.max_parameter_bytes {
-                    problems.push(Problem::ParametersTooLarge {
-                        task: task.id.clone(),
-                        bytes: text.len(),
-                        limit: limits.max_parameter_bytes,
-                    });
-                } else {
-                    let depth = nesting_depth(text.as_bytes(), usize::MAX).unwrap_or(usize::MAX);
-                    if depth > limits.max_parameter_depth {
-                        problems.push(Problem::ParametersTooDeep {
-                            task: task.id.clone(),
-                            depth,
-                            limit: limits.max_parameter_depth,
-                        });
-                    } else if let Err(e) = serde_json::from_str::<serde_json::Value>(text) {
-                        // Kept as written, yet a reader must take them: a
-                        // number beyond a double's range is refused here.
-                        problems
-                            .push(Problem::ParametersUnreadable { task: task.id.clone(), reason: strip_position(&e) });
-                    }
-                }
-                Box::<str>::from(raw)
-            }
-        };
-        let mut labels = BTreeMap::new();
-        for (key, value) in task.labels {
-            if problems.len() >= MAX_PROBLEMS {
-                return Err(problems);
-            }
-            match label_value(&value) {
-                Ok(v) if v.len() <= MAX_LABEL_VALUE_BYTES && !key.is_empty() => {
-                    labels.insert(key, v);
-                }
-                Ok(_) if key.is_empty() => {
-                    problems.push(Problem::BadLabel { task: task.id.clone(), key, reason: "has an empty key".into() })
-                }
-                Ok(_) => problems.push(Problem::BadLabel {
-                    task: task.id.clone(),
-                    key,
-                    reason: format!("is longer than {MAX_LABEL_VALUE_BYTES} bytes"),
-                }),
-                Err(reason) => problems.push(Problem::BadLabel { task: task.id.clone(), key, reason }),
-            }
-        }
-        if problems.len() >= MAX_PROBLEMS {
-            return Err(problems);
-        }
+        check_job_type(&task.id, &task.job_type, problems);
+        let parameters = task_parameters(task.parameters, &task.id, limits, problems);
+        let labels = task_labels(task.labels, &task.id, problems)?;
+        enough(problems)?;
         if problems.len() > task_problems_before {
             continue;
         }
         let job_type =
             job_types.entry(task.job_type.clone()).or_insert_with(|| Arc::from(task.job_type.as_str())).clone();
-        tasks.push(TaskSpec {
+        specs.push(TaskSpec {
             placement: Placement::of(&labels, &parameters),
             id: task.id.into_boxed_str(),
             job_type,
@@ -659,15 +657,101 @@ fn validate(file: JobFile, fingerprint: [u8; 32], limits: &Limits) -> Result<Job
             execution_timeout_seconds: task.execution_timeout_seconds,
         });
     }
-    if !problems.is_empty() {
-        return Err(problems);
-    }
+    Ok(specs)
+}
 
+/// A task's job type: 1 to `MAX_JOB_TYPE_BYTES` ASCII letters, digits, `_`, `-` or `.`.
+fn check_job_type(task: &str, job_type: &str, problems: &mut Vec<Problem>) {
+    if job_type.is_empty() {
+        problems.push(Problem::BadJobType { task: task.to_string(), reason: "is empty".into() });
+    } else if job_type.len() > MAX_JOB_TYPE_BYTES {
+        problems.push(Problem::BadJobType {
+            task: task.to_string(),
+            reason: format!("is longer than {MAX_JOB_TYPE_BYTES} bytes"),
+        });
+    } else if !job_type.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
+        problems.push(Problem::BadJobType {
+            task: task.to_string(),
+            reason: format!("{job_type:?} may use ASCII letters, digits and _ - . only"),
+        });
+    }
+}
+
+/// A task's parameters as written (`{}` when it has none): an object, within
+/// the limits of size and depth, that a reader takes.
+fn task_parameters(
+    parameters: Option<Box<RawValue>>,
+    task: &str,
+    limits: &Limits,
+    problems: &mut Vec<Problem>,
+) -> Box<str> {
+    match parameters {
+        None => "{}".into(),
+        Some(raw) => {
+            let text = raw.get();
+            if !text.starts_with('{') {
+                problems.push(Problem::ParametersNotObject { task: task.to_string() });
+            } else if text.len() > limits.max_parameter_bytes {
+                problems.push(Problem::ParametersTooLarge {
+                    task: task.to_string(),
+                    bytes: text.len(),
+                    limit: limits.max_parameter_bytes,
+                });
+            } else {
+                let depth = nesting_depth(text.as_bytes(), usize::MAX).unwrap_or(usize::MAX);
+                if depth > limits.max_parameter_depth {
+                    problems.push(Problem::ParametersTooDeep {
+                        task: task.to_string(),
+                        depth,
+                        limit: limits.max_parameter_depth,
+                    });
+                } else if let Err(e) = serde_json::from_str::<serde_json::Value>(text) {
+                    // Kept as written, yet a reader must take them: a
+                    // number beyond a double's range is refused here.
+                    problems.push(Problem::ParametersUnreadable { task: task.to_string(), reason: strip_position(&e) });
+                }
+            }
+            Box::<str>::from(raw)
+        }
+    }
+}
+
+/// A task's labels as text: each with a key, and a value that is a string,
+/// a number or a boolean of at most `MAX_LABEL_VALUE_BYTES`.
+fn task_labels(
+    labels: BTreeMap<String, serde_json::Value>,
+    task: &str,
+    problems: &mut Vec<Problem>,
+) -> Result<BTreeMap<String, String>, Vec<Problem>> {
+    let mut texts = BTreeMap::new();
+    for (key, value) in labels {
+        enough(problems)?;
+        match label_value(&value) {
+            Ok(v) if v.len() <= MAX_LABEL_VALUE_BYTES && !key.is_empty() => {
+                texts.insert(key, v);
+            }
+            Ok(_) if key.is_empty() => {
+                problems.push(Problem::BadLabel { task: task.to_string(), key, reason: "has an empty key".into() })
+            }
+            Ok(_) => problems.push(Problem::BadLabel {
+                task: task.to_string(),
+                key,
+                reason: format!("is longer than {MAX_LABEL_VALUE_BYTES} bytes"),
+            }),
+            Err(reason) => problems.push(Problem::BadLabel { task: task.to_string(), key, reason }),
+        }
+    }
+    Ok(texts)
+}
+
+/// The job's graph, from its parent lists (dropped once it is built), if it
+/// has no cycle; a cycle found is then the one problem.
+fn acyclic_dag(parent_lists: Vec<Vec<u32>>, tasks: &[TaskSpec]) -> Result<Dag, Vec<Problem>> {
     let dag = Dag::from_parents(&parent_lists);
     drop(parent_lists);
     if let Err(Cycle(path)) = dag.check_acyclic() {
         let path = path.iter().map(|&t| tasks[t as usize].id.to_string()).collect();
         return Err(vec![Problem::Cycle { path }]);
     }
-    Ok(JobSpec { name: file.name, tasks, dag, fingerprint })
+    Ok(dag)
 }
