@@ -134,6 +134,22 @@ fn answer_of<T>(step: Step, mut answer: oneshot::Receiver<T>) -> T {
     answer.try_recv().expect("answered once durable")
 }
 
+/// A `noop` attempt another instance lends to a handler here.
+fn lent_from_elsewhere(attempt: AttemptId) -> Assignment {
+    Assignment {
+        attempt,
+        job_name: "theirs".into(),
+        task_id: format!("t{}", attempt.task.idx.0).into(),
+        job_type: Arc::from("noop"),
+        parameters: "{}".into(),
+        labels: Default::default(),
+        priority: Default::default(),
+        execution_timeout_seconds: None,
+        released_at: None,
+        lent_by: Some(Arc::from("10.0.0.2:19333")),
+    }
+}
+
 fn attempt(job: JobId, idx: u32, number: u32) -> AttemptId {
     AttemptId::new(TaskRef { job, idx: TaskIdx(idx) }, number)
 }
@@ -287,18 +303,7 @@ fn a_borrowed_attempt_holds_its_slot_until_its_report_is_settled() {
     let offers = offers.try_recv().unwrap();
     assert_eq!(offers.iter().map(|o| (o.handler, o.total)).collect::<Vec<_>>(), [(handler, 1)]);
     let theirs = attempt(JobId::new(), 0, 3);
-    let assignment = Assignment {
-        attempt: theirs,
-        job_name: "theirs".into(),
-        task_id: "t0".into(),
-        job_type: Arc::from("noop"),
-        parameters: "{}".into(),
-        labels: Default::default(),
-        priority: Default::default(),
-        execution_timeout_seconds: None,
-        released_at: None,
-        lent_by: Some(Arc::from("10.0.0.2:19333")),
-    };
+    let assignment = lent_from_elsewhere(theirs);
     let (reply, mut unsent) = oneshot::channel();
     let step =
         core.turn([ClusterCommand::Borrowed { handler, reserved: 1, lent: vec![assignment], reply }.into()], at(2));
@@ -375,18 +380,7 @@ fn an_adopted_job_keeps_the_attempt_borrowed_here_and_its_report_completes_it_he
     let spec = spec(2);
     let mut stored = StoredJob { record: record(&spec, JobState::Running), spec: spec.clone(), tasks: Vec::new() };
     let id = stored.record.id;
-    let borrowed = Assignment {
-        attempt: attempt(id, 0, 1),
-        job_name: "chain".into(),
-        task_id: "t0".into(),
-        job_type: Arc::from("noop"),
-        parameters: "{}".into(),
-        labels: Default::default(),
-        priority: Default::default(),
-        execution_timeout_seconds: None,
-        released_at: None,
-        lent_by: Some(Arc::from("10.0.0.2:19333")),
-    };
+    let borrowed = lent_from_elsewhere(attempt(id, 0, 1));
     let (reply, _unsent) = oneshot::channel();
     let step =
         core.turn([ClusterCommand::Borrowed { handler, reserved: 0, lent: vec![borrowed], reply }.into()], at(2));

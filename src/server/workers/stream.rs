@@ -328,149 +328,36 @@ impl Session {
         self.outbound.send(Ok(message)).await.is_ok()
     }
 
-    async fn run<S>(mut self, mut inbound: S)
+    /// The session from the hello to the stream's end: the worker joins the
+    /// engine, gets its orders, and its attempts wait for it once it goes.
+    async fn run<S>(mut self, inbound: S)
     where
         S: Stream<Item = Result<WorkerToAdminMessage, Status>> + Unpin,
     {
         let sessions = self.sessions.clone();
         let handler = self.handler;
-        let now = sessions.clock.now();
-        let (registration, previous) =
-            sessions.registry.register(handler, &self.hello, now, Some(self.outbound.clone()), self.known.clone());
+        let (registration, previous) = sessions.registry.register(
+            handler,
+            &self.hello,
+            sessions.clock.now(),
+            Some(self.outbound.clone()),
+            self.known.clone(),
+        );
         if let Some(previous) = previous {
             // The same process reconnected before its old stream was noticed
             // gone: that session ends, and this one takes over its attempts.
             previous.notify_one();
         }
-        let execute_types: Vec<Arc<str>> = self
-            .hello
-            .capabilities
-            .iter()
-            .filter(|c| c.can_execute && !c.job_type.is_empty())
-            .map(|c| Arc::from(c.job_type.as_str()))
-            .collect();
-        let type_capacity: BTreeMap<Arc<str>, u32> = self
-            .hello
-            .capabilities
-            .iter()
-            .filter(|c| c.can_execute && c.max_execution_concurrency > 0)
-            .map(|c| (Arc::from(c.job_type.as_str()), c.max_execution_concurrency as u32))
-            .collect();
-        let capacity = type_capacity.values().copied().max().unwrap_or(1).max(1);
-        tracing::info!(
-            worker.id = %self.hello.worker_id, %handler, job_types = ?execute_types, capacity,
-            "worker connected"
-        );
-        let (sink, mut orders) = mpsc::unbounded_channel();
-        let spec = HandlerSpec {
-            handler,
-            job_types: Some(execute_types.clone()),
-            capacity,
-            type_capacity,
-            starts_running: false,
-            session: registration.session,
-            sink,
-            place: self.place.clone(),
-        };
-        let hello_reply = message(
-            String::new(),
-            admin_to_worker_message::Body::Hello(AdminHello {
-                accepted: true,
-                message: format!("jobcenter {}", env!("CARGO_PKG_VERSION")),
-                heartbeat_interval_seconds: sessions.settings.heartbeat_interval.as_secs().max(1) as i32,
-                reconnect_delay_seconds: 5,
-            }),
-        );
-        // A worker with a lease learns at once that this admin renews it;
-        // the renewals that count come with its heartbeats, once what it
-        // runs is known to be covered.
-        self.renewed_at = tokio::time::Instant::now();
-        let renewal = self.lease.is_some().then(|| message(wire::LEASE_RENEWAL.into(), None));
-        if !self.send(hello_reply).await
-            || (renewal.is_some_and(|renewal| self.outbound.try_send(Ok(renewal)).is_err()))
-            || sessions.engine.connected(spec).await.is_err()
-        {
+        let (sink, orders) = mpsc::unbounded_channel();
+        if !self.join(registration.session, sink).await {
             sessions.registry.unregister(handler, registration.session);
             return;
         }
-        // A worker without a lease dropped whatever it ran when its last
-        // stream broke: what it held then (under another handler: a
-        // SeaweedFS worker is a new instance at each connection) ends now,
-        // not when that handler is given up for gone.
-        if self.lease.is_none() && !self.hello.worker_id.is_empty() {
-            let name: Arc<str> = Arc::from(self.hello.worker_id.as_str());
-            if let Ok(ended) = sessions.engine.returned(handler, name).await {
-                for attempt in ended {
-                    let what = if attempt.from_scheduler {
-                        "its scheduler job is failed now, and the next detection proposes the work again"
-                    } else {
-                        "the task runs again, uncounted"
-                    };
-                    let line = format!(
-                        "worker {} came back without task {} of job {} (attempt {}): a SeaweedFS worker cancels what it runs when its stream breaks; {what}",
-                        self.hello.worker_id, attempt.task_id, attempt.attempt.task.job, attempt.attempt.number
-                    );
-                    tracing::warn!(worker.id = %self.hello.worker_id, %handler, job.id = %attempt.attempt.task.job, task.id = %attempt.task_id, "{line}");
-                    sessions.board.record(&attempt.job_type, line);
-                }
-            }
-        }
+        self.end_what_it_left_behind().await;
         sessions.board.wake();
         sessions.peers.wake();
-        for capability in self.hello.capabilities.clone() {
-            sessions.policies.push_limits(&sessions.engine, &capability.job_type).await;
-            if !sessions.policies.has_descriptor(&capability.job_type) {
-                let request_id = self.next_request_id("schema");
-                self.pending_schema.insert(request_id.clone(), capability.job_type.clone());
-                let body = admin_to_worker_message::Body::RequestConfigSchema(RequestConfigSchema {
-                    job_type: capability.job_type.clone(),
-                    force_refresh: false,
-                });
-                self.send(message(request_id, body)).await;
-            }
-        }
-
-        let mut fencing = sessions.topology.member().map(|node| node.fencing());
-        let reason = loop {
-            // A worker with a lease heartbeats at least every quarter of it:
-            // one silent for a whole lease has stopped its executions, or
-            // will before the admin takes them back.
-            let silent_at = self.lease.map(|lease| self.renewed_at + lease);
-            tokio::select! {
-                incoming = inbound.next() => match incoming {
-                    Some(Ok(message)) => {
-                        if let Err(status) = self.handle(message).await {
-                            let reason = status.message().to_string();
-                            let _ = self.outbound.send(Err(status)).await;
-                            break reason;
-                        }
-                    }
-                    None => break "the worker closed its stream".to_string(),
-                    Some(Err(status)) => {
-                        // Say why before closing: a message over the size limit ends up here.
-                        let reason = format!("the worker stream failed: {}", status.message());
-                        let _ = self.outbound.send(Err(Status::new(status.code(), reason.clone()))).await;
-                        break reason;
-                    }
-                },
-                order = orders.recv() => match order {
-                    Some(order) => {
-                        if !self.send_order(order).await {
-                            break "the worker stopped reading its stream".to_string();
-                        }
-                    }
-                    None => break "the engine stopped".to_string(),
-                },
-                () = registration.stop.notified() => break "the admin ended the session (the worker reconnected, or went silent)".to_string(),
-                () = self.outbound.closed() => break "the worker went away".to_string(),
-                () = sleep_until(silent_at), if silent_at.is_some() => {
-                    break "the worker sent no heartbeat within its lease".to_string()
-                }
-                () = fenced(&mut fencing) => {
-                    break "this admin instance cannot reach its database: the worker goes to another".to_string()
-                }
-            }
-        };
+        self.learn_its_job_types().await;
+        let reason = self.serve(inbound, orders, &registration.stop).await;
         tracing::info!(worker.id = %self.hello.worker_id, %handler, reason, "worker disconnected");
         sessions.registry.unregister(handler, registration.session);
         // A worker with a lease keeps running its attempts and reports them
@@ -482,6 +369,150 @@ impl Session {
         });
         if let Err(e) = sessions.engine.disconnected(handler, registration.session, keep_for, &reason).await {
             tracing::debug!(error = %e, "engine stopped before the worker's attempts were released");
+        }
+    }
+
+    /// What the worker's hello declares, as the engine's dispatch takes a handler.
+    fn handler_spec(&self, session: u64, sink: crate::dispatch::Sink) -> HandlerSpec {
+        let executes = self.hello.capabilities.iter().filter(|c| c.can_execute);
+        let job_types: Vec<Arc<str>> =
+            executes.clone().filter(|c| !c.job_type.is_empty()).map(|c| Arc::from(c.job_type.as_str())).collect();
+        let type_capacity: BTreeMap<Arc<str>, u32> = executes
+            .filter(|c| c.max_execution_concurrency > 0)
+            .map(|c| (Arc::from(c.job_type.as_str()), c.max_execution_concurrency as u32))
+            .collect();
+        let capacity = type_capacity.values().copied().max().unwrap_or(1).max(1);
+        HandlerSpec {
+            handler: self.handler,
+            job_types: Some(job_types),
+            capacity,
+            type_capacity,
+            starts_running: false,
+            session,
+            sink,
+            place: self.place.clone(),
+        }
+    }
+
+    /// Answers the hello (and a worker with a lease learns at once that this
+    /// admin renews it) and joins the engine's dispatch; false when the
+    /// worker or the engine is gone already.
+    async fn join(&mut self, session: u64, sink: crate::dispatch::Sink) -> bool {
+        let spec = self.handler_spec(session, sink);
+        tracing::info!(
+            worker.id = %self.hello.worker_id, handler = %self.handler, job_types = ?spec.job_types.as_deref().unwrap_or_default(), capacity = spec.capacity,
+            "worker connected"
+        );
+        let hello_reply = message(
+            String::new(),
+            admin_to_worker_message::Body::Hello(AdminHello {
+                accepted: true,
+                message: format!("jobcenter {}", env!("CARGO_PKG_VERSION")),
+                heartbeat_interval_seconds: self.sessions.settings.heartbeat_interval.as_secs().max(1) as i32,
+                reconnect_delay_seconds: 5,
+            }),
+        );
+        // The renewals that count come with its heartbeats, once what it
+        // runs is known to be covered.
+        self.renewed_at = tokio::time::Instant::now();
+        let renewal = self.lease.is_some().then(|| message(wire::LEASE_RENEWAL.into(), None));
+        self.send(hello_reply).await
+            && renewal.is_none_or(|renewal| self.outbound.try_send(Ok(renewal)).is_ok())
+            && self.sessions.engine.connected(spec).await.is_ok()
+    }
+
+    /// A worker without a lease dropped whatever it ran when its last
+    /// stream broke: what it held then (under another handler: a SeaweedFS
+    /// worker is a new instance at each connection) ends now, not when that
+    /// handler is given up for gone.
+    async fn end_what_it_left_behind(&self) {
+        if self.lease.is_some() || self.hello.worker_id.is_empty() {
+            return;
+        }
+        let name: Arc<str> = Arc::from(self.hello.worker_id.as_str());
+        let Ok(ended) = self.sessions.engine.returned(self.handler, name).await else { return };
+        for attempt in ended {
+            let what = if attempt.from_scheduler {
+                "its scheduler job is failed now, and the next detection proposes the work again"
+            } else {
+                "the task runs again, uncounted"
+            };
+            let line = format!(
+                "worker {} came back without task {} of job {} (attempt {}): a SeaweedFS worker cancels what it runs when its stream breaks; {what}",
+                self.hello.worker_id, attempt.task_id, attempt.attempt.task.job, attempt.attempt.number
+            );
+            tracing::warn!(worker.id = %self.hello.worker_id, handler = %self.handler, job.id = %attempt.attempt.task.job, task.id = %attempt.task_id, "{line}");
+            self.sessions.board.record(&attempt.job_type, line);
+        }
+    }
+
+    /// Each job type the worker declares takes its limits, and the worker
+    /// is asked for the descriptor of any type without one.
+    async fn learn_its_job_types(&mut self) {
+        for capability in self.hello.capabilities.clone() {
+            self.sessions.policies.push_limits(&self.sessions.engine, &capability.job_type).await;
+            if !self.sessions.policies.has_descriptor(&capability.job_type) {
+                let request_id = self.next_request_id("schema");
+                self.pending_schema.insert(request_id.clone(), capability.job_type.clone());
+                let body = admin_to_worker_message::Body::RequestConfigSchema(RequestConfigSchema {
+                    job_type: capability.job_type.clone(),
+                    force_refresh: false,
+                });
+                self.send(message(request_id, body)).await;
+            }
+        }
+    }
+
+    /// The worker's messages and its orders, until the session ends: says why.
+    async fn serve<S>(
+        &mut self,
+        mut inbound: S,
+        mut orders: mpsc::UnboundedReceiver<WorkOrder>,
+        stop: &tokio::sync::Notify,
+    ) -> String
+    where
+        S: Stream<Item = Result<WorkerToAdminMessage, Status>> + Unpin,
+    {
+        let mut fencing = self.sessions.topology.member().map(|node| node.fencing());
+        loop {
+            // A worker with a lease heartbeats at least every quarter of it:
+            // one silent for a whole lease has stopped its executions, or
+            // will before the admin takes them back.
+            let silent_at = self.lease.map(|lease| self.renewed_at + lease);
+            tokio::select! {
+                incoming = inbound.next() => match incoming {
+                    Some(Ok(message)) => {
+                        if let Err(status) = self.handle(message).await {
+                            let reason = status.message().to_string();
+                            let _ = self.outbound.send(Err(status)).await;
+                            return reason;
+                        }
+                    }
+                    None => return "the worker closed its stream".to_string(),
+                    Some(Err(status)) => {
+                        // Say why before closing: a message over the size limit ends up here.
+                        let reason = format!("the worker stream failed: {}", status.message());
+                        let _ = self.outbound.send(Err(Status::new(status.code(), reason.clone()))).await;
+                        return reason;
+                    }
+                },
+                order = orders.recv() => match order {
+                    Some(order) => {
+                        if !self.send_order(order).await {
+                            return "the worker stopped reading its stream".to_string();
+                        }
+                    }
+                    None => return "the engine stopped".to_string(),
+                },
+                () = stop.notified() => return "the admin ended the session (the worker reconnected, or went silent)".to_string(),
+                () = self.outbound.closed() => return "the worker went away".to_string(),
+                () = sleep_until(silent_at), if silent_at.is_some() => {
+                    return "the worker sent no heartbeat within its lease".to_string()
+                }
+                () = fenced(&mut fencing) => {
+                    return "this admin instance cannot reach its database: the worker goes to another".to_string()
+                }
+            }
         }
     }
 
