@@ -56,6 +56,7 @@ impl ActiveJob {
     }
 
     /// Moves a task to `phase`, keeping the counts and the update time right.
+    #[inline]
     pub fn set_phase(&mut self, idx: u32, phase: Phase, now: Timestamp) {
         let task = &mut self.tasks[idx as usize];
         self.counts.shift(task.state(), phase.state());
@@ -63,6 +64,7 @@ impl ActiveJob {
     }
 
     /// Ends a task at `now`.
+    #[inline]
     pub fn end(&mut self, idx: u32, end: End, now: Timestamp) {
         self.set_phase(idx, Phase::Ended { end, at: now }, now);
     }

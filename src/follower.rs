@@ -218,7 +218,7 @@ fn succeed(job: &mut ActiveJob, idx: u32, now: Timestamp, batch: &mut Batch, rel
     for &child in spec.dag.children(idx) {
         let unmet = &mut job.unmet[child as usize];
         *unmet -= 1;
-        if *unmet == 0 && job.tasks[child as usize].phase == Phase::Pending {
+        if *unmet == 0 && matches!(job.tasks[child as usize].phase, Phase::Pending) {
             job.set_phase(child, Phase::READY, now);
             job.record_task(child, batch);
             released.ready.push(child);
@@ -244,7 +244,7 @@ fn fail_descendants(job: &mut ActiveJob, idx: u32, end: End, now: Timestamp, bat
     let spec = job.spec.clone();
     let mut stack: Vec<u32> = spec.dag.children(idx).to_vec();
     while let Some(t) = stack.pop() {
-        if job.tasks[t as usize].phase != Phase::Pending {
+        if !matches!(job.tasks[t as usize].phase, Phase::Pending) {
             // Already ended through another failed ancestor (with its own
             // descendants), or, for a ready child of a retried job, not ours.
             continue;

@@ -141,7 +141,7 @@ pub fn retry(job: &mut ActiveJob, leader: HandlerId, now: Timestamp, batch: &mut
         let unmet =
             spec.dag.parents(idx).iter().filter(|&&p| job.tasks[p as usize].state() != TaskState::Succeeded).count();
         job.unmet[idx as usize] = unmet as u32;
-        if job.tasks[idx as usize].phase == Phase::Pending {
+        if matches!(job.tasks[idx as usize].phase, Phase::Pending) {
             if unmet == 0 {
                 job.set_phase(idx, Phase::READY, now);
                 ready.push(idx);

@@ -40,8 +40,8 @@ pub struct JobRecord {
 /// The runtime state of one task. A task with no stored record is in its
 /// initial state: `ready` without dependencies, `pending` with. Stored and
 /// exported as `TaskRecordV1` (`super::stored`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(from = "TaskRecordV1", into = "TaskRecordV1")]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(from = "TaskRecordV1")]
 pub struct TaskRecord {
     /// Where the task is in its life, with the data of that state.
     pub phase: Phase,
@@ -112,6 +112,7 @@ pub struct LastAttempt {
 }
 
 impl Phase {
+    #[inline]
     pub fn state(self) -> TaskState {
         match self {
             Phase::Pending => TaskState::Pending,
@@ -127,6 +128,7 @@ impl Phase {
 }
 
 impl End {
+    #[inline]
     pub fn state(self) -> TaskState {
         match self {
             End::Succeeded => TaskState::Succeeded,
@@ -137,6 +139,7 @@ impl End {
     }
 
     /// The end a terminal state names; `None` for a state that is no end.
+    #[inline]
     pub fn of(state: TaskState) -> Option<End> {
         match state {
             TaskState::Succeeded => Some(End::Succeeded),
@@ -165,11 +168,13 @@ impl TaskRecord {
         }
     }
 
+    #[inline]
     pub fn state(&self) -> TaskState {
         self.phase.state()
     }
 
     /// The current attempt, when a handler holds one.
+    #[inline]
     pub fn hold(&self) -> Option<&Hold> {
         match &self.phase {
             Phase::Held(hold) => Some(hold),
@@ -178,22 +183,26 @@ impl TaskRecord {
     }
 
     /// The handler holding the current attempt.
+    #[inline]
     pub fn holder(&self) -> Option<HandlerId> {
         self.hold().map(|hold| hold.handler)
     }
 
     /// The handler of the current attempt, or of the last one while it
     /// still says something (`LastAttempt`): what views show.
+    #[inline]
     pub fn handler(&self) -> Option<HandlerId> {
         self.hold().map(|hold| hold.handler).or(self.last_attempt.handler)
     }
 
     /// When the current attempt, or else the last one, was handed out.
+    #[inline]
     pub fn assigned_at(&self) -> Option<Timestamp> {
         self.hold().map(|hold| hold.assigned_at).or(self.last_attempt.assigned_at)
     }
 
     /// When the current attempt, or else the last one, started.
+    #[inline]
     pub fn started_at(&self) -> Option<Timestamp> {
         match self.hold() {
             Some(hold) => hold.started_at,
@@ -201,6 +210,7 @@ impl TaskRecord {
         }
     }
 
+    #[inline]
     pub fn finished_at(&self) -> Option<Timestamp> {
         match self.phase {
             Phase::Ended { at, .. } => Some(at),
@@ -209,6 +219,7 @@ impl TaskRecord {
     }
 
     /// A ready task's backoff: not handed out before this.
+    #[inline]
     pub fn not_before(&self) -> Option<Timestamp> {
         match self.phase {
             Phase::Ready { not_before } => not_before,
@@ -219,17 +230,19 @@ impl TaskRecord {
     /// Moves the task to `phase` at `now`. A held attempt that ends leaves
     /// its handler and times in `last_attempt`; a new one clears it.
     /// (`ActiveJob::set_phase` keeps a job's counts with it.)
+    #[inline]
     pub fn set_phase(&mut self, phase: Phase, now: Timestamp) {
-        match (&self.phase, &phase) {
-            (_, Phase::Held(_)) => self.last_attempt = LastAttempt::default(),
-            (Phase::Held(hold), _) => {
+        let holds = matches!(phase, Phase::Held(_));
+        if let Phase::Held(hold) = self.phase {
+            if !holds {
                 self.last_attempt = LastAttempt {
                     handler: Some(hold.handler),
                     assigned_at: Some(hold.assigned_at),
                     started_at: hold.started_at,
-                }
+                };
             }
-            _ => {}
+        } else if holds {
+            self.last_attempt = LastAttempt::default();
         }
         self.phase = phase;
         self.updated_at = now;

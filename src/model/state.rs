@@ -56,6 +56,7 @@ impl TaskState {
         }
     }
 
+    #[inline]
     fn slot(self) -> usize {
         self as usize
     }
@@ -114,14 +115,17 @@ impl std::str::FromStr for JobState {
 pub struct StateCounts([u32; 8]);
 
 impl StateCounts {
+    #[inline]
     pub fn get(&self, state: TaskState) -> u32 {
         self.0[state.slot()]
     }
 
+    #[inline]
     pub fn add(&mut self, state: TaskState) {
         self.0[state.slot()] += 1;
     }
 
+    #[inline]
     pub fn shift(&mut self, from: TaskState, to: TaskState) {
         self.0[from.slot()] -= 1;
         self.0[to.slot()] += 1;

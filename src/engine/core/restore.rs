@@ -44,7 +44,7 @@ impl Core {
             let mut ready = Vec::new();
             let mut held: Vec<(u32, u32, HandlerId, Timestamp)> = Vec::new();
             for idx in 0..job.len() as u32 {
-                if job.tasks[idx as usize].phase == Phase::Pending && job.unmet[idx as usize] == 0 {
+                if matches!(job.tasks[idx as usize].phase, Phase::Pending) && job.unmet[idx as usize] == 0 {
                     job.set_phase(idx, Phase::READY, now);
                     job.record_task(idx, &mut step.batch);
                 }
