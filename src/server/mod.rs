@@ -368,6 +368,65 @@ async fn assemble(
     topology: Topology,
     grpc_port: u16,
 ) -> Result<(Parts, Loops), Error> {
+    let (engine, policies, fate, foreign_orders) = start_engine(store, options, clock.clone(), &topology).await?;
+    let handles = Handles::new(engine, policies, clock, topology, fate, options);
+    let scheduler = Arc::new(handles.scheduler(options));
+    let recovery = Arc::new(handles.recovery(options));
+    let pruner = Arc::new(handles.pruner(options));
+    let workers =
+        workers::stream::WorkerStreamService::new(Arc::new(handles.worker_sessions(options)), handles.auth.clone());
+    let peer = cluster::peer::PeerServiceImpl::new(
+        handles.auth.clone(),
+        handles.engine.clone(),
+        handles.peers.clone(),
+        handles.registry.clone(),
+        handles.topology.clone(),
+        options.orphan_grace,
+    );
+    let api = surface::api::Api {
+        engine: handles.engine.clone(),
+        registry: handles.registry.clone(),
+        topology: handles.topology.clone(),
+        peers: handles.peers.clone(),
+        policies: handles.policies.clone(),
+        metrics: handles.metrics.clone(),
+        scheduler: scheduler.clone(),
+        recovery: recovery.clone(),
+        pruner: pruner.clone(),
+        seaweedfs: handles.seaweedfs.clone(),
+        limits: options.limits.clone(),
+        grpc_port,
+    };
+    let http = handles.http(api.clone(), &recovery, &pruner, options, grpc_port);
+    let cluster = handles.topology.member().map(|node| handles.cluster(node, &recovery, options, grpc_port));
+    handles.engine.on_commit(Arc::new(handles.metrics.commit_observer()));
+    handles.metrics.declare_recovery_rules(&[
+        "R1",
+        "R2",
+        "R2-undelivered",
+        "R3",
+        "R3-pinned",
+        "R3-progress",
+        "R4",
+        "R5",
+        "R6",
+    ]);
+    let jobs = surface::api::JobServiceImpl::new(api, handles.auth.clone());
+    let Handles { engine, topology, registry, duties, seaweedfs, clock, .. } = handles;
+    let parts = Parts { engine, topology, registry, duties, workers, jobs, peer, http };
+    let loops = Loops { recovery, pruner, scheduler, seaweedfs, clock, cluster, foreign_orders };
+    Ok((parts, loops))
+}
+
+/// Starts the engine over `store` and loads the policy book, each job
+/// type's limits pushed to the engine; with them, the server's fate and
+/// the work orders the engine gives for handlers of other instances.
+async fn start_engine(
+    store: Arc<dyn Store>,
+    options: &ServerOptions,
+    clock: Arc<dyn Clock>,
+    topology: &Topology,
+) -> Result<(EngineHandle, policies::Policies, crate::fate::Fate, ForeignOrders), Error> {
     let (foreign_sender, foreign_orders) = tokio::sync::mpsc::unbounded_channel();
     let fate = crate::fate::Fate::default();
     let member = topology.member();
@@ -380,9 +439,8 @@ async fn assemble(
         fate: fate.clone(),
         ..Options::default()
     };
-    let engine = Engine::start(store.clone(), clock.clone(), engine_options).await?;
+    let engine = Engine::start(store.clone(), clock, engine_options).await?;
     let policies = {
-        let store = store.clone();
         let engine = engine.clone();
         tokio::task::spawn_blocking(move || policies::Policies::load(store, engine))
             .await
@@ -391,146 +449,187 @@ async fn assemble(
     for job_type in policies.job_types().iter().map(String::as_str).chain(["noop", "shell"]) {
         policies.push_limits(&engine, job_type).await;
     }
+    Ok((engine, policies, fate, foreign_orders))
+}
 
-    // The handles several parts share: each is cheap to clone.
-    let registry = Registry::default();
-    let duties = duties::Duties::new(fate);
-    let metrics = Arc::new(surface::metrics::Metrics::new());
-    let stats = Arc::new(Stats::default());
-    let auth = Auth::new(options.token.clone());
-    let peers = cluster::peer::Peers::new(options.token.as_deref());
-    let seaweedfs = seaweedfs::SeaweedFs::new(options.masters.clone(), options.cluster_lock_turn);
-    let board = duties::scheduler::Board::new(engine.clone(), clock.clone(), duties.clone());
-    let reports = cluster::peer::Reports { topology: topology.clone(), peers: peers.clone(), engine: engine.clone() };
+/// The handles several parts share while the server is built, each cheap
+/// to clone: every part takes the ones it uses, and this goes once they
+/// are wired.
+struct Handles {
+    engine: EngineHandle,
+    policies: policies::Policies,
+    clock: Arc<dyn Clock>,
+    topology: Topology,
+    registry: Registry,
+    duties: duties::Duties,
+    metrics: Arc<surface::metrics::Metrics>,
+    stats: Arc<Stats>,
+    auth: Auth,
+    peers: cluster::peer::Peers,
+    seaweedfs: seaweedfs::SeaweedFs,
+    board: duties::scheduler::Board,
+    reports: cluster::peer::Reports,
+}
 
-    let scheduler = Arc::new(duties::scheduler::Scheduler {
-        board: board.clone(),
-        registry: registry.clone(),
-        policies: policies.clone(),
-        topology: topology.clone(),
-        peers: peers.clone(),
-        metrics: metrics.clone(),
-        seaweedfs: seaweedfs.clone(),
-        limits: options.limits.clone(),
-    });
-    let recovery = Arc::new(duties::recovery::Recovery {
-        gate: Arc::default(),
-        engine: engine.clone(),
-        clock: clock.clone(),
-        registry: registry.clone(),
-        topology: topology.clone(),
-        peers: peers.clone(),
-        metrics: metrics.clone(),
-        board: board.clone(),
-        settings: duties::recovery::Settings {
-            silence_timeout: options.silence_timeout,
-            finalize_grace: options.finalize_grace,
-            progress_timeout: options.progress_timeout,
-            delivery_grace: options.delivery_grace,
-            interval: options.recovery_interval,
-            orphan_grace: options.orphan_grace,
-            cluster: options.cluster,
+impl Handles {
+    fn new(
+        engine: EngineHandle,
+        policies: policies::Policies,
+        clock: Arc<dyn Clock>,
+        topology: Topology,
+        fate: crate::fate::Fate,
+        options: &ServerOptions,
+    ) -> Handles {
+        let duties = duties::Duties::new(fate);
+        let peers = cluster::peer::Peers::new(options.token.as_deref());
+        let board = duties::scheduler::Board::new(engine.clone(), clock.clone(), duties.clone());
+        let reports =
+            cluster::peer::Reports { topology: topology.clone(), peers: peers.clone(), engine: engine.clone() };
+        Handles {
+            engine,
+            policies,
+            clock,
+            topology,
+            registry: Registry::default(),
+            duties,
+            metrics: Arc::new(surface::metrics::Metrics::new()),
+            stats: Arc::new(Stats::default()),
+            auth: Auth::new(options.token.clone()),
+            peers,
+            seaweedfs: seaweedfs::SeaweedFs::new(options.masters.clone(), options.cluster_lock_turn),
+            board,
+            reports,
+        }
+    }
+
+    fn scheduler(&self, options: &ServerOptions) -> duties::scheduler::Scheduler {
+        duties::scheduler::Scheduler {
+            board: self.board.clone(),
+            registry: self.registry.clone(),
+            policies: self.policies.clone(),
+            topology: self.topology.clone(),
+            peers: self.peers.clone(),
+            metrics: self.metrics.clone(),
+            seaweedfs: self.seaweedfs.clone(),
             limits: options.limits.clone(),
-        },
-    });
-    let pruner = Arc::new(duties::retention::Pruner {
-        gate: Arc::default(),
-        engine: engine.clone(),
-        clock: clock.clone(),
-        metrics: metrics.clone(),
-        topology: topology.clone(),
-        retention: options.retention.clone(),
-        interval: options.prune_interval,
-    });
-    let sessions = Arc::new(workers::stream::WorkerSessions {
-        engine: engine.clone(),
-        registry: registry.clone(),
-        clock: clock.clone(),
-        topology: topology.clone(),
-        peers: peers.clone(),
-        reports: reports.clone(),
-        board: board.clone(),
-        policies: policies.clone(),
-        seaweedfs: seaweedfs.clone(),
-        stats: stats.clone(),
-        duties: duties.clone(),
-        settings: workers::stream::Settings {
-            max_workers: options.max_workers,
-            heartbeat_interval: options.heartbeat_interval,
-            orphan_grace: options.orphan_grace,
-            silence_timeout: options.silence_timeout,
-        },
-    });
-    let workers = workers::stream::WorkerStreamService::new(sessions, auth.clone());
-    let peer = cluster::peer::PeerServiceImpl::new(
-        auth.clone(),
-        engine.clone(),
-        peers.clone(),
-        registry.clone(),
-        topology.clone(),
-        options.orphan_grace,
-    );
-    let api = surface::api::Api {
-        engine: engine.clone(),
-        registry: registry.clone(),
-        topology: topology.clone(),
-        peers: peers.clone(),
-        policies: policies.clone(),
-        metrics: metrics.clone(),
-        scheduler: scheduler.clone(),
-        recovery: recovery.clone(),
-        pruner: pruner.clone(),
-        seaweedfs: seaweedfs.clone(),
-        limits: options.limits.clone(),
-        grpc_port,
-    };
-    let scrape = surface::metrics::Scrape {
-        metrics: metrics.clone(),
-        engine: engine.clone(),
-        registry: registry.clone(),
-        policies: policies.clone(),
-        scheduler: board,
-        recovery: recovery.gate.clone(),
-        prune: pruner.gate.clone(),
-        stats: stats.clone(),
-    };
-    let http = surface::http::AppState {
-        api: api.clone(),
-        auth: auth.clone(),
-        sessions: Arc::default(),
-        scrape: Arc::new(scrape),
-        stats,
-        topology: topology.clone(),
-        engine: engine.clone(),
-        grpc_port,
-        max_request_bytes: options.max_request_bytes,
-    };
-    let cluster = topology.member().map(|node| {
+        }
+    }
+
+    fn recovery(&self, options: &ServerOptions) -> duties::recovery::Recovery {
+        duties::recovery::Recovery {
+            gate: Arc::default(),
+            engine: self.engine.clone(),
+            clock: self.clock.clone(),
+            registry: self.registry.clone(),
+            topology: self.topology.clone(),
+            peers: self.peers.clone(),
+            metrics: self.metrics.clone(),
+            board: self.board.clone(),
+            settings: duties::recovery::Settings {
+                silence_timeout: options.silence_timeout,
+                finalize_grace: options.finalize_grace,
+                progress_timeout: options.progress_timeout,
+                delivery_grace: options.delivery_grace,
+                interval: options.recovery_interval,
+                orphan_grace: options.orphan_grace,
+                cluster: options.cluster,
+                limits: options.limits.clone(),
+            },
+        }
+    }
+
+    fn pruner(&self, options: &ServerOptions) -> duties::retention::Pruner {
+        duties::retention::Pruner {
+            gate: Arc::default(),
+            engine: self.engine.clone(),
+            clock: self.clock.clone(),
+            metrics: self.metrics.clone(),
+            topology: self.topology.clone(),
+            retention: options.retention.clone(),
+            interval: options.prune_interval,
+        }
+    }
+
+    fn worker_sessions(&self, options: &ServerOptions) -> workers::stream::WorkerSessions {
+        workers::stream::WorkerSessions {
+            engine: self.engine.clone(),
+            registry: self.registry.clone(),
+            clock: self.clock.clone(),
+            topology: self.topology.clone(),
+            peers: self.peers.clone(),
+            reports: self.reports.clone(),
+            board: self.board.clone(),
+            policies: self.policies.clone(),
+            seaweedfs: self.seaweedfs.clone(),
+            stats: self.stats.clone(),
+            duties: self.duties.clone(),
+            settings: workers::stream::Settings {
+                max_workers: options.max_workers,
+                heartbeat_interval: options.heartbeat_interval,
+                orphan_grace: options.orphan_grace,
+                silence_timeout: options.silence_timeout,
+            },
+        }
+    }
+
+    /// The HTTP port's state: the API, the console's sessions and what a scrape reads.
+    fn http(
+        &self,
+        api: surface::api::Api,
+        recovery: &duties::recovery::Recovery,
+        pruner: &duties::retention::Pruner,
+        options: &ServerOptions,
+        grpc_port: u16,
+    ) -> surface::http::AppState {
+        let scrape = surface::metrics::Scrape {
+            metrics: self.metrics.clone(),
+            engine: self.engine.clone(),
+            registry: self.registry.clone(),
+            policies: self.policies.clone(),
+            scheduler: self.board.clone(),
+            recovery: recovery.gate.clone(),
+            prune: pruner.gate.clone(),
+            stats: self.stats.clone(),
+        };
+        surface::http::AppState {
+            api,
+            auth: self.auth.clone(),
+            sessions: Arc::default(),
+            scrape: Arc::new(scrape),
+            stats: self.stats.clone(),
+            topology: self.topology.clone(),
+            engine: self.engine.clone(),
+            grpc_port,
+            max_request_bytes: options.max_request_bytes,
+        }
+    }
+
+    /// This instance as a member of its cluster, and its part in the work across instances.
+    fn cluster(
+        &self,
+        node: &Arc<cluster::Node>,
+        recovery: &Arc<duties::recovery::Recovery>,
+        options: &ServerOptions,
+        grpc_port: u16,
+    ) -> (Arc<cluster::Member>, Arc<cluster::peer::Lending>) {
         let member = cluster::Member {
             node: node.clone(),
-            engine: engine.clone(),
-            registry: registry.clone(),
-            policies: policies.clone(),
-            metrics: metrics.clone(),
+            engine: self.engine.clone(),
+            registry: self.registry.clone(),
+            policies: self.policies.clone(),
+            metrics: self.metrics.clone(),
             recovery: recovery.clone(),
-            duties: duties.clone(),
+            duties: self.duties.clone(),
             delivery_grace: options.delivery_grace,
         };
         let lending = cluster::peer::Lending {
             node: node.clone(),
-            engine: engine.clone(),
-            peers,
-            reports,
-            duties: duties.clone(),
+            engine: self.engine.clone(),
+            peers: self.peers.clone(),
+            reports: self.reports.clone(),
+            duties: self.duties.clone(),
             grpc_port,
         };
         (Arc::new(member), Arc::new(lending))
-    });
-
-    engine.on_commit(Arc::new(metrics.commit_observer()));
-    metrics.declare_recovery_rules(&["R1", "R2", "R2-undelivered", "R3", "R3-pinned", "R3-progress", "R4", "R5", "R6"]);
-    let jobs = surface::api::JobServiceImpl::new(api, auth);
-    let parts = Parts { engine, topology, registry, duties, workers, jobs, peer, http };
-    let loops = Loops { recovery, pruner, scheduler, seaweedfs, clock, cluster, foreign_orders };
-    Ok((parts, loops))
+    }
 }
