@@ -95,6 +95,29 @@ impl Recovery {
     }
 
     async fn check_inner(&self, dry_run: bool) -> Result<Vec<api::Finding>, DutyError> {
+        let snapshot = self.snapshot().await?;
+        let findings = recovery::check(&snapshot);
+        let applied = if dry_run || findings.is_empty() {
+            vec![false; findings.len()]
+        } else {
+            self.engine.apply_recovery(findings.iter().map(|f| (f.rule, f.action.clone())).collect()).await?
+        };
+        if !dry_run {
+            // A silent worker gets no more work: its session ends, and the worker,
+            // when it wakes, finds its stream gone and drops what it was running.
+            for finding in findings.iter().filter(|f| f.rule == recovery::Rule::HandlerSilent) {
+                if let Some(handler) = finding.handler.as_deref().and_then(|h| h.parse().ok()) {
+                    self.registry.stop(handler);
+                }
+            }
+        }
+        Ok(findings.into_iter().zip(applied).map(|(finding, applied)| self.report(finding, applied, dry_run)).collect())
+    }
+
+    /// What the rules look at: the jobs led here with their held and ready
+    /// tasks, and every handler known to be alive, here or at another
+    /// instance, with the attempts its session knows.
+    async fn snapshot(&self) -> Result<recovery::Snapshot, DutyError> {
         // While the store is away nothing is durable and no work order leaves:
         // what the check would see then is the outage, not a fault.
         let Some(ready_for) = self.engine.ready_for() else {
@@ -125,29 +148,7 @@ impl Recovery {
                 recovery::HandlerSnapshot { handler, node: worker.worker_id.clone(), last_seen, knows },
             );
         }
-        // Workers connected to the other live instances are alive: an attempt
-        // one of them runs for a job led here is not orphaned. Their instances
-        // say which of the attempts held here for them past the delivery grace
-        // their sessions know.
-        if let Some(node) = self.topology.member() {
-            let timing = &self.settings.cluster;
-            let lent = self.peers.lent_within(timing.heartbeat * 2 + timing.lag);
-            let live = node.live();
-            for worker in elsewhere(node.id, &live, lent, now, |ms| node.local_ms(ms)) {
-                let id = worker.handler.to_string();
-                if handlers.contains_key(&id) {
-                    continue;
-                }
-                let due = held_past(&jobs, &id, now - grace_ms);
-                let knows = match due.is_empty() {
-                    true => None,
-                    false => self.peers.known_at(&worker.address, worker.handler, &due).await.map(|known| {
-                        known.into_iter().map(|a| (a.task.job.to_string(), a.task.idx.0, a.number)).collect()
-                    }),
-                };
-                handlers.insert(id, worker.snapshot(knows));
-            }
-        }
+        self.add_handlers_elsewhere(&jobs, now - grace_ms, now, &mut handlers).await;
         for handler in engine_handlers {
             // In-process executors live as long as the admin does.
             let id = handler.to_string();
@@ -158,7 +159,7 @@ impl Recovery {
                 knows: None,
             });
         }
-        let snapshot = recovery::Snapshot {
+        Ok(recovery::Snapshot {
             now,
             config: recovery::Config {
                 silence_timeout_ms: self.settings.silence_timeout.as_millis() as i64,
@@ -168,66 +169,84 @@ impl Recovery {
             },
             handlers,
             jobs,
-        };
-        let findings = recovery::check(&snapshot);
-        let applied = if dry_run || findings.is_empty() {
-            vec![false; findings.len()]
-        } else {
-            self.engine.apply_recovery(findings.iter().map(|f| (f.rule, f.action.clone())).collect()).await?
-        };
+        })
+    }
+
+    /// Workers connected to the other live instances are alive: an attempt
+    /// one of them runs for a job led here is not orphaned. Their instances
+    /// say which of the attempts held here for them since before `due_before`
+    /// their sessions know.
+    async fn add_handlers_elsewhere(
+        &self,
+        jobs: &[recovery::JobSnapshot],
+        due_before: i64,
+        now: i64,
+        handlers: &mut std::collections::BTreeMap<String, recovery::HandlerSnapshot>,
+    ) {
+        let Some(node) = self.topology.member() else { return };
+        let timing = &self.settings.cluster;
+        let lent = self.peers.lent_within(timing.heartbeat * 2 + timing.lag);
+        let live = node.live();
+        for worker in elsewhere(node.id, &live, lent, now, |ms| node.local_ms(ms)) {
+            let id = worker.handler.to_string();
+            if handlers.contains_key(&id) {
+                continue;
+            }
+            let due = held_past(jobs, &id, due_before);
+            let knows =
+                match due.is_empty() {
+                    true => None,
+                    false => self.peers.known_at(&worker.address, worker.handler, &due).await.map(|known| {
+                        known.into_iter().map(|a| (a.task.job.to_string(), a.task.idx.0, a.number)).collect()
+                    }),
+                };
+            handlers.insert(id, worker.snapshot(knows));
+        }
+    }
+
+    /// A finding as the API answers it, recorded in the activity log and
+    /// the metrics unless the check was a dry run, and logged either way.
+    fn report(&self, finding: recovery::Finding, applied: bool, dry_run: bool) -> api::Finding {
         if !dry_run {
-            // A silent worker gets no more work: its session ends, and the worker,
-            // when it wakes, finds its stream gone and drops what it was running.
-            for finding in findings.iter().filter(|f| f.rule == recovery::Rule::HandlerSilent) {
-                if let Some(handler) = finding.handler.as_deref().and_then(|h| h.parse().ok()) {
-                    self.registry.stop(handler);
-                }
-            }
-        }
-        let mut out = Vec::with_capacity(findings.len());
-        for (finding, applied) in findings.into_iter().zip(applied) {
-            if !dry_run {
-                self.metrics.record_recovery_finding(finding.rule.id());
-                let done = if applied { "applied" } else { "skipped (the task moved on)" };
-                let message = format!(
-                    "{} job {} task {}: {} ({})",
-                    finding.rule,
-                    finding.job,
-                    finding.task.as_deref().unwrap_or("-"),
-                    done,
-                    finding.detail
-                );
-                self.board.record(JOB_TYPE, message);
-            }
-            tracing::warn!(
-                rule = finding.rule.id(),
-                job.id = %finding.job,
-                task.id = finding.task.as_deref().unwrap_or(""),
-                handler = finding.handler.as_deref().unwrap_or(""),
-                age_ms = finding.age_ms,
-                applied,
-                dry_run,
-                detail = %finding.detail,
-                "recovery finding"
+            self.metrics.record_recovery_finding(finding.rule.id());
+            let done = if applied { "applied" } else { "skipped (the task moved on)" };
+            let message = format!(
+                "{} job {} task {}: {} ({})",
+                finding.rule,
+                finding.job,
+                finding.task.as_deref().unwrap_or("-"),
+                done,
+                finding.detail
             );
-            let action = serde_json::to_value(&finding.action)
-                .ok()
-                .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(String::from))
-                .unwrap_or_default();
-            out.push(api::Finding {
-                rule: finding.rule.id().into(),
-                rule_name: finding.rule.name().into(),
-                job_id: finding.job,
-                task_id: finding.task.unwrap_or_default(),
-                handler: finding.handler.unwrap_or_default(),
-                age_ms: finding.age_ms,
-                action,
-                detail: finding.detail,
-                applied,
-                instance: self.topology.member().map(|n| n.id.to_string()).unwrap_or_default(),
-            });
+            self.board.record(JOB_TYPE, message);
         }
-        Ok(out)
+        tracing::warn!(
+            rule = finding.rule.id(),
+            job.id = %finding.job,
+            task.id = finding.task.as_deref().unwrap_or(""),
+            handler = finding.handler.as_deref().unwrap_or(""),
+            age_ms = finding.age_ms,
+            applied,
+            dry_run,
+            detail = %finding.detail,
+            "recovery finding"
+        );
+        let action = serde_json::to_value(&finding.action)
+            .ok()
+            .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(String::from))
+            .unwrap_or_default();
+        api::Finding {
+            rule: finding.rule.id().into(),
+            rule_name: finding.rule.name().into(),
+            job_id: finding.job,
+            task_id: finding.task.unwrap_or_default(),
+            handler: finding.handler.unwrap_or_default(),
+            age_ms: finding.age_ms,
+            action,
+            detail: finding.detail,
+            applied,
+            instance: self.topology.member().map(|n| n.id.to_string()).unwrap_or_default(),
+        }
     }
 
     /// The check over the whole cluster: this instance checks the jobs it leads

@@ -438,77 +438,15 @@ impl Scheduler {
     async fn detect_inner(&self, job_type: &str, run: bool) -> Result<Outcome, DutyError> {
         let board = &self.board;
         let started = board.clock.now();
-        let candidates = detectors(&self.registry).remove(job_type).unwrap_or_default();
-        // Prefer the worker that detected last time; otherwise take turns.
-        let previous = board.state.last_detector.lock().expect("detector lock").get(job_type).copied();
-        let sequence = board.state.sequence.fetch_add(1, Ordering::Relaxed) + 1;
-        let detector = match previous.filter(|p| candidates.contains(p)) {
-            Some(p) => p,
-            None => *candidates
-                .get(sequence as usize % candidates.len().max(1))
-                .ok_or_else(|| DutyError::NotNow(format!("no connected worker can detect {job_type}")))?,
-        };
-        board.state.last_detector.lock().expect("detector lock").insert(job_type.to_string(), detector);
+        let (detector, sequence) = self.pick_detector(job_type)?;
         self.metrics.record_detection(job_type);
         let (policy, _) = self.policies.effective(job_type);
         let request_id = format!("detect-{job_type}-{}-{sequence}", started.as_millis());
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::unbounded_channel();
         let route = Route::open(&board.state, &request_id, tx);
-        let request = RunDetectionRequest {
-            request_id: request_id.clone(),
-            job_type: job_type.to_string(),
-            detection_sequence: started.as_millis().saturating_mul(1_000_000) + sequence as i64,
-            admin_runtime: Some(policy.to_runtime()),
-            admin_config_values: self.policies.admin_values(job_type),
-            worker_config_values: self.policies.worker_values(job_type),
-            cluster_context: Some(self.seaweedfs.context(&self.policies, &self.registry, job_type, false)),
-            last_successful_run: board.runs(job_type).succeeded.front().map(|r| prost_types::Timestamp {
-                seconds: r.at_ms.div_euclid(1000),
-                nanos: (r.at_ms.rem_euclid(1000) * 1_000_000) as i32,
-            }),
-            max_results: i32::try_from(policy.max_jobs_per_detection).unwrap_or(i32::MAX),
-        };
-        let message = AdminToWorkerMessage {
-            request_id: request_id.clone(),
-            sent_at: None,
-            body: Some(admin_to_worker_message::Body::RunDetectionRequest(request)),
-        };
+        let message = self.detection_request(job_type, &policy, request_id, sequence, started);
         board.record(job_type, format!("detection {sequence} asked of handler {detector}"));
-        let mut proposals = Vec::new();
-        let detection = async {
-            if !self.registry.send(detector, message) {
-                return Err(DutyError::NotNow("the detector's stream is gone".into()));
-            }
-            let timeout = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)));
-            let deadline = tokio::time::Instant::now() + timeout;
-            loop {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Err(_) => return Err(DutyError::Failed(format!("no detection result within {timeout:?}"))),
-                    Ok(None) => return Err(DutyError::Failed("the detection was abandoned".into())),
-                    Ok(Some(DetectionEvent::Proposals(batch))) => proposals.extend(batch),
-                    Ok(Some(DetectionEvent::Activity(text))) => board.record(job_type, format!("detector: {text}")),
-                    Ok(Some(DetectionEvent::Complete { success: true, .. })) => return Ok(()),
-                    Ok(Some(DetectionEvent::Complete { success: false, error, .. })) => {
-                        return Err(DutyError::Failed(format!("detection failed: {error}")));
-                    }
-                }
-            }
-        };
-        // With SeaweedFS masters, a detection of the default lane holds the
-        // cluster's admin lock; the other lanes never wait for it.
-        let result: Result<(), DutyError> = if !self.seaweedfs.has_masters() || master::lane(job_type) != "default" {
-            detection.await
-        } else {
-            let patience = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)));
-            let message = format!("jobcenter detection of {job_type}");
-            match self.seaweedfs.hold(&message, patience).await {
-                Ok(_hold) => detection.await,
-                Err(e) => {
-                    drop(detection);
-                    Err(DutyError::NotNow(e.to_string()))
-                }
-            }
-        };
+        let (result, proposals) = self.ask(job_type, &policy, detector, message, rx).await;
         drop(route);
         let mut run_record = Run {
             at_ms: started.as_millis(),
@@ -544,30 +482,136 @@ impl Scheduler {
         let mut outcome = Outcome { proposals: kept, dropped, job: None };
         run_record.kept = outcome.proposals.len();
         if run && !outcome.proposals.is_empty() {
-            let name = format!("{job_type}-{sequence}");
-            let spec = build_job(
-                &name,
-                &outcome.proposals,
-                policy.retry_limit,
-                policy.retry_backoff_seconds,
-                policy.execution_timeout_seconds,
-                &self.limits,
-            )
-            .map_err(|e| DutyError::Failed(format!("the proposals make no valid job: {e}")))?;
-            let origin = JobOrigin::Scheduler { job_type: job_type.to_string(), sequence };
-            let job = board.engine.submit(spec, origin).await?;
-            board.record(
-                job_type,
-                format!("detection {sequence}: {} proposals became job {job}", outcome.proposals.len()),
-            );
+            let job = self.submit(job_type, &policy, sequence, &outcome.proposals).await?;
             run_record.job_id = Some(job.to_string());
             outcome.job = Some(job);
-            spawn_runtime_limit(board.clone(), job_type.to_string(), job, policy.job_type_max_runtime_seconds);
         } else {
             board.record(job_type, format!("detection {sequence}: {} proposals, no job", outcome.proposals.len()));
         }
         board.save_run(job_type, run_record).await;
         Ok(outcome)
+    }
+
+    /// The worker to ask, and the run's sequence number: the one that
+    /// detected last time if it still can, otherwise each in turn.
+    fn pick_detector(&self, job_type: &str) -> Result<(HandlerId, u64), DutyError> {
+        let state = &self.board.state;
+        let candidates = detectors(&self.registry).remove(job_type).unwrap_or_default();
+        let previous = state.last_detector.lock().expect("detector lock").get(job_type).copied();
+        let sequence = state.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+        let detector = match previous.filter(|p| candidates.contains(p)) {
+            Some(p) => p,
+            None => *candidates
+                .get(sequence as usize % candidates.len().max(1))
+                .ok_or_else(|| DutyError::NotNow(format!("no connected worker can detect {job_type}")))?,
+        };
+        state.last_detector.lock().expect("detector lock").insert(job_type.to_string(), detector);
+        Ok((detector, sequence))
+    }
+
+    /// The request a detector gets: the type's policy and configuration,
+    /// the cluster as SeaweedFS describes it, and when a run last succeeded.
+    fn detection_request(
+        &self,
+        job_type: &str,
+        policy: &crate::policy::Policy,
+        request_id: String,
+        sequence: u64,
+        started: Timestamp,
+    ) -> AdminToWorkerMessage {
+        let request = RunDetectionRequest {
+            request_id: request_id.clone(),
+            job_type: job_type.to_string(),
+            detection_sequence: started.as_millis().saturating_mul(1_000_000) + sequence as i64,
+            admin_runtime: Some(policy.to_runtime()),
+            admin_config_values: self.policies.admin_values(job_type),
+            worker_config_values: self.policies.worker_values(job_type),
+            cluster_context: Some(self.seaweedfs.context(&self.policies, &self.registry, job_type, false)),
+            last_successful_run: self.board.runs(job_type).succeeded.front().map(|r| prost_types::Timestamp {
+                seconds: r.at_ms.div_euclid(1000),
+                nanos: (r.at_ms.rem_euclid(1000) * 1_000_000) as i32,
+            }),
+            max_results: i32::try_from(policy.max_jobs_per_detection).unwrap_or(i32::MAX),
+        };
+        AdminToWorkerMessage {
+            request_id,
+            sent_at: None,
+            body: Some(admin_to_worker_message::Body::RunDetectionRequest(request)),
+        }
+    }
+
+    /// Sends the request to `detector` and gathers what it proposes until it
+    /// says it is done, fails, or runs out of time; with SeaweedFS masters,
+    /// a detection of the default lane holds the cluster's admin lock (the
+    /// other lanes never wait for it). What it proposed, even if it failed.
+    async fn ask(
+        &self,
+        job_type: &str,
+        policy: &crate::policy::Policy,
+        detector: HandlerId,
+        message: AdminToWorkerMessage,
+        mut events: mpsc::UnboundedReceiver<DetectionEvent>,
+    ) -> (Result<(), DutyError>, Vec<JobProposal>) {
+        let board = &self.board;
+        let timeout = Duration::from_secs(u64::from(policy.detection_timeout_seconds.max(1)));
+        let mut proposals = Vec::new();
+        let detection = async {
+            if !self.registry.send(detector, message) {
+                return Err(DutyError::NotNow("the detector's stream is gone".into()));
+            }
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                match tokio::time::timeout_at(deadline, events.recv()).await {
+                    Err(_) => return Err(DutyError::Failed(format!("no detection result within {timeout:?}"))),
+                    Ok(None) => return Err(DutyError::Failed("the detection was abandoned".into())),
+                    Ok(Some(DetectionEvent::Proposals(batch))) => proposals.extend(batch),
+                    Ok(Some(DetectionEvent::Activity(text))) => board.record(job_type, format!("detector: {text}")),
+                    Ok(Some(DetectionEvent::Complete { success: true, .. })) => return Ok(()),
+                    Ok(Some(DetectionEvent::Complete { success: false, error, .. })) => {
+                        return Err(DutyError::Failed(format!("detection failed: {error}")));
+                    }
+                }
+            }
+        };
+        let result = if !self.seaweedfs.has_masters() || master::lane(job_type) != "default" {
+            detection.await
+        } else {
+            let holder = format!("jobcenter detection of {job_type}");
+            match self.seaweedfs.hold(&holder, timeout).await {
+                Ok(_hold) => detection.await,
+                Err(e) => {
+                    drop(detection);
+                    Err(DutyError::NotNow(e.to_string()))
+                }
+            }
+        };
+        (result, proposals)
+    }
+
+    /// Submits the kept proposals of detection `sequence` as one job, and
+    /// bounds its runtime as the type's policy says.
+    async fn submit(
+        &self,
+        job_type: &str,
+        policy: &crate::policy::Policy,
+        sequence: u64,
+        proposals: &[Proposal],
+    ) -> Result<JobId, DutyError> {
+        let name = format!("{job_type}-{sequence}");
+        let spec = build_job(
+            &name,
+            proposals,
+            policy.retry_limit,
+            policy.retry_backoff_seconds,
+            policy.execution_timeout_seconds,
+            &self.limits,
+        )
+        .map_err(|e| DutyError::Failed(format!("the proposals make no valid job: {e}")))?;
+        let origin = JobOrigin::Scheduler { job_type: job_type.to_string(), sequence };
+        let job = self.board.engine.submit(spec, origin).await?;
+        self.board.record(job_type, format!("detection {sequence}: {} proposals became job {job}", proposals.len()));
+        spawn_runtime_limit(self.board.clone(), job_type.to_string(), job, policy.job_type_max_runtime_seconds);
+        Ok(job)
     }
 
     /// With SeaweedFS masters, proposals that change disks are placed one by one
