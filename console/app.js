@@ -122,7 +122,7 @@
 
   // ---------------------------------------------------------------- the API
 
-  const session = { csrf: "", tokenRequired: false };
+  const session = { csrf: "", tokenRequired: false, name: "", role: "" };
 
   /**
    * Calls the admin API: JSON in and out (a string body is sent as is);
@@ -449,8 +449,8 @@
     const button = h("button", { id: "login-submit", type: "submit", class: "primary" }, "Sign in");
     const form = h("form", { id: "login", class: "login" },
       h("h1", {}, "Sign in"),
-      h("p", { class: "muted" }, "This admin server needs its token."),
-      h("label", { for: "token" }, "Admin token"), input, button, error);
+      h("p", { class: "muted" }, "This admin server needs a credential: its admin token, or a named token of its credentials file."),
+      h("label", { for: "token" }, "Token"), input, button, error);
     form.addEventListener("submit", (event) => signIn(event, input, button, error));
     append(pageEl, form);
     pageEl.dataset.loaded = "1";
@@ -464,6 +464,8 @@
     try {
       const answer = await api("POST", "/api/session", { token: input.value });
       session.csrf = answer.csrf || "";
+      session.name = answer.name || "";
+      session.role = answer.role || "";
       signedIn();
       route(true);
     } catch (e) {
@@ -475,9 +477,16 @@
     }
   }
 
+  /** A viewer is shown no control that changes anything (the server refuses it anyway). */
+  function canWrite(role) {
+    return role === "operator" || role === "admin";
+  }
+
   function signedIn() {
     signedOut = false;
     document.body.dataset.auth = "in";
+    document.body.dataset.canWrite = String(canWrite(session.role));
+    document.getElementById("who").textContent = session.name ? `${session.name} (${session.role})` : "";
     document.getElementById("nav-links").hidden = false;
     document.getElementById("session-box").hidden = !session.tokenRequired;
   }
@@ -556,7 +565,7 @@
 
   function schedulerControl(scope, instance) {
     const paused = Boolean(instance.paused);
-    const button = h("button", { type: "button", class: "small" }, paused ? "Resume" : "Pause");
+    const button = h("button", { type: "button", class: "small writes" }, paused ? "Resume" : "Pause");
     button.addEventListener("click", async () => {
       const what = `${paused ? "Resume" : "Pause"} the scheduler on ${instance.id}?`;
       if (!paused && !(await confirmAction(`${what} No detection runs while it is paused.`, "Pause"))) return;
@@ -789,13 +798,15 @@
     const problems = h("ul", { id: "problems", hidden: true });
     file.addEventListener("change", () => loadJobFile(file, text, format, state));
     for (const event of ["input", "change"]) text.addEventListener(event, () => forgetEmptiedFile(file, text, state));
-    const form = h("form", { id: "submit-form", class: "submit-form" },
+    const form = h("form", { id: "submit-form", class: "submit-form writes" },
       h("div", { class: "row" },
         h("label", { for: "job-file" }, "Job file"), file,
         h("label", { for: "job-format" }, "Format"), format),
       h("label", { for: "job-text" }, "Job"), text,
       h("div", { class: "actions" }, submit, h("span", { class: "muted" }, "Ctrl+Enter submits. The job is checked first; nothing is stored when it is refused.")),
       result, error, problems);
+    const readOnly = h("p", { id: "submit-read-only", class: "read-only-note muted" },
+      "Your role may read only: submitting a job needs the role operator.");
     form.addEventListener("submit", (event) => {
       event.preventDefault();
       submitJob(scope, { text, format, submit, result, error, problems }, state);
@@ -803,7 +814,7 @@
     text.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
     });
-    append(pageEl, head, form);
+    append(pageEl, head, readOnly, form);
     markLoaded(scope);
   }
 
@@ -1046,7 +1057,7 @@
     if (adminForm) form.append(configForm(adminForm, formDefaults(adminForm), null, "Detector configuration (from the descriptor)").el);
     const saved = h("span", { id: "policy-saved", class: "ok-text", role: "status", hidden: true }, "✓ Saved.");
     const error = h("div", { id: "policy-error", class: "error-text", role: "alert", hidden: true });
-    const save = h("button", { type: "submit", id: "save-policy", class: "primary" }, "Save");
+    const save = h("button", { type: "submit", id: "save-policy", class: "primary writes" }, "Save");
     form.append(h("div", { class: "actions sticky-actions" }, save, saved), error);
     form.addEventListener("input", () => { saved.hidden = true; applyVisibility(form); });
     form.addEventListener("change", () => applyVisibility(form));
@@ -1379,8 +1390,8 @@
   // ---------------------------------------------- detection and run history
 
   function detectBox(scope, jobType) {
-    const dry = h("button", { type: "button", id: "detect-dry" }, "Detect now (dry run)");
-    const run = h("button", { type: "button", id: "detect-run" }, "Detect now and run…");
+    const dry = h("button", { type: "button", id: "detect-dry", class: "writes" }, "Detect now (dry run)");
+    const run = h("button", { type: "button", id: "detect-run", class: "writes" }, "Detect now and run…");
     const result = h("div", { id: "detect-result", "aria-live": "polite" });
     dry.addEventListener("click", () => detect(scope, jobType, false, { dry, run, result }));
     run.addEventListener("click", () => detect(scope, jobType, true, { dry, run, result }));
@@ -1453,8 +1464,8 @@
 
   function renderRecovery(scope) {
     const { head, notice } = pageHead("Recovery");
-    const dry = h("button", { type: "button", id: "recovery-dry-run" }, "Dry run");
-    const run = h("button", { type: "button", id: "recovery-run", class: "danger" }, "Run now…");
+    const dry = h("button", { type: "button", id: "recovery-dry-run", class: "writes" }, "Dry run");
+    const run = h("button", { type: "button", id: "recovery-run", class: "danger writes" }, "Run now…");
     const summary = h("p", { class: "summary", role: "status" });
     const findings = h("div", { id: "findings" });
     const parts = { dry, run, summary, findings };
@@ -1521,6 +1532,8 @@
       const state = await api("GET", "/api/session");
       session.csrf = state.csrf || "";
       session.tokenRequired = Boolean(state.token_required);
+      session.name = state.name || "";
+      session.role = state.role || "";
       if (state.token_required && !state.authenticated) {
         showLogin();
         return;

@@ -817,8 +817,8 @@
       this.nameEl = h("h1", { id: "job-name", tabindex: "-1" }, "Job");
       this.stateEl = h("span", { id: "job-state", "aria-live": "polite" }, "");
       this.cancelNote = h("span", { class: "tag", hidden: true }, "cancel requested");
-      this.cancelBtn = h("button", { type: "button", id: "cancel-job", class: "danger", hidden: true, onclick: () => this.act("cancel") }, "Cancel job");
-      this.retryBtn = h("button", { type: "button", id: "retry-job", hidden: true, onclick: () => this.act("retry") }, "Retry job");
+      this.cancelBtn = h("button", { type: "button", id: "cancel-job", class: "danger writes", hidden: true, onclick: () => this.act("cancel") }, "Cancel job");
+      this.retryBtn = h("button", { type: "button", id: "retry-job", class: "writes", hidden: true, onclick: () => this.act("retry") }, "Retry job");
       this.liveEl = h("span", { class: "muted small-text", id: "job-live", role: "status" }, "");
       this.factsEl = h("dl", { class: "figures", id: "job-facts" });
       this.countsEl = h("p", { id: "job-counts", "aria-label": "Tasks by state" });

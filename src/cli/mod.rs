@@ -2,6 +2,7 @@
 
 mod bench;
 mod client;
+mod credentials;
 mod inspect;
 mod output;
 mod run;
@@ -91,6 +92,8 @@ pub enum Command {
     Backup(transfer::BackupArgs),
     /// Bring a backup back into an empty data directory (or database).
     Restore(transfer::RestoreArgs),
+    /// Named tokens with their roles, for a server's --credentials file.
+    Credentials(credentials::CredentialsArgs),
 }
 
 /// Runs a parsed command line; returns the process exit code, or the
@@ -144,6 +147,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, crate::fate::Fatal> {
             Command::Import(args) => transfer::import(args).await,
             Command::Backup(args) => transfer::backup(args).await,
             Command::Restore(args) => transfer::restore(args).await,
+            Command::Credentials(args) => Ok(credentials::run(args)),
         }
     });
     // A blocking call stuck on a failed store must not hold the process.

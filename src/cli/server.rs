@@ -112,11 +112,25 @@ pub struct ServerArgs {
     /// this long has its connection closed.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub send_timeout: Duration,
-    /// A file holding the shared token required of clients and workers
-    /// (or JOBCENTER_TOKEN).
+    /// A file holding a token that may do everything (role admin), for
+    /// clients, workers and the other instances (or JOBCENTER_TOKEN).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
-    /// Bind a non-loopback address without a token.
+    /// A file of named tokens, each with its role (viewer, operator,
+    /// worker, instance, admin), kept as hashes (`jobcenter credentials
+    /// add`); read again on change and on SIGHUP.
+    #[arg(long)]
+    pub credentials: Option<PathBuf>,
+    /// A file holding the token this instance presents to the others
+    /// (role instance); else the --token-file token.
+    #[arg(long)]
+    pub peer_token_file: Option<PathBuf>,
+    /// Unknown credentials one address may present in a minute; past them
+    /// a credential it presents that was not verified before waits before it
+    /// is judged (250 ms, twice as long at each further failure, up to 5 s).
+    #[arg(long, default_value_t = 5)]
+    pub free_credential_failures: u32,
+    /// Bind a non-loopback address without a token or credentials.
     #[arg(long)]
     pub allow_insecure_bind: bool,
     #[command(flatten)]
@@ -141,14 +155,24 @@ pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
 
 pub(super) async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     let token = token(&args.token_file)?;
-    if !args.http.ip().is_loopback() && token.is_none() && !args.allow_insecure_bind {
+    if !args.http.ip().is_loopback() && token.is_none() && args.credentials.is_none() && !args.allow_insecure_bind {
         eprintln!(
-            "jobcenter: refusing to listen on {} without a token: give --token-file (or JOBCENTER_TOKEN), \
-             or --allow-insecure-bind",
+            "jobcenter: refusing to listen on {} without a token: give --token-file (or JOBCENTER_TOKEN) or \
+             --credentials, or --allow-insecure-bind",
             args.http
         );
         return Ok(ExitCode::from(EXIT_USAGE));
     }
+    if let Some(path) = &args.credentials {
+        if let Err(e) = crate::server::surface::access::credentials::read(path) {
+            eprintln!("jobcenter: {e}");
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    }
+    let peer_token = match &args.peer_token_file {
+        Some(path) => Some(crate::wire::read_token(path).with_context(|| format!("reading {}", path.display()))?),
+        None => None,
+    };
     // Workers are told the interval in whole seconds.
     let heartbeat = Duration::from_secs(args.heartbeat.as_secs_f64().ceil().max(1.0) as u64);
     if args.silence_timeout <= heartbeat * 2 {
@@ -196,6 +220,9 @@ pub(super) async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         local_workers: args.local_workers,
         local_worker_slots: args.local_worker_slots,
         token,
+        credentials: args.credentials,
+        peer_token,
+        free_credential_failures: args.free_credential_failures,
         lost_attempt_limit: args.lost_attempt_limit,
         tls: args.tls.config()?,
         silence_timeout: args.silence_timeout,

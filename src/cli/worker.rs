@@ -49,6 +49,11 @@ pub struct WorkerArgs {
     /// A file holding the bearer token for the admin (else $JOBCENTER_TOKEN).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// A file holding the token the `recovery_check` job type asks the
+    /// admin's API with (a role that may recover: operator); else the
+    /// --token-file token.
+    #[arg(long)]
+    pub api_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub tls: crate::tls::ClientTls,
 }
@@ -60,7 +65,11 @@ pub(super) async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     };
     let mut handlers = builtin_handlers();
     let admins: Vec<String> = args.admin.iter().map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
-    handlers.push(crate::worker::RecoveryCheckHandler::shared(admins, token.clone(), args.tls.clone()));
+    let api_token = match &args.api_token_file {
+        Some(path) => Some(read_token_file(path).await?),
+        None => token.clone(),
+    };
+    handlers.push(crate::worker::RecoveryCheckHandler::shared(admins, api_token, args.tls.clone()));
     let registry = match select_handlers(handlers, &args.job_types) {
         Ok(registry) => registry,
         Err(message) => {

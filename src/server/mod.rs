@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_stream::StreamExt;
 
-pub use surface::auth::{read_token, Auth};
+pub use surface::access::table as access;
 pub use workers::registry::Registry;
 pub use workers::stream::handler_of;
 
@@ -47,7 +47,16 @@ pub struct ServerOptions {
     pub orphan_grace: Duration,
     pub local_workers: u32,
     pub local_worker_slots: u32,
+    /// The `--token-file` token, an admin's: what a client presents, and
+    /// what this instance presents to the others unless `peer_token` is given.
     pub token: Option<String>,
+    /// The credentials file: named tokens with their roles.
+    pub credentials: Option<std::path::PathBuf>,
+    /// The token this instance presents to the others (role `instance`).
+    pub peer_token: Option<String>,
+    /// Unknown credentials an address may present in a minute before its
+    /// answers slow down.
+    pub free_credential_failures: u32,
     pub limits: Limits,
     /// The largest request (a submitted job file) the API takes.
     pub max_request_bytes: usize,
@@ -92,6 +101,9 @@ impl Default for ServerOptions {
             local_workers: 0,
             local_worker_slots: 4,
             token: None,
+            credentials: None,
+            peer_token: None,
+            free_credential_failures: 5,
             limits: Limits::default(),
             max_request_bytes: 64 * 1024 * 1024,
             max_worker_message_bytes: 16 * 1024 * 1024,
@@ -195,6 +207,7 @@ pub async fn run(
         builder = builder.tls_config(tls)?;
     }
     let grpc_server = builder
+        .layer(surface::access::grpc::Guard { access: parts.access.clone() })
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .max_concurrent_streams(Some(u32::try_from(options.max_workers).unwrap_or(u32::MAX).saturating_add(256)))
         .add_service(worker_service)
@@ -209,8 +222,11 @@ pub async fn run(
             closing.clone().cancelled_owned(),
         );
     let http = surface::stall::HttpListener { listener: http, limit: options.send_timeout };
-    let http_server = axum::serve(http, surface::http::router(parts.http.clone()))
-        .with_graceful_shutdown(closing.clone().cancelled_owned());
+    let http_server = axum::serve(
+        http,
+        surface::http::router(parts.http.clone()).into_make_service_with_connect_info::<surface::stall::Remote>(),
+    )
+    .with_graceful_shutdown(closing.clone().cancelled_owned());
     match &parts.topology {
         Topology::Member(node) => {
             eprintln!("jobcenter server listening: http {http_addr} grpc {grpc_addr} instance {}", node.id)
@@ -266,6 +282,8 @@ pub enum Error {
     Engine(#[from] crate::engine::Error),
     #[error(transparent)]
     Tls(#[from] crate::tls::Error),
+    #[error(transparent)]
+    Credentials(#[from] surface::access::credentials::FileError),
     #[error("the gRPC server: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error("a start-up step stopped: {0}")]
@@ -300,6 +318,10 @@ async fn stop(parts: &Parts) {
 fn keep_duties(parts: &Parts, loops: Loops) {
     let Loops { recovery, pruner, scheduler, seaweedfs, clock, cluster, foreign_orders } = loops;
     let duties = &parts.duties;
+    if parts.access.file().is_some() {
+        let access = parts.access.clone();
+        duties.keep("credentials", Stage::Intake, move || access.clone().reloads());
+    }
     duties.keep("recovery", Stage::Intake, move || recovery.clone().checks());
     duties.keep("retention", Stage::Intake, move || pruner.clone().prunes());
     if seaweedfs.has_masters() {
@@ -341,6 +363,8 @@ struct Parts {
     jobs: surface::api::JobServiceImpl,
     peer: cluster::peer::PeerServiceImpl,
     http: surface::http::AppState,
+    /// Who may do what: the gRPC port's guard, and the credentials file's reloads.
+    access: surface::access::Access,
 }
 
 /// The loops `keep_duties` starts, each with the handles it uses.
@@ -369,14 +393,18 @@ async fn assemble(
     grpc_port: u16,
 ) -> Result<(Parts, Loops), Error> {
     let (engine, policies, fate, foreign_orders) = start_engine(store, options, clock.clone(), &topology).await?;
-    let handles = Handles::new(engine, policies, clock, topology, fate, options);
+    let credentials = match &options.credentials {
+        Some(path) => Some((path.clone(), surface::access::credentials::read(path)?)),
+        None => None,
+    };
+    let access =
+        surface::access::Access::with_slowdown(options.token.clone(), credentials, options.free_credential_failures);
+    let handles = Handles::new(engine, policies, clock, topology, fate, access, options);
     let scheduler = Arc::new(handles.scheduler(options));
     let recovery = Arc::new(handles.recovery(options));
     let pruner = Arc::new(handles.pruner(options));
-    let workers =
-        workers::stream::WorkerStreamService::new(Arc::new(handles.worker_sessions(options)), handles.auth.clone());
+    let workers = workers::stream::WorkerStreamService::new(Arc::new(handles.worker_sessions(options)));
     let peer = cluster::peer::PeerServiceImpl::new(
-        handles.auth.clone(),
         handles.engine.clone(),
         handles.peers.clone(),
         handles.registry.clone(),
@@ -411,9 +439,9 @@ async fn assemble(
         "R5",
         "R6",
     ]);
-    let jobs = surface::api::JobServiceImpl::new(api, handles.auth.clone());
-    let Handles { engine, topology, registry, duties, seaweedfs, clock, .. } = handles;
-    let parts = Parts { engine, topology, registry, duties, workers, jobs, peer, http };
+    let jobs = surface::api::JobServiceImpl::new(api);
+    let Handles { engine, topology, registry, duties, seaweedfs, clock, access, .. } = handles;
+    let parts = Parts { engine, topology, registry, duties, workers, jobs, peer, http, access };
     let loops = Loops { recovery, pruner, scheduler, seaweedfs, clock, cluster, foreign_orders };
     Ok((parts, loops))
 }
@@ -464,7 +492,7 @@ struct Handles {
     duties: duties::Duties,
     metrics: Arc<surface::metrics::Metrics>,
     stats: Arc<Stats>,
-    auth: Auth,
+    access: surface::access::Access,
     peers: cluster::peer::Peers,
     seaweedfs: seaweedfs::SeaweedFs,
     board: duties::scheduler::Board,
@@ -478,10 +506,11 @@ impl Handles {
         clock: Arc<dyn Clock>,
         topology: Topology,
         fate: crate::fate::Fate,
+        access: surface::access::Access,
         options: &ServerOptions,
     ) -> Handles {
         let duties = duties::Duties::new(fate);
-        let peers = cluster::peer::Peers::new(options.token.as_deref());
+        let peers = cluster::peer::Peers::new(options.peer_token.as_deref().or(options.token.as_deref()));
         let board = duties::scheduler::Board::new(engine.clone(), clock.clone(), duties.clone());
         let reports =
             cluster::peer::Reports { topology: topology.clone(), peers: peers.clone(), engine: engine.clone() };
@@ -494,7 +523,7 @@ impl Handles {
             duties,
             metrics: Arc::new(surface::metrics::Metrics::new()),
             stats: Arc::new(Stats::default()),
-            auth: Auth::new(options.token.clone()),
+            access,
             peers,
             seaweedfs: seaweedfs::SeaweedFs::new(options.masters.clone(), options.cluster_lock_turn),
             board,
@@ -593,7 +622,7 @@ impl Handles {
         };
         surface::http::AppState {
             api,
-            auth: self.auth.clone(),
+            access: self.access.clone(),
             sessions: Arc::default(),
             scrape: Arc::new(scrape),
             stats: self.stats.clone(),

@@ -570,3 +570,73 @@ fn the_token_signs_in_and_forged_writes_are_refused() {
     assert_eq!(status, 200, "the cookie with its X-CSRF-Token: {body}");
     wait_for_job_state(server, &id, "canceled", &auth);
 }
+
+/// A role that may only read sees no control that changes anything, and
+/// the server refuses the change anyway; an operator sees the controls.
+#[test]
+fn a_viewer_sees_no_control_that_changes_anything_and_is_refused_anyway() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("credentials.toml");
+    let vera = crate::access::add(&file, "vera", "viewer");
+    let otto = crate::access::add(&file, "otto", "operator");
+    let worker = dir.path().join("worker.token");
+    std::fs::write(&worker, crate::access::add(&file, "w", "worker")).unwrap();
+    let operator = dir.path().join("operator.token");
+    std::fs::write(&operator, &otto).unwrap();
+    let credentials = ["--credentials", file.to_str().unwrap()];
+    let console = start("roles", &credentials, 1, &["--token-file", worker.to_str().unwrap()]);
+    let (browser, server) = (&console.browser, &console.server);
+    let auth = ["--token-file", operator.to_str().unwrap()];
+    let sleeper = dir.path().join("sleeper.json");
+    std::fs::write(
+        &sleeper,
+        r#"{"name": "sleeper", "tasks": [{"id": "sleep", "job_type": "noop", "parameters": {"sleep_ms": 600000}}]}"#,
+    )
+    .unwrap();
+    let id = submit(server, &sleeper, &auth);
+    wait_for_job_state(server, &id, "running", &auth);
+
+    let sign_in = |token: &str| {
+        browser.goto(&format!("{}/#/", console.base));
+        browser.wait_for_visible("form#login");
+        browser.type_into("input#token", token);
+        browser.click("button#login-submit");
+        console.wait_for_page("overview");
+    };
+    sign_in(&vera);
+    browser.wait_for_text("#who", "vera (viewer)");
+    console.open(&format!("#/jobs/{id}"), "job");
+    browser.wait_for_text("#job-state", "running");
+    assert_eq!(browser.count("button#cancel-job"), 1);
+    assert!(!browser.is_displayed_now("button#cancel-job"), "a viewer is shown no cancel");
+    assert!(!browser.is_displayed_now(r##"a[href="#/submit"]"##), "nor the submit page's link");
+    console.open("#/submit", "submit");
+    browser.wait_for_visible("#submit-read-only");
+    assert!(!browser.is_displayed_now("form#submit-form"));
+    console.open("#/recovery", "recovery");
+    assert!(!browser.is_displayed_now("button#recovery-run"));
+    browser.screenshot("viewer");
+    // The session's own write, with its anti-forgery token, is refused by the server.
+    let refused = browser.execute_async(
+        &format!(
+            r#"const done = arguments[arguments.length - 1];
+               fetch("/api/session").then(r => r.json()).then(s => fetch("/api/jobs/{id}/cancel",
+                 {{method: "POST", headers: {{"X-CSRF-Token": s.csrf}}}}))
+                 .then(async r => done({{status: r.status, body: await r.text()}}), e => done({{status: 0, body: String(e)}}));"#
+        ),
+        vec![],
+    );
+    assert_eq!(refused["status"], 403, "{refused}");
+    assert!(refused["body"].as_str().unwrap().contains("needs the role operator"), "{refused}");
+    wait_for_job_state(server, &id, "running", &auth);
+
+    browser.click("button#sign-out");
+    browser.wait_for_visible("form#login");
+    sign_in(&otto);
+    browser.wait_for_text("#who", "otto (operator)");
+    console.open(&format!("#/jobs/{id}"), "job");
+    browser.wait_for_text("#job-state", "running");
+    browser.wait_for_visible("button#cancel-job");
+    assert!(browser.is_displayed_now(r##"a[href="#/submit"]"##));
+    browser.assert_no_uncaught_errors();
+}

@@ -33,7 +33,7 @@ fn json(address: &str, method: &str, path: &str, body: Option<(&str, &str)>) -> 
 }
 
 /// Every (path, method) the router serves, read from its source.
-fn routed() -> BTreeSet<(String, String)> {
+pub(crate) fn routed() -> BTreeSet<(String, String)> {
     let source = include_str!("../../src/server/surface/http.rs");
     let mut routes = BTreeSet::new();
     for part in source.split(".route(").skip(1) {

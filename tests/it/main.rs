@@ -7,6 +7,7 @@
 
 mod support;
 
+mod access;
 mod admin_kill;
 mod admin_restart;
 mod backup;

@@ -2,7 +2,8 @@
 //! a worker and the CLI with a certificate from the trusted CA get in; a
 //! client without one, or without TLS, does not. The same with SeaweedFS:
 //! a `weed worker` configured by `security.toml` vacuums a cluster whose
-//! gRPC is all TLS.
+//! gRPC is all TLS, its certificate given the role `worker` by the
+//! server's credentials file.
 
 use crate::support;
 use crate::support::seaweedfs;
@@ -127,9 +128,19 @@ fn a_weed_worker_with_a_certificate_vacuums_over_mutual_tls_and_one_without_is_r
         ..seaweedfs::ClusterOptions::default()
     });
     let master = cluster.master_address();
+    // The worker's certificate (its alternative name `worker`) is a worker's;
+    // the CLI presents an admin's token besides.
+    let credentials = certs.join("credentials.toml");
+    std::fs::write(&credentials, "[[certificate]]\nsan = \"worker\"\nrole = \"worker\"\n").unwrap();
+    let token = certs.join("admin.token");
+    std::fs::write(&token, "tls-test-admin-token\n").unwrap();
     let server = Server::start(
         &certs.join("data"),
         &[
+            "--credentials",
+            credentials.to_str().unwrap(),
+            "--token-file",
+            token.to_str().unwrap(),
             "--tls-cert",
             &server_cert,
             "--tls-key",
@@ -147,11 +158,19 @@ fn a_weed_worker_with_a_certificate_vacuums_over_mutual_tls_and_one_without_is_r
         ],
     );
     let client_tls = ["--tls-ca", ca.as_str(), "--tls-cert", client_cert.as_str(), "--tls-key", client_key.as_str()];
-    let cli = |args: &[&str]| {
+    let cli_as = |args: &[&str], token: Option<&Path>| {
         let mut command = Command::new(support::binary());
         command.args(args).args(["--admin", &server.http]).args(client_tls);
+        if let Some(token) = token {
+            command.arg("--token-file").arg(token);
+        }
         run_with_timeout(command, Duration::from_secs(120))
     };
+    let cli = |args: &[&str]| cli_as(args, Some(&token));
+    // The certificate alone is a worker's: it reads no job.
+    let as_worker = cli_as(&["jobs"], None);
+    assert!(!as_worker.status.success());
+    assert!(String::from_utf8_lossy(&as_worker.stderr).contains("the role worker may not do this"));
     let detection_off = cli(&["policy", "set", "vacuum", "detection_enabled=0"]);
     assert!(detection_off.status.success(), "{}", String::from_utf8_lossy(&detection_off.stderr));
 

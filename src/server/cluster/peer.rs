@@ -30,7 +30,6 @@ use crate::proto::peer::{
 };
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, CancelRequest, WorkKind};
 use crate::server::duties::Duties;
-use crate::server::surface::auth::Auth;
 use crate::server::workers::registry::Registry;
 use crate::wire;
 
@@ -197,7 +196,6 @@ pub(crate) async fn job_service(
 /// The lender's side: answers other instances.
 #[derive(Clone)]
 pub(crate) struct PeerServiceImpl {
-    auth: Auth,
     engine: EngineHandle,
     /// Where the handlers of the tasks lent are connected.
     peers: Peers,
@@ -213,7 +211,6 @@ pub(crate) struct PeerServiceImpl {
 
 impl PeerServiceImpl {
     pub(crate) fn new(
-        auth: Auth,
         engine: EngineHandle,
         peers: Peers,
         registry: Registry,
@@ -221,7 +218,7 @@ impl PeerServiceImpl {
         orphan_grace: Duration,
     ) -> PeerServiceImpl {
         let crash = Arc::new(crate::crash::CrashPoint::from_env());
-        PeerServiceImpl { auth, engine, peers, registry, topology, orphan_grace, crash }
+        PeerServiceImpl { engine, peers, registry, topology, orphan_grace, crash }
     }
 }
 
@@ -236,7 +233,6 @@ fn engine_status(e: crate::engine::Error) -> Status {
 #[tonic::async_trait]
 impl PeerService for PeerServiceImpl {
     async fn lend(&self, request: Request<LendRequest>) -> Result<Response<LendResponse>, Status> {
-        self.auth.check(request.metadata())?;
         let request = request.into_inner();
         let borrower: Arc<str> = Arc::from(request.address.as_str());
         let mut slots = Vec::new();
@@ -274,7 +270,6 @@ impl PeerService for PeerServiceImpl {
     }
 
     async fn cancel(&self, request: Request<PeerCancel>) -> Result<Response<PeerCancelResponse>, Status> {
-        self.auth.check(request.metadata())?;
         let cancel = request.into_inner();
         let handler = handler_of(&cancel.handler)?;
         let body = admin_to_worker_message::Body::CancelRequest(CancelRequest {
@@ -292,7 +287,6 @@ impl PeerService for PeerServiceImpl {
     }
 
     async fn knows(&self, request: Request<KnowsRequest>) -> Result<Response<KnowsResponse>, Status> {
-        self.auth.check(request.metadata())?;
         let request = request.into_inner();
         let handler = handler_of(&request.handler)?;
         let Some(known) = self.registry.known(handler) else {
@@ -313,7 +307,6 @@ impl PeerService for PeerServiceImpl {
     }
 
     async fn vouch(&self, request: Request<VouchRequest>) -> Result<Response<VouchResponse>, Status> {
-        self.auth.check(request.metadata())?;
         // A fenced instance may have been deactivated: its word binds nobody.
         if self.topology.is_fenced() {
             return Err(Status::unavailable("peer: this instance cannot reach its database and vouches for nothing"));
@@ -336,14 +329,12 @@ impl PeerService for PeerServiceImpl {
         Ok(Response::new(VouchResponse { held, valid_ms: valid.as_millis() as u64 }))
     }
 
-    async fn dedupe_keys(&self, request: Request<DedupeKeysRequest>) -> Result<Response<DedupeKeysResponse>, Status> {
-        self.auth.check(request.metadata())?;
+    async fn dedupe_keys(&self, _request: Request<DedupeKeysRequest>) -> Result<Response<DedupeKeysResponse>, Status> {
         let keys = self.engine.active_dedupe_keys().await.map_err(engine_status)?;
         Ok(Response::new(DedupeKeysResponse { keys: keys.into_iter().collect() }))
     }
 
     async fn report(&self, request: Request<PeerReport>) -> Result<Response<PeerReportResponse>, Status> {
-        self.auth.check(request.metadata())?;
         let report = request.into_inner();
         let handler = handler_of(&report.handler)?;
         let attempt = report

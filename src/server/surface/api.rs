@@ -9,7 +9,6 @@ use std::sync::Arc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use super::auth::Auth;
 use super::convert;
 use super::metrics::Metrics;
 use crate::engine::EngineHandle;
@@ -49,8 +48,6 @@ pub enum Error {
     Unavailable(String),
     #[error("{0}")]
     Internal(String),
-    #[error("a valid token is required: send `authorization: Bearer TOKEN`")]
-    Unauthenticated,
 }
 
 impl Error {
@@ -62,7 +59,6 @@ impl Error {
             Error::Conflict(_) => 409,
             Error::Unavailable(_) => 503,
             Error::Internal(_) => 500,
-            Error::Unauthenticated => 401,
         }
     }
 }
@@ -77,7 +73,6 @@ impl From<Error> for Status {
             Error::Conflict(m) => Status::failed_precondition(m),
             Error::Unavailable(m) => Status::unavailable(m),
             Error::Internal(m) => Status::internal(m),
-            Error::Unauthenticated => Status::unauthenticated(Error::Unauthenticated.to_string()),
         }
     }
 }
@@ -711,20 +706,16 @@ async fn forward(
     }
 }
 
-/// The gRPC face of the API.
+/// The gRPC face of the API (its calls judged before they reach it:
+/// `access::grpc`).
 #[derive(Clone)]
 pub(crate) struct JobServiceImpl {
     api: Api,
-    auth: Auth,
 }
 
 impl JobServiceImpl {
-    pub(crate) fn new(api: Api, auth: Auth) -> JobServiceImpl {
-        JobServiceImpl { api, auth }
-    }
-
-    fn check<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        self.auth.check(request.metadata())
+    pub(crate) fn new(api: Api) -> JobServiceImpl {
+        JobServiceImpl { api }
     }
 }
 
@@ -738,7 +729,6 @@ impl JobService for JobServiceImpl {
         &self,
         request: Request<api::SubmitJobRequest>,
     ) -> Result<Response<api::SubmitJobResponse>, Status> {
-        self.check(&request)?;
         let r = request.into_inner();
         let job_id = self.api.submit(r.content, &r.format, &r.source_name).await?;
         Ok(Response::new(api::SubmitJobResponse { job_id }))
@@ -748,7 +738,6 @@ impl JobService for JobServiceImpl {
         &self,
         request: Request<tonic::Streaming<api::SubmitJobChunk>>,
     ) -> Result<Response<api::SubmitJobResponse>, Status> {
-        self.check(&request)?;
         let limit = self.api.limits.max_file_bytes;
         let mut chunks = request.into_inner();
         let (mut content, mut format, mut source_name) = (Vec::new(), String::new(), String::new());
@@ -766,17 +755,14 @@ impl JobService for JobServiceImpl {
     }
 
     async fn get_job(&self, request: Request<api::JobRef>) -> Result<Response<api::Job>, Status> {
-        self.check(&request)?;
         Ok(Response::new(self.api.job(&request.into_inner().job_id).await?))
     }
 
     async fn wait_job(&self, request: Request<api::JobRef>) -> Result<Response<api::JobSummary>, Status> {
-        self.check(&request)?;
         Ok(Response::new(self.api.wait(&request.into_inner().job_id).await?))
     }
 
     async fn read_job(&self, request: Request<api::JobRef>) -> Result<Response<Self::ReadJobStream>, Status> {
-        self.check(&request)?;
         let parts = self.api.read(&request.into_inner().job_id).await?;
         Ok(Response::new(Box::pin(parts.map(Ok))))
     }
@@ -785,26 +771,22 @@ impl JobService for JobServiceImpl {
         &self,
         request: Request<api::ListJobsRequest>,
     ) -> Result<Response<api::ListJobsResponse>, Status> {
-        self.check(&request)?;
         let r = request.into_inner();
         Ok(Response::new(self.api.list(&r).await?))
     }
 
     async fn watch_job(&self, request: Request<api::JobRef>) -> Result<Response<Self::WatchJobStream>, Status> {
-        self.check(&request)?;
         let stream = self.api.watch(&request.into_inner().job_id).await?;
         Ok(Response::new(Box::pin(stream)))
     }
 
     async fn cancel_job(&self, request: Request<api::JobRef>) -> Result<Response<api::JobRef>, Status> {
-        self.check(&request)?;
         let r = request.into_inner();
         self.api.cancel(&r.job_id).await?;
         Ok(Response::new(r))
     }
 
     async fn retry_job(&self, request: Request<api::JobRef>) -> Result<Response<api::JobRef>, Status> {
-        self.check(&request)?;
         let r = request.into_inner();
         self.api.retry(&r.job_id).await?;
         Ok(Response::new(r))
@@ -812,19 +794,16 @@ impl JobService for JobServiceImpl {
 
     async fn list_workers(
         &self,
-        request: Request<api::ListWorkersRequest>,
+        _request: Request<api::ListWorkersRequest>,
     ) -> Result<Response<api::ListWorkersResponse>, Status> {
-        self.check(&request)?;
         Ok(Response::new(api::ListWorkersResponse { workers: self.api.workers() }))
     }
 
     async fn get_policy(&self, request: Request<api::PolicyRef>) -> Result<Response<api::Policy>, Status> {
-        self.check(&request)?;
         Ok(Response::new(self.api.policy(&request.into_inner().job_type)?))
     }
 
     async fn detect(&self, request: Request<api::DetectRequest>) -> Result<Response<api::DetectResponse>, Status> {
-        self.check(&request)?;
         let r = request.into_inner();
         Ok(Response::new(self.api.detect(&r.job_type, r.run).await?))
     }
@@ -833,26 +812,22 @@ impl JobService for JobServiceImpl {
         &self,
         request: Request<api::ListActivitiesRequest>,
     ) -> Result<Response<api::ListActivitiesResponse>, Status> {
-        self.check(&request)?;
         let r = request.into_inner();
         Ok(Response::new(api::ListActivitiesResponse { activities: self.api.activities(&r.job_type, r.limit) }))
     }
 
     async fn list_runs(&self, request: Request<api::PolicyRef>) -> Result<Response<api::RunHistory>, Status> {
-        self.check(&request)?;
         Ok(Response::new(self.api.runs(&request.into_inner().job_type)))
     }
 
-    async fn get_capacity(&self, request: Request<api::CapacityRequest>) -> Result<Response<api::Capacity>, Status> {
-        self.check(&request)?;
+    async fn get_capacity(&self, _request: Request<api::CapacityRequest>) -> Result<Response<api::Capacity>, Status> {
         Ok(Response::new(self.api.capacity().await?))
     }
 
     async fn list_instances(
         &self,
-        request: Request<api::ListInstancesRequest>,
+        _request: Request<api::ListInstancesRequest>,
     ) -> Result<Response<api::ListInstancesResponse>, Status> {
-        self.check(&request)?;
         Ok(Response::new(api::ListInstancesResponse { instances: self.api.instances().await? }))
     }
 
@@ -860,30 +835,25 @@ impl JobService for JobServiceImpl {
         &self,
         request: Request<api::SetSchedulerPausedRequest>,
     ) -> Result<Response<api::SetSchedulerPausedResponse>, Status> {
-        self.check(&request)?;
         let r = request.into_inner();
         let changed = self.api.set_scheduler_paused(r.paused, &r.instance).await?;
         Ok(Response::new(api::SetSchedulerPausedResponse { changed }))
     }
 
     async fn recover(&self, request: Request<api::RecoverRequest>) -> Result<Response<api::RecoverResponse>, Status> {
-        self.check(&request)?;
         let r = request.into_inner();
         Ok(Response::new(self.api.recover(r.dry_run, r.here_only).await?))
     }
 
-    async fn backup(&self, request: Request<api::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
-        self.check(&request)?;
+    async fn backup(&self, _request: Request<api::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
         Ok(Response::new(super::backup::stream(self.api.engine.clone())))
     }
 
     async fn prune(&self, request: Request<api::PruneRequest>) -> Result<Response<api::PruneResponse>, Status> {
-        self.check(&request)?;
         Ok(Response::new(self.api.prune(request.into_inner().dry_run).await?))
     }
 
     async fn set_policy(&self, request: Request<api::SetPolicyRequest>) -> Result<Response<api::Policy>, Status> {
-        self.check(&request)?;
         let r = request.into_inner();
         let changes: BTreeMap<String, String> = r.values.into_iter().collect();
         Ok(Response::new(self.api.set_policy(&r.job_type, &changes).await?))

@@ -1,7 +1,7 @@
 //! The web console: its pages, built into the binary; the sessions of the
-//! browsers that signed in with the token; and the guard every request to the
-//! API passes (a bearer token or a session cookie, and never a write from
-//! another site).
+//! browsers that signed in with a credential, each its caller's; and the
+//! first rules every request to the API passes (a bearer token or a session
+//! cookie, and never a write from another site).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
+
+use super::access::Caller;
 
 /// The session cookie's name.
 pub(crate) const COOKIE: &str = "jobcenter_session";
@@ -56,9 +58,10 @@ pub(crate) fn asset(name: &str) -> Response {
 struct Session {
     csrf: String,
     opened: Instant,
+    caller: Caller,
 }
 
-/// The browsers signed in with the token, by session id.
+/// The browsers signed in, by session id.
 #[derive(Default)]
 pub(crate) struct Sessions {
     open: Mutex<HashMap<String, Session>>,
@@ -69,8 +72,8 @@ fn random_hex() -> String {
 }
 
 impl Sessions {
-    /// Opens a session: its id (for the cookie) and its anti-forgery token.
-    pub(crate) fn open(&self) -> (String, String) {
+    /// Opens a session for `caller`: its id (for the cookie) and its anti-forgery token.
+    pub(crate) fn open(&self, caller: Caller) -> (String, String) {
         let (id, csrf) = (random_hex(), random_hex());
         let mut open = self.open.lock().expect("sessions lock");
         open.retain(|_, s| s.opened.elapsed() < SESSION_LIFETIME);
@@ -79,15 +82,15 @@ impl Sessions {
                 open.remove(&oldest);
             }
         }
-        open.insert(id.clone(), Session { csrf: csrf.clone(), opened: Instant::now() });
+        open.insert(id.clone(), Session { csrf: csrf.clone(), opened: Instant::now(), caller });
         (id, csrf)
     }
 
-    /// The anti-forgery token of the request's session, if it has a live one.
-    pub(crate) fn csrf(&self, headers: &HeaderMap) -> Option<String> {
+    /// The caller and anti-forgery token of the request's session, if it has a live one.
+    pub(crate) fn get(&self, headers: &HeaderMap) -> Option<(Caller, String)> {
         let id = session_id(headers)?;
         let open = self.open.lock().expect("sessions lock");
-        open.get(&id).filter(|s| s.opened.elapsed() < SESSION_LIFETIME).map(|s| s.csrf.clone())
+        open.get(&id).filter(|s| s.opened.elapsed() < SESSION_LIFETIME).map(|s| (s.caller.clone(), s.csrf.clone()))
     }
 
     pub(crate) fn close(&self, headers: &HeaderMap) {
@@ -117,12 +120,15 @@ pub(crate) fn cookie(id: Option<&str>) -> HeaderValue {
     HeaderValue::from_str(&text).expect("a cookie of hex digits is a valid header")
 }
 
-/// How a request to the API may proceed.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    Allowed,
-    /// No valid token or session where one is needed.
-    Unauthenticated,
+/// What a request to the API presents, once the rules of the browser are passed.
+#[derive(Debug)]
+pub(crate) enum Verdict<'a> {
+    /// An `authorization` header, to be judged.
+    Bearer(&'a str),
+    /// A session's caller (its write carried the session's anti-forgery token).
+    Session(Caller),
+    /// No credential at all.
+    Nothing,
     /// A write that came from another site, or a session's write without its
     /// anti-forgery token.
     Forbidden(&'static str),
@@ -146,38 +152,26 @@ fn cross_site(headers: &HeaderMap) -> bool {
     authority != host
 }
 
-/// The rules every request to the API passes: `bearer_ok` says whether it
-/// carries the valid token (or none is needed: `token_required` false).
-pub(crate) fn judge(
-    method: &Method,
-    headers: &HeaderMap,
-    token_required: bool,
-    bearer_ok: bool,
-    sessions: &Sessions,
-) -> Verdict {
+/// The rules of the browser every request to the API passes: no write from
+/// another site, and a session's write only with its anti-forgery token.
+/// A bearer header goes before a session.
+pub(crate) fn judge<'a>(method: &Method, headers: &'a HeaderMap, sessions: &Sessions) -> Verdict<'a> {
     let write = is_write(method);
     if write && cross_site(headers) {
         return Verdict::Forbidden("a write from another site is refused");
     }
-    let has_bearer = headers.contains_key(header::AUTHORIZATION);
-    if has_bearer {
-        return if bearer_ok { Verdict::Allowed } else { Verdict::Unauthenticated };
+    if let Some(value) = headers.get(header::AUTHORIZATION) {
+        return Verdict::Bearer(value.to_str().unwrap_or(""));
     }
-    if let Some(csrf) = sessions.csrf(headers) {
-        if !write {
-            return Verdict::Allowed;
-        }
-        let presented = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
-        return if super::auth::constant_time_eq(presented.as_bytes(), csrf.as_bytes()) {
-            Verdict::Allowed
-        } else {
-            Verdict::Forbidden("a write in a console session needs its X-CSRF-Token header")
-        };
+    let Some((caller, csrf)) = sessions.get(headers) else { return Verdict::Nothing };
+    if !write {
+        return Verdict::Session(caller);
     }
-    if token_required {
-        Verdict::Unauthenticated
+    let presented = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if super::access::constant_time_eq(presented.as_bytes(), csrf.as_bytes()) {
+        Verdict::Session(caller)
     } else {
-        Verdict::Allowed
+        Verdict::Forbidden("a write in a console session needs its X-CSRF-Token header")
     }
 }
 
@@ -193,41 +187,45 @@ mod tests {
         map
     }
 
+    fn is_session(verdict: Verdict<'_>) -> bool {
+        matches!(verdict, Verdict::Session(caller) if &*caller.name == "ann")
+    }
+
     #[test]
     fn a_session_reads_freely_and_writes_only_with_its_csrf_token() {
         let sessions = Sessions::default();
-        let (id, csrf) = sessions.open();
+        let (id, csrf) = sessions.open(Caller::named("ann"));
         let cookie = format!("other=1; {COOKIE}={id}");
         let read = headers(&[("cookie", &cookie)]);
-        assert_eq!(judge(&Method::GET, &read, true, false, &sessions), Verdict::Allowed);
-        assert!(matches!(judge(&Method::POST, &read, true, false, &sessions), Verdict::Forbidden(_)));
+        assert!(is_session(judge(&Method::GET, &read, &sessions)));
+        assert!(matches!(judge(&Method::POST, &read, &sessions), Verdict::Forbidden(_)));
         let wrong = headers(&[("cookie", &cookie), ("x-csrf-token", "0000")]);
-        assert!(matches!(judge(&Method::POST, &wrong, true, false, &sessions), Verdict::Forbidden(_)));
+        assert!(matches!(judge(&Method::POST, &wrong, &sessions), Verdict::Forbidden(_)));
         let right = headers(&[("cookie", &cookie), ("x-csrf-token", &csrf)]);
-        assert_eq!(judge(&Method::POST, &right, true, false, &sessions), Verdict::Allowed);
+        assert!(is_session(judge(&Method::POST, &right, &sessions)));
         sessions.close(&read);
-        assert_eq!(judge(&Method::GET, &read, true, false, &sessions), Verdict::Unauthenticated);
+        assert!(matches!(judge(&Method::GET, &read, &sessions), Verdict::Nothing));
     }
 
     #[test]
-    fn writes_from_another_site_are_refused_even_without_a_token() {
+    fn writes_from_another_site_are_refused_whatever_they_present() {
         let sessions = Sessions::default();
-        let other_port = headers(&[("host", "127.0.0.1:23646"), ("origin", "http://127.0.0.1:9000")]);
-        assert!(matches!(judge(&Method::POST, &other_port, false, true, &sessions), Verdict::Forbidden(_)));
+        let other_port =
+            headers(&[("host", "127.0.0.1:23646"), ("origin", "http://127.0.0.1:9000"), ("authorization", "Bearer t")]);
+        assert!(matches!(judge(&Method::POST, &other_port, &sessions), Verdict::Forbidden(_)));
         let fetch_site = headers(&[("sec-fetch-site", "same-site")]);
-        assert!(matches!(judge(&Method::PUT, &fetch_site, false, true, &sessions), Verdict::Forbidden(_)));
+        assert!(matches!(judge(&Method::PUT, &fetch_site, &sessions), Verdict::Forbidden(_)));
         let same = headers(&[("host", "127.0.0.1:23646"), ("origin", "http://127.0.0.1:23646")]);
-        assert_eq!(judge(&Method::POST, &same, false, true, &sessions), Verdict::Allowed);
+        assert!(matches!(judge(&Method::POST, &same, &sessions), Verdict::Nothing));
         // A cross-site read is the browser's business (it cannot read the answer).
-        assert_eq!(judge(&Method::GET, &other_port, false, true, &sessions), Verdict::Allowed);
+        assert!(matches!(judge(&Method::GET, &other_port, &sessions), Verdict::Bearer("Bearer t")));
     }
 
     #[test]
-    fn a_token_is_needed_without_a_session_and_a_wrong_one_is_refused() {
+    fn a_bearer_header_goes_before_a_session() {
         let sessions = Sessions::default();
-        assert_eq!(judge(&Method::GET, &HeaderMap::new(), true, false, &sessions), Verdict::Unauthenticated);
-        let bearer = headers(&[("authorization", "Bearer nope")]);
-        assert_eq!(judge(&Method::POST, &bearer, true, false, &sessions), Verdict::Unauthenticated);
-        assert_eq!(judge(&Method::POST, &bearer, true, true, &sessions), Verdict::Allowed);
+        let (id, _) = sessions.open(Caller::named("ann"));
+        let both = headers(&[("cookie", &format!("{COOKIE}={id}")), ("authorization", "Bearer nope")]);
+        assert!(matches!(judge(&Method::GET, &both, &sessions), Verdict::Bearer("Bearer nope")));
     }
 }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::extract::{
+    ConnectInfo, DefaultBodyLimit, FromRequest, FromRequestParts, MatchedPath, Path, Query, Request, State,
+};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
@@ -17,23 +19,24 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio_stream::StreamExt;
 
+use super::access::{self, Access, Need, Refusal};
 use super::api::{Api, Error};
-use super::auth::Auth;
 use super::metrics::Scrape;
+use super::stall::Remote;
 use super::{console, views};
 use crate::engine::EngineHandle;
 use crate::server::cluster::Topology;
 use crate::server::Stats;
 use crate::wire::PLUGIN_STATUS_PATH;
 
-/// What the routes use: the API, the token and the console's sessions (the
-/// guard), the metrics to render, the dispatch figures, what readiness
+/// What the routes use: the API, who may do what and the console's
+/// sessions (the guard), the metrics to render, the dispatch figures, what readiness
 /// reads, and the settings they answer with. Cheap to clone (each request
 /// clones it).
 #[derive(Clone)]
 pub(crate) struct AppState {
     pub(crate) api: Api,
-    pub(crate) auth: Auth,
+    pub(crate) access: Access,
     pub(crate) sessions: Arc<console::Sessions>,
     pub(crate) scrape: Arc<Scrape>,
     pub(crate) stats: Arc<Stats>,
@@ -58,30 +61,65 @@ impl IntoResponse for Error {
     }
 }
 
-/// Every request passes here first: the console's pages and the health
-/// checks are open; the API needs the token (a bearer header or a console
-/// session) when one is set, and never takes a write from another site.
-async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let path = request.uri().path();
-    let open =
-        !(path.starts_with("/api/") || path == "/metrics") || path == PLUGIN_STATUS_PATH || path == "/api/openapi.json";
-    if open {
-        return next.run(request).await;
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::FORBIDDEN);
+        (status, Json(json!({ "error": self.to_string() }))).into_response()
     }
-    let headers = request.headers();
-    let auth = &state.auth;
-    let bearer = headers.get("authorization").and_then(|v| v.to_str().ok());
-    let verdict = console::judge(
-        request.method(),
-        headers,
-        auth.enabled() && path != "/api/session",
-        auth.check_header(bearer),
-        &state.sessions,
-    );
-    match verdict {
-        console::Verdict::Allowed => next.run(request).await,
-        console::Verdict::Unauthenticated => Error::Unauthenticated.into_response(),
-        console::Verdict::Forbidden(why) => (StatusCode::FORBIDDEN, Json(json!({ "error": why }))).into_response(),
+}
+
+/// The address a request comes from.
+fn remote(request: &Request) -> Option<std::net::IpAddr> {
+    remote_of(request.extensions())
+}
+
+fn remote_of(extensions: &axum::http::Extensions) -> Option<std::net::IpAddr> {
+    extensions.get::<ConnectInfo<Remote>>().map(|ConnectInfo(Remote(address))| address.ip())
+}
+
+/// The address a request comes from, for a route (none when the server was
+/// not served with it).
+struct From(Option<std::net::IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for From {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<From, std::convert::Infallible> {
+        Ok(From(remote_of(&parts.extensions)))
+    }
+}
+
+/// Every request passes here first: no write is taken from another site,
+/// nor a console session's write without its anti-forgery token; then it is
+/// judged by its route's row in the table (`access::table`): the console's
+/// pages, the health checks and the sign-in are open; the rest need a
+/// credential whose role covers the row's (a bearer header, or a console
+/// session's caller as its credential stands now).
+async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let path = request.extensions().get::<MatchedPath>().map_or("", MatchedPath::as_str);
+    let need = access::table::http(request.method(), path);
+    let from = remote(&request);
+    let judged = match (console::judge(request.method(), request.headers(), &state.sessions), need) {
+        (console::Verdict::Forbidden(why), _) => {
+            return (StatusCode::FORBIDDEN, Json(json!({ "error": why }))).into_response();
+        }
+        (_, Need::Open) => return next.run(request).await,
+        (console::Verdict::Bearer(header), Need::Role(needed)) => {
+            let header = header.to_string();
+            state.access.judge(needed, Some(&header), from).await
+        }
+        (console::Verdict::Session(caller), Need::Role(needed)) => match state.access.current(&caller) {
+            Some(caller) => access::permit(caller, needed),
+            None => Err(Refusal::Unauthenticated),
+        },
+        (console::Verdict::Nothing, Need::Role(needed)) => state.access.judge(needed, None, from).await,
+    };
+    match judged {
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        Err(refusal) => refusal.into_response(),
     }
 }
 
@@ -409,13 +447,21 @@ async fn workers(State(s): State<AppState>) -> Reply {
     Ok(Json(views::workers(&s.api).await?).into_response())
 }
 
-/// Whether this browser is signed in, and its session's anti-forgery token.
+/// Whether this browser is signed in: its session's anti-forgery token,
+/// and who it is (the name and role of its credential as it stands now).
 async fn session(State(s): State<AppState>, headers: HeaderMap) -> Json<Value> {
-    let csrf = s.sessions.csrf(&headers);
-    let required = s.auth.enabled();
-    Json(
-        json!({ "token_required": required, "authenticated": !required || csrf.is_some(), "csrf": csrf.unwrap_or_default() }),
-    )
+    let session = s.sessions.get(&headers).and_then(|(caller, csrf)| Some((s.access.current(&caller)?, csrf)));
+    let (caller, csrf) = match session {
+        Some((caller, csrf)) => (Some(caller), csrf),
+        None => (s.access.anyone(), String::new()),
+    };
+    Json(json!({
+        "token_required": s.access.required(),
+        "authenticated": caller.is_some(),
+        "csrf": csrf,
+        "name": caller.as_ref().map_or("", |c| &*c.name),
+        "role": caller.as_ref().map_or("", |c| c.role.name()),
+    }))
 }
 
 #[derive(serde::Deserialize)]
@@ -423,19 +469,21 @@ struct SignIn {
     token: String,
 }
 
-/// Opens a console session for the right token; a wrong one waits a little
-/// before it is refused, to slow down guessing.
-async fn sign_in(State(s): State<AppState>, q: Params, JsonBody(body): JsonBody<SignIn>) -> Reply {
+/// Opens a console session for a known credential, of any role; an address
+/// that failed repeatedly waits first (`access::throttle`).
+async fn sign_in(State(s): State<AppState>, From(from): From, q: Params, JsonBody(body): JsonBody<SignIn>) -> Reply {
     q.taking(&[])?;
-    let presented = format!("Bearer {}", body.token.trim());
-    if !s.auth.check_header(Some(&presented)) {
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        return Ok(
-            (StatusCode::UNAUTHORIZED, Json(json!({ "error": "that is not the admin's token" }))).into_response()
-        );
-    }
-    let (id, csrf) = s.sessions.open();
-    let mut response = Json(json!({ "csrf": csrf })).into_response();
+    let caller = match s.access.sign_in(&body.token, from).await {
+        Ok(caller) => caller,
+        Err(_) => {
+            return Ok(
+                (StatusCode::UNAUTHORIZED, Json(json!({ "error": "that is not a known credential" }))).into_response()
+            )
+        }
+    };
+    let (name, role) = (caller.name.to_string(), caller.role.name());
+    let (id, csrf) = s.sessions.open(caller);
+    let mut response = Json(json!({ "csrf": csrf, "name": name, "role": role })).into_response();
     response.headers_mut().insert(axum::http::header::SET_COOKIE, console::cookie(Some(&id)));
     Ok(response)
 }

@@ -1,10 +1,10 @@
 //! The server's surface, what clients reach over its ports: the client API
-//! (gRPC and JSON over HTTP, one implementation), the web console, the token,
+//! (gRPC and JSON over HTTP, one implementation), the web console, who may do what,
 //! backups, the Prometheus metrics, the OpenAPI description, and the bound
 //! on connections whose client stops reading.
 
+pub(crate) mod access;
 pub(crate) mod api;
-pub(crate) mod auth;
 mod backup;
 pub(crate) mod console;
 pub(crate) mod convert;

@@ -95,6 +95,16 @@ impl tonic::transport::server::Connected for Bounded<TcpStream> {
     }
 }
 
+/// The address an HTTP connection comes from, for the requests on it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Remote(pub(crate) std::net::SocketAddr);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, HttpListener>> for Remote {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, HttpListener>) -> Remote {
+        Remote(*stream.remote_addr())
+    }
+}
+
 /// The HTTP port's listener: every connection bounded, no Nagle.
 pub(crate) struct HttpListener {
     pub listener: TcpListener,

@@ -33,7 +33,6 @@ use crate::server::duties::scheduler::{self, Board};
 use crate::server::duties::Duties;
 use crate::server::policies::Policies;
 use crate::server::seaweedfs::SeaweedFs;
-use crate::server::surface::auth::Auth;
 use crate::server::Stats;
 use crate::wire;
 use crate::worker::cut;
@@ -57,7 +56,6 @@ type Outbound = mpsc::Sender<Result<AdminToWorkerMessage, Status>>;
 pub(crate) struct WorkerStreamService {
     pub(crate) sessions: Arc<WorkerSessions>,
     /// The token a worker's stream must carry, when one is set.
-    auth: Auth,
     requests: Arc<AtomicU64>,
 }
 
@@ -96,8 +94,8 @@ pub(crate) struct Settings {
 }
 
 impl WorkerStreamService {
-    pub(crate) fn new(sessions: Arc<WorkerSessions>, auth: Auth) -> WorkerStreamService {
-        WorkerStreamService { sessions, auth, requests: Arc::default() }
+    pub(crate) fn new(sessions: Arc<WorkerSessions>) -> WorkerStreamService {
+        WorkerStreamService { sessions, requests: Arc::default() }
     }
 }
 
@@ -145,7 +143,6 @@ impl PluginControlService for WorkerStreamService {
         &self,
         request: Request<Streaming<WorkerToAdminMessage>>,
     ) -> Result<Response<Self::WorkerStreamStream>, Status> {
-        self.auth.check(request.metadata())?;
         if let Some(node) = self.sessions.topology.member().filter(|node| node.is_fenced()) {
             return Err(Status::unavailable(format!(
                 "admin instance {} cannot reach its database and takes no workers: connect to another instance",

@@ -296,7 +296,7 @@ impl Browser {
         })
     }
 
-    fn is_displayed_now(&self, css: &str) -> bool {
+    pub fn is_displayed_now(&self, css: &str) -> bool {
         self.runtime.block_on(async {
             match self.client().find(Locator::Css(css)).await {
                 Ok(element) => element.is_displayed().await.unwrap_or(false),
