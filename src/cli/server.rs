@@ -125,6 +125,11 @@ pub struct ServerArgs {
     /// (role instance); else the --token-file token.
     #[arg(long)]
     pub peer_token_file: Option<PathBuf>,
+    /// PEM CA that signed the other instances' certificates, when they
+    /// serve TLS (else --tls-client-ca); this instance presents its own
+    /// --tls-cert to them.
+    #[arg(long, requires = "tls_cert")]
+    pub peer_tls_ca: Option<PathBuf>,
     /// Unknown credentials one address may present in a minute; past them
     /// a credential it presents that was not verified before waits before it
     /// is judged (250 ms, twice as long at each further failure, up to 5 s).
@@ -135,6 +140,19 @@ pub struct ServerArgs {
     pub allow_insecure_bind: bool,
     #[command(flatten)]
     pub tls: crate::tls::ServerTls,
+}
+
+/// TLS to the other instances when this one serves it: they serve it too,
+/// with certificates of --peer-tls-ca (or --tls-client-ca), and this one
+/// presents its own.
+fn peer_tls(args: &ServerArgs) -> Option<crate::tls::ClientTls> {
+    let tls = &args.tls;
+    tls.tls_cert.as_ref()?;
+    Some(crate::tls::ClientTls {
+        tls_ca: args.peer_tls_ca.clone().or_else(|| tls.tls_client_ca.clone()),
+        tls_cert: tls.tls_cert.clone(),
+        tls_key: tls.tls_key.clone(),
+    })
 }
 
 /// `15s`, `500ms`, `2m`, `1h`, `7d`, or plain seconds.
@@ -206,6 +224,7 @@ pub(super) async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     };
     let http = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
     let grpc = tokio::net::TcpListener::bind(grpc_addr).await.with_context(|| format!("binding {grpc_addr}"))?;
+    let peer_tls = peer_tls(&args);
     let options = ServerOptions {
         masters: crate::server::seaweedfs::master::Masters {
             addresses: args.master,
@@ -222,6 +241,7 @@ pub(super) async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         token,
         credentials: args.credentials,
         peer_token,
+        peer_tls,
         free_credential_failures: args.free_credential_failures,
         lost_attempt_limit: args.lost_attempt_limit,
         tls: args.tls.config()?,

@@ -54,6 +54,9 @@ pub struct ServerOptions {
     pub credentials: Option<std::path::PathBuf>,
     /// The token this instance presents to the others (role `instance`).
     pub peer_token: Option<String>,
+    /// TLS to the others, when they serve it: the CA that signed their
+    /// certificates, and this instance's certificate to present.
+    pub peer_tls: Option<crate::tls::ClientTls>,
     /// Unknown credentials an address may present in a minute before its
     /// answers slow down.
     pub free_credential_failures: u32,
@@ -103,6 +106,7 @@ impl Default for ServerOptions {
             token: None,
             credentials: None,
             peer_token: None,
+            peer_tls: None,
             free_credential_failures: 5,
             limits: Limits::default(),
             max_request_bytes: 64 * 1024 * 1024,
@@ -510,7 +514,8 @@ impl Handles {
         options: &ServerOptions,
     ) -> Handles {
         let duties = duties::Duties::new(fate);
-        let peers = cluster::peer::Peers::new(options.peer_token.as_deref().or(options.token.as_deref()));
+        let token = options.peer_token.as_deref().or(options.token.as_deref());
+        let peers = cluster::peer::Peers::new(token, options.peer_tls.clone());
         let board = duties::scheduler::Board::new(engine.clone(), clock.clone(), duties.clone());
         let reports =
             cluster::peer::Reports { topology: topology.clone(), peers: peers.clone(), engine: engine.clone() };

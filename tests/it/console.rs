@@ -91,6 +91,20 @@ fn submit(server: &Server, file: &Path, auth: &[&str]) -> String {
     String::from_utf8(output.stdout).unwrap().trim().to_string()
 }
 
+/// Submits a job of one task that sleeps far longer than a test waits, and
+/// waits until it runs.
+fn submit_sleeper(server: &Server, dir: &Path, auth: &[&str]) -> String {
+    let file = dir.join("sleeper.json");
+    std::fs::write(
+        &file,
+        r#"{"name": "sleeper", "tasks": [{"id": "sleep", "job_type": "noop", "parameters": {"sleep_ms": 600000}}]}"#,
+    )
+    .unwrap();
+    let id = submit(server, &file, auth);
+    wait_for_job_state(server, &id, "running", auth);
+    id
+}
+
 fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name)
 }
@@ -467,14 +481,7 @@ fn the_token_signs_in_and_forged_writes_are_refused() {
         (!workers.as_array()?.is_empty()).then_some(())
     })
     .expect("the worker connects with the token");
-    let file = dir.path().join("sleeper.json");
-    std::fs::write(
-        &file,
-        r#"{"name": "sleeper", "tasks": [{"id": "sleep", "job_type": "noop", "parameters": {"sleep_ms": 600000}}]}"#,
-    )
-    .unwrap();
-    let id = submit(server, &file, &auth);
-    wait_for_job_state(server, &id, "running", &auth);
+    let id = submit_sleeper(server, dir.path(), &auth);
 
     // A fresh browser gets the sign-in form only; a wrong token is refused.
     browser.goto(&format!("{}/#/", console.base));
@@ -587,14 +594,7 @@ fn a_viewer_sees_no_control_that_changes_anything_and_is_refused_anyway() {
     let console = start("roles", &credentials, 1, &["--token-file", worker.to_str().unwrap()]);
     let (browser, server) = (&console.browser, &console.server);
     let auth = ["--token-file", operator.to_str().unwrap()];
-    let sleeper = dir.path().join("sleeper.json");
-    std::fs::write(
-        &sleeper,
-        r#"{"name": "sleeper", "tasks": [{"id": "sleep", "job_type": "noop", "parameters": {"sleep_ms": 600000}}]}"#,
-    )
-    .unwrap();
-    let id = submit(server, &sleeper, &auth);
-    wait_for_job_state(server, &id, "running", &auth);
+    let id = submit_sleeper(server, dir.path(), &auth);
 
     let sign_in = |token: &str| {
         browser.goto(&format!("{}/#/", console.base));

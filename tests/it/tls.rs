@@ -234,3 +234,119 @@ fn a_weed_worker_with_a_certificate_vacuums_over_mutual_tls_and_one_without_is_r
     assert!(turned_away.is_some(), "{}", log("without-certificate"));
     assert_eq!(worker_ids(), vec!["with-certificate".to_string()], "{}", log("without-certificate"));
 }
+
+/// Three instances with TLS on every link: workers and clients reach them
+/// over mutual TLS, each reaches the others so (its certificate given the
+/// role `instance` by the credentials file), and all reach PostgreSQL with
+/// `sslmode=verify-full`. A job led by an instance with no worker runs on
+/// the worker of another, and is canceled through the third.
+#[test]
+fn three_instances_with_tls_everywhere_lend_tasks_to_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path();
+    make_certificates(certs);
+    let (ca, server_cert, server_key) = (path(certs, "ca.pem"), path(certs, "server.pem"), path(certs, "server.key"));
+    let (client_cert, client_key) = (path(certs, "client.pem"), path(certs, "client.key"));
+    let postgres = support::postgres::PgCluster::start();
+    let database_ca = postgres.enable_tls();
+    postgres.require_tls();
+    let database = postgres.new_database();
+    let url = format!("{}?sslmode=verify-full&sslrootcert={}", postgres.url(&database), database_ca.display());
+    // The instances present the server certificate (its alternative name
+    // `localhost`) to each other, with no token; the worker presents
+    // `worker`'s; the CLI an admin's token besides its certificate.
+    let credentials = certs.join("credentials.toml");
+    let token = certs.join("admin.token");
+    std::fs::write(&token, crate::access::add(&credentials, "ops", "admin")).unwrap();
+    let rules = "\n[[certificate]]\nsan = \"localhost\"\nrole = \"instance\"\n\n[[certificate]]\nsan = \"worker\"\nrole = \"worker\"\n";
+    let file = std::fs::read_to_string(&credentials).unwrap();
+    std::fs::write(&credentials, format!("{file}{rules}")).unwrap();
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let start = |name: &str| {
+        let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
+        let args = [
+            "--database-url",
+            &url,
+            "--grpc",
+            &grpc,
+            "--cluster-heartbeat",
+            "1s",
+            "--lag-threshold",
+            "4s",
+            "--tls-cert",
+            &server_cert,
+            "--tls-key",
+            &server_key,
+            "--tls-client-ca",
+            &ca,
+            "--credentials",
+            credentials.to_str().unwrap(),
+        ];
+        Server::start_on(&certs.join(name), &http, &args)
+    };
+    let instances: Vec<Server> = ["a", "b", "c"].iter().map(|name| start(name)).collect();
+    let client_tls = ["--tls-ca", ca.as_str(), "--tls-cert", client_cert.as_str(), "--tls-key", client_key.as_str()];
+    let cli = |server: &Server, args: &[&str]| {
+        let mut command = Command::new(support::binary());
+        command.args(args).args(["--admin", &server.http]).args(client_tls).arg("--token-file").arg(&token);
+        run_with_timeout(command, Duration::from_secs(120))
+    };
+    let json = |server: &Server, args: &[&str]| -> serde_json::Value {
+        let output = cli(server, args);
+        serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|e| panic!("{args:?} ({e}): {}", String::from_utf8_lossy(&output.stderr)))
+    };
+    let active = wait_until(Duration::from_secs(30), || {
+        let listed = json(&instances[0], &["instances", "--json"]);
+        (listed.as_array()?.iter().filter(|i| i["status"] == "active").count() == 3).then_some(())
+    });
+    assert!(active.is_some(), "three instances: {}", json(&instances[0], &["instances", "--json"]));
+
+    // The one worker, connected to c over mutual TLS with its certificate alone.
+    let exec_log = certs.join("exec.log");
+    let mut worker = Command::new(support::binary());
+    worker.args(["worker", "--id", "w-c", "--heartbeat", "1s", "--admin", &instances[2].http]).args(client_tls);
+    worker.env("JOBCENTER_EXEC_LOG", &exec_log).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    let _worker = Process { child: worker.spawn().unwrap(), name: "w-c".into() };
+    let connected = wait_until(Duration::from_secs(30), || {
+        (json(&instances[2], &["workers", "--json"]).as_array()?.len() == 1).then_some(())
+    });
+    assert!(connected.is_some(), "the worker connects to c over mutual TLS");
+
+    // a leads the job (it has no worker): c's worker runs every task.
+    let job = certs.join("nine.json");
+    std::fs::write(&job, support::nine_tasks(None, 20)).unwrap();
+    let finished = json(&instances[0], &["submit", job.to_str().unwrap(), "--wait", "--json"]);
+    assert_eq!(finished["state"], "succeeded", "{finished}");
+    let id = finished["id"].as_str().unwrap().to_string();
+    let owner = postgres.psql(&database, &format!("SELECT owner FROM jobcenter.jobs WHERE id = '{id}'"));
+    let ids: Vec<String> = instances
+        .iter()
+        .map(|s| {
+            let listed = json(s, &["instances", "--json"]);
+            let me = listed.as_array().unwrap().iter().find(|i| i["answering"] == true).unwrap().clone();
+            me["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(owner.trim(), ids[0], "a leads the job it was given");
+    let events = support::exec_events(&exec_log, &id);
+    support::each_succeeded_once(&events);
+    assert_eq!(support::executions(&events).len(), 9, "every task ran on c's worker: {events:?}");
+
+    // A job a leads is canceled through b, which asks a over TLS as an instance.
+    let slow = certs.join("slow.json");
+    std::fs::write(&slow, r#"{"name":"slow","tasks":[{"id":"s","job_type":"noop","parameters":{"sleep_ms":60000}}]}"#)
+        .unwrap();
+    let output = cli(&instances[0], &["submit", slow.to_str().unwrap()]);
+    let slow_id = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    let running = wait_until(Duration::from_secs(30), || {
+        (json(&instances[0], &["job", &slow_id, "--json"])["tasks"][0]["state"] == "running").then_some(())
+    });
+    assert!(running.is_some(), "the slow task runs on c's worker");
+    let cancel = cli(&instances[1], &["cancel", &slow_id]);
+    assert!(cancel.status.success(), "cancel through b: {}", String::from_utf8_lossy(&cancel.stderr));
+    let canceled = wait_until(Duration::from_secs(30), || {
+        (json(&instances[1], &["job", &slow_id, "--json"])["state"] == "canceled").then_some(())
+    });
+    assert!(canceled.is_some(), "{}", json(&instances[1], &["job", &slow_id, "--json"]));
+}

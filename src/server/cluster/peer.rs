@@ -44,13 +44,17 @@ const IDLE_POLL: Duration = Duration::from_millis(200);
 /// nobody leads the job (a failover in progress).
 const REPORT_PATIENCE: Duration = Duration::from_secs(90);
 
-/// This instance's links to the others, and the token it calls them with.
-/// Cheap to clone: the clones share the links.
+/// This instance's links to the others, and the credential it calls them
+/// with (a token, or its certificate over mutual TLS). Cheap to clone: the
+/// clones share the links.
 #[derive(Clone)]
 pub(crate) struct Peers {
     links: Arc<Links>,
     /// `Bearer TOKEN`, sent with every call when a token is set.
     bearer: Option<tonic::metadata::AsciiMetadataValue>,
+    /// TLS to the others when they serve it: the CA that signed their
+    /// certificates, and this instance's own to present.
+    tls: Option<crate::tls::ClientTls>,
 }
 
 #[derive(Default)]
@@ -66,10 +70,33 @@ struct Links {
 }
 
 impl Peers {
-    /// Links to be made as they are needed, each call carrying `token`.
-    pub(crate) fn new(token: Option<&str>) -> Peers {
+    /// Links to be made as they are needed, each call carrying `token`,
+    /// over TLS when `tls` is given.
+    pub(crate) fn new(token: Option<&str>, tls: Option<crate::tls::ClientTls>) -> Peers {
         let bearer = token.and_then(|t| format!("Bearer {}", t.trim()).parse().ok());
-        Peers { links: Arc::default(), bearer }
+        Peers { links: Arc::default(), bearer, tls }
+    }
+
+    /// Where another instance's gRPC port is reached, over TLS when the
+    /// instances serve it.
+    fn endpoint(&self, address: &str) -> Option<Endpoint> {
+        match &self.tls {
+            Some(tls) => tls
+                .endpoint(address)
+                .inspect_err(|e| tracing::warn!(%address, error = %e, "cannot link to another instance over TLS"))
+                .ok(),
+            None => Endpoint::from_shared(format!("http://{address}")).ok(),
+        }
+    }
+
+    /// The client API of another instance (its gRPC address), connected now.
+    pub(crate) async fn job_service(
+        &self,
+        address: &str,
+    ) -> Result<crate::proto::api::job_service_client::JobServiceClient<Channel>, String> {
+        let endpoint = self.endpoint(address).ok_or_else(|| format!("{address} cannot be linked to"))?;
+        let channel = endpoint.connect_timeout(CALL_TIMEOUT).connect().await.map_err(|e| e.to_string())?;
+        Ok(crate::proto::api::job_service_client::JobServiceClient::new(channel))
     }
 
     /// The handlers tasks were lent to within `within`, with the gRPC
@@ -90,8 +117,8 @@ impl Peers {
         // A link to an instance that a partition cut off fails in seconds,
         // not when the system gives the connection up (many minutes): the
         // connect, every call and an idle link are all bounded.
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .ok()?
+        let endpoint = self
+            .endpoint(address)?
             .tcp_nodelay(true)
             .connect_timeout(CALL_TIMEOUT)
             .timeout(LINK_TIMEOUT)
@@ -183,14 +210,6 @@ impl Peers {
 /// renewed up to the end of the vouch has stopped by then).
 pub(crate) fn vouch_validity(orphan_grace: Duration, lease: Duration) -> Duration {
     lease.min(orphan_grace.saturating_sub(wire::take_back_after(lease)))
-}
-
-/// The client API of another instance (its gRPC address), connected now.
-pub(crate) async fn job_service(
-    address: &str,
-) -> Result<crate::proto::api::job_service_client::JobServiceClient<Channel>, tonic::transport::Error> {
-    let channel = Endpoint::from_shared(format!("http://{address}"))?.connect_timeout(CALL_TIMEOUT).connect().await?;
-    Ok(crate::proto::api::job_service_client::JobServiceClient::new(channel))
 }
 
 /// The lender's side: answers other instances.

@@ -13,7 +13,7 @@ use crate::clock::Clock;
 use crate::engine::EngineHandle;
 use crate::model::JobOrigin;
 use crate::proto::api;
-use crate::server::cluster::peer::{self, Peers};
+use crate::server::cluster::peer::Peers;
 use crate::server::cluster::{Timing, Topology};
 use crate::server::duties::DutyError;
 use crate::server::surface::metrics::Metrics;
@@ -271,7 +271,7 @@ impl Recovery {
 
     /// The check at another instance, or why it gave nothing.
     async fn check_elsewhere(&self, address: &str, dry_run: bool) -> Result<Vec<api::Finding>, String> {
-        let mut client = peer::job_service(address).await.map_err(|e| e.to_string())?;
+        let mut client = self.peers.job_service(address).await?;
         let message = api::RecoverRequest { dry_run, here_only: true };
         let request = self.peers.request_within(message, std::time::Duration::from_secs(30));
         Ok(client.recover(request).await.map_err(|status| status.message().to_string())?.into_inner().findings)

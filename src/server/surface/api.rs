@@ -16,7 +16,7 @@ use crate::engine::{self, Event};
 use crate::jobfile::{self, Format};
 use crate::model::{JobId, JobOrigin, JobState};
 use crate::proto::api::{self, job_event, job_service_server::JobService};
-use crate::server::cluster::peer::{self, Peers};
+use crate::server::cluster::peer::Peers;
 use crate::server::cluster::Topology;
 use crate::server::duties::recovery::Recovery;
 use crate::server::duties::retention::Pruner;
@@ -289,7 +289,7 @@ impl Api {
 
     /// A client for the instance at `address`, and the request, with this one's token.
     async fn forward<T>(&self, address: &str, message: T) -> Result<(JobServiceClientOf, Request<T>), Error> {
-        let client = peer::job_service(address).await.map_err(|e| {
+        let client = self.peers.job_service(address).await.map_err(|e| {
             Error::Unavailable(format!("the instance leading the job ({address}) cannot be reached: {e}"))
         })?;
         let request = self.peers.request_within(message, std::time::Duration::from_secs(30));

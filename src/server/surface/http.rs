@@ -104,15 +104,15 @@ async fn guard(State(state): State<AppState>, mut request: Request, next: Next) 
             return (StatusCode::FORBIDDEN, Json(json!({ "error": why }))).into_response();
         }
         (_, Need::Open) => return next.run(request).await,
-        (console::Verdict::Bearer(header), Need::Role(needed)) => {
+        (console::Verdict::Bearer(header), Need::Any(needed)) => {
             let header = header.to_string();
             state.access.judge(needed, Some(&header), from).await
         }
-        (console::Verdict::Session(caller), Need::Role(needed)) => match state.access.current(&caller) {
+        (console::Verdict::Session(caller), Need::Any(needed)) => match state.access.current(&caller) {
             Some(caller) => access::permit(caller, needed),
             None => Err(Refusal::Unauthenticated),
         },
-        (console::Verdict::Nothing, Need::Role(needed)) => state.access.judge(needed, None, from).await,
+        (console::Verdict::Nothing, Need::Any(needed)) => state.access.judge(needed, None, from).await,
     };
     match judged {
         Ok(caller) => {

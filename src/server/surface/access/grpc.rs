@@ -67,7 +67,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, ready);
         let access = self.access.clone();
         Box::pin(async move {
-            let Need::Role(needed) = table::grpc(request.uri().path()) else {
+            let Need::Any(needed) = table::grpc(request.uri().path()) else {
                 return inner.call(request).await;
             };
             let authorization =

@@ -118,7 +118,7 @@ pub(crate) enum Refusal {
     /// No credential, or one that is not known.
     Unauthenticated,
     /// A credential whose role may not do this.
-    Forbidden { role: Role, needed: Role },
+    Forbidden { role: Role, needed: &'static [Role] },
 }
 
 impl fmt::Display for Refusal {
@@ -128,7 +128,7 @@ impl fmt::Display for Refusal {
                 f.write_str("a valid credential is required: send `authorization: Bearer TOKEN`")
             }
             Refusal::Forbidden { role, needed } => {
-                write!(f, "the role {role} may not do this: it needs the role {needed}")
+                write!(f, "the role {role} may not do this: it needs the role {}", table::either(needed))
             }
         }
     }
@@ -283,7 +283,7 @@ impl Access {
     /// (the header's value, `Bearer TOKEN`), from `from`.
     pub(crate) async fn judge(
         &self,
-        needed: Role,
+        needed: &'static [Role],
         authorization: Option<&str>,
         from: Option<IpAddr>,
     ) -> Result<Caller, Refusal> {
@@ -301,7 +301,7 @@ impl Access {
     /// subject or alternative name the credentials file gives a role.
     pub(crate) async fn judge_call(
         &self,
-        needed: Role,
+        needed: &'static [Role],
         authorization: Option<&str>,
         certificate: Option<&[u8]>,
         from: Option<IpAddr>,
@@ -399,9 +399,9 @@ fn stamp(path: &std::path::Path) -> Option<(std::time::SystemTime, u64, u64)> {
     Some((metadata.modified().ok()?, metadata.len(), metadata.ino()))
 }
 
-/// The caller, if its role covers `needed`.
-pub(crate) fn permit(caller: Caller, needed: Role) -> Result<Caller, Refusal> {
-    if caller.role.covers(needed) {
+/// The caller, if its role covers one of `needed`.
+pub(crate) fn permit(caller: Caller, needed: &'static [Role]) -> Result<Caller, Refusal> {
+    if needed.iter().any(|n| caller.role.covers(*n)) {
         Ok(caller)
     } else {
         Err(Refusal::Forbidden { role: caller.role, needed })
@@ -458,31 +458,34 @@ mod tests {
     async fn a_request_is_judged_by_its_credential_and_the_role_it_needs() {
         let (access, tokens) = with_credentials(&[("ann", Role::Viewer), ("bo", Role::Operator)]);
         let bearer = |t: &str| format!("Bearer {t}");
-        let ann = access.judge(Role::Viewer, Some(&bearer(&tokens[0])), None).await.unwrap();
+        let ann = access.judge(&[Role::Viewer], Some(&bearer(&tokens[0])), None).await.unwrap();
         assert_eq!((&*ann.name, ann.role), ("ann", Role::Viewer));
         assert_eq!(
-            access.judge(Role::Operator, Some(&bearer(&tokens[0])), None).await.unwrap_err(),
-            Refusal::Forbidden { role: Role::Viewer, needed: Role::Operator }
+            access.judge(&[Role::Operator], Some(&bearer(&tokens[0])), None).await.unwrap_err(),
+            Refusal::Forbidden { role: Role::Viewer, needed: &[Role::Operator] }
         );
-        assert!(access.judge(Role::Operator, Some(&bearer(&tokens[1])), None).await.is_ok());
-        assert_eq!(access.judge(Role::Viewer, None, None).await.unwrap_err(), Refusal::Unauthenticated);
+        assert!(access.judge(&[Role::Operator], Some(&bearer(&tokens[1])), None).await.is_ok());
+        assert_eq!(access.judge(&[Role::Viewer], None, None).await.unwrap_err(), Refusal::Unauthenticated);
         // Another credential's name with this one's secret is no credential.
         let swapped = format!("bo.{}", tokens[0].rsplit_once('.').unwrap().1);
         assert_eq!(
-            access.judge(Role::Viewer, Some(&bearer(&swapped)), None).await.unwrap_err(),
+            access.judge(&[Role::Viewer], Some(&bearer(&swapped)), None).await.unwrap_err(),
             Refusal::Unauthenticated
         );
-        let admin = access.judge(Role::Admin, Some("Bearer s3cret"), None).await.unwrap();
+        let admin = access.judge(&[Role::Admin], Some("Bearer s3cret"), None).await.unwrap();
         assert_eq!(admin.role, Role::Admin);
-        assert_eq!(access.judge(Role::Admin, Some("Bearer s3cre"), None).await.unwrap_err(), Refusal::Unauthenticated);
-        assert_eq!(access.judge(Role::Admin, Some("s3cret"), None).await.unwrap_err(), Refusal::Unauthenticated);
+        assert_eq!(
+            access.judge(&[Role::Admin], Some("Bearer s3cre"), None).await.unwrap_err(),
+            Refusal::Unauthenticated
+        );
+        assert_eq!(access.judge(&[Role::Admin], Some("s3cret"), None).await.unwrap_err(), Refusal::Unauthenticated);
     }
 
     #[tokio::test]
     async fn a_changed_or_removed_credential_no_longer_stands_for_its_sessions() {
         let (access, tokens) = with_credentials(&[("ann", Role::Viewer), ("bo", Role::Operator)]);
-        let ann = access.judge(Role::Viewer, Some(&format!("Bearer {}", tokens[0])), None).await.unwrap();
-        let bo = access.judge(Role::Viewer, Some(&format!("Bearer {}", tokens[1])), None).await.unwrap();
+        let ann = access.judge(&[Role::Viewer], Some(&format!("Bearer {}", tokens[0])), None).await.unwrap();
+        let bo = access.judge(&[Role::Viewer], Some(&format!("Bearer {}", tokens[1])), None).await.unwrap();
         assert!(access.current(&ann).is_some());
         // ann's entry is made again (a new token), bo's is kept.
         let (_, renewed) = credentials::make("ann", Role::Viewer);
@@ -491,7 +494,7 @@ mod tests {
         assert!(access.current(&ann).is_none());
         assert!(access.current(&bo).is_none(), "bo is no longer in the file");
         assert_eq!(
-            access.judge(Role::Viewer, Some(&format!("Bearer {}", tokens[0])), None).await.unwrap_err(),
+            access.judge(&[Role::Viewer], Some(&format!("Bearer {}", tokens[0])), None).await.unwrap_err(),
             Refusal::Unauthenticated,
             "a token verified before is verified again"
         );
@@ -520,7 +523,7 @@ mod tests {
     async fn without_any_credential_configured_everyone_may_do_everything() {
         let access = Access::new(None, None);
         assert!(!access.required());
-        assert_eq!(access.judge(Role::Admin, None, None).await.unwrap().role, Role::Admin);
+        assert_eq!(access.judge(&[Role::Admin], None, None).await.unwrap().role, Role::Admin);
         assert!(Access::new(Some("  ".into()), None).anyone().is_some());
     }
 }

@@ -14,16 +14,34 @@ pub enum Need {
     /// Nothing: the console's files, health, the sign-in, the worker's
     /// first question and the OpenAPI document.
     Open,
-    /// A credential whose role covers this one.
-    Role(Role),
+    /// A credential whose role covers one of these.
+    Any(&'static [Role]),
+}
+
+impl Need {
+    /// Whether `role` may do what this needs.
+    pub fn admits(self, role: Role) -> bool {
+        match self {
+            Need::Open => true,
+            Need::Any(roles) => roles.iter().any(|needed| role.covers(*needed)),
+        }
+    }
+}
+
+/// The roles a refusal names: `operator`, or `operator or instance`.
+pub fn either(roles: &[Role]) -> String {
+    roles.iter().map(|r| r.name()).collect::<Vec<_>>().join(" or ")
 }
 
 use Need::Open;
-const VIEWER: Need = Need::Role(Role::Viewer);
-const OPERATOR: Need = Need::Role(Role::Operator);
-const WORKER: Need = Need::Role(Role::Worker);
-const INSTANCE: Need = Need::Role(Role::Instance);
-const ADMIN: Need = Need::Role(Role::Admin);
+const VIEWER: Need = Need::Any(&[Role::Viewer]);
+const OPERATOR: Need = Need::Any(&[Role::Operator]);
+const WORKER: Need = Need::Any(&[Role::Worker]);
+const INSTANCE: Need = Need::Any(&[Role::Instance]);
+const ADMIN: Need = Need::Any(&[Role::Admin]);
+/// What one instance also asks another on the client API: a cancel of a
+/// job the other leads, and the other's part of the recovery check.
+const OPERATOR_OR_INSTANCE: Need = Need::Any(&[Role::Operator, Role::Instance]);
 
 /// Every HTTP route: method, path as the router writes it, need.
 pub const HTTP: &[(&str, &str, Need)] = &[
@@ -72,12 +90,12 @@ pub const GRPC: &[(&str, Need)] = &[
     ("/jobcenter.v1.JobService/ListJobs", VIEWER),
     ("/jobcenter.v1.JobService/WatchJob", VIEWER),
     ("/jobcenter.v1.JobService/WaitJob", VIEWER),
-    ("/jobcenter.v1.JobService/CancelJob", OPERATOR),
+    ("/jobcenter.v1.JobService/CancelJob", OPERATOR_OR_INSTANCE),
     ("/jobcenter.v1.JobService/RetryJob", OPERATOR),
     ("/jobcenter.v1.JobService/ListWorkers", VIEWER),
     ("/jobcenter.v1.JobService/GetPolicy", VIEWER),
     ("/jobcenter.v1.JobService/SetPolicy", OPERATOR),
-    ("/jobcenter.v1.JobService/Recover", OPERATOR),
+    ("/jobcenter.v1.JobService/Recover", OPERATOR_OR_INSTANCE),
     ("/jobcenter.v1.JobService/Detect", OPERATOR),
     ("/jobcenter.v1.JobService/ListActivities", VIEWER),
     ("/jobcenter.v1.JobService/ListRuns", VIEWER),
