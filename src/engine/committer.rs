@@ -23,11 +23,51 @@ use crate::store::{self, Batch, Store};
 /// Called after each group commit with the time of its write and flush, and of the flush alone.
 pub type CommitObserver = Arc<dyn Fn(std::time::Duration, std::time::Duration) + Send + Sync>;
 
+/// What the committer tells of its commits: their timings, to the observer
+/// the server sets, and the jobs that ended.
+pub(super) struct Observers {
+    pub(super) commit: Arc<std::sync::OnceLock<CommitObserver>>,
+    pub(super) endings: Arc<Endings>,
+}
+
+/// The jobs that ended here since the start, by how, counted once their
+/// end is durable.
+#[derive(Debug, Default)]
+pub struct Endings {
+    succeeded: std::sync::atomic::AtomicU64,
+    failed: std::sync::atomic::AtomicU64,
+    canceled: std::sync::atomic::AtomicU64,
+}
+
+impl Endings {
+    fn count(&self, state: crate::model::JobState) {
+        use crate::model::JobState;
+        let counter = match state {
+            JobState::Succeeded => &self.succeeded,
+            JobState::Failed => &self.failed,
+            JobState::Canceled => &self.canceled,
+            JobState::Pending | JobState::Running => return,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Each end and its count.
+    pub fn counts(&self) -> [(crate::model::JobState, u64); 3] {
+        use crate::model::JobState;
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        [
+            (JobState::Succeeded, load(&self.succeeded)),
+            (JobState::Failed, load(&self.failed)),
+            (JobState::Canceled, load(&self.canceled)),
+        ]
+    }
+}
+
 pub(super) fn spawn(
     store: Arc<dyn Store>,
     steps: mpsc::Receiver<Step>,
     events: broadcast::Sender<Event>,
-    observer: Arc<std::sync::OnceLock<CommitObserver>>,
+    observers: Observers,
     ready: Arc<super::Readiness>,
     fate: Fate,
     done: tokio_util::sync::CancellationToken,
@@ -35,7 +75,7 @@ pub(super) fn spawn(
     std::thread::Builder::new()
         .name("jobcenter-commit".into())
         .spawn(move || {
-            if let Err(fatal) = run(store, steps, events, observer, ready) {
+            if let Err(fatal) = run(store, steps, events, &observers, ready) {
                 // The receiver drops with this thread: the engine loop stops
                 // at its next step and nothing more is acknowledged.
                 fate.meet(fatal);
@@ -49,9 +89,10 @@ fn run(
     store: Arc<dyn Store>,
     mut steps: mpsc::Receiver<Step>,
     events: broadcast::Sender<Event>,
-    observer: Arc<std::sync::OnceLock<CommitObserver>>,
+    observers: &Observers,
     ready: Arc<super::Readiness>,
 ) -> Result<(), Fatal> {
+    let (observer, endings) = (&observers.commit, &observers.endings);
     let mut pending: Vec<Step> = Vec::new();
     let crash = CrashPoint::from_env();
     while let Some(step) = steps.blocking_recv() {
@@ -81,6 +122,10 @@ fn run(
             })?;
             if let Some(observe) = observer.get() {
                 observe(started.elapsed(), flush_started.elapsed());
+            }
+            // A job record is written in an ended state once per end.
+            for record in &batch.jobs {
+                endings.count(record.state);
             }
         }
         for step in pending.drain(..) {

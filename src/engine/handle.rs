@@ -54,6 +54,8 @@ pub(super) struct Lifetime {
     pub(super) stop: tokio_util::sync::CancellationToken,
     /// Cancelled once the committer wrote its last step and ended.
     pub(super) done: tokio_util::sync::CancellationToken,
+    /// The jobs that ended here, by how.
+    pub(super) endings: Arc<super::Endings>,
 }
 
 impl EngineHandle {
@@ -83,6 +85,11 @@ impl EngineHandle {
     /// False while the store is away and nothing can be acknowledged.
     pub fn is_ready(&self) -> bool {
         self.lifetime.ready.is_ready()
+    }
+
+    /// The jobs that ended at this engine since it started, by how.
+    pub fn endings(&self) -> [(crate::model::JobState, u64); 3] {
+        self.lifetime.endings.counts()
     }
 
     /// How long the store has taken writes without a break, if it does now.

@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-pub use self::committer::CommitObserver;
+pub use self::committer::{CommitObserver, Endings};
 pub use self::core::Returned;
 pub use self::handle::{Answer, EngineHandle, Reconciled};
 use crate::clock::{Clock, Timestamp};
@@ -211,13 +211,14 @@ impl Engine {
         let (commands_tx, commands_rx) = mpsc::channel(65_536);
         let (steps_tx, steps_rx) = mpsc::channel(64);
         let commit_observer: Arc<std::sync::OnceLock<CommitObserver>> = Arc::default();
+        let endings = Arc::new(Endings::default());
         let ready = Arc::new(Readiness::default());
         let (stop, done) = (CancellationToken::new(), CancellationToken::new());
         committer::spawn(
             store.clone(),
             steps_rx,
             events.clone(),
-            commit_observer.clone(),
+            committer::Observers { commit: commit_observer.clone(), endings: endings.clone() },
             ready.clone(),
             fate.clone(),
             done.clone(),
@@ -234,7 +235,7 @@ impl Engine {
         // fate, so that no loop dies unheard.
         let run = tokio::spawn(run_loop::run(core, clock, commands_rx, steps_tx, stop.clone()));
         tokio::spawn(fatal_if_it_panics(run, fate.clone()));
-        let lifetime = handle::Lifetime { ready, removals, fate, stop, done };
+        let lifetime = handle::Lifetime { ready, removals, fate, stop, done, endings };
         Ok(EngineHandle::new(commands_tx, store, events, commit_observer, lifetime))
     }
 }

@@ -624,6 +624,9 @@ impl Handles {
             recovery: recovery.gate.clone(),
             prune: pruner.gate.clone(),
             stats: self.stats.clone(),
+            topology: self.topology.clone(),
+            recovery_interval: options.recovery_interval,
+            started_ms: self.clock.now().as_millis(),
         };
         surface::http::AppState {
             api,

@@ -286,7 +286,7 @@ fn metrics_describe_jobs_tasks_workers_and_latencies() {
     assert_eq!(value("jobcenter_jobs{state=\"succeeded\"}"), 0.0);
     assert_eq!(value("jobcenter_active_jobs"), 1.0);
     assert_eq!(value("jobcenter_tasks{state=\"running\"}") + value("jobcenter_tasks{state=\"assigned\"}"), 1.0);
-    assert!(value("jobcenter_worker_slots_total{job_type=\"noop\"}") >= 1.0);
+    assert!(value("jobcenter_worker_slots_offered{job_type=\"noop\"}") >= 1.0);
     // Level-1 and level-2 tasks were released by completions: their dispatch was measured.
     let dispatched = value("jobcenter_dispatch_latency_seconds_count");
     assert!(dispatched >= 3.0, "{dispatched}");

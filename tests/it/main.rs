@@ -10,6 +10,7 @@ mod support;
 mod access;
 mod admin_kill;
 mod admin_restart;
+mod alerts;
 mod backup;
 mod clock_jumps;
 mod cluster;

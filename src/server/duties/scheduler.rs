@@ -461,7 +461,10 @@ impl Scheduler {
                 self.metrics.record_proposals(job_type, proposals.len() as u64);
                 self.active_dedupe_keys().await.map_err(|e| ("set aside", e))
             }
-            Err(e) => Err(("failed", e)),
+            Err(e) => {
+                self.metrics.record_detection_failure(job_type);
+                Err(("failed", e))
+            }
         };
         let active = match active {
             Ok(active) => active,

@@ -6,7 +6,7 @@
 //! | `jobcenter_tasks` | gauge | `state` | tasks of the active jobs, from the engine at each scrape |
 //! | `jobcenter_active_jobs` | gauge | | jobs the engine holds (not ended) |
 //! | `jobcenter_workers_connected` | gauge | | workers holding a stream |
-//! | `jobcenter_worker_slots_total` | gauge | `job_type` | execution slots the connected workers offer for the type |
+//! | `jobcenter_worker_slots_offered` | gauge | `job_type` | execution slots the connected workers offer for the type |
 //! | `jobcenter_worker_slots_used` | gauge | `job_type` | executions of the type the workers report running |
 //! | `jobcenter_dispatch_latency_seconds` | histogram | | a completion reaching the server to the execute request of a task it released leaving |
 //! | `jobcenter_commit_seconds` | histogram | | one group commit of leader and follower steps: the batch's write and flush |
@@ -18,6 +18,15 @@
 //! | `jobcenter_runtime_tasks` | gauge | | tasks alive in the server's runtime: sessions, watchers, duties, requests |
 //! | `jobcenter_event_subscribers` | gauge | | subscriptions to the engine's changes (watchers among them) |
 //! | `jobcenter_duties_running` | gauge | `duty` | single-flight duties under way: `recovery`, `prune`, `detection`, and routes open to detectors (`detection_route`) |
+//! | `jobcenter_detection_failures_total` | counter | `job_type` | detection runs that failed (no answer, an error) |
+//! | `jobcenter_jobs_ended_total` | counter | `state` | jobs that ended here (led here), by how |
+//! | `jobcenter_worker_sessions_total` | counter | | worker streams opened (a worker that reconnects opens another) |
+//! | `jobcenter_ready` | gauge | | 1 while the store takes writes and this instance reaches its database (as `/readyz`), else 0 |
+//! | `jobcenter_recovery_last_check_timestamp_seconds` | gauge | | when the last recovery check ran here (its start before the first) |
+//! | `jobcenter_recovery_interval_seconds` | gauge | | how often the recovery check is due (`--recovery-interval`) |
+//!
+//! `docs/alerts.yml` holds the alert rules over them; `tests/it/alerts.rs`
+//! checks them with `promtool` against a real server's names.
 //!
 //! Gauges are computed when scraped, so they cost nothing between scrapes.
 //! The committer reports its timings through `commit_observer`; until the
@@ -66,6 +75,10 @@ pub(crate) struct Metrics {
     flush_seconds: Histogram,
     recovery_findings: IntCounterVec,
     detections: IntCounterVec,
+    detection_failures: IntCounterVec,
+    ready: IntGauge,
+    recovery_last: prometheus::Gauge,
+    recovery_interval: prometheus::Gauge,
     proposals: IntCounterVec,
     deactivations: prometheus::IntCounter,
     pruned: prometheus::IntCounter,
@@ -89,6 +102,12 @@ fn gauge_vec(registry: &Registry, name: &str, help: &str, label: &str) -> IntGau
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     let gauge = IntGauge::new(name, help).expect("valid metric");
+    registry.register(Box::new(gauge.clone())).expect("metric registered once");
+    gauge
+}
+
+fn float_gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Gauge {
+    let gauge = prometheus::Gauge::new(name, help).expect("valid metric");
     registry.register(Box::new(gauge.clone())).expect("metric registered once");
     gauge
 }
@@ -133,7 +152,7 @@ impl Metrics {
             duties: gauge_vec(&registry, "jobcenter_duties_running", "Single-flight duties under way.", "duty"),
             slots_total: gauge_vec(
                 &registry,
-                "jobcenter_worker_slots_total",
+                "jobcenter_worker_slots_offered",
                 "Execution slots the connected workers offer for a job type.",
                 "job_type",
             ),
@@ -160,6 +179,27 @@ impl Metrics {
                 "jobcenter_detections_total",
                 "Detection runs, by job type.",
                 "job_type",
+            ),
+            detection_failures: counter_vec(
+                &registry,
+                "jobcenter_detection_failures_total",
+                "Detection runs that failed: no answer in time, or an error.",
+                "job_type",
+            ),
+            ready: gauge(
+                &registry,
+                "jobcenter_ready",
+                "1 while the store takes writes and this instance reaches its database, else 0.",
+            ),
+            recovery_last: float_gauge(
+                &registry,
+                "jobcenter_recovery_last_check_timestamp_seconds",
+                "When the last recovery check ran here (the server's start before the first).",
+            ),
+            recovery_interval: float_gauge(
+                &registry,
+                "jobcenter_recovery_interval_seconds",
+                "How often the recovery check is due.",
             ),
             proposals: counter_vec(
                 &registry,
@@ -219,6 +259,11 @@ impl Metrics {
 
     pub(crate) fn record_detection(&self, job_type: &str) {
         self.detections.with_label_values(&[job_type]).inc();
+    }
+
+    /// A detection run of `job_type` that failed.
+    pub(crate) fn record_detection_failure(&self, job_type: &str) {
+        self.detection_failures.with_label_values(&[job_type]).inc();
     }
 
     pub(crate) fn record_proposals(&self, job_type: &str, n: u64) {
@@ -315,11 +360,18 @@ impl Metrics {
         for (job_type, n) in &total {
             self.slots_total.with_label_values(&[job_type]).set(*n);
             self.detections.with_label_values(&[job_type]);
+            self.detection_failures.with_label_values(&[job_type]);
             self.proposals.with_label_values(&[job_type]);
         }
         for (job_type, n) in &used {
             self.slots_used.with_label_values(&[job_type]).set(*n);
         }
+
+        let reaches_database = scrape.topology.member().is_none_or(|node| !node.is_fenced());
+        self.ready.set(i64::from(scrape.engine.is_ready() && reaches_database));
+        let last_ms = scrape.recovery.last().map_or(scrape.started_ms, |(at, _)| at);
+        self.recovery_last.set(last_ms as f64 / 1000.0);
+        self.recovery_interval.set(scrape.recovery_interval.as_secs_f64());
 
         // Until the committer reports its own timings, time a flush here.
         if !self.committer_reports.load(Ordering::Relaxed) {
@@ -340,6 +392,13 @@ impl Metrics {
         self.refresh(scrape).await;
         let mut families = self.registry.gather();
         families.push(dispatch_family(&scrape.stats));
+        let ended = scrape.engine.endings().map(|(state, n)| (Some(("state", state.as_str())), n));
+        families.push(counter_family("jobcenter_jobs_ended_total", "Jobs that ended here, by how.", &ended));
+        families.push(counter_family(
+            "jobcenter_worker_sessions_total",
+            "Worker streams opened; a worker that reconnects opens another.",
+            &[(None, scrape.registry.sessions_opened())],
+        ));
         families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut out = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&families, &mut out) {
@@ -363,6 +422,11 @@ pub(crate) struct Scrape {
     pub(crate) recovery: Arc<recovery::Gate>,
     pub(crate) prune: Arc<retention::Gate>,
     pub(crate) stats: Arc<Stats>,
+    /// Whether this instance reaches its database.
+    pub(crate) topology: crate::server::Topology,
+    pub(crate) recovery_interval: Duration,
+    /// When the server started (milliseconds since the epoch).
+    pub(crate) started_ms: i64,
 }
 
 impl Scrape {
@@ -370,6 +434,33 @@ impl Scrape {
     pub(crate) async fn render(&self) -> String {
         self.metrics.render(self).await
     }
+}
+
+/// A counter kept elsewhere (the engine, the registry), as a family: a
+/// value per label (name, value), or one without.
+fn counter_family(name: &str, help: &str, values: &[(Option<(&str, &str)>, u64)]) -> MetricFamily {
+    let metrics = values
+        .iter()
+        .map(|(label, n)| {
+            let mut counter = prometheus::proto::Counter::default();
+            counter.set_value(*n as f64);
+            let mut metric = Metric::default();
+            metric.set_counter(counter);
+            if let Some((label, value)) = label {
+                let mut pair = prometheus::proto::LabelPair::default();
+                pair.set_name(label.to_string());
+                pair.set_value(value.to_string());
+                metric.set_label(vec![pair]);
+            }
+            metric
+        })
+        .collect();
+    let mut family = MetricFamily::default();
+    family.set_name(name.into());
+    family.set_help(help.into());
+    family.set_field_type(MetricType::COUNTER);
+    family.set_metric(metrics);
+    family
 }
 
 /// The dispatch latency the server keeps in an HDR histogram (microseconds), as a Prometheus histogram.

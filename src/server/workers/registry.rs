@@ -125,6 +125,11 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// How many worker sessions opened since the start.
+    pub fn sessions_opened(&self) -> u64 {
+        self.inner.lock().expect("registry lock").0
+    }
+
     /// Registers a worker; a session of the same handler already there is told to stop.
     pub fn register(
         &self,
