@@ -261,15 +261,20 @@ impl PeerService for PeerServiceImpl {
             job_types.sort();
             slots.push(FreeSlots { handler: handler_of(&free.handler)?, total: free.total, job_types });
         }
+        // Where the handlers offered are connected is known before any
+        // attempt is lent to them: a recovery check that sees an attempt
+        // held for one of them finds it connected there, never gone.
+        {
+            let mut at = self.peers.links.handler_at.lock().expect("handler_at lock");
+            let now = std::time::Instant::now();
+            for slot in &slots {
+                at.insert(slot.handler, (borrower.clone(), now));
+            }
+        }
         let lent = self.engine.lend(slots).await.map_err(engine_status)?;
         if !lent.is_empty() {
             // The attempts are durable here, and the borrower has not heard of them.
             self.crash.reached("lend-durable");
-            let mut at = self.peers.links.handler_at.lock().expect("handler_at lock");
-            let now = std::time::Instant::now();
-            for (handler, _) in &lent {
-                at.insert(*handler, (borrower.clone(), now));
-            }
         }
         let tasks = lent
             .into_iter()

@@ -109,6 +109,10 @@ impl Session<'_> {
         if self.draining {
             return self.refuse(request_id, Some(job), wire::AT_CAPACITY.into()).await;
         }
+        if self.work.canceled_unseen.contains(&job.job_id) {
+            let message = format!("job {} was canceled before its order arrived", job.job_id);
+            return self.acknowledge(request_id, false, &message).await;
+        }
         match self.work.executions.admit(&job.job_id) {
             Admission::Admit => {}
             Admission::AtCapacity => return self.refuse(request_id, Some(job), wire::AT_CAPACITY.into()).await,
@@ -174,6 +178,8 @@ impl Session<'_> {
             return self.acknowledge(request_id, false, "cancel target is required").await;
         }
         let Some(execution) = self.work.executions.find(target) else {
+            // Its order may still be on its way: it is not run when it comes.
+            self.work.canceled_unseen.insert(target);
             return self.acknowledge(request_id, false, "cancel target not found").await;
         };
         if execution.abort.is_finished() {

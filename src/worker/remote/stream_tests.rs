@@ -47,6 +47,38 @@ async fn an_execution_that_ends_in_its_first_turn_reports_its_outcome_without_a_
     tokio::time::timeout(Duration::from_secs(10), worker).await.expect("the worker stops").unwrap().unwrap();
 }
 
+/// A cancel can overtake its execute order (they take different paths
+/// between instances): the order that comes after it is not run.
+#[tokio::test]
+async fn an_order_canceled_before_it_arrived_is_not_run() {
+    let (admin, mut sessions) = start_fake_admin().await;
+    let (stop, worker) = start_worker(options_for(admin, 4));
+    let mut session = next_session(&mut sessions).await;
+    session.hello().await;
+    session.send("", accepted_hello()).await;
+    session.heartbeat().await;
+
+    let job = JobId::new();
+    let early = AttemptId::new(TaskRef { job, idx: TaskIdx(0) }, 1).to_string();
+    let cancel = CancelRequest { target_id: early.clone(), reason: "taken back".into(), ..CancelRequest::default() };
+    session.send("c1", Some(AdminBody::CancelRequest(cancel))).await;
+    let ack = session.ack().await;
+    assert_eq!((ack.request_id.as_str(), ack.accepted), ("c1", false));
+    session.execute("r1", spec(&early, "noop", serde_json::json!({})), 0).await;
+    let ack = session.ack().await;
+    assert_eq!((ack.request_id.as_str(), ack.accepted), ("r1", false), "{}", ack.message);
+    // Another attempt of the same task is run.
+    let next = AttemptId::new(TaskRef { job, idx: TaskIdx(0) }, 2).to_string();
+    session.execute("r2", spec(&next, "noop", serde_json::json!({})), 0).await;
+    let ack = session.ack().await;
+    assert_eq!((ack.request_id.as_str(), ack.accepted), ("r2", true));
+    let done = session.completed().await;
+    assert_eq!((done.job_id.as_str(), done.success), (next.as_str(), true));
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), worker).await.expect("the worker stops").unwrap().unwrap();
+}
+
 #[tokio::test]
 async fn serves_an_admin_over_the_worker_stream() {
     let dir = tempfile::tempdir().unwrap();

@@ -41,6 +41,37 @@ pub(super) struct Work {
     pub(super) keeps_work: bool,
     /// Set when the table of executions changed, for the next heartbeat.
     pub(super) changed: bool,
+    /// Executions canceled before their order arrived (a cancel and its
+    /// execute order can take different paths): their order is refused.
+    pub(super) canceled_unseen: CanceledUnseen,
+}
+
+/// The targets of cancels that found nothing, the newest kept.
+#[derive(Default)]
+pub(super) struct CanceledUnseen {
+    order: std::collections::VecDeque<String>,
+    targets: std::collections::HashSet<String>,
+}
+
+/// How many such targets are kept.
+const CANCELED_UNSEEN_KEPT: usize = 4096;
+
+impl CanceledUnseen {
+    pub(super) fn insert(&mut self, target: &str) {
+        if self.targets.insert(target.to_string()) {
+            self.order.push_back(target.to_string());
+            if self.order.len() > CANCELED_UNSEEN_KEPT {
+                if let Some(oldest) = self.order.pop_front() {
+                    self.targets.remove(&oldest);
+                }
+            }
+        }
+    }
+
+    /// Whether `job_id` was canceled before its order arrived.
+    pub(super) fn contains(&self, job_id: &str) -> bool {
+        !self.targets.is_empty() && self.targets.contains(job_id)
+    }
 }
 
 impl Work {
@@ -53,6 +84,7 @@ impl Work {
             renewed_as_of: Instant::now(),
             keeps_work: false,
             changed: false,
+            canceled_unseen: CanceledUnseen::default(),
         }
     }
 
