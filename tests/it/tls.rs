@@ -15,8 +15,17 @@ use std::time::Duration;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use support::{run_with_timeout, wait_until, Process, Server};
 
+/// Where `make_certificates` wrote each file.
+struct Certificates {
+    ca: String,
+    server_cert: String,
+    server_key: String,
+    client_cert: String,
+    client_key: String,
+}
+
 /// Writes `ca.pem`, `server.pem`/`server.key` (for 127.0.0.1) and `client.pem`/`client.key`.
-fn make_certificates(dir: &Path) {
+fn make_certificates(dir: &Path) -> Certificates {
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -33,6 +42,13 @@ fn make_certificates(dir: &Path) {
         let cert = params.signed_by(&key, &issuer).unwrap();
         std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
         std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+    }
+    Certificates {
+        ca: path(dir, "ca.pem"),
+        server_cert: path(dir, "server.pem"),
+        server_key: path(dir, "server.key"),
+        client_cert: path(dir, "client.pem"),
+        client_key: path(dir, "client.key"),
     }
 }
 
@@ -110,9 +126,7 @@ fn mutual_tls_lets_in_only_clients_with_a_certificate() {
 fn a_weed_worker_with_a_certificate_vacuums_over_mutual_tls_and_one_without_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path();
-    make_certificates(certs);
-    let (ca, server_cert, server_key) = (path(certs, "ca.pem"), path(certs, "server.pem"), path(certs, "server.key"));
-    let (client_cert, client_key) = (path(certs, "client.pem"), path(certs, "client.key"));
+    let Certificates { ca, server_cert, server_key, client_cert, client_key } = make_certificates(certs);
     // Every SeaweedFS component presents the 127.0.0.1 certificate; the
     // worker presents its own, which jobcenter's client CA also signed.
     let security = certs.join("security.toml");
@@ -244,9 +258,7 @@ fn a_weed_worker_with_a_certificate_vacuums_over_mutual_tls_and_one_without_is_r
 fn three_instances_with_tls_everywhere_lend_tasks_to_each_other() {
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path();
-    make_certificates(certs);
-    let (ca, server_cert, server_key) = (path(certs, "ca.pem"), path(certs, "server.pem"), path(certs, "server.key"));
-    let (client_cert, client_key) = (path(certs, "client.pem"), path(certs, "client.key"));
+    let Certificates { ca, server_cert, server_key, client_cert, client_key } = make_certificates(certs);
     let postgres = support::postgres::PgCluster::start();
     let database_ca = postgres.enable_tls();
     postgres.require_tls();

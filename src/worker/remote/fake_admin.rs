@@ -326,3 +326,26 @@ pub(super) async fn process_ends(pid: &str) -> bool {
     }
     false
 }
+
+/// A worker of `max_execute` slots serving a fake admin, its hello
+/// accepted and its first heartbeat taken.
+pub(super) async fn serving(
+    max_execute: u32,
+) -> (oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), InvalidOptions>>, FakeSession) {
+    let (admin, mut sessions) = start_fake_admin().await;
+    let (stop, worker) = start_worker(options_for(admin, max_execute));
+    let mut session = next_session(&mut sessions).await;
+    session.hello().await;
+    session.send("", accepted_hello()).await;
+    session.heartbeat().await;
+    (stop, worker, session)
+}
+
+/// Stops a worker `start_worker` started, and waits for it.
+pub(super) async fn stop_worker(
+    stop: oneshot::Sender<()>,
+    worker: tokio::task::JoinHandle<Result<(), InvalidOptions>>,
+) {
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), worker).await.expect("the worker stops").unwrap().unwrap();
+}

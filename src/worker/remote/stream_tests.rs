@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::fake_admin::{
-    accepted_hello, next_session, options_for, output_lines, process_ends, spec, start_fake_admin, start_worker,
-    wait_for_file,
+    accepted_hello, next_session, options_for, output_lines, process_ends, serving, spec, start_fake_admin,
+    start_worker, stop_worker, wait_for_file,
 };
 use super::*;
 use crate::model::{AttemptId, JobId, TaskIdx, TaskRef};
@@ -21,12 +21,7 @@ use crate::worker::ExecLog;
 
 #[tokio::test]
 async fn an_execution_that_ends_in_its_first_turn_reports_its_outcome_without_a_start() {
-    let (admin, mut sessions) = start_fake_admin().await;
-    let (stop, worker) = start_worker(options_for(admin, 4));
-    let mut session = next_session(&mut sessions).await;
-    session.hello().await;
-    session.send("", accepted_hello()).await;
-    session.heartbeat().await;
+    let (stop, worker, mut session) = serving(4).await;
 
     let job = JobId::new();
     let quick = AttemptId::new(TaskRef { job, idx: TaskIdx(0) }, 1).to_string();
@@ -43,20 +38,14 @@ async fn an_execution_that_ends_in_its_first_turn_reports_its_outcome_without_a_
     let done = session.completed().await;
     assert_eq!((done.job_id.as_str(), done.success), (slow.as_str(), true));
 
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), worker).await.expect("the worker stops").unwrap().unwrap();
+    stop_worker(stop, worker).await;
 }
 
 /// A cancel can overtake its execute order (they take different paths
 /// between instances): the order that comes after it is not run.
 #[tokio::test]
 async fn an_order_canceled_before_it_arrived_is_not_run() {
-    let (admin, mut sessions) = start_fake_admin().await;
-    let (stop, worker) = start_worker(options_for(admin, 4));
-    let mut session = next_session(&mut sessions).await;
-    session.hello().await;
-    session.send("", accepted_hello()).await;
-    session.heartbeat().await;
+    let (stop, worker, mut session) = serving(4).await;
 
     let job = JobId::new();
     let early = AttemptId::new(TaskRef { job, idx: TaskIdx(0) }, 1).to_string();
@@ -75,8 +64,7 @@ async fn an_order_canceled_before_it_arrived_is_not_run() {
     let done = session.completed().await;
     assert_eq!((done.job_id.as_str(), done.success), (next.as_str(), true));
 
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), worker).await.expect("the worker stops").unwrap().unwrap();
+    stop_worker(stop, worker).await;
 }
 
 #[tokio::test]
@@ -316,6 +304,5 @@ async fn a_renewal_held_up_on_the_way_renews_only_as_of_the_heartbeat_it_answers
         stopped_after < lease + Duration::from_millis(500),
         "stopped {stopped_after:?} after the renewed heartbeat: the late renewal stretched the lease"
     );
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), worker).await.expect("the worker stops").unwrap().unwrap();
+    stop_worker(stop, worker).await;
 }
