@@ -358,6 +358,7 @@
     { re: /^\/types$/, page: "types", title: "Job types", render: renderTypes },
     { re: /^\/types\/([^/]+)$/, page: "type", title: "Job type", render: renderType },
     { re: /^\/recovery$/, page: "recovery", title: "Recovery", render: renderRecovery },
+    { re: /^\/audit$/, page: "audit", title: "Audit", render: renderAudit },
   ];
 
   let current = null;
@@ -486,6 +487,7 @@
     signedOut = false;
     document.body.dataset.auth = "in";
     document.body.dataset.canWrite = String(canWrite(session.role));
+    document.body.dataset.isAdmin = String(session.role === "admin" || session.role === "");
     document.getElementById("who").textContent = session.name ? `${session.name} (${session.role})` : "";
     document.getElementById("nav-links").hidden = false;
     document.getElementById("session-box").hidden = !session.tokenRequired;
@@ -1521,6 +1523,46 @@
       f.age_ms ? h("span", { class: "muted" }, ` (${formatDuration(f.age_ms)} old)`) : "",
       f.instance ? h("span", { class: "muted" }, ` on ${f.instance}`) : "",
       f.detail ? h("div", { class: "detail" }, f.detail) : "");
+  }
+
+  // ----------------------------------------------------------------- audit
+
+  /** The audit trail, newest first: who changed what, signed in or out, or was refused. */
+  function renderAudit(scope, _params, query) {
+    const { head, notice, updated } = pageHead("Audit");
+    const who = h("input", { id: "audit-who", name: "who", type: "search", value: query.get("who") || "", placeholder: "credential" });
+    const form = h("form", { class: "filters", role: "search", "aria-label": "Filter the audit trail" },
+      h("label", {}, "Who ", who), h("button", { type: "submit" }, "Filter"));
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      navigate(who.value ? `/audit?who=${encodeURIComponent(who.value)}` : "/audit");
+    });
+    const body = h("tbody");
+    const table = h("div", { class: "table-wrap" }, h("table", { id: "audit" },
+      headRow(["When", "Who", "Role", "From", "Action", "Target", "Arguments", "Outcome"]), body));
+    append(pageEl, head, notice,
+      h("p", { class: "muted" }, "Every change, sign-in, sign-out and refused credential, as recorded with it. No one can alter a record; retention removes the oldest."),
+      form, table);
+    keepLoading(scope, 5000, async () => {
+      const filter = who.value ? `&who=${encodeURIComponent(who.value)}` : "";
+      const data = await scope.api("GET", `/api/audit?limit=500${filter}`);
+      const rows = (data.records || []).slice().reverse().map(auditRow);
+      replaceKeepingFocus(body, rows.length ? rows : [emptyRow(8, "Nothing is recorded yet.")]);
+      touch(updated);
+    }, notice);
+  }
+
+  function auditRow(r) {
+    const args = Object.entries(r.args || {}).sort(([a], [b]) => a.localeCompare(b));
+    return h("tr", { "data-key": r.id, "data-action": r.action },
+      h("td", {}, timeEl(r.at_ms)),
+      h("th", { scope: "row" }, r.who),
+      h("td", {}, r.role || "—"),
+      h("td", { class: "mono" }, r.from || "—"),
+      h("td", { class: "mono" }, r.action),
+      h("td", { class: "mono small-text" }, r.target || "—"),
+      h("td", { class: "small-text" }, args.length ? args.map(([k, v]) => h("div", {}, `${k}=${v}`)) : "—"),
+      h("td", { class: r.outcome === "ok" ? "ok-text" : "error-text" }, r.outcome));
   }
 
   // ----------------------------------------------------------------- start

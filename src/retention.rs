@@ -18,11 +18,18 @@ pub struct Retention {
     pub count: usize,
     /// An ended recovery-check job older than this is removed.
     pub recovery_checks: Duration,
+    /// How long and how much of the audit trail is kept.
+    pub audit: crate::model::audit::Keep,
 }
 
 impl Default for Retention {
     fn default() -> Retention {
-        Retention { age: Duration::from_secs(7 * 24 * 3600), count: 10_000, recovery_checks: Duration::from_secs(3600) }
+        Retention {
+            age: Duration::from_secs(7 * 24 * 3600),
+            count: 10_000,
+            recovery_checks: Duration::from_secs(3600),
+            audit: Default::default(),
+        }
     }
 }
 
@@ -122,8 +129,12 @@ mod tests {
 
     #[test]
     fn age_count_and_recovery_checks_each_remove_what_they_should_and_nothing_running() {
-        let retention =
-            Retention { age: Duration::from_secs(48 * 3600), count: 2, recovery_checks: Duration::from_secs(3600) };
+        let retention = Retention {
+            age: Duration::from_secs(48 * 3600),
+            count: 2,
+            recovery_checks: Duration::from_secs(3600),
+            ..Retention::default()
+        };
         let now = Timestamp(1_000 * HOUR);
         // Newest first.
         let jobs = vec![
@@ -163,6 +174,7 @@ mod tests {
                 age: Duration::from_secs(age_hours * 3600),
                 count,
                 recovery_checks: Duration::from_secs(2 * 3600),
+                ..Retention::default()
             };
             let now = Timestamp(1_000 * HOUR);
             let states = [JobState::Pending, JobState::Running, JobState::Succeeded, JobState::Failed, JobState::Canceled, JobState::Succeeded];

@@ -882,3 +882,69 @@ pub(super) async fn runs(args: RunsArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+#[derive(clap::Args, Debug)]
+pub struct AuditArgs {
+    /// Only records since then: a time (RFC 3339, `2026-11-27T10:00:00Z`) or
+    /// a span back from now (`2h`, `7d`).
+    #[arg(long, value_parser = parse_since)]
+    pub since: Option<i64>,
+    /// Only this credential's records (its name, or `certificate SUBJECT`).
+    #[arg(long)]
+    pub who: Option<String>,
+    /// The newest this many; 0 for all kept.
+    #[arg(long, default_value_t = 200)]
+    pub limit: u32,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+/// `--since`: an RFC 3339 time, or a span back from now; ms since the epoch.
+fn parse_since(text: &str) -> Result<i64, String> {
+    if let Ok(at) = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339) {
+        return i64::try_from(at.unix_timestamp_nanos() / 1_000_000).map_err(|e| e.to_string());
+    }
+    let back = super::server::parse_duration(text)
+        .map_err(|_| format!("{text:?} is neither a time (2026-11-27T10:00:00Z) nor a span back from now (2h, 7d)"))?;
+    let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+    Ok(now.as_millis().saturating_sub(i64::try_from(back.as_millis()).unwrap_or(i64::MAX)))
+}
+
+pub(super) async fn audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let request = api::ListAuditRequest {
+        since_ms: args.since.unwrap_or(0),
+        who: args.who.unwrap_or_default(),
+        limit: args.limit,
+    };
+    let records = client.list_audit(request).await.map_err(status_error)?.into_inner().records;
+    if args.json {
+        println!("{}", serde_json::to_string(&records)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for r in records {
+        let role = if r.role.is_empty() { String::new() } else { format!(" ({})", r.role) };
+        let what: Vec<String> = std::iter::once(r.target.clone())
+            .chain(
+                r.args
+                    .iter()
+                    .collect::<std::collections::BTreeMap<_, _>>()
+                    .into_iter()
+                    .map(|(k, v)| format!("{k}={v}")),
+            )
+            .collect();
+        let target: Vec<&String> = what.iter().filter(|t| !t.is_empty()).collect();
+        println!(
+            "{}  {}{role} from {}  {}  {}  -> {}",
+            time(r.at_ms),
+            r.who,
+            if r.from.is_empty() { "-" } else { &r.from },
+            r.action,
+            target.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(" "),
+            r.outcome
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -80,6 +80,8 @@ pub enum Command {
     Activities(client::ActivitiesArgs),
     /// A job type's last detection runs.
     Runs(client::RunsArgs),
+    /// The audit trail: who changed what, signed in or out, or was refused, from where, and how it ended.
+    Audit(client::AuditArgs),
     /// Execute tasks for an admin server over the worker stream.
     Worker(worker::WorkerArgs),
     /// Follow a job live: its graph by level, full screen (plain lines when not a terminal).
@@ -141,6 +143,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, crate::fate::Fatal> {
             Command::Detect(args) => client::detect(args).await,
             Command::Activities(args) => client::activities(args).await,
             Command::Runs(args) => client::runs(args).await,
+            Command::Audit(args) => client::audit(args).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Watch(args) => watch::run(args).await,
             Command::Export(args) => transfer::export(args).await,

@@ -97,7 +97,13 @@ pub struct ServerArgs {
     /// The recovery check's own jobs (one per --recovery-interval) are kept this long once ended.
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub keep_recovery_checks_for: Duration,
-    /// How often ended jobs past those rules are removed (in bounded batches).
+    /// An audit record is removed once it is older than this.
+    #[arg(long, default_value = "90d", value_parser = parse_duration)]
+    pub keep_audit_for: Duration,
+    /// At most this many audit records are kept (the newest); older ones are removed.
+    #[arg(long, default_value_t = 100_000)]
+    pub keep_audit: usize,
+    /// How often ended jobs and audit records past those rules are removed (in bounded batches).
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     pub prune_interval: Duration,
     /// Attempts a task may lose with its worker before it fails.
@@ -261,6 +267,7 @@ pub(super) async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
             age: args.keep_ended_for,
             count: args.keep_ended,
             recovery_checks: args.keep_recovery_checks_for,
+            audit: crate::model::audit::Keep { age: args.keep_audit_for, count: args.keep_audit },
         },
         prune_interval: args.prune_interval,
         cluster_lock_turn: args.cluster_lock_turn,

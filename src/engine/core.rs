@@ -16,6 +16,7 @@ use crate::active::ActiveJob;
 use crate::clock::Timestamp;
 use crate::dispatch::{Assignment, Dispatch, FreeSlots, HandlerSpec, Sink, TypeLimits, WorkOrder};
 use crate::follower::{Loss, Outcome, Rejection};
+use crate::model::audit;
 use crate::model::{AttemptId, HandlerId, JobId, JobOrigin, JobRecord, JobSpec, TaskRecord, TaskRef};
 use crate::store::{Batch, StoredJob};
 
@@ -79,10 +80,14 @@ pub(super) enum JobCommand {
         id: JobId,
         spec: Arc<JobSpec>,
         origin: JobOrigin,
+        /// Written with the job, if it is taken.
+        audit: Option<audit::Entry>,
         reply: Reply<Result<JobId, Error>>,
     },
     Cancel {
         job: JobId,
+        /// Written with the cancel, if it is taken.
+        audit: Option<audit::Entry>,
         reply: Reply<Result<(), Error>>,
     },
     /// `removals`: how many removals were durable before the caller read the
@@ -90,6 +95,8 @@ pub(super) enum JobCommand {
     Retry {
         job: StoredJob,
         removals: u64,
+        /// Written with the retry, if it is taken.
+        audit: Option<audit::Entry>,
         reply: Reply<Option<Result<(), Error>>>,
     },
     /// Removes ended jobs (retention) that are not led here; answers, once
@@ -305,6 +312,13 @@ impl Step {
         self.actions.push(Action::Reply(Box::new(move || {
             let _ = reply.send(value);
         })));
+    }
+
+    /// Writes an audit record with the change it records, if the change is taken.
+    fn record<T, E>(&mut self, audit: Option<audit::Entry>, result: &Result<T, E>) {
+        if result.is_ok() {
+            self.batch.settings.extend(audit.map(audit::Entry::into_setting));
+        }
     }
 
     fn answer(&mut self, answer: Option<Answer>, result: Result<(), Rejection>) {

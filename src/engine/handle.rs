@@ -15,6 +15,7 @@ use super::{CommitObserver, Error, Event, Progress, Summary};
 use crate::clock::Timestamp;
 use crate::dispatch::{Assignment, FreeSlots, HandlerSpec, TypeLimits};
 use crate::follower::{Loss, Outcome, Rejection};
+use crate::model::audit;
 use crate::model::{AttemptId, HandlerId, JobId, JobOrigin, JobRecord, JobSpec, StateCounts};
 use crate::store::{JobFilter, Store, StoredJob};
 
@@ -119,8 +120,19 @@ impl EngineHandle {
 
     /// Persists a validated job; returns its id once it is durable.
     pub async fn submit(&self, spec: JobSpec, origin: JobOrigin) -> Result<JobId, Error> {
-        let spec = Arc::new(spec);
-        self.call(|reply| JobCommand::Submit { id: JobId::new(), spec, origin, reply }.into()).await?
+        self.submit_recorded(spec, origin, |_| None).await
+    }
+
+    /// Submits a job and, in the same step, the audit record `audit` makes of its id.
+    pub async fn submit_recorded(
+        &self,
+        spec: JobSpec,
+        origin: JobOrigin,
+        audit: impl FnOnce(JobId) -> Option<audit::Entry>,
+    ) -> Result<JobId, Error> {
+        let (spec, id) = (Arc::new(spec), JobId::new());
+        let audit = audit(id);
+        self.call(|reply| JobCommand::Submit { id, spec, origin, audit, reply }.into()).await?
     }
 
     /// Reports that an attempt began executing.
@@ -173,7 +185,12 @@ impl EngineHandle {
     }
 
     pub async fn cancel(&self, job: JobId) -> Result<(), Error> {
-        match self.call(|reply| JobCommand::Cancel { job, reply }.into()).await? {
+        self.cancel_recorded(job, None).await
+    }
+
+    /// Cancels a job and writes `audit` in the same step, if the cancel is taken.
+    pub async fn cancel_recorded(&self, job: JobId, audit: Option<audit::Entry>) -> Result<(), Error> {
+        match self.call(|reply| JobCommand::Cancel { job, audit, reply }.into()).await? {
             Err(Error::JobEnded(_)) if self.stored(job).await?.is_none() => Err(Error::UnknownJob(job)),
             other => other,
         }
@@ -181,11 +198,19 @@ impl EngineHandle {
 
     /// Retries the failed part of an ended job.
     pub async fn retry(&self, job: JobId) -> Result<(), Error> {
+        self.retry_recorded(job, None).await
+    }
+
+    /// Retries a job and writes `audit` in the same step, if the retry is taken.
+    pub async fn retry_recorded(&self, job: JobId, audit: Option<audit::Entry>) -> Result<(), Error> {
         loop {
             // A removal taken between the read and the retry may have been this job's.
             let removals = self.lifetime.removals.load(Ordering::Acquire);
             let stored = self.stored(job).await?.ok_or(Error::UnknownJob(job))?;
-            if let Some(result) = self.call(|reply| JobCommand::Retry { job: stored, removals, reply }.into()).await? {
+            if let Some(result) = self
+                .call(|reply| JobCommand::Retry { job: stored, removals, audit: audit.clone(), reply }.into())
+                .await?
+            {
                 return result;
             }
         }

@@ -2,6 +2,7 @@
 //!
 //! Nothing here does I/O; the follower and leader steps transform these values.
 
+pub mod audit;
 mod ids;
 mod record;
 mod spec;

@@ -211,7 +211,7 @@ pub async fn run(
         builder = builder.tls_config(tls)?;
     }
     let grpc_server = builder
-        .layer(surface::access::grpc::Guard { access: parts.access.clone() })
+        .layer(surface::access::grpc::Guard { access: parts.access.clone(), trail: parts.http.api.trail.clone() })
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .max_concurrent_streams(Some(u32::try_from(options.max_workers).unwrap_or(u32::MAX).saturating_add(256)))
         .add_service(worker_service)
@@ -428,6 +428,7 @@ async fn assemble(
         seaweedfs: handles.seaweedfs.clone(),
         limits: options.limits.clone(),
         grpc_port,
+        trail: surface::audit::Trail { engine: handles.engine.clone(), clock: handles.clock.clone() },
     };
     let http = handles.http(api.clone(), &recovery, &pruner, options, grpc_port);
     let cluster = handles.topology.member().map(|node| handles.cluster(node, &recovery, options, grpc_port));

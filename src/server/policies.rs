@@ -228,6 +228,7 @@ impl Policies {
         &self,
         job_type: &str,
         changes: &BTreeMap<String, String>,
+        audit: Option<crate::model::audit::Entry>,
     ) -> Result<Result<(), policy::Error>, engine::Error> {
         let (worker_changes, changes): (BTreeMap<String, String>, BTreeMap<String, String>) =
             changes.clone().into_iter().partition(|(k, _)| k.starts_with(WORKER_KEY_PREFIX));
@@ -256,6 +257,8 @@ impl Policies {
         };
         let bytes = serde_json::to_vec(&updated).expect("overrides serialize");
         settings.push((format!("{POLICY_PREFIX}{job_type}"), Some(bytes)));
+        // The change's audit record, in the same step.
+        settings.extend(audit.map(crate::model::audit::Entry::into_setting));
         self.engine.put_settings(settings).await?;
         let mut guard = self.book.lock().expect("policy lock");
         let book = &mut **guard;

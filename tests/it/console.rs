@@ -234,6 +234,14 @@ fn a_running_job_is_canceled_from_its_page() {
     browser.screenshot("canceled");
     let job = wait_for_job_state(server, &id, "canceled", &[]);
     assert!(job["tasks"].as_array().unwrap().iter().all(|t| t["state"] == "canceled"), "{job}");
+    // The audit page shows who canceled it, newest first.
+    console.open("#/audit", "audit");
+    let row = r#"#audit tbody tr[data-action="job.cancel"]"#;
+    browser.wait_for(row);
+    browser.wait_for_text(&format!("{row} td:nth-of-type(5)"), &id);
+    browser.wait_for_text(&format!("{row} td:nth-of-type(7)"), "ok");
+    browser.wait_for_text(r#"#audit tbody tr:first-child td.mono:nth-of-type(4)"#, "job.cancel");
+    browser.screenshot("audit");
     browser.assert_no_uncaught_errors();
 }
 
@@ -610,6 +618,7 @@ fn a_viewer_sees_no_control_that_changes_anything_and_is_refused_anyway() {
     assert_eq!(browser.count("button#cancel-job"), 1);
     assert!(!browser.is_displayed_now("button#cancel-job"), "a viewer is shown no cancel");
     assert!(!browser.is_displayed_now(r##"a[href="#/submit"]"##), "nor the submit page's link");
+    assert!(!browser.is_displayed_now(r##"a[href="#/audit"]"##), "nor the audit page's (an admin's)");
     console.open("#/submit", "submit");
     browser.wait_for_visible("#submit-read-only");
     assert!(!browser.is_displayed_now("form#submit-form"));
@@ -638,5 +647,6 @@ fn a_viewer_sees_no_control_that_changes_anything_and_is_refused_anyway() {
     browser.wait_for_text("#job-state", "running");
     browser.wait_for_visible("button#cancel-job");
     assert!(browser.is_displayed_now(r##"a[href="#/submit"]"##));
+    assert!(!browser.is_displayed_now(r##"a[href="#/audit"]"##), "an operator reads no audit");
     browser.assert_no_uncaught_errors();
 }

@@ -11,6 +11,7 @@ mod access;
 mod admin_kill;
 mod admin_restart;
 mod alerts;
+mod audit;
 mod backup;
 mod clock_jumps;
 mod cluster;

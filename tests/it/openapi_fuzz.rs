@@ -64,11 +64,34 @@ fn snapshot(server: &Server, token_file: &Path, dir: &Path) -> String {
     let file = dir.join("snapshot.jsonl");
     let output = server.cli(&["backup", "--token-file", token_file.to_str().unwrap(), file.to_str().unwrap()]);
     assert!(output.status.success(), "backup: {}", String::from_utf8_lossy(&output.stderr));
-    let stored = std::fs::read_to_string(&file).unwrap();
+    // The audit trail grows with each refusal (and each backup): `refusals_only` checks it.
+    let stored: String = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .filter(|line| !line.contains(r#""key":"audit/"#))
+        .map(|line| format!("{line}\n"))
+        .collect();
     let (_, activities) = api(&server.http, "GET", "/api/activities", None);
     let (_, instances) = api(&server.http, "GET", "/api/instances", None);
     let paused: Vec<&Value> = instances["instances"].as_array().unwrap().iter().map(|i| &i["paused"]).collect();
     format!("{stored}activities {activities}\npaused {}\n", json!(paused))
+}
+
+/// The audit records taken since `seen` of them were: each a refusal, a
+/// read that records itself (a backup), or a sign-in refused; never a change.
+fn refusals_only(server: &Server, seen: usize) -> usize {
+    let records = trail(server);
+    for record in &records[seen..] {
+        let action = record["action"].as_str().unwrap();
+        let refused = record["outcome"] != "ok";
+        assert!(refused || action == "backup", "a request of the fuzz that was not refused: {record}");
+    }
+    records.len()
+}
+
+fn trail(server: &Server) -> Vec<Value> {
+    let (_, trail) = api(&server.http, "GET", "/api/audit?limit=0", None);
+    trail["records"].as_array().unwrap().clone()
 }
 
 /// The first lines where two snapshots differ, for the failure message.
@@ -290,11 +313,13 @@ fn every_operation_answers_as_the_openapi_document_says_and_changes_nothing_it_s
         },
     ];
     let before = snapshot(&server, &token_file, dir.path());
+    let mut seen = trail(&server).len();
     let mut took = Duration::ZERO;
     for phase in &unchanging {
         took += fuzz.run(phase);
         let after = snapshot(&server, &token_file, dir.path());
         assert!(before == after, "phase {:?} changed the server's state: {}", phase.name, difference(&before, &after));
+        seen = refusals_only(&server, seen);
         assert!(session_live(), "phase {:?} ended the console session", phase.name);
     }
 

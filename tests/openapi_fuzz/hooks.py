@@ -5,9 +5,11 @@
   JOBCENTER_FUZZ_TASKS and JOBCENTER_FUZZ_JOB_TYPES, comma-separated), so
   that reads reach real records and not only 404s.
 - The check `refused_write_changes_nothing`: a write the server refuses
-  (4xx) commits nothing to its store and leaves the scheduler's pause as it
-  was. After each write's answer it reads the store's group commits
-  (`jobcenter_commit_seconds_count` of /metrics) and the pause
+  (4xx) commits nothing to its store but its audit record, and leaves the
+  scheduler's pause as it was. After each write's answer it reads the
+  store's group commits (`jobcenter_commit_seconds_count` of /metrics) less
+  the audit trail's records (/api/audit, each written in a commit of its
+  own when it records a refusal) and the pause
   (/api/instances) with the token (JOBCENTER_FUZZ_ADDRESS,
   JOBCENTER_FUZZ_TOKEN); a refused write must find them as the write before
   it left them (the first write, as they were before it). This holds
@@ -67,14 +69,18 @@ def _get(path):
 
 
 def _state():
-    """What a refused write must leave as it was: (store commits, paused per instance)."""
+    """What a refused write must leave as it was: (store commits other than
+    the audit trail's, paused per instance). A refusal is recorded in the
+    audit trail, one record in a commit of its own, so the commits less the
+    records are what must not move."""
     commits = next(
-        line.split()[-1]
+        float(line.split()[-1])
         for line in _get("/metrics").splitlines()
         if line.startswith("jobcenter_commit_seconds_count")
     )
+    records = len(json.loads(_get("/api/audit?limit=0"))["records"])
     paused = [instance["paused"] for instance in json.loads(_get("/api/instances"))["instances"]]
-    return commits, paused
+    return int(commits) - records, paused
 
 
 def _is_declared_write(method, case):

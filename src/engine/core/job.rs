@@ -6,19 +6,21 @@ use super::{Action, Core, JobCommand, Step};
 use crate::active::ActiveJob;
 use crate::clock::Timestamp;
 use crate::leader;
+use crate::model::audit;
 use crate::model::{JobId, JobState, TaskIdx, TaskRef};
 
 impl Core {
     pub(super) fn apply_job(&mut self, command: JobCommand, now: Timestamp, step: &mut Step) {
         match command {
-            JobCommand::Submit { id, spec, origin, reply } => {
+            JobCommand::Submit { id, spec, origin, audit, reply } => {
                 let (job, ready) = leader::submit(id, spec, origin, self.options.instance, now, &mut step.batch);
                 tracing::info!(job.id = %id, job.name = %job.record.name, tasks = job.len(), "job submitted");
                 self.jobs.insert(id, job);
                 self.queue_ready(id, &ready, now);
+                step.batch.settings.extend(audit.map(audit::Entry::into_setting));
                 step.reply(reply, Ok(id));
             }
-            JobCommand::Cancel { job, reply } => {
+            JobCommand::Cancel { job, audit, reply } => {
                 let result = match self.jobs.get_mut(&job) {
                     Some(active) => {
                         let running = leader::cancel(active, now, &mut step.batch);
@@ -31,9 +33,10 @@ impl Core {
                     }
                     None => Err(Error::JobEnded(job)),
                 };
+                step.record(audit, &result);
                 step.reply(reply, result);
             }
-            JobCommand::Retry { job, removals, reply } => {
+            JobCommand::Retry { job, removals, audit, reply } => {
                 let id = job.record.id;
                 let durable = self.removals_durable.load(std::sync::atomic::Ordering::Acquire);
                 self.removing.retain(|_, number| *number > durable);
@@ -56,6 +59,7 @@ impl Core {
                     self.queue_ready(id, &ready, now);
                     Ok(())
                 };
+                step.record(audit, &result);
                 step.reply(reply, Some(result));
             }
             JobCommand::Remove { jobs, reply } => {

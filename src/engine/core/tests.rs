@@ -73,7 +73,8 @@ fn core_running_a_chain() -> (Core, HandlerId, JobId) {
     let (mut core, handler, _orders) = core_with_a_handler();
     let id = JobId::new();
     let (reply, _answer) = oneshot::channel();
-    let step = core.turn([JobCommand::Submit { id, spec: spec(2), origin: JobOrigin::User, reply }.into()], at(1));
+    let step = core
+        .turn([JobCommand::Submit { id, spec: spec(2), origin: JobOrigin::User, audit: None, reply }.into()], at(1));
     assert_eq!(sent(&step), [attempt(id, 0, 1)]);
     (core, handler, id)
 }
@@ -125,7 +126,7 @@ fn independent(n: usize) -> Arc<JobSpec> {
 
 fn submit(core: &mut Core, spec: Arc<JobSpec>, now: Timestamp) -> (JobId, Step) {
     let (id, (reply, _answer)) = (JobId::new(), oneshot::channel());
-    (id, core.turn([JobCommand::Submit { id, spec, origin: JobOrigin::User, reply }.into()], now))
+    (id, core.turn([JobCommand::Submit { id, spec, origin: JobOrigin::User, audit: None, reply }.into()], now))
 }
 
 /// What a query or command answers once its step is durable.
@@ -159,7 +160,7 @@ fn a_submit_is_answered_only_once_its_step_is_durable_and_its_first_task_goes_ou
     let (mut core, _handler, _orders) = core_with_a_handler();
     let (reply, mut answer) = oneshot::channel();
     let id = JobId::new();
-    let submit = JobCommand::Submit { id, spec: spec(3), origin: JobOrigin::User, reply };
+    let submit = JobCommand::Submit { id, spec: spec(3), origin: JobOrigin::User, audit: None, reply };
     let step = core.turn([submit.into()], at(1));
     assert_eq!(step.batch.new_jobs.len(), 1, "the job is in the step's batch");
     assert_eq!(written(&step, id), [(0, TaskState::Running, 1)], "only the chain's first task is ready");
@@ -175,7 +176,7 @@ fn each_completion_releases_the_next_task_of_a_chain_in_the_same_turn() {
     let (mut core, handler, _orders) = core_with_a_handler();
     let id = JobId::new();
     let (reply, _answer) = oneshot::channel();
-    core.turn([JobCommand::Submit { id, spec: spec(3), origin: JobOrigin::User, reply }.into()], at(1));
+    core.turn([JobCommand::Submit { id, spec: spec(3), origin: JobOrigin::User, audit: None, reply }.into()], at(1));
     for idx in 0..3u32 {
         let done = Outcome::Succeeded { output: vec![format!("t{idx} done")] };
         let step = core.turn([complete(attempt(id, idx, 1), handler, done)], at(2 + i64::from(idx)));
@@ -197,7 +198,7 @@ fn a_failure_marks_every_task_after_it_upstream_failed_and_ends_the_job_in_one_s
     let (mut core, handler, _orders) = core_with_a_handler();
     let id = JobId::new();
     let (reply, _answer) = oneshot::channel();
-    core.turn([JobCommand::Submit { id, spec: spec(4), origin: JobOrigin::User, reply }.into()], at(1));
+    core.turn([JobCommand::Submit { id, spec: spec(4), origin: JobOrigin::User, audit: None, reply }.into()], at(1));
     let failed = Outcome::Failed { error: "disk full".into(), output: Vec::new() };
     let step = core.turn([complete(attempt(id, 0, 1), handler, failed)], at(2));
     assert_eq!(
@@ -218,7 +219,7 @@ fn a_stale_report_is_refused_and_changes_nothing() {
     let (mut core, handler, _orders) = core_with_a_handler();
     let id = JobId::new();
     let (reply, _answer) = oneshot::channel();
-    core.turn([JobCommand::Submit { id, spec: spec(2), origin: JobOrigin::User, reply }.into()], at(1));
+    core.turn([JobCommand::Submit { id, spec: spec(2), origin: JobOrigin::User, audit: None, reply }.into()], at(1));
     let stranger = HandlerId::new();
     let done = || Outcome::Succeeded { output: Vec::new() };
     for report in [complete(attempt(id, 0, 2), handler, done()), complete(attempt(id, 0, 1), stranger, done())] {
@@ -312,7 +313,8 @@ fn a_borrowed_attempt_holds_its_slot_until_its_report_is_settled() {
     assert!(unsent.try_recv().unwrap().is_empty());
     let id = JobId::new();
     let (reply, _answer) = oneshot::channel();
-    let step = core.turn([JobCommand::Submit { id, spec: spec(1), origin: JobOrigin::User, reply }.into()], at(3));
+    let step = core
+        .turn([JobCommand::Submit { id, spec: spec(1), origin: JobOrigin::User, audit: None, reply }.into()], at(3));
     assert!(sent(&step).is_empty(), "the handler's one slot runs the borrowed attempt");
     let other = ClusterCommand::ReturnBorrowed { attempt: attempt(theirs.task.job, 0, 2) };
     assert!(sent(&core.turn([other.into()], at(4))).is_empty(), "another attempt of that task settles nothing");
@@ -423,4 +425,52 @@ fn only_jobs_no_attempt_runs_for_are_released_to_other_instances() {
         let summary = answer_of(core.turn([Query::Summary { job, reply }.into()], at(4)), answer);
         assert_eq!(summary.is_some(), led, "{job} led here");
     }
+}
+
+/// An audit record of `action` by `who`, as the API makes one.
+fn audit_entry(action: &str) -> crate::model::audit::Entry {
+    let at_ms = T0.0 as u64;
+    crate::model::audit::Record {
+        id: crate::model::audit::new_id(at_ms),
+        at_ms,
+        who: "ana".into(),
+        role: "operator".into(),
+        from: "127.0.0.1".into(),
+        action: action.into(),
+        target: String::new(),
+        args: Default::default(),
+        outcome: crate::model::audit::OK.into(),
+    }
+    .entry()
+}
+
+#[test]
+fn an_audited_cancel_is_written_in_the_step_that_cancels_and_a_refused_one_not_at_all() {
+    let (mut core, _handler, job) = core_running_a_chain();
+    let entry = audit_entry("job.cancel");
+    let (reply, answer) = oneshot::channel();
+    let step = core.turn([JobCommand::Cancel { job, audit: Some(entry.clone()), reply }.into()], at(2));
+    assert!(written(&step, job).contains(&(1, TaskState::Canceled, 0)), "the cancel is in the step");
+    assert_eq!(step.batch.settings, [(entry.key.clone(), Some(entry.bytes))], "so is its record");
+    assert!(answer_of(step, answer).is_ok());
+
+    let (reply, answer) = oneshot::channel();
+    let unknown = JobId::new();
+    let step =
+        core.turn([JobCommand::Cancel { job: unknown, audit: Some(audit_entry("job.cancel")), reply }.into()], at(3));
+    assert!(step.batch.settings.is_empty(), "a cancel refused writes no record: the API records its refusal");
+    assert!(answer_of(step, answer).is_err());
+}
+
+#[test]
+fn an_audited_submit_is_written_with_the_job() {
+    let mut core = Core::new(Options::default(), broadcast::channel(16).0);
+    let (id, (reply, _answer)) = (JobId::new(), oneshot::channel());
+    let entry = audit_entry("job.submit");
+    let step = core.turn(
+        [JobCommand::Submit { id, spec: spec(2), origin: JobOrigin::User, audit: Some(entry.clone()), reply }.into()],
+        at(1),
+    );
+    assert_eq!(step.batch.new_jobs.len(), 1);
+    assert_eq!(step.batch.settings, [(entry.key, Some(entry.bytes))]);
 }

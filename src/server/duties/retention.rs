@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::engine::EngineHandle;
-use crate::model::{JobId, JobRecord};
+use crate::model::{audit, JobId, JobRecord};
 use crate::proto::api;
 use crate::retention::{expired, human, Reason, Retention};
 use crate::server::cluster::Topology;
@@ -58,10 +58,12 @@ impl Pruner {
     pub(crate) fn rules(&self) -> String {
         let r = &self.retention;
         format!(
-            "ended jobs are kept {}, at most {}; recovery checks {}",
+            "ended jobs are kept {}, at most {}; recovery checks {}; audit records {}, at most {}",
             human(r.age),
             r.count,
-            human(r.recovery_checks)
+            human(r.recovery_checks),
+            human(r.audit.age),
+            r.audit.count
         )
     }
 
@@ -112,8 +114,29 @@ impl Pruner {
                 self.metrics.jobs_pruned(removed as u64);
                 tracing::info!(removed, rules = %self.rules(), "ended jobs removed");
             }
+            self.prune_audit().await?;
         }
         Ok(api::PruneResponse { jobs, dry_run, rules: self.rules() })
+    }
+
+    /// Removes the audit records past their age and count, oldest first.
+    async fn prune_audit(&self) -> Result<(), DutyError> {
+        let store = self.engine.store().clone();
+        let keys: Vec<String> = tokio::task::spawn_blocking(move || {
+            store.settings(audit::PREFIX).map(|s| s.into_iter().map(|(k, _)| k).collect())
+        })
+        .await
+        .map_err(|e| DutyError::Failed(e.to_string()))??;
+        let now_ms = u64::try_from(self.clock.now().as_millis()).unwrap_or(0);
+        let expired = audit::expired(&keys, now_ms, self.retention.audit);
+        for keys in expired.chunks(BATCH_JOBS) {
+            self.engine.put_settings(keys.iter().map(|k| (k.clone(), None)).collect()).await?;
+            tokio::time::sleep(BATCH_PAUSE).await;
+        }
+        if !expired.is_empty() {
+            tracing::info!(removed = expired.len(), rules = %self.rules(), "audit records removed");
+        }
+        Ok(())
     }
 
     /// Whether this instance prunes: alone always; in a cluster, the live

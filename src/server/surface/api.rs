@@ -9,11 +9,13 @@ use std::sync::Arc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
+use super::audit::{Trail, Who};
 use super::convert;
 use super::metrics::Metrics;
 use crate::engine::EngineHandle;
 use crate::engine::{self, Event};
 use crate::jobfile::{self, Format};
+use crate::model::audit::{Filter, Record};
 use crate::model::{JobId, JobOrigin, JobState};
 use crate::proto::api::{self, job_event, job_service_server::JobService};
 use crate::server::cluster::peer::Peers;
@@ -158,10 +160,33 @@ pub(crate) struct Api {
     pub(crate) limits: crate::jobfile::Limits,
     /// This instance's gRPC port, as `instances` lists it alone.
     pub(crate) grpc_port: u16,
+    /// Where each change is recorded, with who asked for it.
+    pub(crate) trail: Trail,
 }
 
 impl Api {
-    pub(crate) async fn submit(&self, content: Vec<u8>, format: &str, source_name: &str) -> Result<String, Error> {
+    /// Takes a job file from `who`; the job and its audit record are one step.
+    pub(crate) async fn submit(
+        &self,
+        who: &Who,
+        content: Vec<u8>,
+        format: &str,
+        source_name: &str,
+    ) -> Result<String, Error> {
+        let record =
+            self.trail.begin(who, "job.submit", "").arg("source", source_name).arg("bytes", content.len().to_string());
+        let result = self.submit_recorded(record.clone(), content, format, source_name).await;
+        self.trail.refused(record, &result).await;
+        result
+    }
+
+    async fn submit_recorded(
+        &self,
+        record: Record,
+        content: Vec<u8>,
+        format: &str,
+        source_name: &str,
+    ) -> Result<String, Error> {
         let format = match format {
             "" | "json" => Format::Json,
             "toml" => Format::Toml,
@@ -178,7 +203,9 @@ impl Api {
             .map_err(|e| Error::Internal(e.to_string()))?
             .map_err(Error::Rejected)?;
         let started = std::time::Instant::now();
-        let id = self.engine.submit(spec, JobOrigin::User).await?;
+        let record = record.arg("name", spec.name.as_str()).arg("tasks", spec.len().to_string());
+        let id =
+            self.engine.submit_recorded(spec, JobOrigin::User, |id| Some(record.on(&id.to_string()).entry())).await?;
         if let Some(node) = self.topology.member() {
             node.wake_permits();
         }
@@ -296,16 +323,26 @@ impl Api {
         Ok((client, request))
     }
 
-    pub(crate) async fn cancel(&self, id: &str) -> Result<(), Error> {
+    /// Cancels a job for `who`; the cancel and its audit record are one step
+    /// (on the instance that leads the job, the record is this one's).
+    pub(crate) async fn cancel(&self, who: &Who, id: &str) -> Result<(), Error> {
+        let record = self.trail.begin(who, "job.cancel", id);
+        let result = self.cancel_recorded(record.clone(), id).await;
+        self.trail.refused(record, &result).await;
+        result
+    }
+
+    async fn cancel_recorded(&self, record: Record, id: &str) -> Result<(), Error> {
         let id = parse_job_id(id)?;
         let started = std::time::Instant::now();
-        match self.engine.cancel(id).await {
+        match self.engine.cancel_recorded(id, Some(record.entry())).await {
             Err(crate::engine::Error::JobEnded(_)) if self.topology.member().is_some() => {
                 let Some(address) = self.led_by(id).await? else {
                     return Err(crate::engine::Error::JobEnded(id).into());
                 };
                 let (mut client, request) = self.forward(&address, api::JobRef { job_id: id.to_string() }).await?;
                 client.cancel_job(request).await.map_err(|s| status_error(&s))?;
+                self.trail.write(record.arg("led_by", address.as_str())).await;
                 tracing::info!(job.id = %id, leader = address, "job canceled over the API, by the instance leading it");
                 return Ok(());
             }
@@ -316,13 +353,20 @@ impl Api {
         Ok(())
     }
 
-    pub(crate) async fn retry(&self, id: &str) -> Result<(), Error> {
-        let id = parse_job_id(id)?;
-        let started = std::time::Instant::now();
-        self.engine.retry(id).await?;
-        self.metrics.observe_api_step(started.elapsed());
-        tracing::info!(job.id = %id, "job retried over the API");
-        Ok(())
+    /// Retries a job for `who`; the retry and its audit record are one step.
+    pub(crate) async fn retry(&self, who: &Who, id: &str) -> Result<(), Error> {
+        let record = self.trail.begin(who, "job.retry", id);
+        let result = async {
+            let id = parse_job_id(id)?;
+            let started = std::time::Instant::now();
+            self.engine.retry_recorded(id, Some(record.entry())).await?;
+            self.metrics.observe_api_step(started.elapsed());
+            tracing::info!(job.id = %id, "job retried over the API");
+            Ok(())
+        }
+        .await;
+        self.trail.refused(record, &result).await;
+        result
     }
 
     pub(crate) fn workers(&self) -> Vec<api::Worker> {
@@ -370,8 +414,17 @@ impl Api {
             .collect())
     }
 
-    /// Pauses or resumes the scheduler loop of one instance (by id) or of all.
-    pub(crate) async fn set_scheduler_paused(&self, paused: bool, instance: &str) -> Result<u32, Error> {
+    /// Pauses or resumes the scheduler loop of one instance (by id) or of
+    /// all, for `who` (recorded once done: the pause is not the engine's).
+    pub(crate) async fn set_scheduler_paused(&self, who: &Who, paused: bool, instance: &str) -> Result<u32, Error> {
+        let action = if paused { "scheduler.pause" } else { "scheduler.resume" };
+        let record = self.trail.begin(who, action, instance);
+        let result = self.pause(paused, instance).await;
+        self.trail.end(record, &result).await;
+        result
+    }
+
+    async fn pause(&self, paused: bool, instance: &str) -> Result<u32, Error> {
         let Some(node) = self.topology.member().cloned() else {
             // Alone, the one instance is `local`, as `instances` lists it.
             match instance {
@@ -427,21 +480,52 @@ impl Api {
         Ok(out)
     }
 
+    /// Changes a job type's policy for `who`; the change and its audit record are one step.
     pub(crate) async fn set_policy(
         &self,
+        who: &Who,
+        job_type: &str,
+        changes: &BTreeMap<String, String>,
+    ) -> Result<api::Policy, Error> {
+        let record =
+            changes.iter().fold(self.trail.begin(who, "policy.set", job_type), |r, (k, v)| r.arg(k, v.as_str()));
+        let result = self.change_policy(record.clone(), job_type, changes).await;
+        self.trail.refused(record, &result).await;
+        result
+    }
+
+    async fn change_policy(
+        &self,
+        record: Record,
         job_type: &str,
         changes: &BTreeMap<String, String>,
     ) -> Result<api::Policy, Error> {
         if job_type.is_empty() {
             return Err(Error::Invalid("a job type is required".into()));
         }
-        self.policies.set(job_type, changes).await.map_err(Error::from)?.map_err(|e| Error::Invalid(e.to_string()))?;
+        self.policies
+            .set(job_type, changes, Some(record.entry()))
+            .await
+            .map_err(Error::from)?
+            .map_err(|e| Error::Invalid(e.to_string()))?;
         self.policies.push_limits(&self.engine, job_type).await;
         self.scheduler.board.wake();
         self.policy(job_type)
     }
 
-    pub(crate) async fn detect(&self, job_type: &str, run: bool) -> Result<api::DetectResponse, Error> {
+    /// Asks a detector for `who`, recorded once answered (with the job it made, if any).
+    pub(crate) async fn detect(&self, who: &Who, job_type: &str, run: bool) -> Result<api::DetectResponse, Error> {
+        let record = self.trail.begin(who, "detect", job_type).arg("run", run.to_string());
+        let result = self.detect_now(job_type, run).await;
+        let record = match &result {
+            Ok(answer) if !answer.job_id.is_empty() => record.arg("job", answer.job_id.as_str()),
+            _ => record,
+        };
+        self.trail.end(record, &result).await;
+        result
+    }
+
+    async fn detect_now(&self, job_type: &str, run: bool) -> Result<api::DetectResponse, Error> {
         if job_type.is_empty() {
             return Err(Error::Invalid("a job type is required".into()));
         }
@@ -529,11 +613,23 @@ impl Api {
         }
     }
 
-    pub(crate) async fn recover(&self, dry_run: bool, here_only: bool) -> Result<api::RecoverResponse, Error> {
+    /// Runs the recovery check for `who`, recorded once done.
+    pub(crate) async fn recover(
+        &self,
+        who: &Who,
+        dry_run: bool,
+        here_only: bool,
+    ) -> Result<api::RecoverResponse, Error> {
+        let record = self.trail.begin(who, "recover", "").arg("dry_run", dry_run.to_string());
         let findings =
             if here_only { self.recovery.check(dry_run).await } else { self.recovery.check_cluster(dry_run).await };
-        let findings = findings?;
-        Ok(api::RecoverResponse { findings, dry_run })
+        let result = findings.map(|findings| api::RecoverResponse { findings, dry_run }).map_err(Error::from);
+        let record = match &result {
+            Ok(answer) => record.arg("findings", answer.findings.len().to_string()),
+            Err(_) => record,
+        };
+        self.trail.end(record, &result).await;
+        result
     }
 
     /// The job's summary once it has ended.
@@ -543,8 +639,21 @@ impl Api {
     }
 
     /// Removes the ended jobs past the retention rules now (or only names them).
-    pub(crate) async fn prune(&self, dry_run: bool) -> Result<api::PruneResponse, Error> {
-        Ok(self.pruner.prune(dry_run).await?)
+    pub(crate) async fn prune(&self, who: &Who, dry_run: bool) -> Result<api::PruneResponse, Error> {
+        let record = self.trail.begin(who, "prune", "").arg("dry_run", dry_run.to_string());
+        let result = self.pruner.prune(dry_run).await.map_err(Error::from);
+        let record = match &result {
+            Ok(answer) => record.arg("jobs", answer.jobs.len().to_string()),
+            Err(_) => record,
+        };
+        self.trail.end(record, &result).await;
+        result
+    }
+
+    /// The audit trail, oldest first.
+    pub(crate) async fn audit(&self, filter: Filter) -> Result<Vec<api::AuditRecord>, Error> {
+        let records = self.trail.read(filter).await.map_err(store_error)?;
+        Ok(records.into_iter().map(convert::audit_record).collect())
     }
 
     /// A snapshot (in parts), then the job's transitions, until it has ended.
@@ -729,8 +838,9 @@ impl JobService for JobServiceImpl {
         &self,
         request: Request<api::SubmitJobRequest>,
     ) -> Result<Response<api::SubmitJobResponse>, Status> {
+        let who = who(&request);
         let r = request.into_inner();
-        let job_id = self.api.submit(r.content, &r.format, &r.source_name).await?;
+        let job_id = self.api.submit(&who, r.content, &r.format, &r.source_name).await?;
         Ok(Response::new(api::SubmitJobResponse { job_id }))
     }
 
@@ -739,6 +849,7 @@ impl JobService for JobServiceImpl {
         request: Request<tonic::Streaming<api::SubmitJobChunk>>,
     ) -> Result<Response<api::SubmitJobResponse>, Status> {
         let limit = self.api.limits.max_file_bytes;
+        let who = who(&request);
         let mut chunks = request.into_inner();
         let (mut content, mut format, mut source_name) = (Vec::new(), String::new(), String::new());
         while let Some(chunk) = chunks.message().await? {
@@ -750,7 +861,7 @@ impl JobService for JobServiceImpl {
             }
             content.extend_from_slice(&chunk.content);
         }
-        let job_id = self.api.submit(content, &format, &source_name).await?;
+        let job_id = self.api.submit(&who, content, &format, &source_name).await?;
         Ok(Response::new(api::SubmitJobResponse { job_id }))
     }
 
@@ -781,14 +892,16 @@ impl JobService for JobServiceImpl {
     }
 
     async fn cancel_job(&self, request: Request<api::JobRef>) -> Result<Response<api::JobRef>, Status> {
+        let who = who(&request);
         let r = request.into_inner();
-        self.api.cancel(&r.job_id).await?;
+        self.api.cancel(&who, &r.job_id).await?;
         Ok(Response::new(r))
     }
 
     async fn retry_job(&self, request: Request<api::JobRef>) -> Result<Response<api::JobRef>, Status> {
+        let who = who(&request);
         let r = request.into_inner();
-        self.api.retry(&r.job_id).await?;
+        self.api.retry(&who, &r.job_id).await?;
         Ok(Response::new(r))
     }
 
@@ -804,8 +917,9 @@ impl JobService for JobServiceImpl {
     }
 
     async fn detect(&self, request: Request<api::DetectRequest>) -> Result<Response<api::DetectResponse>, Status> {
+        let who = who(&request);
         let r = request.into_inner();
-        Ok(Response::new(self.api.detect(&r.job_type, r.run).await?))
+        Ok(Response::new(self.api.detect(&who, &r.job_type, r.run).await?))
     }
 
     async fn list_activities(
@@ -835,27 +949,52 @@ impl JobService for JobServiceImpl {
         &self,
         request: Request<api::SetSchedulerPausedRequest>,
     ) -> Result<Response<api::SetSchedulerPausedResponse>, Status> {
+        let who = who(&request);
         let r = request.into_inner();
-        let changed = self.api.set_scheduler_paused(r.paused, &r.instance).await?;
+        let changed = self.api.set_scheduler_paused(&who, r.paused, &r.instance).await?;
         Ok(Response::new(api::SetSchedulerPausedResponse { changed }))
     }
 
     async fn recover(&self, request: Request<api::RecoverRequest>) -> Result<Response<api::RecoverResponse>, Status> {
+        let who = who(&request);
         let r = request.into_inner();
-        Ok(Response::new(self.api.recover(r.dry_run, r.here_only).await?))
+        Ok(Response::new(self.api.recover(&who, r.dry_run, r.here_only).await?))
     }
 
-    async fn backup(&self, _request: Request<api::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
+    /// A backup is recorded as it starts: it reads everything.
+    async fn backup(&self, request: Request<api::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
+        let trail = &self.api.trail;
+        trail.write(trail.begin(&who(&request), "backup", "")).await;
         Ok(Response::new(super::backup::stream(self.api.engine.clone())))
     }
 
     async fn prune(&self, request: Request<api::PruneRequest>) -> Result<Response<api::PruneResponse>, Status> {
-        Ok(Response::new(self.api.prune(request.into_inner().dry_run).await?))
+        let who = who(&request);
+        Ok(Response::new(self.api.prune(&who, request.into_inner().dry_run).await?))
     }
 
     async fn set_policy(&self, request: Request<api::SetPolicyRequest>) -> Result<Response<api::Policy>, Status> {
+        let who = who(&request);
         let r = request.into_inner();
         let changes: BTreeMap<String, String> = r.values.into_iter().collect();
-        Ok(Response::new(self.api.set_policy(&r.job_type, &changes).await?))
+        Ok(Response::new(self.api.set_policy(&who, &r.job_type, &changes).await?))
     }
+
+    async fn list_audit(
+        &self,
+        request: Request<api::ListAuditRequest>,
+    ) -> Result<Response<api::ListAuditResponse>, Status> {
+        let r = request.into_inner();
+        let filter = Filter {
+            since_ms: (r.since_ms > 0).then(|| u64::try_from(r.since_ms).unwrap_or(0)),
+            who: Some(r.who).filter(|w| !w.is_empty()),
+            limit: (r.limit > 0).then_some(r.limit as usize),
+        };
+        Ok(Response::new(api::ListAuditResponse { records: self.api.audit(filter).await? }))
+    }
+}
+
+/// Who made a call, as the guard (`access::grpc`) judged it.
+fn who<T>(request: &Request<T>) -> Who {
+    request.extensions().get::<Who>().cloned().unwrap_or_else(|| Who::unknown(None))
 }

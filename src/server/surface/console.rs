@@ -93,10 +93,10 @@ impl Sessions {
         open.get(&id).filter(|s| s.opened.elapsed() < SESSION_LIFETIME).map(|s| (s.caller.clone(), s.csrf.clone()))
     }
 
-    pub(crate) fn close(&self, headers: &HeaderMap) {
-        if let Some(id) = session_id(headers) {
-            self.open.lock().expect("sessions lock").remove(&id);
-        }
+    /// Ends the browser's session; answers whose it was.
+    pub(crate) fn close(&self, headers: &HeaderMap) -> Option<Caller> {
+        let id = session_id(headers)?;
+        self.open.lock().expect("sessions lock").remove(&id).map(|s| s.caller)
     }
 }
 

@@ -110,3 +110,17 @@ pub(crate) fn policy(job_type: &str, policy: &Policy, sources: &BTreeMap<String,
         sources: sources.iter().map(|(k, v)| (k.clone(), v.as_str().to_string())).collect(),
     }
 }
+
+pub(crate) fn audit_record(record: crate::model::audit::Record) -> api::AuditRecord {
+    api::AuditRecord {
+        id: record.id.to_string(),
+        at_ms: i64::try_from(record.at_ms).unwrap_or(i64::MAX),
+        who: record.who,
+        role: record.role,
+        from: record.from,
+        action: record.action,
+        target: record.target,
+        args: record.args.into_iter().collect(),
+        outcome: record.outcome,
+    }
+}

@@ -21,6 +21,7 @@ use tokio_stream::StreamExt;
 
 use super::access::{self, Access, Need, Refusal};
 use super::api::{Api, Error};
+use super::audit::Who;
 use super::metrics::Scrape;
 use super::stall::Remote;
 use super::{console, views};
@@ -89,6 +90,18 @@ impl<S: Send + Sync> FromRequestParts<S> for From {
     }
 }
 
+/// Who a request comes from, as the guard judged it.
+struct By(Who);
+
+impl<S: Send + Sync> FromRequestParts<S> for By {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<By, std::convert::Infallible> {
+        let who = parts.extensions.get::<Who>().cloned();
+        Ok(By(who.unwrap_or_else(|| Who::unknown(remote_of(&parts.extensions)))))
+    }
+}
+
 /// Every request passes here first: no write is taken from another site,
 /// nor a console session's write without its anti-forgery token; then it is
 /// judged by its route's row in the table (`access::table`): the console's
@@ -99,6 +112,7 @@ async fn guard(State(state): State<AppState>, mut request: Request, next: Next) 
     let path = request.extensions().get::<MatchedPath>().map_or("", MatchedPath::as_str);
     let need = access::table::http(request.method(), path);
     let from = remote(&request);
+    let path = path.to_string();
     let judged = match (console::judge(request.method(), request.headers(), &state.sessions), need) {
         (console::Verdict::Forbidden(why), _) => {
             return (StatusCode::FORBIDDEN, Json(json!({ "error": why }))).into_response();
@@ -106,20 +120,32 @@ async fn guard(State(state): State<AppState>, mut request: Request, next: Next) 
         (_, Need::Open) => return next.run(request).await,
         (console::Verdict::Bearer(header), Need::Any(needed)) => {
             let header = header.to_string();
-            state.access.judge(needed, Some(&header), from).await
+            (true, state.access.judge(needed, Some(&header), from).await)
         }
         (console::Verdict::Session(caller), Need::Any(needed)) => match state.access.current(&caller) {
-            Some(caller) => access::permit(caller, needed),
-            None => Err(Refusal::Unauthenticated),
+            Some(caller) => (true, access::permit(caller, needed)),
+            None => (true, Err(Refusal::Unauthenticated)),
         },
-        (console::Verdict::Nothing, Need::Any(needed)) => state.access.judge(needed, None, from).await,
+        (console::Verdict::Nothing, Need::Any(needed)) => (false, state.access.judge(needed, None, from).await),
     };
     match judged {
-        Ok(caller) => {
-            request.extensions_mut().insert(caller);
+        (_, Ok(caller)) => {
+            request.extensions_mut().insert(Who::of(&caller, from));
             next.run(request).await
         }
-        Err(refusal) => refusal.into_response(),
+        (presented, Err(refusal)) => {
+            // A credential refused is recorded; a request that presents none is not.
+            if presented {
+                let trail = &state.api.trail;
+                let what = format!("{} {path}", request.method());
+                trail
+                    .write(
+                        trail.begin(&Who::refused(&refusal, from), "access.refused", &what).ended(refusal.to_string()),
+                    )
+                    .await;
+            }
+            refusal.into_response()
+        }
     }
 }
 
@@ -170,6 +196,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/prune", guarded(post(prune)))
         .route("/api/detect/{job_type}", guarded(post(detect)))
         .route("/api/activities", guarded(get(activities)))
+        .route("/api/audit", guarded(get(audit)))
         .route("/api/runs/{job_type}", guarded(get(runs)))
         .route("/api/policies/{job_type}", guarded(get(get_policy).put(set_policy)))
         .route("/api/openapi.json", guarded(get(openapi)))
@@ -328,6 +355,7 @@ async fn list_jobs(State(s): State<AppState>, q: Params) -> Reply {
 
 async fn submit_job(
     State(s): State<AppState>,
+    By(who): By,
     q: Params,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Reply {
@@ -340,7 +368,7 @@ async fn submit_job(
         )),
         _ => Error::Invalid(format!("the job file could not be read: {e}")),
     })?;
-    let job_id = s.api.submit(body.to_vec(), q.text("format"), q.text("name")).await?;
+    let job_id = s.api.submit(&who, body.to_vec(), q.text("format"), q.text("name")).await?;
     Ok((StatusCode::CREATED, Json(json!({ "job_id": job_id }))).into_response())
 }
 
@@ -356,21 +384,21 @@ async fn get_job(State(s): State<AppState>, PathParams(id): PathParams<String>) 
         .into_response())
 }
 
-async fn cancel_job(State(s): State<AppState>, PathParams(id): PathParams<String>, q: Params) -> Reply {
+async fn cancel_job(State(s): State<AppState>, By(who): By, PathParams(id): PathParams<String>, q: Params) -> Reply {
     q.taking(&[])?;
-    s.api.cancel(&id).await?;
+    s.api.cancel(&who, &id).await?;
     Ok(Json(json!({ "job_id": id, "canceled": true })).into_response())
 }
 
-async fn retry_job(State(s): State<AppState>, PathParams(id): PathParams<String>, q: Params) -> Reply {
+async fn retry_job(State(s): State<AppState>, By(who): By, PathParams(id): PathParams<String>, q: Params) -> Reply {
     q.taking(&[])?;
-    s.api.retry(&id).await?;
+    s.api.retry(&who, &id).await?;
     Ok(Json(json!({ "job_id": id, "retried": true })).into_response())
 }
 
-async fn detect(State(s): State<AppState>, PathParams(job_type): PathParams<String>, q: Params) -> Reply {
+async fn detect(State(s): State<AppState>, By(who): By, PathParams(job_type): PathParams<String>, q: Params) -> Reply {
     let run = q.taking(&["run"])?.flag("run")?;
-    Ok(Json(s.api.detect(&job_type, run).await?).into_response())
+    Ok(Json(s.api.detect(&who, &job_type, run).await?).into_response())
 }
 
 async fn activities(State(s): State<AppState>, q: Params) -> Reply {
@@ -383,15 +411,33 @@ async fn runs(State(s): State<AppState>, PathParams(job_type): PathParams<String
     Ok(Json(s.api.runs(&job_type)).into_response())
 }
 
-async fn recover(State(s): State<AppState>, q: Params) -> Reply {
+async fn recover(State(s): State<AppState>, By(who): By, q: Params) -> Reply {
     let q = q.taking(&["dry_run", "here_only"])?;
     let (dry_run, here_only) = (q.flag("dry_run")?, q.flag("here_only")?);
-    Ok(Json(s.api.recover(dry_run, here_only).await?).into_response())
+    Ok(Json(s.api.recover(&who, dry_run, here_only).await?).into_response())
 }
 
-async fn prune(State(s): State<AppState>, q: Params) -> Reply {
+async fn prune(State(s): State<AppState>, By(who): By, q: Params) -> Reply {
     let dry_run = q.taking(&["dry_run"])?.flag("dry_run")?;
-    Ok(Json(s.api.prune(dry_run).await?).into_response())
+    Ok(Json(s.api.prune(&who, dry_run).await?).into_response())
+}
+
+/// The audit trail, oldest first: `since` (ms since the epoch), `who`, `limit` (the newest).
+async fn audit(State(s): State<AppState>, q: Params) -> Reply {
+    let q = q.taking(&["since", "who", "limit"])?;
+    let since = match q.text("since") {
+        "" => None,
+        text => Some(text.parse::<u64>().map_err(|_| {
+            Error::Invalid(format!("query parameter since: {text:?} is not a time in ms since the epoch"))
+        })?),
+    };
+    let limit = q.count("limit")?;
+    let filter = crate::model::audit::Filter {
+        since_ms: since,
+        who: Some(q.text("who").to_string()).filter(|w| !w.is_empty()),
+        limit: (limit > 0).then_some(limit as usize),
+    };
+    Ok(Json(json!({ "records": s.api.audit(filter).await? })).into_response())
 }
 
 async fn stats(State(s): State<AppState>) -> Reply {
@@ -429,17 +475,17 @@ fn instance_json(i: &crate::proto::api::Instance) -> Value {
     })
 }
 
-async fn pause_scheduler(state: State<AppState>, query: Params) -> Reply {
-    set_scheduler_paused(state, query, true).await
+async fn pause_scheduler(state: State<AppState>, by: By, query: Params) -> Reply {
+    set_scheduler_paused(state, by, query, true).await
 }
 
-async fn resume_scheduler(state: State<AppState>, query: Params) -> Reply {
-    set_scheduler_paused(state, query, false).await
+async fn resume_scheduler(state: State<AppState>, by: By, query: Params) -> Reply {
+    set_scheduler_paused(state, by, query, false).await
 }
 
-async fn set_scheduler_paused(State(s): State<AppState>, q: Params, paused: bool) -> Reply {
+async fn set_scheduler_paused(State(s): State<AppState>, By(who): By, q: Params, paused: bool) -> Reply {
     let q = q.taking(&["instance"])?;
-    let changed = s.api.set_scheduler_paused(paused, q.text("instance")).await?;
+    let changed = s.api.set_scheduler_paused(&who, paused, q.text("instance")).await?;
     Ok(Json(json!({ "paused": paused, "changed": changed })).into_response())
 }
 
@@ -473,14 +519,16 @@ struct SignIn {
 /// that failed repeatedly waits first (`access::throttle`).
 async fn sign_in(State(s): State<AppState>, From(from): From, q: Params, JsonBody(body): JsonBody<SignIn>) -> Reply {
     q.taking(&[])?;
+    let trail = &s.api.trail;
     let caller = match s.access.sign_in(&body.token, from).await {
         Ok(caller) => caller,
-        Err(_) => {
-            return Ok(
-                (StatusCode::UNAUTHORIZED, Json(json!({ "error": "that is not a known credential" }))).into_response()
-            )
+        Err(refusal) => {
+            let refused = "that is not a known credential";
+            trail.write(trail.begin(&Who::refused(&refusal, from), "session.sign_in", "").ended(refused)).await;
+            return Ok((StatusCode::UNAUTHORIZED, Json(json!({ "error": refused }))).into_response());
         }
     };
+    trail.write(trail.begin(&Who::of(&caller, from), "session.sign_in", "")).await;
     let (name, role) = (caller.name.to_string(), caller.role.name());
     let (id, csrf) = s.sessions.open(caller);
     let mut response = Json(json!({ "csrf": csrf, "name": name, "role": role })).into_response();
@@ -488,9 +536,11 @@ async fn sign_in(State(s): State<AppState>, From(from): From, q: Params, JsonBod
     Ok(response)
 }
 
-async fn sign_out(State(s): State<AppState>, q: Params, headers: HeaderMap) -> Reply {
+async fn sign_out(State(s): State<AppState>, From(from): From, q: Params, headers: HeaderMap) -> Reply {
     q.taking(&[])?;
-    s.sessions.close(&headers);
+    if let Some(caller) = s.sessions.close(&headers) {
+        s.api.trail.write(s.api.trail.begin(&Who::of(&caller, from), "session.sign_out", "")).await;
+    }
     let mut response = Json(json!({ "signed_out": true })).into_response();
     response.headers_mut().insert(axum::http::header::SET_COOKIE, console::cookie(None));
     Ok(response)
@@ -529,6 +579,7 @@ async fn get_policy(State(s): State<AppState>, PathParams(job_type): PathParams<
 
 async fn set_policy(
     State(s): State<AppState>,
+    By(who): By,
     PathParams(job_type): PathParams<String>,
     q: Params,
     JsonBody(changes): JsonBody<BTreeMap<String, Value>>,
@@ -536,6 +587,6 @@ async fn set_policy(
     q.taking(&[])?;
     let changes: BTreeMap<String, String> =
         changes.into_iter().map(|(k, v)| (k, v.as_str().map(String::from).unwrap_or_else(|| v.to_string()))).collect();
-    let policy = s.api.set_policy(&job_type, &changes).await?;
+    let policy = s.api.set_policy(&who, &job_type, &changes).await?;
     Ok(Json(policy).into_response())
 }

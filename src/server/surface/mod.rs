@@ -5,6 +5,7 @@
 
 pub(crate) mod access;
 pub(crate) mod api;
+pub(crate) mod audit;
 mod backup;
 pub(crate) mod console;
 pub(crate) mod convert;

@@ -1,7 +1,8 @@
 //! The gRPC port's guard: a layer before every service that judges each
 //! call by its method's row in the table, answers a refusal as
-//! `UNAUTHENTICATED` or `PERMISSION_DENIED`, and hands the caller on in the
-//! request's extensions.
+//! `UNAUTHENTICATED` or `PERMISSION_DENIED` (recording a credential it
+//! refused in the audit trail), and hands the caller on in the request's
+//! extensions.
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -12,18 +13,20 @@ use tonic::body::Body;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use super::{table, Access, Need};
+use crate::server::surface::audit::{Trail, Who};
 
 /// The layer, for `tonic::transport::Server::layer`.
 #[derive(Clone)]
 pub(crate) struct Guard {
     pub(crate) access: Access,
+    pub(crate) trail: Trail,
 }
 
 impl<S> tower::Layer<S> for Guard {
     type Service = Guarded<S>;
 
     fn layer(&self, inner: S) -> Guarded<S> {
-        Guarded { inner, access: self.access.clone() }
+        Guarded { inner, access: self.access.clone(), trail: self.trail.clone() }
     }
 }
 
@@ -31,6 +34,7 @@ impl<S> tower::Layer<S> for Guard {
 pub(crate) struct Guarded<S> {
     inner: S,
     access: Access,
+    trail: Trail,
 }
 
 /// The address a call comes from, as the connection says.
@@ -65,7 +69,7 @@ where
         // The service made ready is the one that takes the call.
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
-        let access = self.access.clone();
+        let (access, trail) = (self.access.clone(), self.trail.clone());
         Box::pin(async move {
             let Need::Any(needed) = table::grpc(request.uri().path()) else {
                 return inner.call(request).await;
@@ -73,12 +77,19 @@ where
             let authorization =
                 request.headers().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
             let certificate = certificate(&request);
-            match access.judge_call(needed, authorization.as_deref(), certificate.as_deref(), remote(&request)).await {
+            let from = remote(&request);
+            match access.judge_call(needed, authorization.as_deref(), certificate.as_deref(), from).await {
                 Ok(caller) => {
-                    request.extensions_mut().insert(caller);
+                    request.extensions_mut().insert(Who::of(&caller, from));
                     inner.call(request).await
                 }
-                Err(refusal) => Ok(refusal.status().into_http()),
+                Err(refusal) => {
+                    if authorization.is_some() || certificate.is_some() {
+                        let record = trail.begin(&Who::refused(&refusal, from), "access.refused", request.uri().path());
+                        trail.write(record.ended(refusal.to_string())).await;
+                    }
+                    Ok(refusal.status().into_http())
+                }
             }
         })
     }

@@ -118,7 +118,7 @@ pub(crate) enum Refusal {
     /// No credential, or one that is not known.
     Unauthenticated,
     /// A credential whose role may not do this.
-    Forbidden { role: Role, needed: &'static [Role] },
+    Forbidden { name: Arc<str>, role: Role, needed: &'static [Role] },
 }
 
 impl fmt::Display for Refusal {
@@ -127,7 +127,7 @@ impl fmt::Display for Refusal {
             Refusal::Unauthenticated => {
                 f.write_str("a valid credential is required: send `authorization: Bearer TOKEN`")
             }
-            Refusal::Forbidden { role, needed } => {
+            Refusal::Forbidden { role, needed, .. } => {
                 write!(f, "the role {role} may not do this: it needs the role {}", table::either(needed))
             }
         }
@@ -404,7 +404,7 @@ pub(crate) fn permit(caller: Caller, needed: &'static [Role]) -> Result<Caller, 
     if needed.iter().any(|n| caller.role.covers(*n)) {
         Ok(caller)
     } else {
-        Err(Refusal::Forbidden { role: caller.role, needed })
+        Err(Refusal::Forbidden { name: caller.name, role: caller.role, needed })
     }
 }
 
@@ -462,7 +462,7 @@ mod tests {
         assert_eq!((&*ann.name, ann.role), ("ann", Role::Viewer));
         assert_eq!(
             access.judge(&[Role::Operator], Some(&bearer(&tokens[0])), None).await.unwrap_err(),
-            Refusal::Forbidden { role: Role::Viewer, needed: &[Role::Operator] }
+            Refusal::Forbidden { name: "ann".into(), role: Role::Viewer, needed: &[Role::Operator] }
         );
         assert!(access.judge(&[Role::Operator], Some(&bearer(&tokens[1])), None).await.is_ok());
         assert_eq!(access.judge(&[Role::Viewer], None, None).await.unwrap_err(), Refusal::Unauthenticated);

@@ -78,6 +78,7 @@ pub const HTTP: &[(&str, &str, Need)] = &[
     ("POST", "/api/recover", OPERATOR),
     ("POST", "/api/prune", OPERATOR),
     ("POST", "/api/detect/{job_type}", OPERATOR),
+    ("GET", "/api/audit", ADMIN),
     ("GET", "/metrics", VIEWER),
 ];
 
@@ -104,6 +105,7 @@ pub const GRPC: &[(&str, Need)] = &[
     ("/jobcenter.v1.JobService/SetSchedulerPaused", OPERATOR),
     ("/jobcenter.v1.JobService/Prune", OPERATOR),
     ("/jobcenter.v1.JobService/Backup", ADMIN),
+    ("/jobcenter.v1.JobService/ListAudit", ADMIN),
     ("/plugin.PluginControlService/WorkerStream", WORKER),
     ("/jobcenter.peer.v1.PeerService/Lend", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/Report", INSTANCE),
