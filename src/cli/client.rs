@@ -35,7 +35,7 @@ pub struct Connection {
     preferred: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
-type Client = JobServiceClient<InterceptedService<Channel, Bearer>>;
+pub(super) type Client = JobServiceClient<InterceptedService<Channel, Bearer>>;
 
 #[derive(Clone)]
 pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);

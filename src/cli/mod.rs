@@ -3,6 +3,7 @@
 mod bench;
 mod client;
 mod credentials;
+mod import_weed_admin;
 mod inspect;
 mod output;
 mod run;
@@ -96,6 +97,9 @@ pub enum Command {
     Restore(transfer::RestoreArgs),
     /// Named tokens with their roles, for a server's --credentials file.
     Credentials(credentials::CredentialsArgs),
+    /// Set the job type settings a `weed admin -dataDir` keeps as policies of
+    /// a running admin, one line per value (`--dry-run`: print, change nothing).
+    ImportWeedAdmin(import_weed_admin::ImportWeedAdminArgs),
 }
 
 /// Runs a parsed command line; returns the process exit code, or the
@@ -151,6 +155,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, crate::fate::Fatal> {
             Command::Backup(args) => transfer::backup(args).await,
             Command::Restore(args) => transfer::restore(args).await,
             Command::Credentials(args) => Ok(credentials::run(args)),
+            Command::ImportWeedAdmin(args) => import_weed_admin::run(args).await,
         }
     });
     // A blocking call stuck on a failed store must not hold the process.

@@ -7,7 +7,7 @@ pub(crate) mod duties;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-mod policies;
+pub(crate) mod policies;
 pub mod seaweedfs;
 pub(crate) mod surface;
 pub(crate) mod workers;

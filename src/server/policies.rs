@@ -12,7 +12,7 @@ use crate::policy::{self, Overrides, Policy, Source};
 use crate::proto::plugin::{AdminRuntimeConfig, ConfigValue, JobTypeDescriptor};
 
 /// A value as typed on the command line: a number, `true`/`false`, or text.
-fn parse_value(text: &str) -> serde_json::Value {
+pub(crate) fn parse_value(text: &str) -> serde_json::Value {
     if let Ok(i) = text.parse::<i64>() {
         return serde_json::Value::from(i);
     }

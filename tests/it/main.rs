@@ -25,6 +25,7 @@ mod full_disk;
 mod hang_ups;
 mod hostile_worker;
 mod http_api;
+mod import_weed_admin;
 mod kill_run;
 mod model;
 mod network_faults;

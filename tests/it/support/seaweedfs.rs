@@ -582,6 +582,74 @@ fn start_on_free_port(name: &str, dir: &Path, args: impl Fn(u16) -> Vec<String>)
     panic!("{name} did not start: {failures:#?}");
 }
 
+// ---------------------------------------------------------------------------
+// weed admin and its workers
+
+/// A running `weed admin`, its data directory (`-dataDir`) `dir/data` and
+/// its log `dir/admin.log`; killed on drop.
+pub struct WeedAdmin {
+    pub port: u16,
+    pub data_dir: PathBuf,
+    pub process: Process,
+    dir: PathBuf,
+}
+
+impl WeedAdmin {
+    /// Starts `weed admin` for the master at `master` on a fresh port pair
+    /// (HTTP P, workers' gRPC P + 10000) and waits until it listens.
+    pub fn start(master: &str, dir: &Path) -> WeedAdmin {
+        let data_dir = dir.join("data");
+        std::fs::create_dir_all(&data_dir).unwrap();
+        let (process, port) = start_on_free_port("admin", dir, |port| {
+            vec![
+                "admin".into(),
+                format!("-port={port}"),
+                format!("-port.grpc={}", port + GRPC_OFFSET),
+                format!("-master={master}"),
+                format!("-dataDir={}", data_dir.display()),
+            ]
+        });
+        WeedAdmin { port, data_dir, process, dir: dir.to_path_buf() }
+    }
+
+    /// `127.0.0.1:PORT`, its HTTP address.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Starts a `weed worker` for `job_types` (its `-jobType`) against this
+    /// admin, in `dir/worker` with its log there.
+    pub fn start_worker(&self, job_types: &str) -> Process {
+        let dir = self.dir.join("worker");
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = std::fs::File::create(dir.join("worker.log")).unwrap();
+        let child = Command::new(weed())
+            .args([
+                "worker".to_string(),
+                format!("-admin={}", self.address()),
+                format!("-jobType={job_types}"),
+                "-heartbeat=1s".into(),
+                format!("-workingDir={}", dir.display()),
+            ])
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start weed worker");
+        Process { child, name: "weed worker".into() }
+    }
+
+    /// The admin's and its worker's logs, for failure messages.
+    pub fn logs(&self) -> String {
+        format!(
+            "== admin\n{}\n== worker\n{}\n",
+            log_tail(&self.dir.join("admin.log")),
+            log_tail(&self.dir.join("worker/worker.log"))
+        )
+    }
+}
+
 impl Cluster {
     /// Starts a master and `options.volume_servers` volume servers and waits
     /// until the master is leader and sees every volume server.
