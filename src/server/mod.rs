@@ -632,7 +632,7 @@ impl Handles {
         surface::http::AppState {
             api,
             access: self.access.clone(),
-            sessions: Arc::default(),
+            sessions: Arc::new(surface::console::Sessions::new(self.engine.store())),
             scrape: Arc::new(scrape),
             stats: self.stats.clone(),
             topology: self.topology.clone(),

@@ -97,6 +97,14 @@ impl Membership {
     }
 }
 
+/// A console session as the cluster keeps it: its anti-forgery token and
+/// its caller in the stored form the server gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedSession {
+    pub csrf: String,
+    pub caller: String,
+}
+
 /// Where a job stands in the cluster.
 #[derive(Clone, Debug)]
 pub struct Whereabouts {
@@ -167,6 +175,13 @@ pub trait Cluster: Send + Sync {
     fn lease(&self, name: &str, ttl: Duration) -> Result<bool, Error>;
     /// Every registered instance, deactivated ones included until removed.
     fn instances(&self) -> Result<Vec<Instance>, Error>;
+    /// Keeps a console session under `id` (a digest of its cookie) for
+    /// `lifetime` on the store's clock; sessions past theirs go.
+    fn open_session(&self, id: &[u8], session: &SharedSession, lifetime: Duration) -> Result<(), Error>;
+    /// The session under `id`, if it is open and younger than `lifetime`.
+    fn session(&self, id: &[u8], lifetime: Duration) -> Result<Option<SharedSession>, Error>;
+    /// Ends the session under `id`; answers it, if it was open.
+    fn close_session(&self, id: &[u8]) -> Result<Option<SharedSession>, Error>;
     /// Pauses or resumes the scheduler of one instance or of all; returns
     /// how many instances changed.
     fn set_paused(&self, instance: Option<HandlerId>, paused: bool) -> Result<usize, Error>;

@@ -422,3 +422,82 @@ mod grpc {
         tokio::time::timeout(std::time::Duration::from_secs(2), call).await.unwrap_or(Outcome::Reached)
     }
 }
+
+/// A console sign-in at `server`: the session's cookie and anti-forgery token.
+fn sign_in(server: &Server, token: &str) -> (String, String) {
+    let answer = raw_http::request(
+        &server.http,
+        "POST",
+        "/api/session",
+        &[("Content-Type", "application/json")],
+        Some(&serde_json::json!({ "token": token }).to_string()),
+    );
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let cookie = answer.header("set-cookie").unwrap().split(';').next().unwrap().to_string();
+    (cookie, answer.json()["csrf"].as_str().unwrap().to_string())
+}
+
+/// A request in a console session (a write with its anti-forgery token).
+fn in_session(server: &Server, method: &str, path: &str, (cookie, csrf): &(String, String)) -> raw_http::Answer {
+    let headers = [("Cookie", cookie.as_str()), ("X-CSRF-Token", csrf.as_str()), ("Content-Type", "application/json")];
+    raw_http::request(&server.http, method, path, &headers, None)
+}
+
+#[test]
+fn a_console_session_is_served_by_every_instance_and_ends_at_all_of_them() {
+    let pg = support::postgres::shared();
+    let database = pg.new_database();
+    let url = pg.url(&database);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("credentials.toml");
+    let (ann, bo) = (add(&file, "ann", "operator"), add(&file, "bo", "viewer"));
+    let peer = dir.path().join("peer.token");
+    std::fs::write(&peer, add(&file, "peer", "instance")).unwrap();
+    let start = |name: &str| {
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
+        let args = [
+            "--database-url",
+            &url,
+            "--grpc",
+            &grpc,
+            "--credentials",
+            file.to_str().unwrap(),
+            "--peer-token-file",
+            peer.to_str().unwrap(),
+        ];
+        Server::start_on(&dir.path().join(name), &http, &args)
+    };
+    let (a, b) = (start("a"), start("b"));
+
+    // Signed in at a, served by b: its reads, and its writes with the token.
+    let session = sign_in(&a, &ann);
+    assert_eq!(in_session(&b, "GET", "/api/jobs", &session).status, 200);
+    assert_eq!(in_session(&b, "GET", "/api/session", &session).json()["name"], "ann");
+    let cancel = in_session(&b, "POST", &format!("/api/jobs/{NO_JOB}/cancel"), &session);
+    assert_eq!(cancel.status, 404, "an operator's write at b, judged and not found: {}", cancel.body);
+    // The database keeps a digest of the cookie, never the cookie.
+    let cookie_value = session.0.split_once('=').unwrap().1;
+    let keys = pg.psql(&database, "SELECT encode(id, 'hex') FROM jobcenter.sessions");
+    assert_eq!(keys.lines().filter(|l| !l.trim().is_empty()).count(), 1, "{keys}");
+    assert!(!keys.contains(cookie_value));
+
+    // Signed out at b: over at a too, at once.
+    assert_eq!(in_session(&b, "DELETE", "/api/session", &session).status, 200);
+    assert_eq!(in_session(&a, "GET", "/api/jobs", &session).status, 401, "signed out everywhere");
+
+    // A credential removed from the file: its session ends at every instance.
+    let bos = sign_in(&b, &bo);
+    assert_eq!(in_session(&a, "GET", "/api/jobs", &bos).status, 200);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let without_bo: Vec<&str> = text.split("\n[[credential]]").filter(|e| !e.contains("name = \"bo\"")).collect();
+    let removed = Instant::now();
+    std::fs::write(&file, without_bo.join("\n[[credential]]")).unwrap();
+    let ended = wait_until(Duration::from_secs(10), || {
+        let statuses = [&a, &b].map(|s| in_session(s, "GET", "/api/jobs", &bos).status);
+        (statuses == [401, 401]).then(|| removed.elapsed())
+    });
+    let took = ended.expect("bo's session ends at both instances");
+    eprintln!("bo's session ended at both instances {took:?} after the file changed");
+    assert_eq!(in_session(&b, "GET", "/api/session", &bos).json()["authenticated"], false);
+}

@@ -4,14 +4,18 @@
 //! cookie, and never a write from another site).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use sha2::{Digest, Sha256};
+
 use super::access::Caller;
+use crate::store::cluster::{Cluster, SharedSession};
+use crate::store::Store;
 
 /// The session cookie's name.
 pub(crate) const COOKIE: &str = "jobcenter_session";
@@ -61,42 +65,90 @@ struct Session {
     caller: Caller,
 }
 
-/// The browsers signed in, by session id.
+/// The browsers signed in, by the SHA-256 of their cookie: in this process,
+/// or, on a store several instances share, in the store, so that every
+/// instance serves a browser signed in at another and a sign-out at one
+/// ends the session at all.
 #[derive(Default)]
 pub(crate) struct Sessions {
-    open: Mutex<HashMap<String, Session>>,
+    local: Mutex<HashMap<[u8; 32], Session>>,
+    shared: Option<Arc<dyn Store>>,
 }
 
 fn random_hex() -> String {
     format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
 }
 
+fn digest(id: &str) -> [u8; 32] {
+    Sha256::digest(id.as_bytes()).into()
+}
+
 impl Sessions {
+    /// Sessions kept in `store` when several instances share it, here otherwise.
+    pub(crate) fn new(store: &Arc<dyn Store>) -> Sessions {
+        Sessions { local: Mutex::default(), shared: store.cluster().is_some().then(|| store.clone()) }
+    }
+
+    /// Runs `ask` on the shared store's cluster side, off the runtime.
+    async fn ask<T: Send + 'static>(
+        &self,
+        ask: impl FnOnce(&dyn Cluster) -> Result<T, crate::store::Error> + Send + 'static,
+    ) -> Option<Result<T, crate::store::Error>> {
+        let store = self.shared.clone()?;
+        let answer = tokio::task::spawn_blocking(move || ask(store.cluster().expect("a shared store")))
+            .await
+            .unwrap_or_else(|e| Err(crate::store::Error::Io(e.to_string())));
+        Some(answer)
+    }
+
     /// Opens a session for `caller`: its id (for the cookie) and its anti-forgery token.
-    pub(crate) fn open(&self, caller: Caller) -> (String, String) {
+    pub(crate) async fn open(&self, caller: Caller) -> Result<(String, String), crate::store::Error> {
         let (id, csrf) = (random_hex(), random_hex());
-        let mut open = self.open.lock().expect("sessions lock");
+        let shared = SharedSession { csrf: csrf.clone(), caller: caller.stored() };
+        let key = digest(&id);
+        if let Some(stored) = self.ask(move |c| c.open_session(&key, &shared, SESSION_LIFETIME)).await {
+            return stored.map(|()| (id, csrf));
+        }
+        let mut open = self.local.lock().expect("sessions lock");
         open.retain(|_, s| s.opened.elapsed() < SESSION_LIFETIME);
         if open.len() >= MAX_SESSIONS {
-            if let Some(oldest) = open.iter().min_by_key(|(_, s)| s.opened).map(|(k, _)| k.clone()) {
+            if let Some(oldest) = open.iter().min_by_key(|(_, s)| s.opened).map(|(k, _)| *k) {
                 open.remove(&oldest);
             }
         }
-        open.insert(id.clone(), Session { csrf: csrf.clone(), opened: Instant::now(), caller });
-        (id, csrf)
+        open.insert(key, Session { csrf: csrf.clone(), opened: Instant::now(), caller });
+        Ok((id, csrf))
     }
 
-    /// The caller and anti-forgery token of the request's session, if it has a live one.
-    pub(crate) fn get(&self, headers: &HeaderMap) -> Option<(Caller, String)> {
-        let id = session_id(headers)?;
-        let open = self.open.lock().expect("sessions lock");
-        open.get(&id).filter(|s| s.opened.elapsed() < SESSION_LIFETIME).map(|s| (s.caller.clone(), s.csrf.clone()))
+    /// The caller and anti-forgery token of the browser's session, if it has
+    /// one open; a store that cannot be asked counts as none (and is logged).
+    pub(crate) async fn get(&self, headers: &HeaderMap) -> Option<(Caller, String)> {
+        let key = digest(&session_id(headers)?);
+        if let Some(found) = self.ask(move |c| c.session(&key, SESSION_LIFETIME)).await {
+            return shared_session(found);
+        }
+        let open = self.local.lock().expect("sessions lock");
+        open.get(&key).filter(|s| s.opened.elapsed() < SESSION_LIFETIME).map(|s| (s.caller.clone(), s.csrf.clone()))
     }
 
     /// Ends the browser's session; answers whose it was.
-    pub(crate) fn close(&self, headers: &HeaderMap) -> Option<Caller> {
-        let id = session_id(headers)?;
-        self.open.lock().expect("sessions lock").remove(&id).map(|s| s.caller)
+    pub(crate) async fn close(&self, headers: &HeaderMap) -> Option<Caller> {
+        let key = digest(&session_id(headers)?);
+        if let Some(closed) = self.ask(move |c| c.close_session(&key)).await {
+            return shared_session(closed).map(|(caller, _)| caller);
+        }
+        self.local.lock().expect("sessions lock").remove(&key).map(|s| s.caller)
+    }
+}
+
+/// A session the store answered with.
+fn shared_session(found: Result<Option<SharedSession>, crate::store::Error>) -> Option<(Caller, String)> {
+    match found {
+        Ok(session) => session.and_then(|s| Some((Caller::from_stored(&s.caller)?, s.csrf))),
+        Err(e) => {
+            tracing::warn!(error = %e, "the console sessions cannot be read from the store; the request has none");
+            None
+        }
     }
 }
 
@@ -155,7 +207,8 @@ fn cross_site(headers: &HeaderMap) -> bool {
 /// The rules of the browser every request to the API passes: no write from
 /// another site, and a session's write only with its anti-forgery token.
 /// A bearer header goes before a session.
-pub(crate) fn judge<'a>(method: &Method, headers: &'a HeaderMap, sessions: &Sessions) -> Verdict<'a> {
+/// `session` is the browser's, as `Sessions::get` found it.
+pub(crate) fn judge<'a>(method: &Method, headers: &'a HeaderMap, session: Option<(Caller, String)>) -> Verdict<'a> {
     let write = is_write(method);
     if write && cross_site(headers) {
         return Verdict::Forbidden("a write from another site is refused");
@@ -163,7 +216,7 @@ pub(crate) fn judge<'a>(method: &Method, headers: &'a HeaderMap, sessions: &Sess
     if let Some(value) = headers.get(header::AUTHORIZATION) {
         return Verdict::Bearer(value.to_str().unwrap_or(""));
     }
-    let Some((caller, csrf)) = sessions.get(headers) else { return Verdict::Nothing };
+    let Some((caller, csrf)) = session else { return Verdict::Nothing };
     if !write {
         return Verdict::Session(caller);
     }
@@ -187,45 +240,59 @@ mod tests {
         map
     }
 
-    fn is_session(verdict: Verdict<'_>) -> bool {
-        matches!(verdict, Verdict::Session(caller) if &*caller.name == "ann")
-    }
-
-    #[test]
-    fn a_session_reads_freely_and_writes_only_with_its_csrf_token() {
+    #[tokio::test]
+    async fn a_session_reads_freely_and_writes_only_with_its_csrf_token() {
         let sessions = Sessions::default();
-        let (id, csrf) = sessions.open(Caller::named("ann"));
+        let (id, csrf) = sessions.open(Caller::named("ann")).await.unwrap();
         let cookie = format!("other=1; {COOKIE}={id}");
+        let judged = |method: Method, headers: HeaderMap| {
+            let sessions = &sessions;
+            async move {
+                let session = sessions.get(&headers).await;
+                let verdict = judge(&method, &headers, session);
+                let ann = matches!(&verdict, Verdict::Session(caller) if &*caller.name == "ann");
+                (ann, matches!(verdict, Verdict::Forbidden(_)), matches!(verdict, Verdict::Nothing))
+            }
+        };
         let read = headers(&[("cookie", &cookie)]);
-        assert!(is_session(judge(&Method::GET, &read, &sessions)));
-        assert!(matches!(judge(&Method::POST, &read, &sessions), Verdict::Forbidden(_)));
+        assert_eq!(judged(Method::GET, read.clone()).await, (true, false, false));
+        assert_eq!(judged(Method::POST, read.clone()).await, (false, true, false));
         let wrong = headers(&[("cookie", &cookie), ("x-csrf-token", "0000")]);
-        assert!(matches!(judge(&Method::POST, &wrong, &sessions), Verdict::Forbidden(_)));
+        assert_eq!(judged(Method::POST, wrong).await, (false, true, false));
         let right = headers(&[("cookie", &cookie), ("x-csrf-token", &csrf)]);
-        assert!(is_session(judge(&Method::POST, &right, &sessions)));
-        sessions.close(&read);
-        assert!(matches!(judge(&Method::GET, &read, &sessions), Verdict::Nothing));
+        assert_eq!(judged(Method::POST, right).await, (true, false, false));
+        assert_eq!(sessions.close(&read).await.map(|c| c.name), Some("ann".into()));
+        assert_eq!(judged(Method::GET, read).await, (false, false, true));
     }
 
     #[test]
     fn writes_from_another_site_are_refused_whatever_they_present() {
-        let sessions = Sessions::default();
         let other_port =
             headers(&[("host", "127.0.0.1:23646"), ("origin", "http://127.0.0.1:9000"), ("authorization", "Bearer t")]);
-        assert!(matches!(judge(&Method::POST, &other_port, &sessions), Verdict::Forbidden(_)));
+        assert!(matches!(judge(&Method::POST, &other_port, None), Verdict::Forbidden(_)));
         let fetch_site = headers(&[("sec-fetch-site", "same-site")]);
-        assert!(matches!(judge(&Method::PUT, &fetch_site, &sessions), Verdict::Forbidden(_)));
+        assert!(matches!(judge(&Method::PUT, &fetch_site, None), Verdict::Forbidden(_)));
         let same = headers(&[("host", "127.0.0.1:23646"), ("origin", "http://127.0.0.1:23646")]);
-        assert!(matches!(judge(&Method::POST, &same, &sessions), Verdict::Nothing));
+        assert!(matches!(judge(&Method::POST, &same, None), Verdict::Nothing));
         // A cross-site read is the browser's business (it cannot read the answer).
-        assert!(matches!(judge(&Method::GET, &other_port, &sessions), Verdict::Bearer("Bearer t")));
+        assert!(matches!(judge(&Method::GET, &other_port, None), Verdict::Bearer("Bearer t")));
+    }
+
+    #[tokio::test]
+    async fn a_bearer_header_goes_before_a_session() {
+        let sessions = Sessions::default();
+        let (id, _) = sessions.open(Caller::named("ann")).await.unwrap();
+        let both = headers(&[("cookie", &format!("{COOKIE}={id}")), ("authorization", "Bearer nope")]);
+        let session = sessions.get(&both).await;
+        assert!(session.is_some());
+        assert!(matches!(judge(&Method::GET, &both, session), Verdict::Bearer("Bearer nope")));
     }
 
     #[test]
-    fn a_bearer_header_goes_before_a_session() {
-        let sessions = Sessions::default();
-        let (id, _) = sessions.open(Caller::named("ann"));
-        let both = headers(&[("cookie", &format!("{COOKIE}={id}")), ("authorization", "Bearer nope")]);
-        assert!(matches!(judge(&Method::GET, &both, &sessions), Verdict::Bearer("Bearer nope")));
+    fn a_caller_reads_back_as_it_was_stored() {
+        let ann = Caller::named("ann");
+        let back = Caller::from_stored(&ann.stored()).unwrap();
+        assert_eq!((back.name, back.role), (ann.name, ann.role));
+        assert!(Caller::from_stored("{}").is_none());
     }
 }

@@ -113,7 +113,12 @@ async fn guard(State(state): State<AppState>, mut request: Request, next: Next) 
     let need = access::table::http(request.method(), path);
     let from = remote(&request);
     let path = path.to_string();
-    let judged = match (console::judge(request.method(), request.headers(), &state.sessions), need) {
+    // The session is looked up only for a request without a bearer header (which goes first).
+    let session = match request.headers().contains_key(axum::http::header::AUTHORIZATION) {
+        true => None,
+        false => state.sessions.get(request.headers()).await,
+    };
+    let judged = match (console::judge(request.method(), request.headers(), session), need) {
         (console::Verdict::Forbidden(why), _) => {
             return (StatusCode::FORBIDDEN, Json(json!({ "error": why }))).into_response();
         }
@@ -496,7 +501,7 @@ async fn workers(State(s): State<AppState>) -> Reply {
 /// Whether this browser is signed in: its session's anti-forgery token,
 /// and who it is (the name and role of its credential as it stands now).
 async fn session(State(s): State<AppState>, headers: HeaderMap) -> Json<Value> {
-    let session = s.sessions.get(&headers).and_then(|(caller, csrf)| Some((s.access.current(&caller)?, csrf)));
+    let session = s.sessions.get(&headers).await.and_then(|(caller, csrf)| Some((s.access.current(&caller)?, csrf)));
     let (caller, csrf) = match session {
         Some((caller, csrf)) => (Some(caller), csrf),
         None => (s.access.anyone(), String::new()),
@@ -530,7 +535,7 @@ async fn sign_in(State(s): State<AppState>, From(from): From, q: Params, JsonBod
     };
     trail.write(trail.begin(&Who::of(&caller, from), "session.sign_in", "")).await;
     let (name, role) = (caller.name.to_string(), caller.role.name());
-    let (id, csrf) = s.sessions.open(caller);
+    let (id, csrf) = s.sessions.open(caller).await.map_err(|e| Error::Unavailable(e.to_string()))?;
     let mut response = Json(json!({ "csrf": csrf, "name": name, "role": role })).into_response();
     response.headers_mut().insert(axum::http::header::SET_COOKIE, console::cookie(Some(&id)));
     Ok(response)
@@ -538,7 +543,7 @@ async fn sign_in(State(s): State<AppState>, From(from): From, q: Params, JsonBod
 
 async fn sign_out(State(s): State<AppState>, From(from): From, q: Params, headers: HeaderMap) -> Reply {
     q.taking(&[])?;
-    if let Some(caller) = s.sessions.close(&headers) {
+    if let Some(caller) = s.sessions.close(&headers).await {
         s.api.trail.write(s.api.trail.begin(&Who::of(&caller, from), "session.sign_out", "")).await;
     }
     let mut response = Json(json!({ "signed_out": true })).into_response();

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::{decode_job, read_transaction, PgStore};
 use crate::model::{HandlerId, JobId, JobRecord};
 use crate::store::cluster::{
-    allot, Beat, Cluster, Instance, Introduction, Membership, PermitRequest, Role, Whereabouts,
+    allot, Beat, Cluster, Instance, Introduction, Membership, PermitRequest, Role, SharedSession, Whereabouts,
 };
 use crate::store::{Error, StoredJob};
 
@@ -277,6 +277,55 @@ impl Cluster for PgStore {
                 .await
                 .map_err(|e| self.error(&e))?;
             Ok(row.is_some())
+        })
+    }
+
+    fn open_session(&self, id: &[u8], session: &SharedSession, lifetime: Duration) -> Result<(), Error> {
+        let seconds = lifetime.as_secs_f64();
+        self.block_on(async {
+            let client = self.reader().await?;
+            client
+                .execute(
+                    "DELETE FROM jobcenter.sessions WHERE opened_at < now() - make_interval(secs => $1)",
+                    &[&seconds],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            client
+                .execute(
+                    "INSERT INTO jobcenter.sessions (id, csrf, caller) VALUES ($1, $2, $3)",
+                    &[&id, &session.csrf, &session.caller],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            Ok(())
+        })
+    }
+
+    fn session(&self, id: &[u8], lifetime: Duration) -> Result<Option<SharedSession>, Error> {
+        let seconds = lifetime.as_secs_f64();
+        self.block_on(async {
+            let client = self.reader().await?;
+            let row = client
+                .query_opt(
+                    "SELECT csrf, caller FROM jobcenter.sessions \
+                     WHERE id = $1 AND opened_at >= now() - make_interval(secs => $2)",
+                    &[&id, &seconds],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            Ok(row.map(|row| SharedSession { csrf: row.get(0), caller: row.get(1) }))
+        })
+    }
+
+    fn close_session(&self, id: &[u8]) -> Result<Option<SharedSession>, Error> {
+        self.block_on(async {
+            let client = self.reader().await?;
+            let row = client
+                .query_opt("DELETE FROM jobcenter.sessions WHERE id = $1 RETURNING csrf, caller", &[&id])
+                .await
+                .map_err(|e| self.error(&e))?;
+            Ok(row.map(|row| SharedSession { csrf: row.get(0), caller: row.get(1) }))
         })
     }
 

@@ -93,8 +93,8 @@ enum Source {
     Anyone,
     /// The `--token-file` token.
     TokenFile,
-    /// A credentials file's entry, by its stored hash (a changed or
-    /// removed entry no longer stands for its sessions).
+    /// A credentials file's entry, by the SHA-256 of its stored hash (a
+    /// changed or removed entry no longer stands for its sessions).
     Credential(Arc<str>),
     /// A client certificate of a mutual TLS connection (never a session's).
     Certificate,
@@ -103,6 +103,31 @@ enum Source {
 impl Caller {
     fn anyone() -> Caller {
         Caller { name: "anyone".into(), role: Role::Admin, source: Source::Anyone }
+    }
+
+    /// The caller as a session shared through the store keeps it: its
+    /// name, role and what it was verified by (never a token, nor a hash).
+    pub(crate) fn stored(&self) -> String {
+        let source = match &self.source {
+            Source::Anyone => "anyone".to_string(),
+            Source::TokenFile => "token-file".to_string(),
+            Source::Credential(fingerprint) => format!("credential:{fingerprint}"),
+            Source::Certificate => "certificate".to_string(),
+        };
+        serde_json::json!({ "name": &*self.name, "role": self.role.name(), "source": source }).to_string()
+    }
+
+    /// A caller read back from `stored`.
+    pub(crate) fn from_stored(text: &str) -> Option<Caller> {
+        let value: serde_json::Value = serde_json::from_str(text).ok()?;
+        let role = value["role"].as_str()?.parse().ok()?;
+        let source = match value["source"].as_str()? {
+            "anyone" => Source::Anyone,
+            "token-file" => Source::TokenFile,
+            "certificate" => Source::Certificate,
+            other => Source::Credential(other.strip_prefix("credential:")?.into()),
+        };
+        Some(Caller { name: value["name"].as_str()?.into(), role, source })
     }
 
     /// A caller of a name, for the tests of what carries one.
@@ -245,7 +270,8 @@ impl Access {
         if !matches {
             return None;
         }
-        let caller = Caller { name: entry.name.clone(), role: entry.role, source: Source::Credential(entry.hash) };
+        let caller =
+            Caller { name: entry.name.clone(), role: entry.role, source: Source::Credential(fingerprint(&entry.hash)) };
         // Remembered only while the credentials it was verified against stand.
         if Arc::ptr_eq(&credentials, &self.credentials()) {
             let mut verified = self.inner.verified.lock().expect("verified lock");
@@ -330,7 +356,7 @@ impl Access {
             Source::Credential(hash) => {
                 let credentials = self.credentials();
                 let entry = credentials.named(&caller.name)?;
-                (entry.hash == *hash).then(|| Caller {
+                (fingerprint(&entry.hash) == *hash).then(|| Caller {
                     name: entry.name.clone(),
                     role: entry.role,
                     source: caller.source.clone(),
@@ -382,6 +408,11 @@ impl Access {
     pub(crate) fn anyone(&self) -> Option<Caller> {
         (!self.required()).then(Caller::anyone)
     }
+}
+
+/// A credential's stored hash as a session remembers it: its SHA-256 in hex.
+fn fingerprint(hash: &str) -> Arc<str> {
+    Sha256::digest(hash.as_bytes()).iter().map(|b| format!("{b:02x}")).collect::<String>().into()
 }
 
 /// A token's SHA-256, what a verified token is remembered by.
