@@ -3,7 +3,9 @@
 //! SIGKILL of the admin, and reaches the endpoint exactly once per event
 //! (by idempotency key) once it answers 2xx, signed with its secret; an
 //! endpoint that does not answer slows no job and shows its error; a
-//! broken notifications file is refused at start with its line.
+//! broken notifications file is refused at start with its line, and read
+//! again on SIGHUP (a broken one keeping the endpoints before it); a worker
+//! killed while it runs a task is told as `worker.lost`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -278,4 +280,55 @@ fn a_broken_notifications_file_is_refused_at_start_naming_its_line() {
         assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
         assert!(stderr.trim().starts_with(&format!("jobcenter: {file}{rule}")), "{stderr}");
     }
+}
+
+#[test]
+fn a_file_read_again_on_sighup_and_a_worker_lost_while_running_is_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(200);
+    let endpoint =
+        |events: &str| format!("[[endpoint]]\nname = \"ops\"\nurl = \"{}\"\nevents = [{events}]\n", receiver.url());
+    let notify = write(dir.path(), "notify.toml", &endpoint("\"job.failed\""));
+    let server = Server::start(&dir.path().join("data"), &["--notify", notify.as_str()]);
+    let events = |server: &Server| listing(server).get("ops").map(|ops| ops["events"].clone());
+    assert_eq!(events(&server), Some(serde_json::json!(["job.failed"])));
+    write(
+        dir.path(),
+        "notify.toml",
+        "[[endpoint]]\nname = \"ops\"\nurl = \"gopher://h/\"\nevents = [\"worker.lost\"]\n",
+    );
+    let pid = nix::unistd::Pid::from_raw(server.process.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(events(&server), Some(serde_json::json!(["job.failed"])), "a broken file keeps the endpoints before it");
+    write(dir.path(), "notify.toml", &endpoint("\"worker.lost\""));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    let read =
+        wait_until(Duration::from_secs(10), || (events(&server)? == serde_json::json!(["worker.lost"])).then_some(()));
+    assert!(read.is_some(), "read again: {:?}", listing(&server));
+
+    let mut worker = support::start_worker(&server, "w1", &[], None);
+    server.wait_for_workers(1);
+    let job = server.submit_file(
+        dir.path(),
+        "long",
+        r#"{"name":"long","tasks":[{"id":"t","job_type":"noop","parameters":{"sleep_ms":60000}}]}"#,
+    );
+    let running = wait_until(Duration::from_secs(20), || {
+        let job = server.cli_json(&["job", &job, "--json"]);
+        (support::states(&job) == [("t".to_string(), "running".to_string())]).then_some(())
+    });
+    assert!(running.is_some(), "the task runs on w1");
+    worker.kill();
+    let told = wait_until(Duration::from_secs(20), || {
+        receiver
+            .seen()
+            .into_iter()
+            .find(|d| d.headers.get("x-jobcenter-event").map(String::as_str) == Some("worker.lost"))
+    });
+    let delivery = told.unwrap_or_else(|| panic!("worker.lost delivered: {:?}", listing(&server)));
+    let body: Value = serde_json::from_slice(&delivery.body).unwrap();
+    assert_eq!(body["payload"]["worker"], "w1", "{body}");
+    assert_eq!(body["payload"]["attempts"][0]["job"], job.as_str(), "{body}");
+    assert!(!delivery.headers.contains_key("x-jobcenter-signature"), "no secret, no signature");
 }

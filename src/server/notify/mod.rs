@@ -226,7 +226,9 @@ impl Notifier {
         let mut reloaded = self.reloaded.subscribe();
         loop {
             reloaded.mark_unchanged();
-            if let Err(e) = self.forget_unknown().await {
+            if !self.delivers_here() {
+                // Another instance delivers, by its own file.
+            } else if let Err(e) = self.forget_unknown().await {
                 tracing::warn!(error = %e, "could not read the notification outbox");
             }
             let mut loops = tokio::task::JoinSet::new();
