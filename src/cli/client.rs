@@ -948,3 +948,35 @@ pub(super) async fn audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+#[derive(clap::Args, Debug)]
+pub struct NotificationsArgs {
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+/// Each webhook endpoint: its URL and events, what waits for it, its last
+/// delivery and its last error.
+pub(super) async fn notifications(args: NotificationsArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let request = api::ListNotificationsRequest {};
+    let endpoints = client.list_notifications(request).await.map_err(status_error)?.into_inner().endpoints;
+    if args.json {
+        println!("{}", serde_json::to_string(&endpoints)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if endpoints.is_empty() {
+        println!("no webhook endpoints (the server was started without --notify, or its file names none)");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:<16} {:>7}  {:<20}  {:<40}  ERROR", "ENDPOINT", "PENDING", "LAST DELIVERY", "URL");
+    for e in endpoints {
+        let last = if e.last_delivery_ms > 0 { time(e.last_delivery_ms) } else { "-".into() };
+        let error = if e.last_error.is_empty() { "-" } else { &e.last_error };
+        println!("{:<16} {:>7}  {:<20}  {:<40}  {error}", e.name, e.pending, last, e.url);
+        println!("{:<16} events: {}{}", "", e.events.join(", "), if e.signed { "; signed" } else { "" });
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -83,6 +83,8 @@ pub enum Command {
     Runs(client::RunsArgs),
     /// The audit trail: who changed what, signed in or out, or was refused, from where, and how it ended.
     Audit(client::AuditArgs),
+    /// The webhook endpoints of the server's --notify file: events wanted, pending, last delivery, last error.
+    Notifications(client::NotificationsArgs),
     /// Execute tasks for an admin server over the worker stream.
     Worker(worker::WorkerArgs),
     /// Follow a job live: its graph by level, full screen (plain lines when not a terminal).
@@ -148,6 +150,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, crate::fate::Fatal> {
             Command::Activities(args) => client::activities(args).await,
             Command::Runs(args) => client::runs(args).await,
             Command::Audit(args) => client::audit(args).await,
+            Command::Notifications(args) => client::notifications(args).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Watch(args) => watch::run(args).await,
             Command::Export(args) => transfer::export(args).await,

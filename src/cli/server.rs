@@ -127,6 +127,12 @@ pub struct ServerArgs {
     /// add`); read again on change and on SIGHUP.
     #[arg(long)]
     pub credentials: Option<PathBuf>,
+    /// A file of webhook endpoints (TOML, or YAML by its name), each with
+    /// the events it wants (job.failed, job.succeeded, recovery.findings,
+    /// instance.lost, worker.lost, detection.failed) and, optionally, the
+    /// file of its signing key; read again on change and on SIGHUP.
+    #[arg(long)]
+    pub notify: Option<PathBuf>,
     /// A file holding the token this instance presents to the others
     /// (role instance); else the --token-file token.
     #[arg(long)]
@@ -193,6 +199,12 @@ pub(super) async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_USAGE));
         }
     }
+    if let Some(path) = &args.notify {
+        if let Err(e) = crate::server::notify::file::read(path) {
+            eprintln!("jobcenter: {e}");
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    }
     let peer_token = match &args.peer_token_file {
         Some(path) => Some(crate::wire::read_token(path).with_context(|| format!("reading {}", path.display()))?),
         None => None,
@@ -246,6 +258,7 @@ pub(super) async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         local_worker_slots: args.local_worker_slots,
         token,
         credentials: args.credentials,
+        notify: args.notify,
         peer_token,
         peer_tls,
         free_credential_failures: args.free_credential_failures,

@@ -113,6 +113,10 @@ pub(super) enum JobCommand {
         job_type: Arc<str>,
         limits: TypeLimits,
     },
+    /// The endpoints that now want each kind of notification.
+    SetNotify {
+        routes: crate::model::notify::Routes,
+    },
     Gate {
         gated: Vec<Arc<str>>,
         open: bool,

@@ -254,6 +254,12 @@ impl EngineHandle {
         self.send(HandlerCommand::HandlerElsewhere { handler, running }.into()).await
     }
 
+    /// The endpoints that now want each kind of notification: a job that
+    /// ends from the next step on puts its event in the outbox for them.
+    pub async fn set_notify(&self, routes: crate::model::notify::Routes) -> Result<(), Error> {
+        self.send(JobCommand::SetNotify { routes }.into()).await
+    }
+
     pub async fn set_limits(&self, job_type: Arc<str>, limits: TypeLimits) -> Result<(), Error> {
         self.send(JobCommand::SetLimits { job_type, limits }.into()).await
     }

@@ -79,6 +79,9 @@ pub struct Options {
     pub rollback_windows: HashMap<String, Duration>,
     /// Where the committer records a store failure it cannot wait out.
     pub fate: crate::fate::Fate,
+    /// The endpoints that want each kind of notification: a job that ends
+    /// failed or succeeded puts its event in the outbox in the same step.
+    pub notify: crate::model::notify::Routes,
 }
 
 /// Work orders for handlers connected elsewhere, with the handler they are for.
@@ -94,6 +97,7 @@ impl Default for Options {
             foreign_orders: None,
             rollback_windows: HashMap::new(),
             fate: crate::fate::Fate::default(),
+            notify: crate::model::notify::Routes::default(),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod audit;
 mod ids;
+pub mod notify;
 mod record;
 mod spec;
 mod state;

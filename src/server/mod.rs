@@ -7,6 +7,7 @@ pub(crate) mod duties;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+pub(crate) mod notify;
 pub(crate) mod policies;
 pub mod seaweedfs;
 pub(crate) mod surface;
@@ -52,6 +53,8 @@ pub struct ServerOptions {
     pub token: Option<String>,
     /// The credentials file: named tokens with their roles.
     pub credentials: Option<std::path::PathBuf>,
+    /// The notifications file: webhook endpoints and the events each wants.
+    pub notify: Option<std::path::PathBuf>,
     /// The token this instance presents to the others (role `instance`).
     pub peer_token: Option<String>,
     /// TLS to the others, when they serve it: the CA that signed their
@@ -105,6 +108,7 @@ impl Default for ServerOptions {
             local_worker_slots: 4,
             token: None,
             credentials: None,
+            notify: None,
             peer_token: None,
             peer_tls: None,
             free_credential_failures: 5,
@@ -288,6 +292,9 @@ pub enum Error {
     Tls(#[from] crate::tls::Error),
     #[error(transparent)]
     Credentials(#[from] surface::access::credentials::FileError),
+    /// The notifications file breaks a rule.
+    #[error(transparent)]
+    Notify(surface::access::credentials::FileError),
     #[error("the gRPC server: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error("a start-up step stopped: {0}")]
@@ -320,8 +327,11 @@ async fn stop(parts: &Parts) {
 
 /// Starts every background duty this server has, in one supervised set.
 fn keep_duties(parts: &Parts, loops: Loops) {
-    let Loops { recovery, pruner, scheduler, seaweedfs, clock, cluster, foreign_orders } = loops;
+    let Loops { recovery, pruner, scheduler, seaweedfs, clock, cluster, foreign_orders, notifier } = loops;
     let duties = &parts.duties;
+    let n = notifier.clone();
+    duties.keep("notifications", Stage::Intake, move || n.clone().delivers());
+    duties.keep("notifications file", Stage::Intake, move || notifier.clone().reloads());
     if parts.access.file().is_some() {
         let access = parts.access.clone();
         duties.keep("credentials", Stage::Intake, move || access.clone().reloads());
@@ -384,6 +394,8 @@ struct Loops {
     cluster: Option<(Arc<cluster::Member>, Arc<cluster::peer::Lending>)>,
     /// The work orders the engine gives for handlers connected to other instances.
     foreign_orders: ForeignOrders,
+    /// Webhook deliveries, and the notifications file's reloads.
+    notifier: Arc<notify::Notifier>,
 }
 
 /// Builds the server over `store`: the engine, the policy book, and each
@@ -396,7 +408,12 @@ async fn assemble(
     topology: Topology,
     grpc_port: u16,
 ) -> Result<(Parts, Loops), Error> {
-    let (engine, policies, fate, foreign_orders) = start_engine(store, options, clock.clone(), &topology).await?;
+    let notify = match &options.notify {
+        Some(path) => notify::file::read(path).map_err(Error::Notify)?,
+        None => notify::file::Config::default(),
+    };
+    let (engine, policies, fate, foreign_orders) =
+        start_engine(store, options, clock.clone(), &topology, notify.routes()).await?;
     let credentials = match &options.credentials {
         Some(path) => Some((path.clone(), surface::access::credentials::read(path)?)),
         None => None,
@@ -404,6 +421,7 @@ async fn assemble(
     let access =
         surface::access::Access::with_slowdown(options.token.clone(), credentials, options.free_credential_failures);
     let handles = Handles::new(engine, policies, clock, topology, fate, access, options);
+    handles.notifier.use_config(notify);
     let scheduler = Arc::new(handles.scheduler(options));
     let recovery = Arc::new(handles.recovery(options));
     let pruner = Arc::new(handles.pruner(options));
@@ -429,6 +447,7 @@ async fn assemble(
         limits: options.limits.clone(),
         grpc_port,
         trail: surface::audit::Trail { engine: handles.engine.clone(), clock: handles.clock.clone() },
+        notifier: handles.notifier.clone(),
     };
     let http = handles.http(api.clone(), &recovery, &pruner, options, grpc_port);
     let cluster = handles.topology.member().map(|node| handles.cluster(node, &recovery, options, grpc_port));
@@ -445,9 +464,9 @@ async fn assemble(
         "R6",
     ]);
     let jobs = surface::api::JobServiceImpl::new(api);
-    let Handles { engine, topology, registry, duties, seaweedfs, clock, access, .. } = handles;
+    let Handles { engine, topology, registry, duties, seaweedfs, clock, access, notifier, .. } = handles;
     let parts = Parts { engine, topology, registry, duties, workers, jobs, peer, http, access };
-    let loops = Loops { recovery, pruner, scheduler, seaweedfs, clock, cluster, foreign_orders };
+    let loops = Loops { recovery, pruner, scheduler, seaweedfs, clock, cluster, foreign_orders, notifier };
     Ok((parts, loops))
 }
 
@@ -459,6 +478,7 @@ async fn start_engine(
     options: &ServerOptions,
     clock: Arc<dyn Clock>,
     topology: &Topology,
+    notify: crate::model::notify::Routes,
 ) -> Result<(EngineHandle, policies::Policies, crate::fate::Fate, ForeignOrders), Error> {
     let (foreign_sender, foreign_orders) = tokio::sync::mpsc::unbounded_channel();
     let fate = crate::fate::Fate::default();
@@ -470,6 +490,7 @@ async fn start_engine(
         instance: member.map(|n| n.id).unwrap_or_default(),
         rollback_windows: seaweedfs::master::rollback_windows(),
         fate: fate.clone(),
+        notify,
         ..Options::default()
     };
     let engine = Engine::start(store.clone(), clock, engine_options).await?;
@@ -502,6 +523,7 @@ struct Handles {
     seaweedfs: seaweedfs::SeaweedFs,
     board: duties::scheduler::Board,
     reports: cluster::peer::Reports,
+    notifier: Arc<notify::Notifier>,
 }
 
 impl Handles {
@@ -520,6 +542,14 @@ impl Handles {
         let board = duties::scheduler::Board::new(engine.clone(), clock.clone(), duties.clone());
         let reports =
             cluster::peer::Reports { topology: topology.clone(), peers: peers.clone(), engine: engine.clone() };
+        let metrics = Arc::new(surface::metrics::Metrics::new());
+        let notifier = Arc::new(notify::Notifier::new(
+            options.notify.clone(),
+            engine.clone(),
+            clock.clone(),
+            topology.clone(),
+            metrics.clone(),
+        ));
         Handles {
             engine,
             policies,
@@ -527,13 +557,14 @@ impl Handles {
             topology,
             registry: Registry::default(),
             duties,
-            metrics: Arc::new(surface::metrics::Metrics::new()),
+            metrics,
             stats: Arc::new(Stats::default()),
             access,
             peers,
             seaweedfs: seaweedfs::SeaweedFs::new(options.masters.clone(), options.cluster_lock_turn),
             board,
             reports,
+            notifier,
         }
     }
 
@@ -547,6 +578,7 @@ impl Handles {
             metrics: self.metrics.clone(),
             seaweedfs: self.seaweedfs.clone(),
             limits: options.limits.clone(),
+            notifier: self.notifier.clone(),
         }
     }
 
@@ -570,6 +602,7 @@ impl Handles {
                 cluster: options.cluster,
                 limits: options.limits.clone(),
             },
+            notifier: self.notifier.clone(),
         }
     }
 
@@ -604,6 +637,7 @@ impl Handles {
                 orphan_grace: options.orphan_grace,
                 silence_timeout: options.silence_timeout,
             },
+            notifier: self.notifier.clone(),
         }
     }
 
@@ -659,6 +693,7 @@ impl Handles {
             recovery: recovery.clone(),
             duties: self.duties.clone(),
             delivery_grace: options.delivery_grace,
+            notifier: self.notifier.clone(),
         };
         let lending = cluster::peer::Lending {
             node: node.clone(),

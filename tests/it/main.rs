@@ -29,6 +29,7 @@ mod import_weed_admin;
 mod kill_run;
 mod model;
 mod network_faults;
+mod notify;
 mod openapi_fuzz;
 mod pg_harness;
 mod plugin_schema;

@@ -2,10 +2,12 @@
 //! last task ended is finalized and its waiters answered.
 
 use super::{Core, Step};
+use crate::active::ActiveJob;
 use crate::clock::Timestamp;
 use crate::follower::Released;
 use crate::leader;
-use crate::model::{JobId, TaskIdx, TaskRef};
+use crate::model::notify::{self, FailedTask};
+use crate::model::{JobId, TaskIdx, TaskRef, TaskState};
 
 impl Core {
     /// Queues what a step released and finalizes the job if it ended;
@@ -37,6 +39,10 @@ impl Core {
         }
         let record = active.record.clone();
         tracing::info!(job.id = %job, job.state = %record.state, "job ended");
+        let failed = failed_tasks(active);
+        if let Some(event) = notify::job_ended(&record, failed, &self.options.notify, now) {
+            step.batch.settings.push(event.into_setting());
+        }
         self.jobs.remove(&job);
         self.dispatch.forget_job(job);
         self.released_at.retain(|task, _| task.job != job);
@@ -44,4 +50,19 @@ impl Core {
             step.reply(waiter, Some(record.clone()));
         }
     }
+}
+
+/// The tasks of an ended job that failed, for its notification.
+fn failed_tasks(job: &ActiveJob) -> Vec<FailedTask> {
+    job.tasks
+        .iter()
+        .zip(&job.spec.tasks)
+        .filter(|(record, _)| record.state() == TaskState::Failed)
+        .map(|(record, spec)| FailedTask {
+            id: spec.id.to_string(),
+            job_type: spec.job_type.to_string(),
+            attempt: record.attempt,
+            error: record.error.as_deref().unwrap_or_default().to_string(),
+        })
+        .collect()
 }

@@ -83,6 +83,7 @@ impl Core {
                 self.dispatch.set_limits(job_type.clone(), limits);
                 self.retime_held(&job_type, limits.execution_timeout_seconds);
             }
+            JobCommand::SetNotify { routes } => self.options.notify = routes,
             JobCommand::Gate { gated, open, reply } => {
                 self.dispatch.set_gate(gated, open);
                 let _ = reply.send((self.dispatch.gated_queued(), self.dispatch.gated_running()));

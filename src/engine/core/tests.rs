@@ -474,3 +474,36 @@ fn an_audited_submit_is_written_with_the_job() {
     assert_eq!(step.batch.new_jobs.len(), 1);
     assert_eq!(step.batch.settings, [(entry.key, Some(entry.bytes))]);
 }
+
+#[test]
+fn a_failed_jobs_notification_is_written_in_the_step_that_ends_it() {
+    use crate::model::notify::{Event, Kind, Routes, PREFIX};
+    let kinds = [Kind::JobFailed];
+    let options = Options { notify: Routes::new([("ops", &kinds[..])]), ..Options::default() };
+    let mut core = Core::new(options, broadcast::channel(16).0);
+    let handler = HandlerId::new();
+    let (connect, _orders) = connection(handler, 1);
+    core.turn([connect], T0);
+    let (id, (reply, _answer)) = (JobId::new(), oneshot::channel());
+    let step = core
+        .turn([JobCommand::Submit { id, spec: spec(2), origin: JobOrigin::User, audit: None, reply }.into()], at(1));
+    assert!(step.batch.settings.is_empty(), "a submit is no notification");
+    let mut number = 1;
+    let step = loop {
+        let failed = Outcome::Failed { error: "disk full".into(), output: vec![] };
+        let step = core.turn([complete(attempt(id, 0, number), handler, failed)], at(1 + i64::from(number)));
+        if step.batch.jobs.iter().any(|j| j.id == id && j.state == JobState::Failed) {
+            break step;
+        }
+        assert!(step.batch.settings.is_empty(), "a retry is no notification");
+        number += 1;
+        assert!(number < 10, "the job never failed");
+    };
+    let [(key, Some(bytes))] = step.batch.settings.as_slice() else { panic!("one event: {:?}", step.batch.settings) };
+    let event = Event::decode(bytes).expect("an outbox event");
+    assert!(key.starts_with(PREFIX));
+    assert_eq!((event.kind, event.endpoints.as_slice()), (Kind::JobFailed, &["ops".to_string()][..]));
+    assert_eq!(event.payload["job"]["id"], id.to_string());
+    assert_eq!(event.payload["failed_tasks"][0]["id"], "t0");
+    assert_eq!(event.payload["failed_tasks"][0]["error"], "disk full");
+}

@@ -250,6 +250,8 @@ pub(crate) struct Member {
     pub(crate) recovery: Arc<Recovery>,
     pub(crate) duties: Duties,
     pub(crate) delivery_grace: Duration,
+    /// An instance this one deactivated is a notification (`instance.lost`).
+    pub(crate) notifier: Arc<crate::server::notify::Notifier>,
 }
 
 /// How often an instance settles its permits when nothing wakes it.
@@ -466,6 +468,8 @@ async fn beat(member: &Member) -> Result<(), store::Error> {
     for gone in &membership.deactivated {
         tracing::warn!(instance = %gone, lag_ms = lag.as_millis() as u64, "deactivated a silent instance; its jobs are free to claim");
         member.metrics.note_deactivation();
+        let payload = serde_json::json!({ "instance": gone.to_string(), "lag_ms": lag.as_millis() as u64 });
+        member.notifier.record(crate::model::notify::Kind::InstanceLost, payload).await;
     }
     if let Some(me) = membership.instances.iter().find(|i| i.id == node.id) {
         node.paused.store(me.paused, Ordering::Relaxed);

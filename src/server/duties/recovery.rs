@@ -56,6 +56,8 @@ pub(crate) struct Recovery {
     /// Each finding applied is a line of the activity log.
     pub(crate) board: Board,
     pub(crate) settings: Settings,
+    /// The findings a check applied are a notification (`recovery.findings`).
+    pub(crate) notifier: Arc<crate::server::notify::Notifier>,
 }
 
 /// The server's settings the check reads.
@@ -111,7 +113,17 @@ impl Recovery {
                 }
             }
         }
-        Ok(findings.into_iter().zip(applied).map(|(finding, applied)| self.report(finding, applied, dry_run)).collect())
+        let reports: Vec<api::Finding> = findings
+            .into_iter()
+            .zip(applied)
+            .map(|(finding, applied)| self.report(finding, applied, dry_run))
+            .collect();
+        let acted: Vec<&api::Finding> = reports.iter().filter(|f| f.applied).collect();
+        if !acted.is_empty() {
+            let payload = serde_json::json!({ "findings": acted });
+            self.notifier.record(crate::model::notify::Kind::RecoveryFindings, payload).await;
+        }
+        Ok(reports)
     }
 
     /// What the rules look at: the jobs led here with their held and ready

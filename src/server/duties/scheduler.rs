@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, Notify};
 use crate::clock::{Clock, Timestamp};
 use crate::engine::EngineHandle;
 use crate::jobfile::Limits;
+use crate::model::notify::Kind;
 use crate::model::{HandlerId, JobId, JobOrigin};
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, JobProposal, RunDetectionRequest};
 use crate::scheduler::{build_job, filter, Dropped, Due, Proposal};
@@ -284,6 +285,8 @@ pub(crate) struct Scheduler {
     pub(crate) seaweedfs: SeaweedFs,
     /// A detection's job is a job like any other.
     pub(crate) limits: Limits,
+    /// A detection that fails is a notification (`detection.failed`).
+    pub(crate) notifier: Arc<crate::server::notify::Notifier>,
 }
 
 impl Scheduler {
@@ -463,6 +466,13 @@ impl Scheduler {
             }
             Err(e) => {
                 self.metrics.record_detection_failure(job_type);
+                let payload = serde_json::json!({
+                    "job_type": job_type,
+                    "detector": detector.to_string(),
+                    "sequence": sequence,
+                    "error": e.to_string(),
+                });
+                self.notifier.record(Kind::DetectionFailed, payload).await;
                 Err(("failed", e))
             }
         };

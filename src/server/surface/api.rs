@@ -162,6 +162,8 @@ pub(crate) struct Api {
     pub(crate) grpc_port: u16,
     /// Where each change is recorded, with who asked for it.
     pub(crate) trail: Trail,
+    /// The webhook endpoints and their outbox.
+    pub(crate) notifier: Arc<crate::server::notify::Notifier>,
 }
 
 impl Api {
@@ -656,6 +658,11 @@ impl Api {
         Ok(records.into_iter().map(convert::audit_record).collect())
     }
 
+    /// Each webhook endpoint, with its pending events and last delivery.
+    pub(crate) async fn notifications(&self) -> Result<Vec<api::NotificationEndpoint>, Error> {
+        self.notifier.listing().await.map_err(store_error)
+    }
+
     /// A snapshot (in parts), then the job's transitions, until it has ended.
     pub(crate) async fn watch(
         &self,
@@ -991,6 +998,13 @@ impl JobService for JobServiceImpl {
             limit: (r.limit > 0).then_some(r.limit as usize),
         };
         Ok(Response::new(api::ListAuditResponse { records: self.api.audit(filter).await? }))
+    }
+
+    async fn list_notifications(
+        &self,
+        _request: Request<api::ListNotificationsRequest>,
+    ) -> Result<Response<api::ListNotificationsResponse>, Status> {
+        Ok(Response::new(api::ListNotificationsResponse { endpoints: self.api.notifications().await? }))
     }
 }
 

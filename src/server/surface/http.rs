@@ -202,6 +202,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/detect/{job_type}", guarded(post(detect)))
         .route("/api/activities", guarded(get(activities)))
         .route("/api/audit", guarded(get(audit)))
+        .route("/api/notifications", guarded(get(notifications)))
         .route("/api/runs/{job_type}", guarded(get(runs)))
         .route("/api/policies/{job_type}", guarded(get(get_policy).put(set_policy)))
         .route("/api/openapi.json", guarded(get(openapi)))
@@ -425,6 +426,12 @@ async fn recover(State(s): State<AppState>, By(who): By, q: Params) -> Reply {
 async fn prune(State(s): State<AppState>, By(who): By, q: Params) -> Reply {
     let dry_run = q.taking(&["dry_run"])?.flag("dry_run")?;
     Ok(Json(s.api.prune(&who, dry_run).await?).into_response())
+}
+
+/// Each webhook endpoint: its URL, events, pending count, last delivery and last error.
+async fn notifications(State(s): State<AppState>, q: Params) -> Reply {
+    q.taking(&[])?;
+    Ok(Json(json!({ "endpoints": s.api.notifications().await? })).into_response())
 }
 
 /// The audit trail, oldest first: `since` (ms since the epoch), `who`, `limit` (the newest).

@@ -19,6 +19,8 @@
 //! | `jobcenter_event_subscribers` | gauge | | subscriptions to the engine's changes (watchers among them) |
 //! | `jobcenter_duties_running` | gauge | `duty` | single-flight duties under way: `recovery`, `prune`, `detection`, and routes open to detectors (`detection_route`) |
 //! | `jobcenter_detection_failures_total` | counter | `job_type` | detection runs that failed (no answer, an error) |
+//! | `jobcenter_notifications_delivered_total` | counter | `endpoint` | webhook deliveries answered 2xx (`--notify`) |
+//! | `jobcenter_notification_failures_total` | counter | `endpoint` | webhook deliveries that failed (no answer, not 2xx) |
 //! | `jobcenter_jobs_ended_total` | counter | `state` | jobs that ended here (led here), by how |
 //! | `jobcenter_worker_sessions_total` | counter | | worker streams opened (a worker that reconnects opens another) |
 //! | `jobcenter_ready` | gauge | | 1 while the store takes writes and this instance reaches its database (as `/readyz`), else 0 |
@@ -76,6 +78,8 @@ pub(crate) struct Metrics {
     recovery_findings: IntCounterVec,
     detections: IntCounterVec,
     detection_failures: IntCounterVec,
+    notifications_delivered: IntCounterVec,
+    notification_failures: IntCounterVec,
     ready: IntGauge,
     recovery_last: prometheus::Gauge,
     recovery_interval: prometheus::Gauge,
@@ -186,6 +190,18 @@ impl Metrics {
                 "Detection runs that failed: no answer in time, or an error.",
                 "job_type",
             ),
+            notifications_delivered: counter_vec(
+                &registry,
+                "jobcenter_notifications_delivered_total",
+                "Webhook deliveries answered 2xx, by endpoint.",
+                "endpoint",
+            ),
+            notification_failures: counter_vec(
+                &registry,
+                "jobcenter_notification_failures_total",
+                "Webhook deliveries that failed (no answer in time, not 2xx), by endpoint.",
+                "endpoint",
+            ),
             ready: gauge(
                 &registry,
                 "jobcenter_ready",
@@ -264,6 +280,12 @@ impl Metrics {
     /// A detection run of `job_type` that failed.
     pub(crate) fn record_detection_failure(&self, job_type: &str) {
         self.detection_failures.with_label_values(&[job_type]).inc();
+    }
+
+    /// A delivery of a notification to `endpoint`, answered 2xx or not.
+    pub(crate) fn notification_delivered(&self, endpoint: &str, ok: bool) {
+        let counter = if ok { &self.notifications_delivered } else { &self.notification_failures };
+        counter.with_label_values(&[endpoint]).inc();
     }
 
     pub(crate) fn record_proposals(&self, job_type: &str, n: u64) {

@@ -78,6 +78,8 @@ pub(crate) struct WorkerSessions {
     pub(crate) stats: Arc<Stats>,
     pub(crate) duties: Duties,
     pub(crate) settings: Settings,
+    /// A worker lost while it ran work is a notification (`worker.lost`).
+    pub(crate) notifier: Arc<crate::server::notify::Notifier>,
 }
 
 /// The server's settings a session reads.
@@ -364,9 +366,35 @@ impl Session {
         let keep_for = self.lease.map(|lease| {
             (self.renewed_at + wire::take_back_after(lease)).saturating_duration_since(tokio::time::Instant::now())
         });
+        self.notify_lost(handler, &reason).await;
         if let Err(e) = sessions.engine.disconnected(handler, registration.session, keep_for, &reason).await {
             tracing::debug!(error = %e, "engine stopped before the worker's attempts were released");
         }
+    }
+
+    /// A worker whose stream ended while it held attempts is a notification,
+    /// when an endpoint wants one (the engine is asked only then).
+    async fn notify_lost(&self, handler: HandlerId, reason: &str) {
+        let notifier = &self.sessions.notifier;
+        if !notifier.routes().wants(crate::model::notify::Kind::WorkerLost) {
+            return;
+        }
+        let Ok(held) = self.sessions.engine.attempts().await else { return };
+        let attempts: Vec<serde_json::Value> = held
+            .iter()
+            .filter(|a| a.handler == handler)
+            .map(|a| serde_json::json!({ "job": a.job.to_string(), "task": a.task_id, "attempt": a.attempt }))
+            .collect();
+        if attempts.is_empty() {
+            return;
+        }
+        let payload = serde_json::json!({
+            "worker": self.hello.worker_id,
+            "handler": handler.to_string(),
+            "reason": reason,
+            "attempts": attempts,
+        });
+        notifier.record(crate::model::notify::Kind::WorkerLost, payload).await;
     }
 
     /// What the worker's hello declares, as the engine's dispatch takes a handler.

@@ -165,12 +165,12 @@ struct Entries {
     certificates: Vec<(WrittenCertificate, Option<usize>)>,
 }
 
-fn is_yaml(path: &Path) -> bool {
+pub(crate) fn is_yaml(path: &Path) -> bool {
     matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
 }
 
 /// The 1-based line of a byte offset.
-fn line_at(text: &str, offset: usize) -> usize {
+pub(crate) fn line_at(text: &str, offset: usize) -> usize {
     text.as_bytes()[..offset.min(text.len())].iter().filter(|b| **b == b'\n').count() + 1
 }
 
@@ -186,7 +186,7 @@ pub(crate) fn read(path: &Path) -> Result<Credentials, FileError> {
 
 /// The line at or after `from` whose key `key` holds `value` (YAML keeps
 /// no positions), and the line after it.
-fn yaml_line(text: &str, from: &mut usize, key: &str, value: &str) -> Option<usize> {
+pub(crate) fn yaml_line(text: &str, from: &mut usize, key: &str, value: &str) -> Option<usize> {
     let (index, _) = text.lines().enumerate().skip(*from).find(|(_, line)| {
         let line = line.trim_start().trim_start_matches("- ").trim_start();
         line.strip_prefix(key)

@@ -424,7 +424,7 @@ fn digest(token: &str) -> [u8; 32] {
 const RELOAD_POLL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// What says a file changed: its modification time, size and inode.
-fn stamp(path: &std::path::Path) -> Option<(std::time::SystemTime, u64, u64)> {
+pub(crate) fn stamp(path: &std::path::Path) -> Option<(std::time::SystemTime, u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     let metadata = std::fs::metadata(path).ok()?;
     Some((metadata.modified().ok()?, metadata.len(), metadata.ino()))

@@ -79,6 +79,7 @@ pub const HTTP: &[(&str, &str, Need)] = &[
     ("POST", "/api/prune", OPERATOR),
     ("POST", "/api/detect/{job_type}", OPERATOR),
     ("GET", "/api/audit", ADMIN),
+    ("GET", "/api/notifications", VIEWER),
     ("GET", "/metrics", VIEWER),
 ];
 
@@ -106,6 +107,7 @@ pub const GRPC: &[(&str, Need)] = &[
     ("/jobcenter.v1.JobService/Prune", OPERATOR),
     ("/jobcenter.v1.JobService/Backup", ADMIN),
     ("/jobcenter.v1.JobService/ListAudit", ADMIN),
+    ("/jobcenter.v1.JobService/ListNotifications", VIEWER),
     ("/plugin.PluginControlService/WorkerStream", WORKER),
     ("/jobcenter.peer.v1.PeerService/Lend", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/Report", INSTANCE),
