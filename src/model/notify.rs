@@ -178,9 +178,15 @@ pub struct FailedTask {
 
 /// The event of a job that ended failed or succeeded, for the endpoints that
 /// want it; its id is made of the end's time and the job's id, so that the
-/// same step always makes the same event. `failed` is every task that
-/// failed (the first [`MOST_TASKS_NAMED`] are named).
-pub fn job_ended(record: &JobRecord, failed: Vec<FailedTask>, routes: &Routes, now: Timestamp) -> Option<Event> {
+/// same step always makes the same event. `failed` gives every task that
+/// failed, asked only when an endpoint wants the event (the first
+/// [`MOST_TASKS_NAMED`] are named).
+pub fn job_ended(
+    record: &JobRecord,
+    failed: impl FnOnce() -> Vec<FailedTask>,
+    routes: &Routes,
+    now: Timestamp,
+) -> Option<Event> {
     let kind = match record.state {
         JobState::Failed => Kind::JobFailed,
         JobState::Succeeded => Kind::JobSucceeded,
@@ -189,6 +195,7 @@ pub fn job_ended(record: &JobRecord, failed: Vec<FailedTask>, routes: &Routes, n
     if !routes.wants(kind) {
         return None;
     }
+    let failed = failed();
     let at_ms = u64::try_from(now.as_millis()).unwrap_or(0);
     let job = record.id.0.as_bytes();
     let mut random = [0u8; 10];
@@ -240,12 +247,12 @@ mod tests {
         assert_eq!(routes.endpoints(Kind::JobFailed), ["ops", "audit"]);
         assert_eq!(routes.endpoints(Kind::JobSucceeded), ["audit"]);
         assert!(!routes.wants(Kind::DetectionFailed));
-        let failed = job_ended(&record(JobState::Failed), vec![], &routes, Timestamp(2_000)).unwrap();
+        let failed = job_ended(&record(JobState::Failed), Vec::new, &routes, Timestamp(2_000)).unwrap();
         assert_eq!((failed.kind, failed.endpoints.clone()), (Kind::JobFailed, vec!["ops".into(), "audit".into()]));
         let only_failures = Routes::new([("ops", &ops[..])]);
-        assert_eq!(job_ended(&record(JobState::Succeeded), vec![], &only_failures, Timestamp(2_000)), None);
-        assert_eq!(job_ended(&record(JobState::Canceled), vec![], &routes, Timestamp(2_000)), None);
-        assert_eq!(job_ended(&record(JobState::Failed), vec![], &Routes::default(), Timestamp(2_000)), None);
+        assert_eq!(job_ended(&record(JobState::Succeeded), Vec::new, &only_failures, Timestamp(2_000)), None);
+        assert_eq!(job_ended(&record(JobState::Canceled), Vec::new, &routes, Timestamp(2_000)), None);
+        assert_eq!(job_ended(&record(JobState::Failed), Vec::new, &Routes::default(), Timestamp(2_000)), None);
     }
 
     #[test]
@@ -256,14 +263,14 @@ mod tests {
         let task =
             |i: usize| FailedTask { id: format!("t{i}"), job_type: "noop".into(), attempt: 1, error: "no".into() };
         let failed: Vec<FailedTask> = (0..25).map(task).collect();
-        let one = job_ended(&job, failed.clone(), &routes, Timestamp(5_000)).unwrap();
-        let again = job_ended(&job, failed, &routes, Timestamp(5_000)).unwrap();
+        let one = job_ended(&job, || failed.clone(), &routes, Timestamp(5_000)).unwrap();
+        let again = job_ended(&job, || failed, &routes, Timestamp(5_000)).unwrap();
         assert_eq!(one, again);
         assert_eq!(one.id.get_version_num(), 7);
         assert_eq!(one.payload["failed_tasks"].as_array().unwrap().len(), MOST_TASKS_NAMED);
         assert_eq!(one.payload["failed_tasks_total"], 25);
         assert_eq!(one.payload["job"]["name"], "nightly");
-        let later = job_ended(&job, vec![], &routes, Timestamp(6_000)).unwrap();
+        let later = job_ended(&job, Vec::new, &routes, Timestamp(6_000)).unwrap();
         assert!(later.key() > one.key(), "key order is time order");
     }
 

@@ -39,8 +39,8 @@ impl Core {
         }
         let record = active.record.clone();
         tracing::info!(job.id = %job, job.state = %record.state, "job ended");
-        let failed = failed_tasks(active);
-        if let Some(event) = notify::job_ended(&record, failed, &self.options.notify, now) {
+        // The failed tasks are looked for only when an endpoint wants the event.
+        if let Some(event) = notify::job_ended(&record, || failed_tasks(active), &self.options.notify, now) {
             step.batch.settings.push(event.into_setting());
         }
         self.jobs.remove(&job);
