@@ -11,6 +11,8 @@
 //! - `attempts.rs`: the ledger of every attempt known here (held, lent,
 //!   borrowed, or waiting for an absent handler), and the one way one ends;
 //! - `committer.rs`: the group-commit thread and the crash points;
+//! - `spans.rs`: the spans of jobs and attempts the committer keeps for the
+//!   trace export;
 //! - `handle.rs`: `EngineHandle`, the cheap cloneable API.
 
 mod attempts;
@@ -18,6 +20,7 @@ mod committer;
 mod core;
 mod handle;
 mod run_loop;
+mod spans;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -79,6 +82,9 @@ pub struct Options {
     pub rollback_windows: HashMap<String, Duration>,
     /// Where the committer records a store failure it cannot wait out.
     pub fate: crate::fate::Fate,
+    /// The committer makes the spans of jobs, attempts and commits for the
+    /// trace export (`spans.rs`), and work orders carry their attempt's.
+    pub traces: bool,
 }
 
 /// Work orders for handlers connected elsewhere, with the handler they are for.
@@ -94,6 +100,7 @@ impl Default for Options {
             foreign_orders: None,
             rollback_windows: HashMap::new(),
             fate: crate::fate::Fate::default(),
+            traces: false,
         }
     }
 }
@@ -197,6 +204,7 @@ impl Engine {
         };
         let (events, _) = broadcast::channel(65_536);
         let fate = options.fate.clone();
+        let traces = options.traces;
         let mut core = core::Core::new(options, events.clone());
         core.remember(cooling, names);
         let mut step = core::Step::default();
@@ -218,7 +226,7 @@ impl Engine {
             store.clone(),
             steps_rx,
             events.clone(),
-            committer::Observers { commit: commit_observer.clone(), endings: endings.clone() },
+            committer::Observers { commit: commit_observer.clone(), endings: endings.clone(), traces },
             ready.clone(),
             fate.clone(),
             done.clone(),
