@@ -524,8 +524,10 @@ async fn a_failed_attempt_keeps_its_volume_for_its_rollback_window_across_a_rest
     engine.submit(on_volume("fails", 9), JobOrigin::User).await.unwrap();
     let WorkOrder::Execute(second) = worker.next().await else { panic!("expected an execution") };
     let failed = Outcome::Failed { error: "broke".into(), output: vec![] };
-    engine.complete(second.attempt, worker.handler, failed).await.unwrap().unwrap();
+    // The window runs from when the engine takes the failure, which is no
+    // earlier than this; its answer comes only once the step is durable.
     let ended = std::time::Instant::now();
+    engine.complete(second.attempt, worker.handler, failed).await.unwrap().unwrap();
     engine.submit(on_volume("waits", 9), JobOrigin::User).await.unwrap();
     engine.submit(on_volume("elsewhere", 10), JobOrigin::User).await.unwrap();
     let WorkOrder::Execute(other) = worker.next().await else { panic!("expected an execution") };
