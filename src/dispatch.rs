@@ -38,6 +38,9 @@ pub struct Assignment {
     /// The gRPC address of the instance that leads the job, when another
     /// instance lent this attempt: reports on it go there.
     pub lent_by: Option<Arc<str>>,
+    /// The W3C `traceparent` of the attempt's span, when traces are
+    /// exported: set by the committer as the order leaves.
+    pub traceparent: Option<Box<str>>,
 }
 
 pub type Sink = UnboundedSender<WorkOrder>;

@@ -22,5 +22,6 @@ pub(crate) mod scheduler;
 pub mod server;
 pub mod store;
 pub(crate) mod tls;
+pub mod traces;
 pub mod wire;
 pub mod worker;

@@ -1,10 +1,12 @@
-//! The `jobcenter` binary: parses arguments, sets up logging, calls the library.
+//! The `jobcenter` binary: parses arguments, sets up logging and the trace
+//! export, calls the library.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use jobcenter::cli::{self, Cli, LogFormat};
 use jobcenter::fate::Fatal;
+use jobcenter::traces::{self, Export};
 use tracing_subscriber::EnvFilter;
 
 /// jemalloc returns the pages it frees to the system within seconds, where
@@ -37,13 +39,19 @@ fn quiet_on_closed_stdout() {
 fn main() -> ExitCode {
     quiet_on_closed_stdout();
     let cli = Cli::parse();
-    let filter = EnvFilter::try_from_env("JOBCENTER_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match cli.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
+    let export = match cli.otlp_endpoint().map(|(endpoint, service)| Export::start(endpoint, service)).transpose() {
+        Ok(export) => export,
+        Err(e) => {
+            eprintln!("jobcenter: {e}");
+            return ExitCode::from(cli::EXIT_USAGE);
+        }
+    };
+    set_up_logging(cli.log_format, export.as_ref());
+    let result = cli::main(cli);
+    if let Some(export) = export {
+        export.shutdown(FLUSH_SPANS_WITHIN);
     }
-    match cli::main(cli) {
+    match result {
         Ok(code) => code,
         Err(fatal @ Fatal::Store(_)) => {
             eprintln!("jobcenter: {fatal}");
@@ -59,6 +67,26 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// Log lines to stderr, filtered by `JOBCENTER_LOG`; with an export, the
+/// spans at `traces::TARGET` go to it, and never to the log lines.
+fn set_up_logging(format: LogFormat, export: Option<&Export>) {
+    use tracing_subscriber::prelude::*;
+    let filter = EnvFilter::try_from_env("JOBCENTER_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter = match format!("{}=off", traces::TARGET).parse() {
+        Ok(spans_off) => filter.add_directive(spans_off),
+        Err(_) => filter,
+    };
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let lines = match format {
+        LogFormat::Json => lines.json().boxed(),
+        LogFormat::Text => lines.boxed(),
+    };
+    tracing_subscriber::registry().with(lines.with_filter(filter)).with(export.map(Export::layer)).init();
+}
+
+/// How long the spans still queued at the end may take to leave.
+const FLUSH_SPANS_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The engine's loop panicked (sysexits' EX_SOFTWARE).
 const EXIT_SOFTWARE: u8 = 70;

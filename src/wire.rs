@@ -18,6 +18,11 @@ pub const TASK_ID_LABEL: &str = "jobcenter.task_id";
 /// A label the admin sets on a `JobSpec` to give the job's name
 /// (`TaskContext::job_name`); without it the spec's summary stands in.
 pub const JOB_NAME_LABEL: &str = "jobcenter.job_name";
+/// A label the admin sets on a `JobSpec`, when it exports traces, to the
+/// W3C `traceparent` of the attempt's span: the worker's execution span
+/// joins it as its child. A worker that knows nothing of it (a `weed
+/// worker`) takes it for one more label.
+pub const TRACEPARENT_LABEL: &str = "traceparent";
 /// The job type of the periodic recovery check, run as a cluster task.
 pub const RECOVERY_CHECK_JOB_TYPE: &str = "recovery_check";
 /// The HTTP path that tells a worker which port the worker stream listens on.

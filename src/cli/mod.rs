@@ -104,6 +104,18 @@ pub enum Command {
     ImportWeedAdmin(import_weed_admin::ImportWeedAdminArgs),
 }
 
+impl Cli {
+    /// Where the command exports its spans, and the service it names: a
+    /// server's or a worker's `--otlp-endpoint`.
+    pub fn otlp_endpoint(&self) -> Option<(&str, &'static str)> {
+        match &self.command {
+            Command::Server(args) => args.otlp_endpoint.as_deref().map(|endpoint| (endpoint, "jobcenter-server")),
+            Command::Worker(args) => args.otlp_endpoint.as_deref().map(|endpoint| (endpoint, "jobcenter-worker")),
+            _ => None,
+        }
+    }
+}
+
 /// Runs a parsed command line; returns the process exit code, or the
 /// fatal condition that stopped a server (`main` decides what follows).
 pub fn main(cli: Cli) -> Result<ExitCode, crate::fate::Fatal> {

@@ -150,6 +150,11 @@ pub struct ServerArgs {
     /// Bind a non-loopback address without a token or credentials.
     #[arg(long)]
     pub allow_insecure_bind: bool,
+    /// Export traces over OTLP/gRPC to this endpoint (`http://HOST:PORT`):
+    /// a span for each job, task attempt, detection run, recovery check
+    /// and store commit (docs/operations.md, "Traces").
+    #[arg(long)]
+    pub otlp_endpoint: Option<String>,
     #[command(flatten)]
     pub tls: crate::tls::ServerTls,
 }
@@ -286,6 +291,7 @@ pub(super) async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         cluster_lock_turn: args.cluster_lock_turn,
         send_timeout: args.send_timeout,
         advertise_grpc: args.advertise_grpc,
+        traces: args.otlp_endpoint.is_some(),
         ..ServerOptions::default()
     };
     match server::run(store, options, http, grpc, shutdown_signal()).await {

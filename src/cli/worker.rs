@@ -54,6 +54,11 @@ pub struct WorkerArgs {
     /// --token-file token.
     #[arg(long)]
     pub api_token_file: Option<PathBuf>,
+    /// Export traces over OTLP/gRPC to this endpoint (`http://HOST:PORT`):
+    /// a span for each execution, the child of its attempt's span on the
+    /// admin (docs/operations.md, "Traces").
+    #[arg(long)]
+    pub otlp_endpoint: Option<String>,
     #[command(flatten)]
     pub tls: crate::tls::ClientTls,
 }

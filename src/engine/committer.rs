@@ -14,9 +14,11 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 
 use super::core::{Action, Step};
+use super::spans::{self, Spans};
 use super::Event;
 use crate::backoff::Backoff;
 use crate::crash::CrashPoint;
+use crate::dispatch::WorkOrder;
 use crate::fate::{Fatal, Fate};
 use crate::store::{self, Batch, Store};
 
@@ -24,10 +26,12 @@ use crate::store::{self, Batch, Store};
 pub type CommitObserver = Arc<dyn Fn(std::time::Duration, std::time::Duration) + Send + Sync>;
 
 /// What the committer tells of its commits: their timings, to the observer
-/// the server sets, and the jobs that ended.
+/// the server sets, the jobs that ended, and with `traces` the spans of
+/// jobs, attempts and commits.
 pub(super) struct Observers {
     pub(super) commit: Arc<std::sync::OnceLock<CommitObserver>>,
     pub(super) endings: Arc<Endings>,
+    pub(super) traces: bool,
 }
 
 /// The jobs that ended here since the start, by how, counted once their
@@ -94,6 +98,7 @@ fn run(
 ) -> Result<(), Fatal> {
     let (observer, endings) = (&observers.commit, &observers.endings);
     let mut pending: Vec<Step> = Vec::new();
+    let mut spans = observers.traces.then(Spans::default);
     let crash = CrashPoint::from_env();
     while let Some(step) = steps.blocking_recv() {
         pending.push(step);
@@ -105,6 +110,10 @@ fn run(
             batch.append(std::mem::take(&mut step.batch));
         }
         if !batch.is_empty() {
+            let commit = spans.as_mut().map(|spans| {
+                spans.observe(&batch);
+                spans::commit(&batch, pending.len())
+            });
             let started = std::time::Instant::now();
             until_available(&ready, || store.write(&batch))?;
             crash.reached("before-flush");
@@ -116,12 +125,17 @@ fn run(
                 store.flush_then(&mut || {
                     if !std::mem::replace(&mut sent, true) {
                         crash.reached("after-flush");
-                        send_orders(&mut pending, &events);
+                        send_orders(&mut pending, &events, spans.as_ref());
                     }
                 })
             })?;
+            let (took, flush_took) = (started.elapsed(), flush_started.elapsed());
             if let Some(observe) = observer.get() {
-                observe(started.elapsed(), flush_started.elapsed());
+                observe(took, flush_took);
+            }
+            if let Some(commit) = commit {
+                commit.record("duration_ms", took.as_secs_f64() * 1000.0);
+                commit.record("flush_ms", flush_took.as_secs_f64() * 1000.0);
             }
             // A job record is written in an ended state once per end.
             for record in &batch.jobs {
@@ -152,10 +166,14 @@ fn perform(action: Action, events: &broadcast::Sender<Event>) {
     }
 }
 
-/// Sends the steps' work orders, leaving their other actions in order.
-fn send_orders(steps: &mut [Step], events: &broadcast::Sender<Event>) {
+/// Sends the steps' work orders, each with its attempt's span when traced,
+/// leaving their other actions in order.
+fn send_orders(steps: &mut [Step], events: &broadcast::Sender<Event>, spans: Option<&Spans>) {
     for step in steps {
-        for action in std::mem::take(&mut step.actions) {
+        for mut action in std::mem::take(&mut step.actions) {
+            if let (Some(spans), Action::Send { order: WorkOrder::Execute(assignment), .. }) = (spans, &mut action) {
+                assignment.traceparent = spans.traceparent(assignment.attempt);
+            }
             match action {
                 Action::Send { .. } | Action::Foreign { .. } => perform(action, events),
                 other => step.actions.push(other),

@@ -11,6 +11,8 @@
 //! - `attempts.rs`: the ledger of every attempt known here (held, lent,
 //!   borrowed, or waiting for an absent handler), and the one way one ends;
 //! - `committer.rs`: the group-commit thread and the crash points;
+//! - `spans.rs`: the spans of jobs and attempts the committer keeps for the
+//!   trace export;
 //! - `handle.rs`: `EngineHandle`, the cheap cloneable API.
 
 mod attempts;
@@ -18,6 +20,7 @@ mod committer;
 mod core;
 mod handle;
 mod run_loop;
+mod spans;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -82,6 +85,9 @@ pub struct Options {
     /// The endpoints that want each kind of notification: a job that ends
     /// failed or succeeded puts its event in the outbox in the same step.
     pub notify: crate::model::notify::Routes,
+    /// The committer makes the spans of jobs, attempts and commits for the
+    /// trace export (`spans.rs`), and work orders carry their attempt's.
+    pub traces: bool,
 }
 
 /// Work orders for handlers connected elsewhere, with the handler they are for.
@@ -98,6 +104,7 @@ impl Default for Options {
             rollback_windows: HashMap::new(),
             fate: crate::fate::Fate::default(),
             notify: crate::model::notify::Routes::default(),
+            traces: false,
         }
     }
 }
@@ -201,6 +208,7 @@ impl Engine {
         };
         let (events, _) = broadcast::channel(65_536);
         let fate = options.fate.clone();
+        let traces = options.traces;
         let mut core = core::Core::new(options, events.clone());
         core.remember(cooling, names);
         let mut step = core::Step::default();
@@ -222,7 +230,7 @@ impl Engine {
             store.clone(),
             steps_rx,
             events.clone(),
-            committer::Observers { commit: commit_observer.clone(), endings: endings.clone() },
+            committer::Observers { commit: commit_observer.clone(), endings: endings.clone(), traces },
             ready.clone(),
             fate.clone(),
             done.clone(),

@@ -96,6 +96,9 @@ pub struct ServerOptions {
     /// The gRPC address other instances reach this one at, when it is not
     /// the one it listens on.
     pub advertise_grpc: Option<String>,
+    /// Spans of jobs, attempts and store commits are made for the trace
+    /// export (`--otlp-endpoint`), and attempts carry theirs to the workers.
+    pub traces: bool,
 }
 
 impl Default for ServerOptions {
@@ -129,6 +132,7 @@ impl Default for ServerOptions {
             cluster_lock_turn: seaweedfs::master::Turns::default().turn,
             send_timeout: Duration::from_secs(30),
             advertise_grpc: None,
+            traces: false,
         }
     }
 }
@@ -491,6 +495,7 @@ async fn start_engine(
         rollback_windows: seaweedfs::master::rollback_windows(),
         fate: fate.clone(),
         notify,
+        traces: options.traces,
         ..Options::default()
     };
     let engine = Engine::start(store.clone(), clock, engine_options).await?;

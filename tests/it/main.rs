@@ -45,6 +45,7 @@ mod soak;
 mod store_conformance;
 mod tidy;
 mod tls;
+mod traces;
 mod validation;
 mod watch_e2e;
 mod wire_errors;

@@ -159,6 +159,7 @@ impl Core {
             priority: spec.priority,
             execution_timeout_seconds: spec.execution_timeout_seconds,
             lent_by: None,
+            traceparent: None,
         };
         self.hold(task, attempt, handler, now);
         Take::Assigned(assignment)

@@ -148,6 +148,7 @@ fn lent_from_elsewhere(attempt: AttemptId) -> Assignment {
         execution_timeout_seconds: None,
         released_at: None,
         lent_by: Some(Arc::from("10.0.0.2:19333")),
+        traceparent: None,
     }
 }
 

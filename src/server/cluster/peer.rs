@@ -665,6 +665,7 @@ impl Lending {
                     execution_timeout_seconds: task.execution_timeout_seconds,
                     released_at: None,
                     lent_by: Some(lender.clone()),
+                    traceparent: None,
                 });
             }
             left.retain(|_, o| o.total > 0 && !o.job_types.is_empty());

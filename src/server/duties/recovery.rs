@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use jobcenter_recovery as recovery;
+use tracing::Instrument;
 
 use super::scheduler::Board;
 use crate::clock::Clock;
@@ -89,7 +90,24 @@ impl Recovery {
         let Some(_pass) = gate.running.enter() else {
             return Err(DutyError::Busy("a recovery check is already running".into()));
         };
-        let result = self.check_inner(dry_run).await;
+        let span = tracing::info_span!(
+            target: crate::traces::TARGET,
+            "recovery_check",
+            dry_run,
+            findings = tracing::field::Empty,
+            applied = tracing::field::Empty,
+            error = tracing::field::Empty,
+        );
+        let result = self.check_inner(dry_run).instrument(span.clone()).await;
+        match &result {
+            Ok(findings) => {
+                span.record("findings", findings.len());
+                span.record("applied", findings.iter().filter(|f| f.applied).count());
+            }
+            Err(e) => {
+                span.record("error", tracing::field::display(e));
+            }
+        }
         if let (Ok(findings), false) = (&result, dry_run) {
             *gate.last.lock().expect("last check lock") = Some((self.clock.now().as_millis(), findings.clone()));
         }

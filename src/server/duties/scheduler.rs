@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, Notify};
+use tracing::Instrument;
 
 use crate::clock::{Clock, Timestamp};
 use crate::engine::EngineHandle;
@@ -435,7 +436,30 @@ impl Scheduler {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        self.detect_inner(job_type, run).await
+        let span = tracing::info_span!(
+            target: crate::traces::TARGET,
+            "detection",
+            job.type = job_type,
+            run,
+            proposals = tracing::field::Empty,
+            kept = tracing::field::Empty,
+            job.id = tracing::field::Empty,
+            error = tracing::field::Empty,
+        );
+        let result = self.detect_inner(job_type, run).instrument(span.clone()).await;
+        match &result {
+            Ok(outcome) => {
+                span.record("proposals", outcome.proposals.len() + outcome.dropped.len());
+                span.record("kept", outcome.proposals.len());
+                if let Some(job) = &outcome.job {
+                    span.record("job.id", tracing::field::display(job));
+                }
+            }
+            Err(e) => {
+                span.record("error", tracing::field::display(e));
+            }
+        }
+        result
     }
 
     async fn detect_inner(&self, job_type: &str, run: bool) -> Result<Outcome, DutyError> {

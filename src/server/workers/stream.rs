@@ -604,6 +604,9 @@ impl Session {
                     let mut labels: HashMap<String, String> = assignment.labels.clone().into_iter().collect();
                     labels.insert(wire::TASK_ID_LABEL.into(), assignment.task_id.to_string());
                     labels.insert(wire::JOB_NAME_LABEL.into(), assignment.job_name.clone());
+                    if let Some(traceparent) = &assignment.traceparent {
+                        labels.insert(wire::TRACEPARENT_LABEL.into(), traceparent.to_string());
+                    }
                     labels
                 },
                 created_at: Some(now_timestamp()),

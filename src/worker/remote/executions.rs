@@ -1,5 +1,5 @@
 //! The running executions: the table of them by job id and the slots they
-//! hold, and one attempt run within the admin's execution timeout.
+//! hold, one attempt run within the admin's execution timeout, and its span.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,7 +10,8 @@ use tokio::task::AbortHandle;
 use super::super::{Handler, TaskContext};
 use crate::follower::Outcome;
 use crate::model::JobId;
-use crate::proto::plugin::{JobState, RunningWork, WorkKind};
+use crate::proto::plugin::{JobSpec, JobState, RunningWork, WorkKind};
+use crate::wire;
 
 /// Runs one attempt, bounded by the admin's execution timeout when it gives one.
 pub(super) async fn execute_with_timeout(
@@ -26,6 +27,26 @@ pub(super) async fn execute_with_timeout(
         },
         None => future.await,
     }
+}
+
+/// The span of one execution, for the trace export: the child of its
+/// attempt's span on the admin when the order carries its `traceparent`.
+/// Disabled, and free, when this process exports no traces.
+pub(super) fn span(job: &JobSpec, ctx: &TaskContext, worker_id: &str) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: crate::traces::TARGET,
+        "execution",
+        job.id = %ctx.job,
+        task.id = %ctx.task_id,
+        attempt = ctx.attempt,
+        job.type = %job.job_type,
+        worker.id = worker_id,
+        outcome = tracing::field::Empty,
+    );
+    if let Some(traceparent) = job.labels.get(wire::TRACEPARENT_LABEL) {
+        crate::traces::join(&span, traceparent);
+    }
+    span
 }
 
 /// What the execution log names an execution by.
@@ -45,6 +66,8 @@ pub(super) struct Execution {
     pub(super) job_type: String,
     pub(super) record: ExecRecord,
     pub(super) abort: AbortHandle,
+    /// Its span: it closes once the outcome is recorded and the execution's future is gone.
+    pub(super) span: tracing::Span,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -203,6 +203,8 @@ pub(super) fn task_context(job: &JobSpec, request_attempt: i32) -> TaskContext {
         None => job.job_id.clone(),
     });
     let job_name = labels.remove(JOB_NAME_LABEL).unwrap_or_else(|| job.summary.clone());
+    // The trace's, not the task's.
+    labels.remove(wire::TRACEPARENT_LABEL);
     TaskContext {
         task,
         job: task.job,

@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::connection::SessionEnd;
-use super::executions::{execute_with_timeout, Admission, ExecRecord, Execution};
+use super::executions::{self, execute_with_timeout, Admission, ExecRecord, Execution};
 use super::messages::{refusal, schema_response, task_context, wire_timestamp};
 use super::session::{Session, Step};
 use super::work::ended;
@@ -132,7 +134,8 @@ impl Session<'_> {
             log.record_event(record.job, &record.task_id, record.attempt, "start");
         }
         tracing::info!(work.id = %job.job_id, job_type = %job.job_type, task.id = %ctx.task_id, attempt = ctx.attempt, "execution started");
-        let abort = self.work.tasks.spawn(execute_with_timeout(handler, ctx, timeout_seconds));
+        let span = executions::span(job, &ctx, &self.worker.options.worker_id);
+        let abort = self.work.tasks.spawn(execute_with_timeout(handler, ctx, timeout_seconds).instrument(span.clone()));
         let (job_id, job_type) = (job.job_id.clone(), job.job_type.clone());
         self.work.executions.insert(Execution {
             job_id: job_id.clone(),
@@ -140,6 +143,7 @@ impl Session<'_> {
             job_type,
             record,
             abort,
+            span,
         });
         self.acknowledge(request_id.clone(), true, "execute request accepted").await?;
         self.unannounced.push(job_id);

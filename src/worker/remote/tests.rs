@@ -30,6 +30,7 @@ fn execution(job_id: &str, request_id: &str, abort: AbortHandle) -> Execution {
         job_type: "noop".into(),
         record: ExecRecord { job: JobId::new(), task_id: "t".into(), attempt: 1 },
         abort,
+        span: tracing::Span::none(),
     }
 }
 

@@ -173,6 +173,7 @@ pub(super) fn ended(worker: &Worker, execution: Execution, outcome: Outcome) -> 
         log.record_event(execution.record.job, &execution.record.task_id, execution.record.attempt, event);
     }
     tracing::info!(work.id = %execution.job_id, job_type = %execution.job_type, outcome = event, "execution ended");
+    execution.span.record("outcome", event);
     job_completed(execution.request_id, execution.job_id, execution.job_type, outcome, worker.clock.now())
 }
 
@@ -183,5 +184,6 @@ pub(super) fn given_up(worker: &Worker, execution: Execution, error: &str, event
         log.record_event(execution.record.job, &execution.record.task_id, execution.record.attempt, event);
     }
     tracing::warn!(work.id = %execution.job_id, job_type = %execution.job_type, error, "execution given up");
+    execution.span.record("outcome", event);
     refusal(execution.request_id, execution.job_id, execution.job_type, error.to_string(), worker.clock.now())
 }
