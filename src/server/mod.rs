@@ -4,6 +4,7 @@
 
 pub(crate) mod cluster;
 pub(crate) mod duties;
+mod file_changes;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::model::notify::{Kind, Routes};
-use crate::server::surface::access::credentials::{is_yaml, line_at, yaml_line, FileError};
+use crate::server::surface::access::credentials::{is_yaml, line_at, toml_error, yaml_error, yaml_line, FileError};
 
 /// The key deliveries are signed with; never shown.
 #[derive(Clone)]
@@ -113,12 +113,8 @@ pub(crate) fn read(path: &Path) -> Result<Config, FileError> {
 
 /// The endpoints of a file's text, each with its line.
 fn entries(path: &Path, text: &str) -> Result<Vec<(Written, Option<usize>)>, FileError> {
-    let error = |line: Option<usize>, rule: String| FileError { path: path.to_path_buf(), line, rule };
     if !is_yaml(path) {
-        let file: TomlFile = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| line_at(text, s.start));
-            error(line, e.message().trim_end().to_string())
-        })?;
+        let file: TomlFile = toml::from_str(text).map_err(|e| toml_error(path, text, &e))?;
         return Ok(file
             .endpoint
             .into_iter()
@@ -131,13 +127,7 @@ fn entries(path: &Path, text: &str) -> Result<Vec<(Written, Option<usize>)>, Fil
     if text.trim().is_empty() {
         return Ok(Vec::new());
     }
-    let file: YamlFile = serde_yaml_ng::from_str(text).map_err(|e| {
-        let line = e.location().map(|l| l.line());
-        let message = e.to_string();
-        // The message ends with its own "at line L column C".
-        let rule = message.split(" at line ").next().unwrap_or(&message).to_string();
-        error(line, rule)
-    })?;
+    let file: YamlFile = serde_yaml_ng::from_str(text).map_err(|e| yaml_error(path, &e))?;
     let mut from = 0;
     Ok(file
         .endpoint

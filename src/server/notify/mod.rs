@@ -30,11 +30,9 @@ use crate::engine::EngineHandle;
 use crate::model::notify::{Event, Kind, Routes, PREFIX};
 use crate::proto::api;
 use crate::server::cluster::Topology;
-use crate::server::surface::access::stamp;
+use crate::server::file_changes::FileChanges;
 use file::Config;
 
-/// How often the file is looked at for a change.
-const RELOAD_POLL: Duration = Duration::from_millis(500);
 /// How often an endpoint's loop looks at the outbox when nothing woke it.
 const POLL: Duration = Duration::from_secs(1);
 /// The pauses after a failed delivery to an endpoint: 1 s, doubling to 5 min.
@@ -289,28 +287,9 @@ impl Notifier {
     /// delivery loops start over for the endpoints now named.
     pub(crate) async fn reloads(self: Arc<Self>) {
         let Some(path) = self.path.clone() else { return std::future::pending().await };
-        let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .inspect_err(|e| tracing::warn!(error = %e, "SIGHUP cannot be caught; the notifications file is read again on change only"))
-            .ok();
-        let mut seen = stamp(&path);
-        let mut polls = tokio::time::interval(RELOAD_POLL);
-        polls.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut changes = FileChanges::new(path.clone(), "the notifications file");
         loop {
-            let hangup = async {
-                match &mut hangups {
-                    Some(hangups) => hangups.recv().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let forced = tokio::select! {
-                _ = polls.tick() => false,
-                Some(()) = hangup => true,
-            };
-            let now = stamp(&path);
-            if !forced && now == seen {
-                continue;
-            }
-            seen = now;
+            changes.next().await;
             let file = path.clone();
             match tokio::task::spawn_blocking(move || file::read(&file)).await {
                 Ok(Ok(config)) => {

@@ -197,14 +197,25 @@ pub(crate) fn yaml_line(text: &str, from: &mut usize, key: &str, value: &str) ->
     Some(index + 1)
 }
 
+/// A TOML file that does not parse: the line and the parser's words.
+pub(crate) fn toml_error(path: &Path, text: &str, e: &toml::de::Error) -> FileError {
+    let line = e.span().map(|s| line_at(text, s.start));
+    FileError { path: path.to_path_buf(), line, rule: e.message().trim_end().to_string() }
+}
+
+/// A YAML file that does not parse: the line and the parser's words, less
+/// their own "at line L column C".
+pub(crate) fn yaml_error(path: &Path, e: &serde_yaml_ng::Error) -> FileError {
+    let line = e.location().map(|l| l.line());
+    let message = e.to_string();
+    let rule = message.split(" at line ").next().unwrap_or(&message).to_string();
+    FileError { path: path.to_path_buf(), line, rule }
+}
+
 /// The entries of a file's text, each with its line.
 fn entries(path: &Path, text: &str) -> Result<Entries, FileError> {
-    let error = |line: Option<usize>, rule: String| FileError { path: path.to_path_buf(), line, rule };
     if !is_yaml(path) {
-        let file: TomlFile = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| line_at(text, s.start));
-            error(line, e.message().trim_end().to_string())
-        })?;
+        let file: TomlFile = toml::from_str(text).map_err(|e| toml_error(path, text, &e))?;
         let with_line = |span: std::ops::Range<usize>| Some(line_at(text, span.start));
         return Ok(Entries {
             credentials: file
@@ -224,13 +235,7 @@ fn entries(path: &Path, text: &str) -> Result<Entries, FileError> {
     if text.trim().is_empty() {
         return Ok(Entries::default());
     }
-    let file: YamlFile = serde_yaml_ng::from_str(text).map_err(|e| {
-        let line = e.location().map(|l| l.line());
-        let message = e.to_string();
-        // The message ends with its own "at line L column C".
-        let rule = message.split(" at line ").next().unwrap_or(&message).to_string();
-        error(line, rule)
-    })?;
+    let file: YamlFile = serde_yaml_ng::from_str(text).map_err(|e| yaml_error(path, &e))?;
     let mut from = 0;
     let credentials = file
         .credential

@@ -16,6 +16,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
 use sha2::{Digest, Sha256};
+
+use crate::server::file_changes::FileChanges;
 use tonic::Status;
 
 pub(crate) use credentials::Credentials;
@@ -370,28 +372,9 @@ impl Access {
     /// once a change, and the credentials before it stay.
     pub(crate) async fn reloads(self) {
         let Some(path) = self.inner.file.clone() else { return };
-        let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .inspect_err(|e| tracing::warn!(error = %e, "SIGHUP cannot be caught; the credentials file is read again on change only"))
-            .ok();
-        let mut seen = stamp(&path);
-        let mut polls = tokio::time::interval(RELOAD_POLL);
-        polls.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut changes = FileChanges::new(path.clone(), "the credentials file");
         loop {
-            let hangup = async {
-                match &mut hangups {
-                    Some(hangups) => hangups.recv().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let forced = tokio::select! {
-                _ = polls.tick() => false,
-                Some(()) = hangup => true,
-            };
-            let now = stamp(&path);
-            if !forced && now == seen {
-                continue;
-            }
-            seen = now;
+            changes.next().await;
             let file = path.clone();
             match tokio::task::spawn_blocking(move || credentials::read(&file)).await {
                 Ok(Ok(credentials)) => {
@@ -418,16 +401,6 @@ fn fingerprint(hash: &str) -> Arc<str> {
 /// A token's SHA-256, what a verified token is remembered by.
 fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
-}
-
-/// How often the credentials file is looked at for a change.
-const RELOAD_POLL: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// What says a file changed: its modification time, size and inode.
-pub(crate) fn stamp(path: &std::path::Path) -> Option<(std::time::SystemTime, u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let metadata = std::fs::metadata(path).ok()?;
-    Some((metadata.modified().ok()?, metadata.len(), metadata.ino()))
 }
 
 /// The caller, if its role covers one of `needed`.
