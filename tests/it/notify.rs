@@ -5,7 +5,8 @@
 //! endpoint that does not answer slows no job and shows its error; a
 //! broken notifications file is refused at start with its line, and read
 //! again on SIGHUP (a broken one keeping the endpoints before it); a worker
-//! killed while it runs a task is told as `worker.lost`.
+//! killed while it runs a task is told as `worker.lost`; and on one
+//! database, an instance lost is told once, by the one instance that delivers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -331,4 +332,81 @@ fn a_file_read_again_on_sighup_and_a_worker_lost_while_running_is_told() {
     assert_eq!(body["payload"]["worker"], "w1", "{body}");
     assert_eq!(body["payload"]["attempts"][0]["job"], job.as_str(), "{body}");
     assert!(!delivery.headers.contains_key("x-jobcenter-signature"), "no secret, no signature");
+}
+
+#[test]
+fn on_one_database_an_instance_lost_is_told_once_by_the_instance_that_delivers() {
+    let pg = support::postgres::shared();
+    let database = pg.new_database();
+    let url = pg.url(&database);
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(200);
+    let file = format!(
+        "[[endpoint]]\nname = \"ops\"\nurl = \"{}\"\nevents = [\"instance.lost\", \"job.failed\"]\n",
+        receiver.url()
+    );
+    let notify = write(dir.path(), "notify.toml", &file);
+    let start = |name: &str| {
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
+        let args = [
+            "--database-url",
+            &url,
+            "--grpc",
+            &grpc,
+            "--notify",
+            &notify,
+            "--cluster-heartbeat",
+            "1s",
+            "--lag-threshold",
+            "4s",
+        ];
+        Server::start_on(&dir.path().join(name), &http, &args)
+    };
+    let (a, b, mut c) = (start("a"), start("b"), start("c"));
+    let id_of = |server: &Server| {
+        let instances = server.cli_json(&["instances", "--json"]);
+        let me = instances.as_array().unwrap().iter().find(|i| i["answering"] == true).cloned();
+        me.unwrap()["id"].as_str().unwrap().to_string()
+    };
+    let gone = id_of(&c);
+    // A job that fails, at a, with its worker.
+    let _worker = support::start_worker(&a, "w1", &[], None);
+    a.wait_for_workers(1);
+    let job = a.submit_file(dir.path(), "doomed", DOOMED);
+    c.process.kill();
+
+    let told = wait_until(Duration::from_secs(60), || {
+        let seen = receiver.seen();
+        let lost = seen.iter().any(|d| d.headers.get("x-jobcenter-event").map(String::as_str) == Some("instance.lost"));
+        let failed = seen.iter().any(|d| d.headers.get("x-jobcenter-event").map(String::as_str) == Some("job.failed"));
+        (lost && failed).then_some(seen)
+    });
+    assert!(told.is_some(), "both told: {:?}", receiver.seen());
+    // Give a second deliverer, were there one, the time to deliver again.
+    std::thread::sleep(Duration::from_secs(3));
+    let seen = receiver.seen();
+    let by_key: BTreeMap<String, usize> = seen.iter().fold(BTreeMap::new(), |mut counts, d| {
+        *counts.entry(d.headers["idempotency-key"].clone()).or_default() += 1;
+        counts
+    });
+    assert!(by_key.values().all(|n| *n == 1), "each event delivered once: {by_key:?}");
+    let lost: Vec<Value> = seen
+        .iter()
+        .filter(|d| d.headers["x-jobcenter-event"] == "instance.lost")
+        .map(|d| serde_json::from_slice(&d.body).unwrap())
+        .collect();
+    assert_eq!(lost.len(), 1, "one instance lost, told once: {lost:?}");
+    assert_eq!(lost[0]["payload"]["instance"], gone.as_str());
+    let failed: Vec<Value> = seen
+        .iter()
+        .filter(|d| d.headers["x-jobcenter-event"] == "job.failed")
+        .map(|d| serde_json::from_slice(&d.body).unwrap())
+        .collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["payload"]["job"]["id"], job.as_str());
+    for server in [&a, &b] {
+        let pending = listing(server)["ops"]["pending"].as_u64();
+        assert_eq!(pending, Some(0), "nothing left in the outbox");
+    }
 }
