@@ -6,7 +6,8 @@
 //! broken notifications file is refused at start with its line, and read
 //! again on SIGHUP (a broken one keeping the endpoints before it); a worker
 //! killed while it runs a task is told as `worker.lost`; and on one
-//! database, an instance lost is told once, by the one instance that delivers.
+//! database, an instance lost is told once, by the one instance that delivers;
+//! a detection that gets no answer is told as `detection.failed`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -409,4 +410,44 @@ fn on_one_database_an_instance_lost_is_told_once_by_the_instance_that_delivers()
         let pending = listing(server)["ops"]["pending"].as_u64();
         assert_eq!(pending, Some(0), "nothing left in the outbox");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detection_that_fails_is_told() {
+    use jobcenter::proto::plugin::plugin_control_service_client::PluginControlServiceClient;
+    use jobcenter::proto::plugin::worker_to_admin_message::Body;
+    use jobcenter::proto::plugin::{JobTypeCapability, WorkerHello, WorkerToAdminMessage};
+    use tokio_stream::wrappers::ReceiverStream;
+
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(200);
+    let file = format!("[[endpoint]]\nname = \"ops\"\nurl = \"{}\"\nevents = [\"detection.failed\"]\n", receiver.url());
+    let notify = write(dir.path(), "notify.toml", &file);
+    let server = Server::start(&dir.path().join("data"), &["--notify", notify.as_str()]);
+    let set = server.cli(&["policy", "set", "noop", "detection_enabled=0", "detection_timeout_seconds=1"]);
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    // A detector that takes detection requests and never answers them.
+    let mut client = PluginControlServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let hello = WorkerHello {
+        worker_id: "mute".into(),
+        worker_instance_id: uuid::Uuid::new_v4().to_string(),
+        capabilities: vec![JobTypeCapability { job_type: "noop".into(), can_detect: true, ..Default::default() }],
+        ..WorkerHello::default()
+    };
+    tx.send(WorkerToAdminMessage { body: Some(Body::Hello(hello)), ..Default::default() }).await.unwrap();
+    let mut inbound = client.worker_stream(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    tokio::spawn(async move { while let Ok(Some(_)) = inbound.message().await {} });
+    server.wait_for_workers(1);
+
+    assert!(!server.cli(&["detect", "noop", "--run"]).status.success());
+    let told = wait_until(Duration::from_secs(20), || {
+        let seen = receiver.seen();
+        seen.into_iter().find(|d| d.headers.get("x-jobcenter-event").map(String::as_str) == Some("detection.failed"))
+    });
+    let delivery = told.unwrap_or_else(|| panic!("detection.failed delivered: {:?}", listing(&server)));
+    let body: Value = serde_json::from_slice(&delivery.body).unwrap();
+    assert_eq!(body["payload"]["job_type"], "noop", "{body}");
+    assert!(body["payload"]["error"].as_str().unwrap().contains("no detection result"), "{body}");
+    drop(tx);
 }
