@@ -7,7 +7,9 @@
 //! again on SIGHUP (a broken one keeping the endpoints before it); a worker
 //! killed while it runs a task is told as `worker.lost`; and on one
 //! database, an instance lost is told once, by the one instance that delivers;
-//! a detection that gets no answer is told as `detection.failed`.
+//! a detection that gets no answer is told as `detection.failed`, and a
+//! recovery check that takes a silent worker's attempt back as
+//! `recovery.findings`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -450,4 +452,36 @@ async fn a_detection_that_fails_is_told() {
     assert_eq!(body["payload"]["job_type"], "noop", "{body}");
     assert!(body["payload"]["error"].as_str().unwrap().contains("no detection result"), "{body}");
     drop(tx);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_check_that_acts_is_told_with_its_findings() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(200);
+    let file =
+        format!("[[endpoint]]\nname = \"ops\"\nurl = \"{}\"\nevents = [\"recovery.findings\"]\n", receiver.url());
+    let notify = write(dir.path(), "notify.toml", &file);
+    let server = Server::start(
+        &dir.path().join("data"),
+        &["--notify", notify.as_str(), "--silence-timeout", "3s", "--heartbeat", "1s", "--recovery-interval", "500ms"],
+    );
+    // A worker that starts what it is given and then says nothing, its stream open: rule R3's.
+    let _silent = crate::recovery_e2e::silent_worker(&server).await;
+    server.wait_for_workers(1);
+    let job = server.submit_file(
+        dir.path(),
+        "one",
+        r#"{"name":"one","tasks":[{"id":"work","job_type":"noop","parameters":{"sleep_ms":60000}}]}"#,
+    );
+    let told = wait_until(Duration::from_secs(30), || {
+        let seen = receiver.seen();
+        seen.into_iter().find(|d| d.headers.get("x-jobcenter-event").map(String::as_str) == Some("recovery.findings"))
+    });
+    let delivery = told.unwrap_or_else(|| panic!("recovery.findings delivered: {:?}", listing(&server)));
+    let body: Value = serde_json::from_slice(&delivery.body).unwrap();
+    let findings = body["payload"]["findings"].as_array().unwrap();
+    assert!(
+        findings.iter().any(|f| f["rule"] == "R3" && f["job_id"] == job.as_str() && f["applied"] == true),
+        "the silent worker's attempt taken back: {body}"
+    );
 }

@@ -168,7 +168,9 @@ fn a_killed_worker_s_task_runs_again_within_the_bound() {
 /// stream stays open: a silent worker, as only recovery rule R3 finds.
 /// (A worker with a lease that falls silent loses its session once its
 /// lease has passed, before the silence timeout.)
-async fn silent_worker(server: &Server) -> tokio::sync::mpsc::Sender<jobcenter::proto::plugin::WorkerToAdminMessage> {
+pub(crate) async fn silent_worker(
+    server: &Server,
+) -> tokio::sync::mpsc::Sender<jobcenter::proto::plugin::WorkerToAdminMessage> {
     use jobcenter::proto::plugin::{
         admin_to_worker_message, plugin_control_service_client::PluginControlServiceClient,
         worker_to_admin_message::Body, JobProgressUpdate, JobState, JobTypeCapability, WorkerHello,
