@@ -2,7 +2,8 @@
 //! refused credential is recorded with who (name and role), from where,
 //! what and how it ended, over both ports; it survives a SIGKILL; `--who`
 //! and `--since` select; only an admin reads it; no route alters it; no
-//! secret reaches it, the log or the metrics; retention keeps its newest;
+//! secret reaches it, the log or the metrics; a write refused before the
+//! API reads it is recorded too; retention keeps its newest;
 //! and on PostgreSQL every instance reads the one trail.
 
 use std::collections::BTreeMap;
@@ -77,6 +78,9 @@ fn every_change_and_refusal_is_recorded_with_who_from_where_and_how_it_ended() {
     assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
     // A cancel of no job is refused, and recorded as refused.
     assert_eq!(http(&server, "POST", &format!("/api/jobs/{NO_JOB}/cancel"), &tokens["ana"], None).status, 404);
+    // A write the API never reads (a parameter it does not take) is recorded as refused.
+    let bogus = http(&server, "POST", &format!("/api/jobs/{job}/cancel?dry_run=1"), &tokens["ana"], None);
+    assert_eq!(bogus.status, 400, "{}", bogus.body);
     // vic may not cancel; a made-up token is no credential.
     assert_eq!(http(&server, "POST", &format!("/api/jobs/{job}/cancel"), &tokens["vic"], None).status, 403);
     assert_eq!(http(&server, "GET", "/api/jobs", "vic.made-up-secret", None).status, 401);
@@ -123,6 +127,8 @@ fn every_change_and_refusal_is_recorded_with_who_from_where_and_how_it_ended() {
     );
     let missing = one(&records, "job.cancel", NO_JOB);
     assert!(missing["outcome"].as_str().unwrap().contains("unknown job"), "{missing}");
+    let unread = one(&records, "request.refused", "POST /api/jobs/{id}/cancel");
+    assert_eq!((&unread["who"], &unread["outcome"]), (&"ana".into(), &"400 Bad Request".into()));
     let forbidden = one(&records, "access.refused", "POST /api/jobs/{id}/cancel");
     assert_eq!((&forbidden["who"], &forbidden["role"]), (&"vic".into(), &"viewer".into()));
     assert!(forbidden["outcome"].as_str().unwrap().contains("needs the role operator"), "{forbidden}");

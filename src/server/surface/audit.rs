@@ -7,6 +7,7 @@
 //! anywhere in the API, rewrites or removes a record: only retention does.
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::access::{Caller, Refusal, Role};
@@ -15,29 +16,39 @@ use crate::engine::EngineHandle;
 use crate::model::audit::{self, Filter, Record};
 
 /// Who made a request: the credential's name and role (none when the
-/// credential is not known), and its address.
+/// credential is not known), and its address; and whether the request
+/// has been recorded (clones share it), so that the HTTP guard records a
+/// write refused before it reached the API.
 #[derive(Clone, Debug)]
 pub(crate) struct Who {
     pub(crate) name: Arc<str>,
     pub(crate) role: Option<Role>,
     pub(crate) from: Option<IpAddr>,
+    recorded: Arc<AtomicBool>,
 }
 
 impl Who {
     pub(crate) fn of(caller: &Caller, from: Option<IpAddr>) -> Who {
-        Who { name: caller.name.clone(), role: Some(caller.role), from }
+        Who { name: caller.name.clone(), role: Some(caller.role), from, recorded: Arc::default() }
+    }
+
+    /// Whether a record of this request was begun.
+    pub(crate) fn is_recorded(&self) -> bool {
+        self.recorded.load(Ordering::Relaxed)
     }
 
     /// A caller whose credential is not known.
     pub(crate) fn unknown(from: Option<IpAddr>) -> Who {
-        Who { name: "unknown".into(), role: None, from }
+        Who { name: "unknown".into(), role: None, from, recorded: Arc::default() }
     }
 
     /// The caller a refusal names, if it names one.
     pub(crate) fn refused(refusal: &Refusal, from: Option<IpAddr>) -> Who {
         match refusal {
             Refusal::Unauthenticated => Who::unknown(from),
-            Refusal::Forbidden { name, role, .. } => Who { name: name.clone(), role: Some(*role), from },
+            Refusal::Forbidden { name, role, .. } => {
+                Who { name: name.clone(), role: Some(*role), from, recorded: Arc::default() }
+            }
         }
     }
 
@@ -68,6 +79,7 @@ impl Trail {
     /// A record of `action` on `target` by `who`, now.
     pub(crate) fn begin(&self, who: &Who, action: &str, target: &str) -> Record {
         let at_ms = u64::try_from(self.clock.now().as_millis()).unwrap_or(0);
+        who.recorded.store(true, Ordering::Relaxed);
         who.record(at_ms, action, target)
     }
 

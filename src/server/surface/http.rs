@@ -10,7 +10,7 @@ use axum::extract::{
     ConnectInfo, DefaultBodyLimit, FromRequest, FromRequestParts, MatchedPath, Path, Query, Request, State,
 };
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -135,8 +135,18 @@ async fn guard(State(state): State<AppState>, mut request: Request, next: Next) 
     };
     match judged {
         (_, Ok(caller)) => {
-            request.extensions_mut().insert(Who::of(&caller, from));
-            next.run(request).await
+            let who = Who::of(&caller, from);
+            let write = !matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+            let what = format!("{} {path}", request.method());
+            request.extensions_mut().insert(who.clone());
+            let response = next.run(request).await;
+            // A write refused before it reached the API (a query or body
+            // it could not read) is recorded here; the API records the rest.
+            if write && !who.is_recorded() && response.status().is_client_error() {
+                let trail = &state.api.trail;
+                trail.write(trail.begin(&who, "request.refused", &what).ended(response.status().to_string())).await;
+            }
+            response
         }
         (presented, Err(refusal)) => {
             // A credential refused is recorded; a request that presents none is not.
