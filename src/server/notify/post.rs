@@ -85,7 +85,9 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
     let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.map_err(|e| format!("http: {e}"))?;
-    let connection = tokio::spawn(connection);
+    // The connection runs beside the exchange, and ends with it however it
+    // ends: answered, failed, or dropped at the delivery's timeout.
+    let _connection = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(connection));
     let answer = async {
         let response = sender.send_request(request).await.map_err(|e| format!("http: {e}"))?;
         let status = response.status();
@@ -102,7 +104,6 @@ where
         Ok(status)
     }
     .await;
-    connection.abort();
     answer
 }
 
