@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::dispatch::TypeLimits;
+use crate::model::Priority;
 use crate::proto::plugin::{AdminRuntimeConfig, AdminRuntimeDefaults};
 
 /// The settings of one job type.
@@ -25,6 +26,8 @@ pub(crate) struct Policy {
     pub max_jobs_per_detection: u32,
     /// 0 turns detection off for the job type.
     pub detection_enabled: u32,
+    /// The priority of its tasks when neither the task nor its job names one.
+    pub priority: Priority,
 }
 
 /// The detection interval of a job type whose descriptor names none.
@@ -50,6 +53,7 @@ impl Default for Policy {
             retry_backoff_seconds: 5,
             execution_timeout_seconds: 0,
             job_type_max_runtime_seconds: 1800,
+            priority: Priority::Normal,
         }
     }
 }
@@ -68,18 +72,40 @@ pub(crate) const SETTINGS: [&str; 10] = [
     "job_type_max_runtime_seconds",
 ];
 
+/// Names of the settings that take words rather than a number, each read
+/// by its own rule (`Policy::set_text`).
+pub(crate) const TEXT_SETTINGS: [&str; 1] = ["priority"];
+
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Error {
-    #[error("unknown policy setting {name:?}; settings are {}, and worker.NAME for a worker configuration value", SETTINGS.join(", "))]
+    #[error("unknown policy setting {name:?}; settings are {}, {}, and worker.NAME for a worker configuration value", SETTINGS.join(", "), TEXT_SETTINGS.join(", "))]
     UnknownSetting { name: String },
+    /// A setting that takes words, given words its rule refuses.
+    #[error("policy setting {name}: {rule}")]
+    Refused { name: String, rule: String },
     #[error("policy setting {name} must be a whole number, not {value:?}")]
     NotANumber { name: String, value: String },
     #[error("policy setting {name} must be at least 1")]
     Zero { name: String },
 }
 
+/// A value an operator set: a number, or the words of a setting in
+/// `TEXT_SETTINGS`. Stored as JSON, a number or a string.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Value {
+    Number(u32),
+    Text(String),
+}
+
+impl From<u32> for Value {
+    fn from(number: u32) -> Value {
+        Value::Number(number)
+    }
+}
+
 /// Values an operator set, by setting name.
-pub(crate) type Overrides = BTreeMap<String, u32>;
+pub(crate) type Overrides = BTreeMap<String, Value>;
 
 /// Where a value of an effective policy came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,6 +142,28 @@ impl Policy {
         })
     }
 
+    /// Sets a setting that takes words, by its rule; `Err` names what the rule wants.
+    fn set_text(&mut self, name: &str, text: &str) -> Result<(), String> {
+        match name {
+            "priority" => {
+                self.priority = match text {
+                    "low" => Priority::Low,
+                    "normal" => Priority::Normal,
+                    "high" => Priority::High,
+                    "critical" => Priority::Critical,
+                    _ => return Err(format!("{text:?} is not a priority; priorities are low, normal, high, critical")),
+                };
+                Ok(())
+            }
+            _ => Err("not a setting that takes words".into()),
+        }
+    }
+
+    /// The settings that take words, as an operator would type them.
+    pub(crate) fn texts(&self) -> Vec<(&'static str, String)> {
+        vec![("priority", self.priority.as_str().to_string())]
+    }
+
     /// The effective policy of a job type and where each value came from.
     pub(crate) fn resolve(
         job_type: &str,
@@ -125,7 +173,8 @@ impl Policy {
     ) -> (Policy, BTreeMap<String, Source>) {
         let mut policy = builtin.unwrap_or_default();
         policy.detection_interval_seconds = default_detection_interval(job_type);
-        let mut sources: BTreeMap<String, Source> = SETTINGS.iter().map(|s| (s.to_string(), Source::Default)).collect();
+        let mut sources: BTreeMap<String, Source> =
+            SETTINGS.iter().chain(&TEXT_SETTINGS).map(|s| (s.to_string(), Source::Default)).collect();
         if let Some(d) = descriptor {
             let from_descriptor = [
                 ("global_execution_concurrency", d.global_execution_concurrency),
@@ -149,8 +198,13 @@ impl Policy {
             }
         }
         for (name, value) in overrides {
-            if let Some(slot) = policy.slot(name) {
-                *slot = *value;
+            let set = match value {
+                Value::Number(number) => policy.slot(name).map(|slot| *slot = *number).is_some(),
+                // Checked when set; a value stored by a later version that
+                // this one cannot read leaves the default.
+                Value::Text(text) => policy.set_text(name, text).is_ok(),
+            };
+            if set {
                 sources.insert(name.clone(), Source::Set);
             }
         }
@@ -188,11 +242,18 @@ impl Policy {
 pub(crate) fn apply_changes(overrides: &Overrides, changes: &BTreeMap<String, String>) -> Result<Overrides, Error> {
     let mut out = overrides.clone();
     for (name, value) in changes {
-        if !SETTINGS.contains(&name.as_str()) {
+        let text = TEXT_SETTINGS.contains(&name.as_str());
+        if !text && !SETTINGS.contains(&name.as_str()) {
             return Err(Error::UnknownSetting { name: name.clone() });
         }
         if value == "default" {
             out.remove(name);
+            continue;
+        }
+        if text {
+            let value = value.trim();
+            Policy::default().set_text(name, value).map_err(|rule| Error::Refused { name: name.clone(), rule })?;
+            out.insert(name.clone(), Value::Text(value.to_string()));
             continue;
         }
         let number: u32 =
@@ -208,7 +269,7 @@ pub(crate) fn apply_changes(overrides: &Overrides, changes: &BTreeMap<String, St
         if must_be_positive && number == 0 {
             return Err(Error::Zero { name: name.clone() });
         }
-        out.insert(name.clone(), number);
+        out.insert(name.clone(), Value::Number(number));
     }
     Ok(out)
 }
@@ -235,7 +296,7 @@ mod tests {
             retry_backoff_seconds: 0,
             ..AdminRuntimeDefaults::default()
         };
-        let overrides = Overrides::from([("retry_limit".to_string(), 5)]);
+        let overrides = Overrides::from([("retry_limit".to_string(), 5.into())]);
         let (policy, sources) = Policy::resolve("vacuum", None, Some(&descriptor), &overrides);
         assert_eq!(policy.global_execution_concurrency, 4);
         assert_eq!(sources["global_execution_concurrency"], Source::Descriptor);
@@ -248,9 +309,9 @@ mod tests {
 
     #[test]
     fn changes_are_checked_before_anything_changes() {
-        let base = Overrides::from([("retry_limit".to_string(), 1)]);
+        let base = Overrides::from([("retry_limit".to_string(), 1.into())]);
         let ok = BTreeMap::from([("global_execution_concurrency".to_string(), "8".to_string())]);
-        assert_eq!(apply_changes(&base, &ok).unwrap()["global_execution_concurrency"], 8);
+        assert_eq!(apply_changes(&base, &ok).unwrap()["global_execution_concurrency"], 8.into());
         let reset = BTreeMap::from([("retry_limit".to_string(), "default".to_string())]);
         assert!(apply_changes(&base, &reset).unwrap().is_empty());
         let unknown = BTreeMap::from([("retries".to_string(), "1".to_string())]);
@@ -259,5 +320,24 @@ mod tests {
         assert!(matches!(apply_changes(&base, &bad), Err(Error::NotANumber { .. })));
         let zero = BTreeMap::from([("per_worker_execution_concurrency".to_string(), "0".to_string())]);
         assert!(matches!(apply_changes(&base, &zero), Err(Error::Zero { .. })));
+        let words = BTreeMap::from([("priority".to_string(), " high ".to_string())]);
+        assert_eq!(apply_changes(&base, &words).unwrap()["priority"], Value::Text("high".into()));
+        let wrong = BTreeMap::from([("priority".to_string(), "urgent".to_string())]);
+        assert_eq!(
+            apply_changes(&base, &wrong).unwrap_err().to_string(),
+            "policy setting priority: \"urgent\" is not a priority; priorities are low, normal, high, critical"
+        );
+    }
+
+    #[test]
+    fn overrides_stored_as_numbers_read_back_and_words_take_their_place() {
+        let stored: Overrides = serde_json::from_str(r#"{"retry_limit":3,"priority":"low"}"#).unwrap();
+        let (policy, sources) = Policy::resolve("vacuum", None, None, &stored);
+        assert_eq!((policy.retry_limit, policy.priority), (3, Priority::Low));
+        assert_eq!(sources["priority"], Source::Set);
+        assert_eq!(serde_json::to_string(&stored).unwrap(), r#"{"priority":"low","retry_limit":3}"#);
+        let unreadable: Overrides = serde_json::from_str(r#"{"priority":"someday"}"#).unwrap();
+        let (policy, sources) = Policy::resolve("vacuum", None, None, &unreadable);
+        assert_eq!((policy.priority, sources["priority"]), (Priority::Normal, Source::Default));
     }
 }

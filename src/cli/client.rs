@@ -674,6 +674,11 @@ pub(super) async fn policy(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         let source = policy.sources.get(name).map(String::as_str).unwrap_or("default");
         println!("  {name:<34} {value:>8}  ({source})");
     }
+    let terms: BTreeMap<&String, &String> = policy.terms.iter().collect();
+    for (name, text) in terms {
+        let source = policy.sources.get(name).map(String::as_str).unwrap_or("default");
+        println!("  {name:<34} {text:>8}  ({source})");
+    }
     let worker: BTreeMap<&String, &String> = policy.worker_config.iter().collect();
     for (name, value) in worker {
         println!("  worker.{name:<27} {value:>8}");

@@ -358,7 +358,9 @@ mod tests {
         assert!(Arc::ptr_eq(&first, &locked.for_dispatch("vacuum")), "resolved once, then kept");
         let builtin = first.runtime.retry_limit;
 
-        locked.overrides.insert("vacuum".into(), Overrides::from([("retry_limit".into(), builtin as u32 + 4)]));
+        locked
+            .overrides
+            .insert("vacuum".into(), Overrides::from([("retry_limit".into(), (builtin as u32 + 4).into())]));
         assert_eq!(locked.for_dispatch("vacuum").runtime.retry_limit, builtin + 4);
 
         let values = serde_json::Map::from_iter([("threshold".to_string(), serde_json::json!(0.5))]);
@@ -374,7 +376,7 @@ mod tests {
     #[test]
     fn a_task_s_own_execution_timeout_stands_in_for_its_job_type_s() {
         let mut locked = Locked::default();
-        locked.overrides.insert("vacuum".into(), Overrides::from([("execution_timeout_seconds".into(), 600)]));
+        locked.overrides.insert("vacuum".into(), Overrides::from([("execution_timeout_seconds".into(), 600.into())]));
         let carried = locked.for_dispatch("vacuum");
         assert_eq!(carried.runtime_for(None).execution_timeout_seconds, 600);
         let own = carried.runtime_for(Some(5));

@@ -107,6 +107,7 @@ pub(crate) fn policy(job_type: &str, policy: &Policy, sources: &BTreeMap<String,
         detection_enabled: policy.detection_enabled != 0,
         worker_config: Default::default(),
         admin_config: Default::default(),
+        terms: policy.texts().into_iter().map(|(name, text)| (name.to_string(), text)).collect(),
         sources: sources.iter().map(|(k, v)| (k.clone(), v.as_str().to_string())).collect(),
     }
 }
