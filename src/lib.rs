@@ -17,6 +17,7 @@ pub mod leader;
 pub mod model;
 pub(crate) mod policy;
 pub mod proto;
+pub mod rate;
 pub(crate) mod retention;
 pub(crate) mod scheduler;
 pub mod server;

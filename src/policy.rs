@@ -28,6 +28,10 @@ pub(crate) struct Policy {
     pub detection_enabled: u32,
     /// The priority of its tasks when neither the task nor its job names one.
     pub priority: Priority,
+    /// Tasks started per minute, over every worker; 0: no limit.
+    pub rate_per_minute: u32,
+    /// Tasks that may start at once after a quiet spell, within the rate.
+    pub rate_burst: u32,
 }
 
 /// The detection interval of a job type whose descriptor names none.
@@ -54,12 +58,14 @@ impl Default for Policy {
             execution_timeout_seconds: 0,
             job_type_max_runtime_seconds: 1800,
             priority: Priority::Normal,
+            rate_per_minute: 0,
+            rate_burst: 1,
         }
     }
 }
 
 /// Names of the settings, as `jobcenter policy set` takes them.
-pub(crate) const SETTINGS: [&str; 10] = [
+pub(crate) const SETTINGS: [&str; 12] = [
     "detection_interval_seconds",
     "detection_timeout_seconds",
     "max_jobs_per_detection",
@@ -70,6 +76,8 @@ pub(crate) const SETTINGS: [&str; 10] = [
     "retry_backoff_seconds",
     "execution_timeout_seconds",
     "job_type_max_runtime_seconds",
+    "rate_per_minute",
+    "rate_burst",
 ];
 
 /// Names of the settings that take words rather than a number, each read
@@ -138,6 +146,8 @@ impl Policy {
             "detection_timeout_seconds" => &mut self.detection_timeout_seconds,
             "max_jobs_per_detection" => &mut self.max_jobs_per_detection,
             "detection_enabled" => &mut self.detection_enabled,
+            "rate_per_minute" => &mut self.rate_per_minute,
+            "rate_burst" => &mut self.rate_burst,
             _ => return None,
         })
     }
@@ -146,13 +156,8 @@ impl Policy {
     fn set_text(&mut self, name: &str, text: &str) -> Result<(), String> {
         match name {
             "priority" => {
-                self.priority = match text {
-                    "low" => Priority::Low,
-                    "normal" => Priority::Normal,
-                    "high" => Priority::High,
-                    "critical" => Priority::Critical,
-                    _ => return Err(format!("{text:?} is not a priority; priorities are low, normal, high, critical")),
-                };
+                self.priority = Priority::from_name(text)
+                    .ok_or_else(|| format!("{text:?} is not a priority; priorities are low, normal, high, critical"))?;
                 Ok(())
             }
             _ => Err("not a setting that takes words".into()),
@@ -217,6 +222,8 @@ impl Policy {
             per_worker: self.per_worker_execution_concurrency.max(1),
             execution_timeout_seconds: (self.execution_timeout_seconds > 0)
                 .then_some(u64::from(self.execution_timeout_seconds)),
+            rate: (self.rate_per_minute > 0)
+                .then(|| crate::rate::Rate { per_minute: self.rate_per_minute, burst: self.rate_burst.max(1) }),
         }
     }
 
@@ -265,6 +272,7 @@ pub(crate) fn apply_changes(overrides: &Overrides, changes: &BTreeMap<String, St
                 | "detection_interval_seconds"
                 | "detection_timeout_seconds"
                 | "max_jobs_per_detection"
+                | "rate_burst"
         );
         if must_be_positive && number == 0 {
             return Err(Error::Zero { name: name.clone() });

@@ -113,6 +113,14 @@ pub(super) enum JobCommand {
         job_type: Arc<str>,
         limits: TypeLimits,
     },
+    /// Gives every task of a running job a priority (an operator's change,
+    /// written as the setting `job-priority/ID` with `audit`).
+    SetPriority {
+        job: JobId,
+        priority: crate::model::Priority,
+        audit: Option<audit::Entry>,
+        reply: Reply<Result<(), Error>>,
+    },
     /// The endpoints that now want each kind of notification.
     SetNotify {
         routes: crate::model::notify::Routes,
@@ -218,7 +226,8 @@ pub(super) enum HandlerCommand {
 /// Work between instances on one store: jobs adopted and released, slots reserved, attempts lent and borrowed, permits.
 pub(super) enum ClusterCommand {
     /// Takes the lead of jobs claimed from the store (another instance led them).
-    Adopt { jobs: Vec<StoredJob>, reply: Reply<usize> },
+    /// `priorities`: the settings of jobs' priorities (`job-priority/ID`).
+    Adopt { jobs: Vec<StoredJob>, priorities: Vec<(String, Vec<u8>)>, reply: Reply<usize> },
     /// Stops leading up to `up_to` jobs that no attempt runs for and nobody
     /// waits on, so that other instances may claim them.
     Release { up_to: usize, reply: Reply<Vec<JobId>> },
@@ -285,6 +294,8 @@ pub(super) enum Query {
 /// the workers of handlers without a lease (`handler/<id>`: the worker id).
 pub(super) const COOLING: &str = "cooling/";
 pub(super) const HANDLER_NAME: &str = "handler/";
+/// The prefix of the settings that keep the priorities operators gave running jobs.
+pub(super) const PRIORITY_PREFIX: &str = "job-priority/";
 
 /// An attempt that ended because its worker came back without it.
 #[derive(Clone, Debug)]
@@ -367,15 +378,20 @@ pub(super) struct Core {
     removals_durable: Arc<std::sync::atomic::AtomicU64>,
     /// Jobs of removals not known to be durable yet, with the removal's number.
     removing: HashMap<JobId, u64>,
+    /// Jobs an operator gave a priority while they ran: every task of the
+    /// job takes it (kept in the settings until the job ends).
+    priorities: HashMap<JobId, crate::model::Priority>,
 }
 
 impl Core {
     pub(super) fn new(options: Options, events: broadcast::Sender<Event>) -> Core {
+        let mut dispatch = Dispatch::default();
+        dispatch.set_aging(crate::dispatch::Aging(options.priority_aging.as_millis() as i64));
         Core {
             attempts: Ledger::new(options.rollback_windows.clone()),
             options,
             jobs: HashMap::new(),
-            dispatch: Dispatch::default(),
+            dispatch,
             waiters: HashMap::new(),
             events,
             released_at: HashMap::new(),
@@ -386,6 +402,7 @@ impl Core {
             removals: 0,
             removals_durable: Arc::default(),
             removing: HashMap::new(),
+            priorities: HashMap::new(),
         }
     }
 
@@ -426,8 +443,8 @@ impl Core {
     }
 
     /// When the next deadline falls, if any: the loop wakes then without a command.
-    pub(super) fn next_wake(&self) -> Option<Timestamp> {
-        [self.dispatch.next_wake(), self.attempts.next_wake()].into_iter().flatten().min()
+    pub(super) fn next_wake(&self, now: Timestamp) -> Option<Timestamp> {
+        [self.dispatch.next_wake(now), self.attempts.next_wake()].into_iter().flatten().min()
     }
 }
 

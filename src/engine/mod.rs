@@ -88,6 +88,8 @@ pub struct Options {
     /// The committer makes the spans of jobs, attempts and commits for the
     /// trace export (`spans.rs`), and work orders carry their attempt's.
     pub traces: bool,
+    /// How long a wait makes up for one level of priority (`dispatch::Aging`).
+    pub priority_aging: Duration,
 }
 
 /// Work orders for handlers connected elsewhere, with the handler they are for.
@@ -105,6 +107,7 @@ impl Default for Options {
             fate: crate::fate::Fate::default(),
             notify: crate::model::notify::Routes::default(),
             traces: false,
+            priority_aging: Duration::from_secs(600),
         }
     }
 }
@@ -198,10 +201,15 @@ impl Engine {
     /// Loads every active job, makes start-up repairs durable, then runs the
     /// loop and the committer until every handle is dropped.
     pub async fn start(store: Arc<dyn Store>, clock: Arc<dyn Clock>, options: Options) -> Result<EngineHandle, Error> {
-        let (loaded, cooling, names) = {
+        let (loaded, cooling, names, priorities) = {
             let store = store.clone();
             tokio::task::spawn_blocking(move || -> Result<_, store::Error> {
-                Ok((store.load_active()?, store.settings(core::COOLING)?, store.settings(core::HANDLER_NAME)?))
+                Ok((
+                    store.load_active()?,
+                    store.settings(core::COOLING)?,
+                    store.settings(core::HANDLER_NAME)?,
+                    store.settings(core::PRIORITY_PREFIX)?,
+                ))
             })
             .await
             .map_err(|_| Error::Stopped)??
@@ -211,6 +219,7 @@ impl Engine {
         let traces = options.traces;
         let mut core = core::Core::new(options, events.clone());
         core.remember(cooling, names);
+        core.remember_priorities(priorities);
         let mut step = core::Step::default();
         core.restore(loaded, clock.now(), &mut step);
         if !step.batch.is_empty() {

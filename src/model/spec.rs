@@ -20,6 +20,17 @@ pub enum Priority {
 }
 
 impl Priority {
+    /// The priority of a name (`low`, `normal`, `high`, `critical`).
+    pub fn from_name(name: &str) -> Option<Priority> {
+        Some(match name {
+            "low" => Priority::Low,
+            "normal" => Priority::Normal,
+            "high" => Priority::High,
+            "critical" => Priority::Critical,
+            _ => return None,
+        })
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Priority::Low => "low",

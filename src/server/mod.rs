@@ -100,6 +100,8 @@ pub struct ServerOptions {
     /// Spans of jobs, attempts and store commits are made for the trace
     /// export (`--otlp-endpoint`), and attempts carry theirs to the workers.
     pub traces: bool,
+    /// How long a wait makes up for one level of priority.
+    pub priority_aging: Duration,
 }
 
 impl Default for ServerOptions {
@@ -134,6 +136,7 @@ impl Default for ServerOptions {
             send_timeout: Duration::from_secs(30),
             advertise_grpc: None,
             traces: false,
+            priority_aging: Duration::from_secs(600),
         }
     }
 }
@@ -497,6 +500,7 @@ async fn start_engine(
         fate: fate.clone(),
         notify,
         traces: options.traces,
+        priority_aging: options.priority_aging,
         ..Options::default()
     };
     let engine = Engine::start(store.clone(), clock, engine_options).await?;

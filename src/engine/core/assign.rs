@@ -10,7 +10,7 @@ use super::super::attempts::{Deadline, Held};
 use super::{Core, Step};
 use crate::active::ActiveJob;
 use crate::clock::Timestamp;
-use crate::dispatch::{Assignment, FreeSlots, Place, WorkOrder};
+use crate::dispatch::{Assignment, FreeSlots, Place, Queued, WorkOrder};
 use crate::leader;
 use crate::model::{AttemptId, HandlerId, JobId, Phase, TaskIdx, TaskRef};
 
@@ -55,7 +55,7 @@ impl Core {
             let not_before = active.tasks[idx as usize].not_before();
             self.dispatch.push_ready(
                 spec.job_type.clone(),
-                spec.priority,
+                self.priorities.get(&job).copied().unwrap_or(spec.priority),
                 TaskRef { job, idx: TaskIdx(idx) },
                 not_before,
                 now,
@@ -92,28 +92,35 @@ impl Core {
         }
     }
 
-    /// Hands queued tasks to handlers with free slots, type by type.
+    /// Hands queued tasks to handlers with free slots, the first by rank
+    /// (priority and wait) over every job type first, until no type that
+    /// has tasks queued may start one.
     pub(super) fn dispatch_ready(&mut self, now: Timestamp, step: &mut Step) {
         self.dispatch.promote_due(now);
         self.cooled(now, step);
-        for job_type in self.dispatch.queued_types() {
-            let mut blocked: Vec<(TaskRef, crate::model::Priority)> = Vec::new();
-            loop {
-                let jobs = &self.jobs;
-                let near = || self.dispatch.peek(&job_type).map_or_else(Place::default, |t| place_of(jobs, t));
-                let Some(handler) = self.dispatch.pick_handler(&job_type, near, now) else { break };
-                let running = self.dispatch.starts_running(handler);
-                match self.take_one(&job_type, handler, running, now, step, &mut blocked) {
-                    Take::Empty => break,
-                    Take::Skipped => {}
-                    Take::Assigned(assignment) => {
-                        step.send(self.dispatch.sink(handler), WorkOrder::Execute(assignment));
-                    }
+        let mut types = self.dispatch.queued_types();
+        let mut blocked: Vec<(Arc<str>, Queued)> = Vec::new();
+        while let Some(i) = self.dispatch.first_of(&mut types) {
+            let job_type = types[i].clone();
+            let jobs = &self.jobs;
+            let near = || self.dispatch.peek(&job_type).map_or_else(Place::default, |t| place_of(jobs, t));
+            let Some(handler) = self.dispatch.pick_handler(&job_type, near, now) else {
+                types.swap_remove(i);
+                continue;
+            };
+            let running = self.dispatch.starts_running(handler);
+            match self.take_one(&job_type, handler, running, now, step, &mut blocked) {
+                Take::Empty => {
+                    types.swap_remove(i);
+                }
+                Take::Skipped => {}
+                Take::Assigned(assignment) => {
+                    step.send(self.dispatch.sink(handler), WorkOrder::Execute(assignment));
                 }
             }
-            for (task, priority) in blocked {
-                self.dispatch.push_ready(job_type.clone(), priority, task, None, now);
-            }
+        }
+        for (job_type, queued) in blocked {
+            self.dispatch.requeue(job_type, queued);
         }
     }
 
@@ -126,9 +133,10 @@ impl Core {
         running: bool,
         now: Timestamp,
         step: &mut Step,
-        blocked: &mut Vec<(TaskRef, crate::model::Priority)>,
+        blocked: &mut Vec<(Arc<str>, Queued)>,
     ) -> Take {
-        let Some(task) = self.dispatch.pop(job_type) else { return Take::Empty };
+        let Some(queued) = self.dispatch.pop(job_type) else { return Take::Empty };
+        let task = queued.task;
         let Some(job) = self.jobs.get(&task.job) else { return Take::Skipped };
         let record = &job.tasks[task.idx.index()];
         let Phase::Ready { not_before } = record.phase else { return Take::Skipped };
@@ -137,12 +145,11 @@ impl Core {
         // whatever job or job type that one belongs to.
         let locked_elsewhere = |key: &str| self.resource_permits.as_ref().is_some_and(|held| !held.contains(key));
         if spec.lock().is_some_and(|key| self.attempts.locked(key, now) || locked_elsewhere(key)) {
-            blocked.push((task, spec.priority));
+            blocked.push((job_type.clone(), queued));
             return Take::Skipped;
         }
         if not_before.is_some_and(|at| at > now) {
-            let (job_type, priority) = (spec.job_type.clone(), spec.priority);
-            self.dispatch.push_ready(job_type, priority, task, not_before, now);
+            self.dispatch.push_ready(spec.job_type.clone(), queued.priority, task, not_before, now);
             return Take::Skipped;
         }
         let Some(job) = self.jobs.get_mut(&task.job) else { return Take::Skipped };
@@ -156,12 +163,13 @@ impl Core {
             job_type: spec.job_type.clone(),
             parameters: spec.parameters.clone(),
             labels: spec.labels.clone(),
-            priority: spec.priority,
+            priority: queued.priority,
             execution_timeout_seconds: spec.execution_timeout_seconds,
             lent_by: None,
             traceparent: None,
         };
         self.hold(task, attempt, handler, now);
+        self.dispatch.started(job_type, now);
         Take::Assigned(assignment)
     }
 
@@ -181,7 +189,7 @@ impl Core {
             for (job_type, free) in offer.job_types {
                 let mut free = free.min(left);
                 let mut blocked = Vec::new();
-                while free > 0 && self.dispatch.may_run(&job_type) {
+                while free > 0 && self.dispatch.may_run(&job_type, now) {
                     match self.take_one(&job_type, offer.handler, false, now, step, &mut blocked) {
                         Take::Empty => break,
                         Take::Skipped => {}
@@ -192,8 +200,8 @@ impl Core {
                         }
                     }
                 }
-                for (task, priority) in blocked {
-                    self.dispatch.push_ready(job_type.clone(), priority, task, None, now);
+                for (job_type, queued) in blocked {
+                    self.dispatch.requeue(job_type, queued);
                 }
             }
         }

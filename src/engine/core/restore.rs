@@ -15,6 +15,17 @@ use crate::store::StoredJob;
 impl Core {
     /// What the store kept of cooling resources and of the workers of
     /// handlers without a lease, at start.
+    /// The priorities operators gave running jobs, from their settings;
+    /// a value this version cannot read is left out.
+    pub(in crate::engine) fn remember_priorities(&mut self, settings: Vec<(String, Vec<u8>)>) {
+        for (key, value) in settings {
+            let job = key.strip_prefix(super::PRIORITY_PREFIX).and_then(|id| id.parse::<crate::model::JobId>().ok());
+            if let (Some(job), Ok(priority)) = (job, serde_json::from_slice(&value)) {
+                self.priorities.insert(job, priority);
+            }
+        }
+    }
+
     pub(in crate::engine) fn remember(&mut self, cooling: Vec<(String, Vec<u8>)>, names: Vec<(String, Vec<u8>)>) {
         for (key, value) in cooling {
             let (Some(resource), Ok(bytes)) = (key.strip_prefix(COOLING), <[u8; 8]>::try_from(value.as_slice())) else {

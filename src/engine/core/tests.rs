@@ -238,7 +238,7 @@ fn an_attempt_waits_for_its_absent_handler_and_then_runs_again_elsewhere() {
     let (mut core, handler, id) = core_running_a_chain();
     let step = core.turn([away(handler, 1, 10)], at(2));
     assert!(step.batch.is_empty(), "the attempt is still held while its handler may come back");
-    assert_eq!(core.next_wake(), Some(at(12)), "the loop wakes when its time is up");
+    assert_eq!(core.next_wake(at(0)), Some(at(12)), "the loop wakes when its time is up");
     assert!(core.turn([], at(11)).batch.is_empty());
     let step = core.turn([], at(12));
     assert_eq!(written(&step, id), [(0, TaskState::Ready, 1)], "taken back at its time, and ready again");
@@ -257,7 +257,7 @@ fn a_handler_back_in_time_keeps_its_attempt_and_reports_it() {
     core.turn([away(handler, 1, 10)], at(2));
     let (connect, _orders) = connection(handler, 2);
     assert!(core.turn([connect], at(5)).batch.is_empty());
-    assert_eq!(core.next_wake(), None, "nothing is left to take back");
+    assert_eq!(core.next_wake(at(0)), None, "nothing is left to take back");
     assert!(core.turn([], at(20)).batch.is_empty(), "past the time it was given, it still holds its attempt");
     let done = complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() });
     let step = core.turn([done], at(21));
@@ -279,7 +279,7 @@ fn another_instances_vouch_holds_off_the_take_back_until_it_runs_out() {
     };
     core.turn([vouch.into()], at(5));
     assert_eq!(vouched.try_recv().unwrap(), [attempt(id, 0, 1)], "only what the handler holds here is vouched for");
-    assert_eq!(core.next_wake(), Some(at(35)));
+    assert_eq!(core.next_wake(at(0)), Some(at(35)));
     assert!(core.turn([], at(12)).batch.is_empty(), "not taken back at the end of its own wait");
     assert_eq!(written(&core.turn([], at(35)), id), [(0, TaskState::Ready, 1)], "taken back when the vouch runs out");
 }
@@ -394,13 +394,20 @@ fn an_adopted_job_keeps_the_attempt_borrowed_here_and_its_report_completes_it_he
     running.attempt = 1;
     stored.tasks = vec![running, TaskRecord::initial(true, at(0))];
     let (reply, answer) = oneshot::channel();
-    let step = core.turn([ClusterCommand::Adopt { jobs: vec![stored.clone()], reply }.into()], at(3));
+    let step =
+        core.turn([ClusterCommand::Adopt { jobs: vec![stored.clone()], priorities: Vec::new(), reply }.into()], at(3));
     let leader = step.batch.jobs.iter().find(|j| j.id == id).and_then(|j| j.handler);
     assert_eq!(leader, Some(core.options.instance), "the job's record names its new leader");
     assert!(sent(&step).is_empty(), "its running attempt is not sent again");
     assert_eq!(answer_of(step, answer), 1);
     let (reply, answer) = oneshot::channel();
-    assert_eq!(answer_of(core.turn([ClusterCommand::Adopt { jobs: vec![stored], reply }.into()], at(4)), answer), 0);
+    assert_eq!(
+        answer_of(
+            core.turn([ClusterCommand::Adopt { jobs: vec![stored], priorities: Vec::new(), reply }.into()], at(4)),
+            answer
+        ),
+        0
+    );
     let step = core.turn([complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() })], at(5));
     assert_eq!(written(&step, id), [(0, TaskState::Succeeded, 1), (1, TaskState::Running, 1)]);
     assert_eq!(

@@ -43,8 +43,15 @@ pub(crate) fn part(stored: &StoredJob, range: std::ops::Range<usize>) -> api::Jo
         finished_at_ms: millis(record.finished_at),
         cancel_requested: record.cancel_requested,
         handler: record.handler.map(|h| h.to_string()).unwrap_or_default(),
+        priority: shared_priority(&stored.spec).map(|p| p.as_str().into()).unwrap_or_default(),
         ..base
     }
+}
+
+/// The priority every task of a job has, if they share one.
+pub(super) fn shared_priority(spec: &crate::model::JobSpec) -> Option<crate::model::Priority> {
+    let first = spec.tasks.first()?.priority;
+    spec.tasks.iter().all(|t| t.priority == first).then_some(first)
 }
 
 /// The task at `idx` of a job, as the client API carries it.
@@ -108,6 +115,8 @@ pub(crate) fn policy(job_type: &str, policy: &Policy, sources: &BTreeMap<String,
         worker_config: Default::default(),
         admin_config: Default::default(),
         terms: policy.texts().into_iter().map(|(name, text)| (name.to_string(), text)).collect(),
+        rate_per_minute: policy.rate_per_minute,
+        rate_burst: policy.rate_burst,
         sources: sources.iter().map(|(k, v)| (k.clone(), v.as_str().to_string())).collect(),
     }
 }

@@ -200,6 +200,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/jobs", guarded(get(list_jobs).post(submit_job)))
         .route("/api/jobs/{id}", guarded(get(get_job)))
         .route("/api/jobs/{id}/cancel", guarded(post(cancel_job)))
+        .route("/api/jobs/{id}/priority", guarded(post(set_job_priority)))
         .route("/api/jobs/{id}/retry", guarded(post(retry_job)))
         .route("/api/workers", guarded(get(workers)))
         .route("/api/instances", guarded(get(instances)))
@@ -404,6 +405,25 @@ async fn cancel_job(State(s): State<AppState>, By(who): By, PathParams(id): Path
     q.taking(&[])?;
     s.api.cancel(&who, &id).await?;
     Ok(Json(json!({ "job_id": id, "canceled": true })).into_response())
+}
+
+async fn set_job_priority(
+    State(s): State<AppState>,
+    By(who): By,
+    PathParams(id): PathParams<String>,
+    q: Params,
+    JsonBody(body): JsonBody<PriorityBody>,
+) -> Reply {
+    q.taking(&[])?;
+    s.api.set_job_priority(&who, &id, &body.priority).await?;
+    Ok(Json(json!({ "job_id": id, "priority": body.priority })).into_response())
+}
+
+/// The body of `POST /api/jobs/{id}/priority`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PriorityBody {
+    priority: String,
 }
 
 async fn retry_job(State(s): State<AppState>, By(who): By, PathParams(id): PathParams<String>, q: Params) -> Reply {
