@@ -34,6 +34,7 @@ mod openapi_fuzz;
 mod pg_harness;
 mod plugin_schema;
 mod postgres_store;
+mod priorities;
 mod recovery_e2e;
 mod retention;
 mod scheduler;
