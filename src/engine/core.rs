@@ -32,6 +32,7 @@ mod report;
 mod restore;
 #[cfg(test)]
 mod tests;
+mod windows;
 
 pub(super) type Reply<T> = oneshot::Sender<T>;
 
@@ -126,6 +127,11 @@ pub(super) enum JobCommand {
     ApplyRecovery {
         actions: Vec<(recovery::Rule, recovery::Action)>,
         reply: Reply<Vec<bool>>,
+    },
+    /// A job type's maintenance windows (`None`: always open).
+    SetWindow {
+        job_type: Arc<str>,
+        window: Option<Arc<crate::windows::Window>>,
     },
 }
 
@@ -238,6 +244,9 @@ pub(super) enum ClusterCommand {
     SetPermits { permits: HashMap<Arc<str>, u32>, resources: HashSet<String> },
     /// The handlers connected to the other live instances now.
     PeerHandlers { handlers: HashSet<HandlerId> },
+    /// The database's clock is this far ahead of the engine's (ms), as a
+    /// heartbeat measured it: windows follow the database's clock.
+    DatabaseClock { offset_ms: i64 },
 }
 
 /// Reads: each is answered from memory once the step it sees is durable, and changes nothing but who waits.
@@ -367,10 +376,13 @@ pub(super) struct Core {
     removals_durable: Arc<std::sync::atomic::AtomicU64>,
     /// Jobs of removals not known to be durable yet, with the removal's number.
     removing: HashMap<JobId, u64>,
+    /// The maintenance windows of the job types that have some.
+    windows: windows::Windows,
 }
 
 impl Core {
     pub(super) fn new(options: Options, events: broadcast::Sender<Event>) -> Core {
+        let windows = windows::Windows::new(options.database_clock);
         Core {
             attempts: Ledger::new(options.rollback_windows.clone()),
             options,
@@ -386,6 +398,7 @@ impl Core {
             removals: 0,
             removals_durable: Arc::default(),
             removing: HashMap::new(),
+            windows,
         }
     }
 
@@ -412,6 +425,7 @@ impl Core {
         for command in commands {
             self.apply(command, now, &mut step);
         }
+        self.apply_windows(now, &mut step);
         self.expire(now, &mut step);
         self.dispatch_ready(now, &mut step);
         if self.events.receiver_count() > 0 {
@@ -427,7 +441,7 @@ impl Core {
 
     /// When the next deadline falls, if any: the loop wakes then without a command.
     pub(super) fn next_wake(&self) -> Option<Timestamp> {
-        [self.dispatch.next_wake(), self.attempts.next_wake()].into_iter().flatten().min()
+        [self.dispatch.next_wake(), self.attempts.next_wake(), self.windows.next_wake()].into_iter().flatten().min()
     }
 }
 

@@ -88,6 +88,10 @@ pub struct Options {
     /// The committer makes the spans of jobs, attempts and commits for the
     /// trace export (`spans.rs`), and work orders carry their attempt's.
     pub traces: bool,
+    /// Maintenance windows follow the database's clock (in a cluster): until
+    /// `EngineHandle::database_clock` first tells it, job types with windows
+    /// stay closed.
+    pub database_clock: bool,
 }
 
 /// Work orders for handlers connected elsewhere, with the handler they are for.
@@ -105,6 +109,7 @@ impl Default for Options {
             fate: crate::fate::Fate::default(),
             notify: crate::model::notify::Routes::default(),
             traces: false,
+            database_clock: false,
         }
     }
 }

@@ -497,6 +497,7 @@ async fn start_engine(
         fate: fate.clone(),
         notify,
         traces: options.traces,
+        database_clock: member.is_some(),
         ..Options::default()
     };
     let engine = Engine::start(store.clone(), clock, engine_options).await?;

@@ -506,7 +506,7 @@ impl Api {
             return Err(Error::Invalid("a job type is required".into()));
         }
         self.policies
-            .set(job_type, changes, Some(record.entry()))
+            .set(job_type, changes, Some(record.entry()), self.topology.calendar_now(&*self.trail.clock))
             .await
             .map_err(Error::from)?
             .map_err(|e| Error::Invalid(e.to_string()))?;
