@@ -663,6 +663,18 @@ impl Api {
         self.notifier.listing().await.map_err(store_error)
     }
 
+    /// Each job type's maintenance windows, read now (the database's time in a cluster).
+    pub(crate) fn windows(&self) -> api::ListWindowsResponse {
+        let now = self.topology.calendar_now(&*self.trail.clock);
+        let mut types: std::collections::BTreeSet<String> = self.policies.job_types().into_iter().collect();
+        for worker in self.registry.workers() {
+            types.extend(worker.capabilities.iter().map(|c| c.job_type.clone()));
+        }
+        let windows =
+            types.iter().map(|job_type| convert::window(job_type, &self.policies.effective(job_type).0, now)).collect();
+        api::ListWindowsResponse { windows, now_ms: now.as_millis() }
+    }
+
     /// A snapshot (in parts), then the job's transitions, until it has ended.
     pub(crate) async fn watch(
         &self,
@@ -1005,6 +1017,13 @@ impl JobService for JobServiceImpl {
         _request: Request<api::ListNotificationsRequest>,
     ) -> Result<Response<api::ListNotificationsResponse>, Status> {
         Ok(Response::new(api::ListNotificationsResponse { endpoints: self.api.notifications().await? }))
+    }
+
+    async fn list_windows(
+        &self,
+        _request: Request<api::ListWindowsRequest>,
+    ) -> Result<Response<api::ListWindowsResponse>, Status> {
+        Ok(Response::new(self.api.windows()))
     }
 }
 
