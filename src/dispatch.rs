@@ -241,6 +241,8 @@ pub struct Dispatch {
     permits: Option<HashMap<Arc<str>, u32>>,
     /// Each handler's recent duration by job type (kept across reconnects).
     speeds: HashMap<HandlerId, BTreeMap<Arc<str>, Speed>>,
+    /// Job types outside their maintenance window: none is dispatched.
+    closed: std::collections::HashSet<Arc<str>>,
 }
 
 impl Dispatch {
@@ -521,7 +523,7 @@ impl Dispatch {
     /// fast, so it is tried), then the least loaded, then the one nearest
     /// the task's data (`near`), then the one with most free slots.
     pub fn pick_handler(&self, job_type: &str, near: impl FnOnce() -> Place, now: Timestamp) -> Option<HandlerId> {
-        if !self.gate_open && self.gated.contains(job_type) {
+        if !self.gate_open && self.gated.contains(job_type) || self.closed.contains(job_type) {
             return None;
         }
         let limits = self.limits.get(job_type);
@@ -616,6 +618,7 @@ impl Dispatch {
                 .iter()
                 .filter(|t| self.queues.get(&**t).is_none_or(BinaryHeap::is_empty))
                 .filter(|t| self.gate_open || !self.gated.contains(&**t))
+                .filter(|t| !self.closed.contains(&**t))
                 .filter_map(|t| {
                     let limits = self.limits.get(&**t);
                     if limits.is_some_and(|l| self.running(t) >= l.global) {
@@ -646,12 +649,22 @@ impl Dispatch {
         }
     }
 
-    /// Whether a job type may be dispatched now, by the gate, its global limit and its rate.
+    /// Whether a job type may be dispatched now, by the gate, its window,
+    /// its global limit and its rate.
     pub fn may_run(&self, job_type: &str, now: Timestamp) -> bool {
-        if !self.gate_open && self.gated.contains(job_type) {
+        if !self.gate_open && self.gated.contains(job_type) || self.closed.contains(job_type) {
             return false;
         }
         !self.at_limit(job_type, self.limits.get(job_type), now)
+    }
+
+    /// Closes a job type (outside its maintenance window, nothing of it is
+    /// dispatched) or opens it again.
+    pub(crate) fn set_closed(&mut self, job_type: Arc<str>, closed: bool) {
+        match closed {
+            true => self.closed.insert(job_type),
+            false => self.closed.remove(&job_type),
+        };
     }
 
     /// Forgets every queued entry of a job (it was canceled or ended).

@@ -24,5 +24,6 @@ pub mod server;
 pub mod store;
 pub(crate) mod tls;
 pub mod traces;
+pub(crate) mod windows;
 pub mod wire;
 pub mod worker;

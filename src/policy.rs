@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::dispatch::TypeLimits;
 use crate::model::Priority;
 use crate::proto::plugin::{AdminRuntimeConfig, AdminRuntimeDefaults};
+use crate::windows::{self, OnClose};
 
 /// The settings of one job type.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +33,14 @@ pub(crate) struct Policy {
     pub rate_per_minute: u32,
     /// Tasks that may start at once after a quiet spell, within the rate.
     pub rate_burst: u32,
+    /// When it may run: weekly ranges (`windows::parse_windows`), or `always`.
+    pub windows: String,
+    /// When it may not, whatever the windows say (`windows::parse_blackouts`), or `none`.
+    pub blackouts: String,
+    /// What runs when a window closes: drained (within the grace), or canceled.
+    pub on_window_close: OnClose,
+    /// How long a drain waits before it cancels; 0: without bound.
+    pub window_grace_seconds: u32,
 }
 
 /// The detection interval of a job type whose descriptor names none.
@@ -60,12 +69,16 @@ impl Default for Policy {
             priority: Priority::Normal,
             rate_per_minute: 0,
             rate_burst: 1,
+            windows: windows::ALWAYS.to_string(),
+            blackouts: windows::NONE.to_string(),
+            on_window_close: OnClose::Drain,
+            window_grace_seconds: 1800,
         }
     }
 }
 
 /// Names of the settings, as `jobcenter policy set` takes them.
-pub(crate) const SETTINGS: [&str; 12] = [
+pub(crate) const SETTINGS: [&str; 13] = [
     "detection_interval_seconds",
     "detection_timeout_seconds",
     "max_jobs_per_detection",
@@ -78,11 +91,12 @@ pub(crate) const SETTINGS: [&str; 12] = [
     "job_type_max_runtime_seconds",
     "rate_per_minute",
     "rate_burst",
+    "window_grace_seconds",
 ];
 
 /// Names of the settings that take words rather than a number, each read
 /// by its own rule (`Policy::set_text`).
-pub(crate) const TEXT_SETTINGS: [&str; 1] = ["priority"];
+pub(crate) const TEXT_SETTINGS: [&str; 4] = ["priority", "windows", "blackouts", "on_window_close"];
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Error {
@@ -148,6 +162,7 @@ impl Policy {
             "detection_enabled" => &mut self.detection_enabled,
             "rate_per_minute" => &mut self.rate_per_minute,
             "rate_burst" => &mut self.rate_burst,
+            "window_grace_seconds" => &mut self.window_grace_seconds,
             _ => return None,
         })
     }
@@ -160,13 +175,32 @@ impl Policy {
                     .ok_or_else(|| format!("{text:?} is not a priority; priorities are low, normal, high, critical"))?;
                 Ok(())
             }
+            "windows" => {
+                windows::parse_windows(text)?;
+                self.windows = text.to_string();
+                Ok(())
+            }
+            "blackouts" => {
+                windows::parse_blackouts(text)?;
+                self.blackouts = text.to_string();
+                Ok(())
+            }
+            "on_window_close" => {
+                self.on_window_close = text.parse()?;
+                Ok(())
+            }
             _ => Err("not a setting that takes words".into()),
         }
     }
 
     /// The settings that take words, as an operator would type them.
     pub(crate) fn texts(&self) -> Vec<(&'static str, String)> {
-        vec![("priority", self.priority.as_str().to_string())]
+        vec![
+            ("priority", self.priority.as_str().to_string()),
+            ("windows", self.windows.clone()),
+            ("blackouts", self.blackouts.clone()),
+            ("on_window_close", self.on_window_close.as_str().to_string()),
+        ]
     }
 
     /// The effective policy of a job type and where each value came from.
@@ -214,6 +248,20 @@ impl Policy {
             }
         }
         (policy, sources)
+    }
+
+    /// Its windows as the engine applies them; `None` when it is always open.
+    pub(crate) fn window(&self) -> Option<windows::Window> {
+        // Both were read by their rule when set.
+        let calendar = windows::Calendar::with_blackouts(
+            windows::parse_windows(&self.windows).unwrap_or_default(),
+            windows::parse_blackouts(&self.blackouts).unwrap_or_default(),
+        );
+        (!calendar.is_always()).then_some(windows::Window {
+            calendar,
+            on_close: self.on_window_close,
+            grace_seconds: self.window_grace_seconds,
+        })
     }
 
     pub(crate) fn limits(&self) -> TypeLimits {
@@ -282,6 +330,33 @@ pub(crate) fn apply_changes(overrides: &Overrides, changes: &BTreeMap<String, St
     Ok(out)
 }
 
+/// Refuses overrides whose windows and blackouts leave no open time within
+/// `windows::HORIZON_DAYS` of `now`, naming the setting among `changes`
+/// that made it so.
+pub(crate) fn check_opens(
+    job_type: &str,
+    overrides: &Overrides,
+    changes: &BTreeMap<String, String>,
+    now: crate::clock::Timestamp,
+) -> Result<(), Error> {
+    let (policy, _) = Policy::resolve(job_type, builtin(job_type), None, overrides);
+    let Some(window) = policy.window() else { return Ok(()) };
+    if window.calendar.next_open(now).is_some() {
+        return Ok(());
+    }
+    let name =
+        if changes.contains_key("windows") || !changes.contains_key("blackouts") { "windows" } else { "blackouts" };
+    Err(Error::Refused {
+        name: name.to_string(),
+        rule: format!(
+            "with windows {:?} and blackouts {:?} the job type never opens in the next {} days",
+            policy.windows,
+            policy.blackouts,
+            windows::HORIZON_DAYS
+        ),
+    })
+}
+
 /// Defaults of the built-in job types, which are light enough to run many at once.
 pub(crate) fn builtin(job_type: &str) -> Option<Policy> {
     matches!(job_type, "noop" | "shell").then(|| Policy {
@@ -335,6 +410,40 @@ mod tests {
             apply_changes(&base, &wrong).unwrap_err().to_string(),
             "policy setting priority: \"urgent\" is not a priority; priorities are low, normal, high, critical"
         );
+    }
+
+    #[test]
+    fn windows_are_read_by_their_rule_and_a_set_that_never_opens_is_refused() {
+        let set = |name: &str, value: &str| {
+            let changes = BTreeMap::from([(name.to_string(), value.to_string())]);
+            apply_changes(&Overrides::new(), &changes).map(|o| (o, changes))
+        };
+        assert_eq!(
+            set("windows", "Mon-Fry 22:00-06:00 UTC").unwrap_err().to_string(),
+            r#"policy setting windows: "Mon-Fry 22:00-06:00 UTC": "Mon-Fry" is not a day; days are Mon..Sun"#
+        );
+        assert_eq!(
+            set("on_window_close", "later").unwrap_err().to_string(),
+            r#"policy setting on_window_close: "later" is not what to do when a window closes; it is drain or cancel"#
+        );
+        assert!(matches!(set("window_grace_seconds", "soon"), Err(Error::NotANumber { .. })));
+        let now = crate::clock::Timestamp(1_795_694_400_000);
+        let (overrides, changes) = set("windows", "Mon-Fri 22:00-06:00 Europe/Berlin").unwrap();
+        assert_eq!(check_opens("vacuum", &overrides, &changes, now), Ok(()));
+        let (policy, sources) = Policy::resolve("vacuum", None, None, &overrides);
+        assert_eq!(sources["windows"], Source::Set);
+        let window = policy.window().expect("windows set");
+        assert_eq!((window.on_close, window.grace_seconds), (OnClose::Drain, 1800));
+
+        let mut closed = overrides.clone();
+        closed.insert("blackouts".into(), Value::Text("daily 00:00-24:00 UTC".into()));
+        let changes = BTreeMap::from([("blackouts".to_string(), "daily 00:00-24:00 UTC".to_string())]);
+        assert_eq!(
+            check_opens("vacuum", &closed, &changes, now).unwrap_err().to_string(),
+            r#"policy setting blackouts: with windows "Mon-Fri 22:00-06:00 Europe/Berlin" and blackouts "daily 00:00-24:00 UTC" the job type never opens in the next 400 days"#
+        );
+        // None set: always open, and nothing for the engine to apply.
+        assert_eq!(Policy::default().window(), None);
     }
 
     #[test]

@@ -691,6 +691,7 @@ pub(super) async fn policy(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         ("detection_enabled", u32::from(policy.detection_enabled)),
         ("rate_per_minute", policy.rate_per_minute),
         ("rate_burst", policy.rate_burst),
+        ("window_grace_seconds", policy.window_grace_seconds),
     ]);
     println!("policy of {}", policy.job_type);
     for (name, value) in values {
@@ -1005,6 +1006,58 @@ pub(super) async fn notifications(args: NotificationsArgs) -> anyhow::Result<Exi
         let error = if e.last_error.is_empty() { "-" } else { &e.last_error };
         println!("{:<16} {:>7}  {:<20}  {:<40}  {error}", e.name, e.pending, last, e.url);
         println!("{:<16} events: {}{}", "", e.events.join(", "), if e.signed { "; signed" } else { "" });
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WindowsArgs {
+    /// Only this job type.
+    pub job_type: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+/// Each job type's maintenance windows: open now or not, when it next
+/// opens and closes (in its windows' time zone), and the terms that say so.
+pub(super) async fn windows(args: WindowsArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let mut listing = client.list_windows(api::ListWindowsRequest {}).await.map_err(status_error)?.into_inner();
+    if let Some(job_type) = &args.job_type {
+        listing.windows.retain(|w| &w.job_type == job_type);
+        if listing.windows.is_empty() {
+            anyhow::bail!("no job type {job_type:?}: no worker declared it and no policy names it");
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&listing)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("as of {} (the database's time in a cluster)", time(listing.now_ms));
+    println!("{:<24} {:<6}  {:<26}  NEXT CLOSES", "JOB TYPE", "NOW", "NEXT OPENS");
+    for w in listing.windows {
+        let when = |ms: i64, local: &str| match (ms, local) {
+            (0, _) => "-".to_string(),
+            (_, "") => time(ms),
+            (_, local) => local.to_string(),
+        };
+        let now = if w.open { "open" } else { "closed" };
+        let (opens, closes) = (when(w.next_open_ms, &w.next_open_local), when(w.next_close_ms, &w.next_close_local));
+        println!("{:<24} {now:<6}  {opens:<26}  {closes}", w.job_type);
+        if w.windows == crate::windows::ALWAYS && w.blackouts == crate::windows::NONE {
+            continue;
+        }
+        let grace = match w.window_grace_seconds {
+            0 => "without bound".to_string(),
+            seconds => format!("for up to {seconds} s"),
+        };
+        let on_close = match w.on_window_close.as_str() {
+            "cancel" => "what runs is canceled".to_string(),
+            _ => format!("what runs drains {grace}"),
+        };
+        println!("{:<24} windows: {}; blackouts: {}; on close, {on_close}", "", w.windows, w.blackouts);
     }
     Ok(ExitCode::SUCCESS)
 }

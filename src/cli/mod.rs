@@ -102,6 +102,8 @@ pub enum Command {
     /// Set the job type settings a `weed admin -dataDir` keeps as policies of
     /// a running admin, one line per value (`--dry-run`: print, change nothing).
     ImportWeedAdmin(import_weed_admin::ImportWeedAdminArgs),
+    /// Each job type's maintenance windows: open now or not, when it next opens and closes, and its terms.
+    Windows(client::WindowsArgs),
 }
 
 impl Cli {
@@ -171,6 +173,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, crate::fate::Fatal> {
             Command::Restore(args) => transfer::restore(args).await,
             Command::Credentials(args) => Ok(credentials::run(args)),
             Command::ImportWeedAdmin(args) => import_weed_admin::run(args).await,
+            Command::Windows(args) => client::windows(args).await,
         }
     });
     // A blocking call stuck on a failed store must not hold the process.

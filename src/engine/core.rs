@@ -32,6 +32,7 @@ mod report;
 mod restore;
 #[cfg(test)]
 mod tests;
+mod windows;
 
 pub(super) type Reply<T> = oneshot::Sender<T>;
 
@@ -134,6 +135,11 @@ pub(super) enum JobCommand {
     ApplyRecovery {
         actions: Vec<(recovery::Rule, recovery::Action)>,
         reply: Reply<Vec<bool>>,
+    },
+    /// A job type's maintenance windows (`None`: always open).
+    SetWindow {
+        job_type: Arc<str>,
+        window: Option<Arc<crate::windows::Window>>,
     },
 }
 
@@ -247,6 +253,9 @@ pub(super) enum ClusterCommand {
     SetPermits { permits: HashMap<Arc<str>, u32>, resources: HashSet<String> },
     /// The handlers connected to the other live instances now.
     PeerHandlers { handlers: HashSet<HandlerId> },
+    /// The database's clock is this far ahead of the engine's (ms), as a
+    /// heartbeat measured it: windows follow the database's clock.
+    DatabaseClock { offset_ms: i64 },
 }
 
 /// Reads: each is answered from memory once the step it sees is durable, and changes nothing but who waits.
@@ -381,12 +390,15 @@ pub(super) struct Core {
     /// Jobs an operator gave a priority while they ran: every task of the
     /// job takes it (kept in the settings until the job ends).
     priorities: HashMap<JobId, crate::model::Priority>,
+    /// The maintenance windows of the job types that have some.
+    windows: windows::Windows,
 }
 
 impl Core {
     pub(super) fn new(options: Options, events: broadcast::Sender<Event>) -> Core {
         let mut dispatch = Dispatch::default();
         dispatch.set_aging(crate::dispatch::Aging(options.priority_aging.as_millis() as i64));
+        let windows = windows::Windows::new(options.database_clock);
         Core {
             attempts: Ledger::new(options.rollback_windows.clone()),
             options,
@@ -403,6 +415,7 @@ impl Core {
             removals_durable: Arc::default(),
             removing: HashMap::new(),
             priorities: HashMap::new(),
+            windows,
         }
     }
 
@@ -429,6 +442,7 @@ impl Core {
         for command in commands {
             self.apply(command, now, &mut step);
         }
+        self.apply_windows(now, &mut step);
         self.expire(now, &mut step);
         self.dispatch_ready(now, &mut step);
         if self.events.receiver_count() > 0 {
@@ -444,7 +458,7 @@ impl Core {
 
     /// When the next deadline falls, if any: the loop wakes then without a command.
     pub(super) fn next_wake(&self, now: Timestamp) -> Option<Timestamp> {
-        [self.dispatch.next_wake(now), self.attempts.next_wake()].into_iter().flatten().min()
+        [self.dispatch.next_wake(now), self.attempts.next_wake(), self.windows.next_wake()].into_iter().flatten().min()
     }
 }
 

@@ -287,6 +287,21 @@ impl EngineHandle {
         self.send(JobCommand::SetLimits { job_type, limits }.into()).await
     }
 
+    /// A job type's maintenance windows (`None`: always open), applied at once.
+    pub(crate) async fn set_window(
+        &self,
+        job_type: Arc<str>,
+        window: Option<Arc<crate::windows::Window>>,
+    ) -> Result<(), Error> {
+        self.send(JobCommand::SetWindow { job_type, window }.into()).await
+    }
+
+    /// The database's clock is `offset_ms` ahead of this machine's: the
+    /// maintenance windows follow it.
+    pub(crate) async fn database_clock(&self, offset_ms: i64) -> Result<(), Error> {
+        self.send(ClusterCommand::DatabaseClock { offset_ms }.into()).await
+    }
+
     /// The active jobs and the handlers that are connected (or whose
     /// attempts still wait for them), for the recovery rules.
     pub async fn recovery_snapshot(&self) -> Result<(Vec<recovery::JobSnapshot>, Vec<HandlerId>), Error> {

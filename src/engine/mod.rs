@@ -90,6 +90,10 @@ pub struct Options {
     pub traces: bool,
     /// How long a wait makes up for one level of priority (`dispatch::Aging`).
     pub priority_aging: Duration,
+    /// Maintenance windows follow the database's clock (in a cluster): until
+    /// `EngineHandle::database_clock` first tells it, job types with windows
+    /// stay closed.
+    pub database_clock: bool,
 }
 
 /// Work orders for handlers connected elsewhere, with the handler they are for.
@@ -108,6 +112,7 @@ impl Default for Options {
             notify: crate::model::notify::Routes::default(),
             traces: false,
             priority_aging: Duration::from_secs(600),
+            database_clock: false,
         }
     }
 }

@@ -501,6 +501,7 @@ async fn start_engine(
         notify,
         traces: options.traces,
         priority_aging: options.priority_aging,
+        database_clock: member.is_some(),
         ..Options::default()
     };
     let engine = Engine::start(store.clone(), clock, engine_options).await?;

@@ -10,6 +10,7 @@ use prost::Message;
 use crate::engine::{self, EngineHandle};
 use crate::policy::{self, Overrides, Policy, Source};
 use crate::proto::plugin::{AdminRuntimeConfig, ConfigValue, JobTypeDescriptor};
+use crate::windows::Window;
 
 /// A value as typed on the command line: a number, `true`/`false`, or text.
 pub(crate) fn parse_value(text: &str) -> serde_json::Value {
@@ -109,6 +110,8 @@ impl ForDispatch {
 struct Locked {
     book: Book,
     for_dispatch: BTreeMap<String, Arc<ForDispatch>>,
+    /// Each job type's windows, as read from the book.
+    windows: BTreeMap<String, Option<Arc<Window>>>,
 }
 
 impl Locked {
@@ -124,6 +127,15 @@ impl Locked {
         self.for_dispatch.insert(job_type.to_string(), parts.clone());
         parts
     }
+
+    fn window(&mut self, job_type: &str) -> Option<Arc<Window>> {
+        if let Some(window) = self.windows.get(job_type) {
+            return window.clone();
+        }
+        let window = effective(&self.book, job_type).0.window().map(Arc::new);
+        self.windows.insert(job_type.to_string(), window.clone());
+        window
+    }
 }
 
 impl std::ops::Deref for Locked {
@@ -137,6 +149,7 @@ impl std::ops::DerefMut for Locked {
     /// Every way to change the book goes through here.
     fn deref_mut(&mut self) -> &mut Book {
         self.for_dispatch.clear();
+        self.windows.clear();
         &mut self.book
     }
 }
@@ -151,7 +164,8 @@ impl Policies {
     /// Loads what the store holds (blocking: call it off the runtime).
     pub(crate) fn load(store: Arc<dyn Store>, engine: EngineHandle) -> Result<Policies, store::Error> {
         let book = read_book(&*store)?;
-        Ok(Policies { engine, book: Arc::new(Mutex::new(Locked { book, for_dispatch: BTreeMap::new() })) })
+        let locked = Locked { book, for_dispatch: BTreeMap::new(), windows: BTreeMap::new() };
+        Ok(Policies { engine, book: Arc::new(Mutex::new(locked)) })
     }
 
     /// Reads the policy book again (blocking: call it off the runtime), as
@@ -223,12 +237,14 @@ impl Policies {
         Ok(())
     }
 
-    /// Applies `name=value` changes; nothing changes when one is invalid.
+    /// Applies `name=value` changes; nothing changes when one is invalid, or
+    /// when the windows they leave would not open after `now`.
     pub(crate) async fn set(
         &self,
         job_type: &str,
         changes: &BTreeMap<String, String>,
         audit: Option<crate::model::audit::Entry>,
+        now: crate::clock::Timestamp,
     ) -> Result<Result<(), policy::Error>, engine::Error> {
         let (worker_changes, changes): (BTreeMap<String, String>, BTreeMap<String, String>) =
             changes.clone().into_iter().partition(|(k, _)| k.starts_with(WORKER_KEY_PREFIX));
@@ -239,6 +255,9 @@ impl Policies {
             Ok(updated) => updated,
             Err(e) => return Ok(Err(e)),
         };
+        if let Err(e) = policy::check_opens(job_type, &updated, &changes, now) {
+            return Ok(Err(e));
+        }
         let mut settings = Vec::new();
         let [worker_values, admin_values] = {
             let book = self.book.lock().expect("policy lock");
@@ -283,12 +302,21 @@ impl Policies {
         worker_values(&self.book.lock().expect("policy lock"), job_type)
     }
 
-    /// Tells the engine the dispatch limits of a job type.
+    /// Tells the engine the dispatch limits of a job type, and its windows.
     pub(crate) async fn push_limits(&self, engine: &EngineHandle, job_type: &str) {
         let (policy, _) = self.effective(job_type);
         if engine.set_limits(Arc::from(job_type), policy.limits()).await.is_err() {
             tracing::debug!(job_type, "engine stopped before the limits were set");
         }
+        if engine.set_window(Arc::from(job_type), self.window(job_type)).await.is_err() {
+            tracing::debug!(job_type, "engine stopped before the windows were set");
+        }
+    }
+
+    /// A job type's windows, as its policy says (`None`: always open);
+    /// read once and kept until the book changes.
+    pub(crate) fn window(&self, job_type: &str) -> Option<Arc<Window>> {
+        self.book.lock().expect("policy lock").window(job_type)
     }
 }
 

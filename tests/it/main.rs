@@ -49,4 +49,5 @@ mod tls;
 mod traces;
 mod validation;
 mod watch_e2e;
+mod windows;
 mod wire_errors;

@@ -106,6 +106,7 @@ impl Core {
                     actions.iter().map(|(rule, action)| self.apply_recovery(*rule, action, now, step)).collect();
                 step.reply(reply, applied);
             }
+            JobCommand::SetWindow { job_type, window } => self.set_window(job_type, window, now),
         }
     }
 }

@@ -515,3 +515,85 @@ fn a_failed_jobs_notification_is_written_in_the_step_that_ends_it() {
     assert_eq!(event.payload["failed_tasks"][0]["id"], "t0");
     assert_eq!(event.payload["failed_tasks"][0]["error"], "disk full");
 }
+
+/// Maintenance windows of `noop` (T0 is a Thursday, 12:00 UTC).
+fn noop_window(windows: &str, on_close: crate::windows::OnClose, grace_seconds: u32) -> Command {
+    let calendar = crate::windows::parse_windows(windows).expect("valid windows");
+    let window = crate::windows::Window { calendar, on_close, grace_seconds };
+    JobCommand::SetWindow { job_type: Arc::from("noop"), window: Some(Arc::new(window)) }.into()
+}
+
+/// The attempts a step tells handlers to stop.
+fn canceled(step: &Step) -> Vec<AttemptId> {
+    step.actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::Send { order: WorkOrder::Cancel { attempt }, .. } => Some(*attempt),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_closed_window_holds_ready_tasks_until_it_opens_and_the_loop_sleeps_until_then() {
+    let (mut core, _handler, _orders) = core_with_a_handler();
+    core.turn([noop_window("Thu 13:00-14:00 UTC", crate::windows::OnClose::Drain, 60)], T0);
+    let (id, step) = submit(&mut core, independent(2), at(1));
+    assert_eq!(sent(&step), [], "nothing of a closed type is dispatched");
+    assert_eq!(core.next_wake(at(0)), Some(at(3600)), "the loop wakes when the window opens, not before");
+    assert_eq!(sent(&core.turn([], at(3599))), []);
+    assert_eq!(sent(&core.turn([], at(3600))), [attempt(id, 0, 1), attempt(id, 1, 1)]);
+    assert_eq!(core.next_wake(at(0)), Some(at(7200)), "then when it closes");
+}
+
+#[test]
+fn a_window_that_closes_with_cancel_gives_its_attempts_back_uncounted_at_once() {
+    let (mut core, _handler, _orders) = core_with_a_handler();
+    core.turn([noop_window("Thu 11:00-12:30 UTC", crate::windows::OnClose::Cancel, 600)], T0);
+    let (id, step) = submit(&mut core, independent(2), at(1));
+    assert_eq!(sent(&step).len(), 2);
+    let step = core.turn([], at(1800));
+    assert_eq!(canceled(&step), [attempt(id, 0, 1), attempt(id, 1, 1)]);
+    assert_eq!(written(&step, id), [(0, TaskState::Ready, 1), (1, TaskState::Ready, 1)]);
+    let task = &step.batch.tasks.last().expect("written").2;
+    assert_eq!((task.failures, task.lost), (0, 0), "no try is spent");
+    assert!(task.error.as_deref().is_some_and(|e| e.contains("maintenance window of noop closed")));
+    assert_eq!(core.next_wake(at(0)), Some(at(7 * 86_400 - 3600)), "next Thursday at 11:00, nothing sooner");
+    let again = core.turn([], at(1801));
+    assert!(canceled(&again).is_empty() && sent(&again).is_empty() && again.batch.is_empty());
+    // The next window runs them again, as their second attempt.
+    assert_eq!(sent(&core.turn([], at(7 * 86_400 - 3600))), [attempt(id, 0, 2), attempt(id, 1, 2)]);
+}
+
+#[test]
+fn a_window_that_closes_with_drain_cancels_only_after_its_grace_and_wakes_no_more_after() {
+    let (mut core, handler, _orders) = core_with_a_handler();
+    core.turn([noop_window("Thu 11:00-12:30 UTC", crate::windows::OnClose::Drain, 60)], T0);
+    let (id, _) = submit(&mut core, independent(2), at(1));
+    let step = core.turn([], at(1800));
+    assert!(canceled(&step).is_empty() && step.batch.is_empty(), "draining");
+    assert_eq!(core.next_wake(at(0)), Some(at(1860)), "the drain's grace");
+    // One ends on its own within the grace; the other is canceled at its end.
+    let done = core.turn([complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() })], at(1830));
+    assert_eq!(written(&done, id), [(0, TaskState::Succeeded, 1)]);
+    let step = core.turn([], at(1860));
+    assert_eq!(canceled(&step), [attempt(id, 1, 1)]);
+    assert_eq!(written(&step, id), [(1, TaskState::Ready, 1)]);
+    assert_eq!(core.next_wake(at(0)), Some(at(7 * 86_400 - 3600)), "the grace is over: no wake before the next window");
+    assert!(core.turn([], at(1861)).actions.is_empty());
+}
+
+#[test]
+fn in_a_cluster_windows_wait_for_the_database_clock_and_follow_it() {
+    let options = Options { database_clock: true, ..Options::default() };
+    let mut core = Core::new(options, broadcast::channel(16).0);
+    let (connect, _orders) = connection(HandlerId::new(), 1);
+    core.turn([connect, noop_window("Thu 13:00-14:00 UTC", crate::windows::OnClose::Drain, 60)], T0);
+    // This machine's clock says 13:30, in the window; until the database's is known, nothing runs.
+    let (id, step) = submit(&mut core, independent(1), at(5400));
+    assert_eq!(sent(&step), []);
+    // The database's clock is two hours behind: 11:30 there, closed.
+    assert_eq!(sent(&core.turn([ClusterCommand::DatabaseClock { offset_ms: -7_200_000 }.into()], at(5400))), []);
+    assert_eq!(core.next_wake(at(0)), Some(at(10_800)), "13:00 on the database's clock");
+    assert_eq!(sent(&core.turn([], at(10_800))), [attempt(id, 0, 1)]);
+}

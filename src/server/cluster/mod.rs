@@ -233,6 +233,15 @@ impl Topology {
     pub fn is_fenced(&self) -> bool {
         self.member().is_some_and(|node| node.is_fenced())
     }
+
+    /// The time maintenance windows are read at: the database's in a
+    /// cluster, this machine's alone.
+    pub(crate) fn calendar_now(&self, clock: &dyn Clock) -> crate::clock::Timestamp {
+        match self {
+            Topology::Alone => clock.now(),
+            Topology::Member(node) => crate::clock::Timestamp(node.db_now_ms()),
+        }
+    }
 }
 
 /// This instance as a member of its cluster: its node, and what its loops
@@ -465,6 +474,8 @@ async fn beat(member: &Member) -> Result<(), store::Error> {
     let returned = node.clock.now().as_millis();
     let midpoint = sent + (returned - sent) / 2;
     node.offset_ms.store(membership.now_ms - midpoint, Ordering::Relaxed);
+    // The engine's maintenance windows follow the database's clock.
+    let _ = member.engine.database_clock(membership.now_ms - midpoint).await;
     for gone in &membership.deactivated {
         tracing::warn!(instance = %gone, lag_ms = lag.as_millis() as u64, "deactivated a silent instance; its jobs are free to claim");
         member.metrics.note_deactivation();

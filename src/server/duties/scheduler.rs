@@ -320,6 +320,13 @@ impl Scheduler {
                 if policy.detection_enabled == 0 {
                     continue;
                 }
+                // Outside its maintenance window a type is not detected: the
+                // loop wakes when the window opens, and it is due then.
+                let window = self.policies.window(job_type).map(|window| window.calendar.state(now));
+                if let Some(window) = window.filter(|window| !window.open) {
+                    next = [next, window.next_change].into_iter().flatten().min();
+                    continue;
+                }
                 let interval = u64::from(policy.detection_interval_seconds.max(1));
                 if state.in_flight.is_taken(job_type) {
                     continue;
@@ -373,6 +380,10 @@ impl Scheduler {
             for job_type in detectors(&self.registry).into_keys() {
                 let (policy, _) = self.policies.effective(&job_type);
                 if policy.detection_enabled == 0 {
+                    continue;
+                }
+                // Outside its maintenance window, on the database's clock, a type is not detected.
+                if self.policies.window(&job_type).is_some_and(|w| !w.calendar.is_open(Timestamp(now_ms))) {
                     continue;
                 }
                 let interval = Duration::from_secs(u64::from(policy.detection_interval_seconds.max(1)));

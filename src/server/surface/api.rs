@@ -551,7 +551,7 @@ impl Api {
             return Err(Error::Invalid("a job type is required".into()));
         }
         self.policies
-            .set(job_type, changes, Some(record.entry()))
+            .set(job_type, changes, Some(record.entry()), self.topology.calendar_now(&*self.trail.clock))
             .await
             .map_err(Error::from)?
             .map_err(|e| Error::Invalid(e.to_string()))?;
@@ -706,6 +706,18 @@ impl Api {
     /// Each webhook endpoint, with its pending events and last delivery.
     pub(crate) async fn notifications(&self) -> Result<Vec<api::NotificationEndpoint>, Error> {
         self.notifier.listing().await.map_err(store_error)
+    }
+
+    /// Each job type's maintenance windows, read now (the database's time in a cluster).
+    pub(crate) fn windows(&self) -> api::ListWindowsResponse {
+        let now = self.topology.calendar_now(&*self.trail.clock);
+        let mut types: std::collections::BTreeSet<String> = self.policies.job_types().into_iter().collect();
+        for worker in self.registry.workers() {
+            types.extend(worker.capabilities.iter().map(|c| c.job_type.clone()));
+        }
+        let windows =
+            types.iter().map(|job_type| convert::window(job_type, &self.policies.effective(job_type).0, now)).collect();
+        api::ListWindowsResponse { windows, now_ms: now.as_millis() }
     }
 
     /// A snapshot (in parts), then the job's transitions, until it has ended.
@@ -1060,6 +1072,13 @@ impl JobService for JobServiceImpl {
         _request: Request<api::ListNotificationsRequest>,
     ) -> Result<Response<api::ListNotificationsResponse>, Status> {
         Ok(Response::new(api::ListNotificationsResponse { endpoints: self.api.notifications().await? }))
+    }
+
+    async fn list_windows(
+        &self,
+        _request: Request<api::ListWindowsRequest>,
+    ) -> Result<Response<api::ListWindowsResponse>, Status> {
+        Ok(Response::new(self.api.windows()))
     }
 }
 

@@ -118,7 +118,35 @@ pub(crate) fn policy(job_type: &str, policy: &Policy, sources: &BTreeMap<String,
         rate_per_minute: policy.rate_per_minute,
         rate_burst: policy.rate_burst,
         sources: sources.iter().map(|(k, v)| (k.clone(), v.as_str().to_string())).collect(),
+        window_grace_seconds: policy.window_grace_seconds,
     }
+}
+
+/// A job type's maintenance windows at `now`: open or not, and when it next opens and closes.
+pub(crate) fn window(job_type: &str, policy: &Policy, now: Timestamp) -> api::JobTypeWindow {
+    let mut out = api::JobTypeWindow {
+        job_type: job_type.into(),
+        open: true,
+        windows: policy.windows.clone(),
+        blackouts: policy.blackouts.clone(),
+        on_window_close: policy.on_window_close.as_str().into(),
+        window_grace_seconds: policy.window_grace_seconds,
+        ..api::JobTypeWindow::default()
+    };
+    let Some(window) = policy.window() else { return out };
+    let calendar = &window.calendar;
+    let state = calendar.state(now);
+    let after = |at: Option<Timestamp>| at.and_then(|at| calendar.state(at).next_change);
+    let (opens, closes) = match state.open {
+        true => (after(state.next_change), state.next_change),
+        false => (state.next_change, after(state.next_change)),
+    };
+    let zone = calendar.zone().unwrap_or(chrono_tz::Tz::UTC);
+    let local = |at: Option<Timestamp>| at.map(|at| crate::windows::local_text(zone, at)).unwrap_or_default();
+    out.open = state.open;
+    (out.next_open_ms, out.next_open_local) = (opens.map_or(0, Timestamp::as_millis), local(opens));
+    (out.next_close_ms, out.next_close_local) = (closes.map_or(0, Timestamp::as_millis), local(closes));
+    out
 }
 
 pub(crate) fn audit_record(record: crate::model::audit::Record) -> api::AuditRecord {

@@ -218,6 +218,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/policies/{job_type}", guarded(get(get_policy).put(set_policy)))
         .route("/api/openapi.json", guarded(get(openapi)))
         .route("/metrics", guarded(get(metrics)))
+        .route("/api/windows", guarded(get(windows)))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
@@ -462,6 +463,12 @@ async fn prune(State(s): State<AppState>, By(who): By, q: Params) -> Reply {
 async fn notifications(State(s): State<AppState>, q: Params) -> Reply {
     q.taking(&[])?;
     Ok(Json(json!({ "endpoints": s.api.notifications().await? })).into_response())
+}
+
+/// Each job type's maintenance windows: open now, next opens and closes.
+async fn windows(State(s): State<AppState>, q: Params) -> Reply {
+    q.taking(&[])?;
+    Ok(Json(s.api.windows()).into_response())
 }
 
 /// The audit trail, oldest first: `since` (ms since the epoch), `who`, `limit` (the newest).

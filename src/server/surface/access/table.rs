@@ -82,6 +82,7 @@ pub const HTTP: &[(&str, &str, Need)] = &[
     ("GET", "/api/audit", ADMIN),
     ("GET", "/api/notifications", VIEWER),
     ("GET", "/metrics", VIEWER),
+    ("GET", "/api/windows", VIEWER),
 ];
 
 /// Every gRPC method: its path (`/package.Service/Method`), need.
@@ -110,6 +111,7 @@ pub const GRPC: &[(&str, Need)] = &[
     ("/jobcenter.v1.JobService/ListAudit", ADMIN),
     ("/jobcenter.v1.JobService/ListNotifications", VIEWER),
     ("/jobcenter.v1.JobService/SetJobPriority", OPERATOR_OR_INSTANCE),
+    ("/jobcenter.v1.JobService/ListWindows", VIEWER),
     ("/plugin.PluginControlService/WorkerStream", WORKER),
     ("/jobcenter.peer.v1.PeerService/Lend", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/Report", INSTANCE),
