@@ -107,7 +107,7 @@ impl Core {
                 }
                 self.peer_handlers = handlers;
             }
-            ClusterCommand::DatabaseClock { offset_ms } => self.set_database_clock(offset_ms, now),
+            ClusterCommand::DatabaseTime { offset_ms } => self.set_database_clock(offset_ms, now),
         }
     }
 }
