@@ -172,6 +172,8 @@ impl PartialOrd for Entry {
 pub struct Demand {
     pub types: Vec<TypeDemand>,
     pub resources: std::collections::BTreeMap<String, bool>,
+    /// What it asks of the bandwidth budget's permits.
+    pub(crate) budget: Vec<crate::budget::Ask>,
 }
 
 /// A job type's global limit, its tasks queued and its attempts running.
@@ -543,6 +545,11 @@ impl Dispatch {
         for seq in seqs {
             self.delayed_meta.remove(&seq);
         }
+    }
+
+    /// Tasks of a job type in its queue now (not those waiting for a backoff).
+    pub fn queued_of(&self, job_type: &str) -> u32 {
+        self.queues.get(job_type).map_or(0, |q| u32::try_from(q.len()).unwrap_or(u32::MAX))
     }
 }
 

@@ -127,6 +127,12 @@ pub(super) enum JobCommand {
         actions: Vec<(recovery::Rule, recovery::Action)>,
         reply: Reply<Vec<bool>>,
     },
+    /// The bandwidth budget (or none) and the job types whose policy says
+    /// whether they share it.
+    SetBudget {
+        budget: Option<crate::budget::Budget>,
+        marks: HashMap<Arc<str>, bool>,
+    },
 }
 
 /// What a handler reports of an attempt it holds: started, progress, its outcome, or that it gave it up.
@@ -238,6 +244,11 @@ pub(super) enum ClusterCommand {
     SetPermits { permits: HashMap<Arc<str>, u32>, resources: HashSet<String> },
     /// The handlers connected to the other live instances now.
     PeerHandlers { handlers: HashSet<HandlerId> },
+    /// The slots of the bandwidth budget's permits this instance holds.
+    SetBudgetPermits { held: crate::budget::Held },
+    /// The shares the store keeps (`SHARE`), read before jobs are adopted:
+    /// an adopted attempt counts the share its worker was given.
+    KeepShares { shares: Vec<(String, Vec<u8>)> },
 }
 
 /// Reads: each is answered from memory once the step it sees is durable, and changes nothing but who waits.
@@ -285,6 +296,11 @@ pub(super) enum Query {
 /// the workers of handlers without a lease (`handler/<id>`: the worker id).
 pub(super) const COOLING: &str = "cooling/";
 pub(super) const HANDLER_NAME: &str = "handler/";
+/// The share of the bandwidth budget each running budgeted attempt was
+/// given (`share/<attempt>`: a `budget::Share` as JSON), kept so that a
+/// restart or another instance counts what its workers were told, and that
+/// every instance shows every share.
+pub(crate) const SHARE: &str = "share/";
 
 /// An attempt that ended because its worker came back without it.
 #[derive(Clone, Debug)]
@@ -367,6 +383,11 @@ pub(super) struct Core {
     removals_durable: Arc<std::sync::atomic::AtomicU64>,
     /// Jobs of removals not known to be durable yet, with the removal's number.
     removing: HashMap<JobId, u64>,
+    /// The bandwidth budget and the shares of the budgeted attempts held here.
+    shares: crate::budget::Shares,
+    /// The shares the store kept of attempts held before a restart, until
+    /// their attempts are restored.
+    kept_shares: HashMap<AttemptId, crate::budget::Share>,
 }
 
 impl Core {
@@ -386,6 +407,8 @@ impl Core {
             removals: 0,
             removals_durable: Arc::default(),
             removing: HashMap::new(),
+            shares: crate::budget::Shares::default(),
+            kept_shares: HashMap::new(),
         }
     }
 

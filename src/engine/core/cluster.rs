@@ -106,6 +106,8 @@ impl Core {
                 }
                 self.peer_handlers = handlers;
             }
+            ClusterCommand::SetBudgetPermits { held } => self.shares.set_held(held),
+            ClusterCommand::KeepShares { shares } => self.remember(Vec::new(), Vec::new(), shares),
         }
     }
 }

@@ -93,6 +93,7 @@ impl Core {
                     actions.iter().map(|(rule, action)| self.apply_recovery(*rule, action, now, step)).collect();
                 step.reply(reply, applied);
             }
+            JobCommand::SetBudget { budget, marks } => self.shares.set(budget, marks),
         }
     }
 }

@@ -505,14 +505,21 @@ async fn beat(member: &Member) -> Result<(), store::Error> {
         let store = node.store.clone();
         let up_to = share - led;
         let writing = node.writing.clone().lock_owned().await;
-        let claimed = tokio::task::spawn_blocking(move || {
+        let (claimed, shares) = tokio::task::spawn_blocking(move || {
             let _writing = writing;
-            store.cluster().expect("cluster").claim(up_to, &handlers)
+            let claimed = store.cluster().expect("cluster").claim(up_to, &handlers)?;
+            // The shares of the bandwidth budget their attempts were given.
+            let shares = match claimed.is_empty() {
+                true => Vec::new(),
+                false => store.settings(crate::engine::SHARE_SETTINGS)?,
+            };
+            Ok::<_, store::Error>((claimed, shares))
         })
         .await
         .map_err(|e| store::Error::Io(e.to_string()))??;
         if !claimed.is_empty() {
             let n = claimed.len();
+            member.engine.keep_shares(shares).await.map_err(engine_error)?;
             let adopted = member.engine.adopt(claimed).await.map_err(engine_error)?;
             node.adoptions.fetch_add(1, Ordering::AcqRel);
             node.wake_permits();
@@ -564,7 +571,7 @@ mod tests {
     use crate::store::cluster::PermitRequest;
 
     fn volume(locked: bool) -> Demand {
-        Demand { types: vec![], resources: [("volume:7".to_string(), locked)].into() }
+        Demand { types: vec![], resources: [("volume:7".to_string(), locked)].into(), budget: vec![] }
     }
 
     fn wants(requests: &[PermitRequest]) -> Vec<(&str, u32)> {
@@ -597,6 +604,7 @@ mod tests {
         let noop = |queued, running| Demand {
             types: vec![TypeDemand { job_type: "noop".into(), limit: 2, queued, running }],
             resources: Default::default(),
+            budget: vec![],
         };
         let mut settled = Settled::default();
         let requests = settled.requests(noop(3, 0));

@@ -109,6 +109,7 @@ pub(crate) fn policy(job_type: &str, policy: &Policy, sources: &BTreeMap<String,
         admin_config: Default::default(),
         terms: policy.texts().into_iter().map(|(name, text)| (name.to_string(), text)).collect(),
         sources: sources.iter().map(|(k, v)| (k.clone(), v.as_str().to_string())).collect(),
+        uses_bandwidth_budget: policy.uses_bandwidth_budget,
     }
 }
 
