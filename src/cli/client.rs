@@ -563,6 +563,9 @@ pub(super) async fn capacity(args: CapacityArgs) -> anyhow::Result<ExitCode> {
             println!("{:<24}    {work}", "");
         }
     }
+    if let Some(budget) = &capacity.budget {
+        print!("\n{}", super::budget::lines(budget));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -668,6 +671,7 @@ pub(super) async fn policy(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         ("detection_timeout_seconds", policy.detection_timeout_seconds),
         ("max_jobs_per_detection", policy.max_jobs_per_detection),
         ("detection_enabled", u32::from(policy.detection_enabled)),
+        ("uses_bandwidth_budget", policy.uses_bandwidth_budget),
     ]);
     println!("policy of {}", policy.job_type);
     for (name, value) in values {

@@ -1,6 +1,7 @@
 //! The command line: one module per command; `main.rs` only parses and calls `run`.
 
 mod bench;
+mod budget;
 mod client;
 mod credentials;
 mod import_weed_admin;
@@ -102,6 +103,9 @@ pub enum Command {
     /// Set the job type settings a `weed admin -dataDir` keeps as policies of
     /// a running admin, one line per value (`--dry-run`: print, change nothing).
     ImportWeedAdmin(import_weed_admin::ImportWeedAdminArgs),
+    /// Show, set or clear the bandwidth budget of the tasks that move data
+    /// (balance, EC encode, EC balance, and job types a policy marks).
+    Budget(budget::BudgetArgs),
 }
 
 impl Cli {
@@ -171,6 +175,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, crate::fate::Fatal> {
             Command::Restore(args) => transfer::restore(args).await,
             Command::Credentials(args) => Ok(credentials::run(args)),
             Command::ImportWeedAdmin(args) => import_weed_admin::run(args).await,
+            Command::Budget(args) => budget::run(args).await,
         }
     });
     // A blocking call stuck on a failed store must not hold the process.

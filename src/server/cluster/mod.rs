@@ -283,6 +283,8 @@ pub(crate) async fn permits(member: Arc<Member>) {
 
 /// A job type's permit key.
 const TYPE_KEY: &str = "type:";
+/// What the bandwidth budget's permit keys start with (`budget::CLUSTER_KEY`, `budget::SERVER_KEY`).
+const BUDGET_KEY: &str = "budget:";
 
 /// What the settlements so far left: per key, what was wanted at each of
 /// the last `WANT_WINDOW`; the slots held; and the keys the database was
@@ -310,6 +312,11 @@ impl Settled {
         // A resource's permit key is the resource itself (`volume:<id>`).
         for (resource, locked) in demand.resources {
             asks.push((resource, 1, 1, u32::from(locked)));
+        }
+        // The bandwidth budget's keys: split evenly between the instances
+        // with budgeted work (each wants every slot).
+        for ask in demand.budget {
+            asks.push((ask.key, ask.capacity, if ask.wants { ask.capacity } else { 0 }, ask.running));
         }
         let asked: BTreeSet<String> = asks.iter().map(|a| a.0.clone()).collect();
         let gone: BTreeSet<String> =
@@ -363,8 +370,16 @@ async fn settle_permits(member: &Member, last: &mut Settled) -> Result<(), store
     last.granted(&requests, &granted);
     let held = &last.held;
     let types = held.iter().filter_map(|(key, n)| key.strip_prefix(TYPE_KEY).map(|t| (Arc::from(t), *n))).collect();
-    let resources = held.keys().filter(|k| !k.starts_with(TYPE_KEY)).cloned().collect();
-    member.engine.set_permits(types, resources).await.map_err(engine_error)
+    let resources = held.keys().filter(|k| !k.starts_with(TYPE_KEY) && !k.starts_with(BUDGET_KEY)).cloned().collect();
+    let budget = crate::budget::Held {
+        cluster: held.get(crate::budget::CLUSTER_KEY).copied().unwrap_or(0),
+        servers: held
+            .iter()
+            .filter_map(|(key, n)| Some((Arc::from(key.strip_prefix(crate::budget::SERVER_KEY)?), *n)))
+            .collect(),
+    };
+    member.engine.set_permits(types, resources).await.map_err(engine_error)?;
+    member.engine.set_budget_permits(budget).await.map_err(engine_error)
 }
 
 /// The loop of a server instance: heartbeat, then its share of the jobs.
@@ -495,6 +510,8 @@ async fn beat(member: &Member) -> Result<(), store::Error> {
         Ok(Err(e)) => tracing::warn!(error = %e, "cannot read the policies again"),
         Err(e) => tracing::warn!(error = %e, "cannot read the policies again"),
     }
+    // And the bandwidth budget.
+    member.policies.push_budget(&member.engine).await;
 
     if led > share {
         let released = member.engine.release(led - share).await.map_err(engine_error)?;
