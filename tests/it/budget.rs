@@ -1,14 +1,21 @@
 //! Bandwidth budgets on a real server: set, shown, kept across a SIGKILL and
 //! cleared over the command line and HTTP; bad rates and budgets under the
 //! minimum share refused with one line and nothing stored; every change
-//! and refusal in the audit trail; and a worker handed its share as
-//! `io_byte_per_second` while the shares of what runs never exceed the budget.
+//! and refusal in the audit trail; a worker handed its share as
+//! `io_byte_per_second` while the shares of what runs never exceed the
+//! budget; and on a real SeaweedFS cluster, two volume moves by a real
+//! `weed worker` under a 20 MB/s budget copying no faster than it allows,
+//! as the target volume servers' disks show, and the same moves without a
+//! budget copying far faster.
 
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::{raw_http, start_worker, wait_until, Server};
+use crate::support::seaweedfs::{self, task_params, Cluster, ClusterOptions, WAIT};
+use crate::support::{raw_http, start_worker, wait_until, Process, Server};
 
 fn budget(server: &Server) -> Value {
     server.cli_json(&["budget", "--json"])
@@ -218,4 +225,250 @@ fn a_worker_is_handed_its_share_as_io_byte_per_second_and_the_shares_never_excee
         (&json!(0), &json!([])),
         "every share is given back"
     );
+}
+
+/// A SeaweedFS cluster, a jobcenter server on its master, and a `weed
+/// worker` that runs `volume_balance`, two moves at once.
+struct Moves {
+    cluster: Cluster,
+    server: Server,
+    dir: tempfile::TempDir,
+    _worker: Process,
+}
+
+const MIB: u64 = 1 << 20;
+/// What each moved volume holds: large enough that a copy at 10 MB/s spans
+/// several of the volume server's throttle windows (see `paced`).
+const VOLUME_MIB: usize = 96;
+const BUDGET: f64 = 20e6;
+
+impl Moves {
+    fn start() -> Moves {
+        let cluster =
+            Cluster::start(ClusterOptions { volume_servers: 3, volume_size_limit_mb: 128, ..Default::default() });
+        let dir = tempfile::tempdir().unwrap();
+        let master = cluster.master_address();
+        let server = Server::start(&dir.path().join("data"), &["--master", &master]);
+        let policy = ["detection_enabled=0", "global_execution_concurrency=2", "per_worker_execution_concurrency=2"];
+        let output = server.cli(&[&["policy", "set", "volume_balance"][..], &policy].concat());
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let working = dir.path().join("weed-worker");
+        std::fs::create_dir_all(&working).unwrap();
+        let log = std::fs::File::create(dir.path().join("weed-worker.log")).unwrap();
+        let child = Command::new(seaweedfs::weed())
+            .args([
+                "worker",
+                &format!("-admin={}", server.http),
+                "-id=mover",
+                "-jobType=volume_balance",
+                "-heartbeat=1s",
+            ])
+            .arg(format!("-workingDir={}", working.display()))
+            .current_dir(&working)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start weed worker");
+        let worker = Process { child, name: "mover".into() };
+        server.wait_for_workers(1);
+        Moves { cluster, server, dir, _worker: worker }
+    }
+
+    /// One volume of `collection`, grown and filled with `VOLUME_MIB` files
+    /// of 1 MiB: its id, its server, and its `.dat` file's size.
+    fn filled_volume(&self, collection: &str) -> (u32, String, u64) {
+        let master = self.cluster.master_address();
+        let grow = format!("/vol/grow?count=1&collection={collection}&replication=000");
+        let grown = seaweedfs::http("GET", &master, &grow, None).expect("vol/grow");
+        assert!(grown.is_success(), "{}", grown.text());
+        let files = self.cluster.write_files_to_one_volume(VOLUME_MIB, 1024, collection);
+        let (id, server) = (files[0].volume_id, files[0].url.clone());
+        let size = std::fs::metadata(self.dir_of(&server).join(format!("{collection}_{id}.dat"))).unwrap().len();
+        assert!(size >= VOLUME_MIB as u64 * MIB, "volume {id} holds {size} bytes");
+        (id, server, size)
+    }
+
+    fn dir_of(&self, server: &str) -> PathBuf {
+        self.cluster.volume_server(server).dir.clone()
+    }
+
+    /// Moves each volume to another server, as one job of two tasks: the
+    /// first as a balance detection proposes it (`task_params_pb`), the
+    /// second with loose parameters. Answers the job and where each copy lands.
+    fn submit(&self, name: &str, volumes: &[(u32, String, String)]) -> (String, Vec<PathBuf>) {
+        let servers = self.cluster.volume_server_addresses();
+        let mut tasks = Vec::new();
+        let mut copies = Vec::new();
+        for (i, (id, source, collection)) in volumes.iter().enumerate() {
+            let others: Vec<&String> = servers.iter().filter(|s| *s != source).collect();
+            let target = others[i % others.len()].clone();
+            let labels = json!({"volume_id": id.to_string(), "source_node": source, "target_node": target});
+            let parameters = match i {
+                0 => {
+                    json!({"task_params_pb": {"$bytes": task_params::hex(&task_params::balance(*id, collection, source, &target))}})
+                }
+                _ => {
+                    json!({"volume_id": id, "collection": collection, "source_server": source, "target_server": target})
+                }
+            };
+            tasks.push(json!({"id": format!("move{id}"), "job_type": "volume_balance", "parameters": parameters, "labels": labels}));
+            copies.push(self.dir_of(&target).join(format!("{collection}_{id}.dat")));
+        }
+        let job = json!({"name": name, "tasks": tasks}).to_string();
+        (self.server.submit_file(self.dir.path(), name, &job), copies)
+    }
+}
+
+/// What a copy holds on its target's disk: `.dat.copying` while it is
+/// copied, then the `.dat`; `None` before it starts.
+fn copied(dat: &Path) -> Option<u64> {
+    let copying = dat.with_extension("dat.copying");
+    std::fs::metadata(&copying).or_else(|_| std::fs::metadata(dat)).ok().map(|m| m.len())
+}
+
+/// Samples every copy's bytes on disk every 10 ms until each is whole:
+/// (seconds since the first copy began, bytes per copy).
+fn watch(copies: &[PathBuf], sizes: &[u64]) -> Vec<(f64, Vec<Option<u64>>)> {
+    let patience = Instant::now();
+    let mut samples = Vec::new();
+    let mut started: Option<Instant> = None;
+    loop {
+        let now: Vec<Option<u64>> = copies.iter().map(|c| copied(c)).collect();
+        if started.is_none() && now.iter().any(Option::is_some) {
+            started = Some(Instant::now());
+        }
+        if let Some(at) = started {
+            samples.push((at.elapsed().as_secs_f64(), now.clone()));
+        }
+        if now.iter().zip(sizes).all(|(n, size)| n.is_some_and(|n| n >= *size)) {
+            return samples;
+        }
+        assert!(patience.elapsed() < WAIT, "the copies did not end: {:?}", samples.last());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One copy as its samples show it: when it began, when it was whole, and
+/// the pauses of the volume server's throttle. SeaweedFS's throttle lets
+/// each window of about 100 ms copy at full speed, then pauses until the
+/// bytes so far fit the rate: at the end of each pause, bytes = rate x time
+/// since the copy began. The last window is never paid back: a copy of few
+/// windows ends faster than its rate, which is why the volumes are large.
+struct Copy {
+    began: f64,
+    whole: f64,
+    /// (end of a pause, bytes then), for pauses of at least 300 ms.
+    pauses: Vec<(f64, u64)>,
+    /// The most one window copied.
+    window: u64,
+}
+
+fn copies_of(samples: &[(f64, Vec<Option<u64>>)], sizes: &[u64]) -> Vec<Copy> {
+    (0..sizes.len())
+        .map(|i| {
+            let seen: Vec<(f64, u64)> = samples.iter().filter_map(|(t, bytes)| Some((*t, bytes[i]?))).collect();
+            let began = seen.first().map_or(0.0, |s| s.0);
+            let whole = seen.iter().find(|s| s.1 >= sizes[i]).map_or(f64::MAX, |s| s.0);
+            let (mut pauses, mut window, mut burst_from) = (Vec::new(), 0, 0u64);
+            let mut run_start = 0;
+            for j in 1..=seen.len() {
+                if j < seen.len() && seen[j].1 == seen[run_start].1 {
+                    continue;
+                }
+                let (from, to) = (seen[run_start], seen[j - 1]);
+                if to.0 - from.0 >= 0.3 && to.1 < sizes[i] {
+                    pauses.push((to.0, to.1));
+                    window = window.max(to.1 - burst_from);
+                    burst_from = to.1;
+                }
+                run_start = j;
+            }
+            window = window.max(sizes[i] - burst_from);
+            Copy { began, whole, pauses, window }
+        })
+        .collect()
+}
+
+#[test]
+fn two_balance_moves_under_a_20_mb_s_budget_copy_no_faster_than_it_allows_and_run_faster_without_it() {
+    let moves = Moves::start();
+    let volumes: Vec<(u32, String, u64, String)> = ["held1", "held2", "free1", "free2"]
+        .iter()
+        .map(|collection| {
+            let (id, server, size) = moves.filled_volume(collection);
+            (id, server, size, collection.to_string())
+        })
+        .collect();
+    let pick = |range: std::ops::Range<usize>| -> (Vec<(u32, String, String)>, Vec<u64>) {
+        let chosen = &volumes[range];
+        (chosen.iter().map(|(id, s, _, c)| (*id, s.clone(), c.clone())).collect(), chosen.iter().map(|v| v.2).collect())
+    };
+
+    // Under the budget: the two share it, 10 MB/s each.
+    let output = moves.server.cli(&["budget", "set", "--cluster", "20MB/s", "--minimum", "1MB/s"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let (held, sizes) = pick(0..2);
+    let (job, copies) = moves.submit("held", &held);
+    let samples = watch(&copies, &sizes);
+    let budget = moves.server.cli_json(&["budget", "--json"]);
+    let shares: Vec<u64> =
+        budget["shares"].as_array().unwrap().iter().map(|s| s["bytes_per_second"].as_u64().unwrap()).collect();
+    assert_eq!(
+        (shares, &budget["used_bytes_per_second"]),
+        (vec![10_000_000, 10_000_000], &json!(20_000_000)),
+        "{budget}"
+    );
+    let held_copies = copies_of(&samples, &sizes);
+    assert!(moves.server.cli(&["cancel", &job]).status.success(), "the moves' long tails are not waited for");
+
+    // Without it: the same moves of volumes as large.
+    assert!(moves.server.cli(&["budget", "clear"]).status.success());
+    let (free, free_sizes) = pick(2..4);
+    let (free_job, free_copies) = moves.submit("free", &free);
+    let free_samples = watch(&free_copies, &free_sizes);
+    let free_copies = copies_of(&free_samples, &free_sizes);
+    assert!(moves.server.cli(&["cancel", &free_job]).status.success());
+
+    let span = |copies: &[Copy]| {
+        let began = copies.iter().map(|c| c.began).fold(f64::MAX, f64::min);
+        copies.iter().map(|c| c.whole).fold(0.0, f64::max) - began
+    };
+    let (held_span, free_span) = (span(&held_copies), span(&free_copies));
+    let (held_bytes, free_bytes) = (sizes.iter().sum::<u64>() as f64, free_sizes.iter().sum::<u64>() as f64);
+    // Each copy paced at its share: at the end of each pause of the
+    // throttle, what it copied fits 10 MB/s over the time since it began.
+    let mut paced = 0.0;
+    for (i, copy) in held_copies.iter().enumerate() {
+        let (end, bytes) = *copy.pauses.last().unwrap_or_else(|| {
+            panic!("copy {i} never paused: it fit in one throttle window ({} bytes): {samples:?}", copy.window)
+        });
+        let rate = bytes as f64 / (end - copy.began);
+        eprintln!(
+            "held copy {i}: {} pauses, paced at {:.2} MB/s, window {:.1} MB",
+            copy.pauses.len(),
+            rate / 1e6,
+            copy.window as f64 / 1e6
+        );
+        paced += rate;
+    }
+    let windows: f64 = held_copies.iter().map(|c| c.window as f64).sum();
+    eprintln!(
+        "budget 20 MB/s: {:.1} MB in {held_span:.2} s ({:.2} MB/s end to end, paced {:.2} MB/s); without: {:.1} MB in {free_span:.2} s ({:.1} MB/s)",
+        held_bytes / 1e6,
+        held_bytes / held_span / 1e6,
+        paced / 1e6,
+        free_bytes / 1e6,
+        free_bytes / free_span / 1e6
+    );
+    assert!(paced <= BUDGET * 1.1, "the two copies together were paced at {:.2} MB/s", paced / 1e6);
+    assert!(
+        held_bytes <= BUDGET * 1.1 * held_span + windows,
+        "together they copied {held_bytes} bytes in {held_span:.2} s: more than 20 MB/s allows, and one throttle window each ({windows})"
+    );
+    assert!(
+        free_span * 3.0 < held_span,
+        "without the budget the same moves copy far faster: {free_span:.2} s against {held_span:.2} s"
+    );
+    assert!(free_bytes / free_span > 3.0 * BUDGET, "{:.1} MB/s without a budget", free_bytes / free_span / 1e6);
 }
