@@ -368,17 +368,6 @@ impl View {
     }
 }
 
-/// A task's parameters (a JSON object) with its share in `PARAMETER`: the
-/// offer, or what the task asks for itself when that is less. Answers the
-/// parameters and the share.
-pub(crate) fn with_share(parameters: &str, offer: u64) -> (Box<str>, u64) {
-    let mut map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(parameters).unwrap_or_default();
-    let own = map.get(PARAMETER).and_then(serde_json::Value::as_u64).filter(|own| *own > 0);
-    let share = own.map_or(offer, |own| own.min(offer));
-    map.insert(PARAMETER.to_string(), serde_json::Value::from(share));
-    (serde_json::Value::Object(map).to_string().into_boxed_str(), share)
-}
-
 /// `held` of `units` slots of `rate`, in bytes per second.
 fn part(rate: u64, units: u32, held: u32) -> u64 {
     let held = held.min(units);
@@ -504,18 +493,6 @@ mod tests {
         assert_eq!(view.shares[0].0, attempt(1).to_string(), "in attempt order");
         shares.end(attempt(1));
         assert_eq!(shares.offer(&servers(&["b:8080"]), 1), Some(22 * MB));
-    }
-
-    #[test]
-    fn a_task_gets_its_share_in_its_parameters_or_keeps_a_lower_rate_of_its_own() {
-        let (parameters, share) = with_share(r#"{"volume_id":7}"#, 10 * MB);
-        assert_eq!((&*parameters, share), (r#"{"io_byte_per_second":10000000,"volume_id":7}"#, 10 * MB));
-        let (parameters, share) = with_share(r#"{"io_byte_per_second":2000000}"#, 10 * MB);
-        assert_eq!((&*parameters, share), (r#"{"io_byte_per_second":2000000}"#, 2 * MB));
-        let (_, share) = with_share(r#"{"io_byte_per_second":50000000}"#, 10 * MB);
-        assert_eq!(share, 10 * MB, "never more than offered");
-        let (_, share) = with_share(r#"{"io_byte_per_second":0}"#, 10 * MB);
-        assert_eq!(share, 10 * MB, "0, the server's own rate, is no limit of its own");
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub struct Assignment {
     /// The W3C `traceparent` of the attempt's span, when traces are
     /// exported: set by the committer as the order leaves.
     pub traceparent: Option<Box<str>>,
+    /// Its share of the bandwidth budget, in bytes per second, when its job
+    /// type shares one: its handler gets it as the parameter
+    /// `io_byte_per_second` (`budget::PARAMETER`).
+    pub io_byte_per_second: Option<u64>,
 }
 
 pub type Sink = UnboundedSender<WorkOrder>;

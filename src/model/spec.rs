@@ -100,6 +100,11 @@ impl TaskSpec {
         self.placement.as_ref().map_or(&[], |p| &p.servers)
     }
 
+    /// The copy rate it asks for itself (`Placement::own_rate`).
+    pub fn own_rate(&self) -> Option<u64> {
+        self.placement.as_ref()?.own_rate
+    }
+
     /// Where its data lives; unknown if it does not say.
     pub fn place(&self) -> Place {
         self.placement.as_ref().map(|p| p.place.clone()).unwrap_or_default()
@@ -127,11 +132,22 @@ pub struct Placement {
     /// moves of parameter `task_params_pb`. What a volume server's
     /// bandwidth budget counts.
     pub servers: Box<[Arc<str>]>,
+    /// The copy rate it asks for itself, in bytes per second: parameter
+    /// `io_byte_per_second`, when above 0. Under a bandwidth budget it holds
+    /// no more of it than that.
+    pub own_rate: Option<u64>,
 }
 
 impl Placement {
     /// None when the task says nothing of where its work lies.
     pub fn of(labels: &BTreeMap<String, String>, parameters: &str) -> Option<Box<Placement>> {
+        // Parameters are read only when they name what a placement takes.
+        let named = ["estimated_runtime_seconds", "_server", "task_params_pb", RATE];
+        let json = named
+            .iter()
+            .any(|name| parameters.contains(name))
+            .then(|| serde_json::from_str::<serde_json::Value>(parameters).ok())
+            .flatten();
         let text = |key: &str| labels.get(key).filter(|v| !v.is_empty()).map(|v| Box::<str>::from(v.as_str()));
         let placement = Placement {
             lock: labels.get("volume_id").map(|v| format!("volume:{v}").into_boxed_str()),
@@ -141,20 +157,20 @@ impl Placement {
             },
             node: labels.get("node").map(|v| Box::<str>::from(v.as_str())),
             dedupe_key: text("dedupe_key"),
-            estimated_runtime_ms: estimated_runtime_ms(parameters),
-            servers: servers_of(labels, parameters),
+            estimated_runtime_ms: estimated_runtime_ms(json.as_ref()),
+            servers: servers_of(labels, json.as_ref()),
+            own_rate: json.as_ref().and_then(|v| v.get(RATE)?.as_u64()).filter(|rate| *rate > 0),
         };
         (placement != Placement::default()).then(|| Box::new(placement))
     }
 }
 
+/// The parameter of a task's own copy rate (`budget::PARAMETER`).
+const RATE: &str = "io_byte_per_second";
+
 /// Parameter `estimated_runtime_seconds` (a number, or a number as text), in milliseconds.
-fn estimated_runtime_ms(parameters: &str) -> Option<i64> {
-    if !parameters.contains("estimated_runtime_seconds") {
-        return None;
-    }
-    let value: serde_json::Value = serde_json::from_str(parameters).ok()?;
-    let seconds = match value.get("estimated_runtime_seconds")? {
+fn estimated_runtime_ms(parameters: Option<&serde_json::Value>) -> Option<i64> {
+    let seconds = match parameters?.get("estimated_runtime_seconds")? {
         serde_json::Value::Number(n) => n.as_f64()?,
         serde_json::Value::String(s) => s.trim().parse().ok()?,
         _ => return None,
@@ -163,15 +179,14 @@ fn estimated_runtime_ms(parameters: &str) -> Option<i64> {
 }
 
 /// The volume servers a task moves data through (see `Placement::servers`).
-fn servers_of(labels: &BTreeMap<String, String>, parameters: &str) -> Box<[Arc<str>]> {
+fn servers_of(labels: &BTreeMap<String, String>, parameters: Option<&serde_json::Value>) -> Box<[Arc<str>]> {
     let mut servers: Vec<&str> = ["source_node", "target_node", "server"]
         .iter()
         .filter_map(|key| labels.get(*key))
         .map(String::as_str)
         .collect();
     let mut from_parameters: Vec<String> = Vec::new();
-    if parameters.contains("_server") || parameters.contains("task_params_pb") {
-        let value: serde_json::Value = serde_json::from_str(parameters).unwrap_or_default();
+    if let Some(value) = parameters {
         for key in ["source_server", "target_server"] {
             if let Some(server) = value.get(key).and_then(serde_json::Value::as_str) {
                 from_parameters.push(server.to_string());
@@ -369,6 +384,12 @@ mod tests {
         assert_eq!(servers, ["a:8080", "b:8080", "c:8080", "d:8080"]);
         let unreadable = task(&[], r#"{"task_params_pb":{"$bytes":"zz"},"source_server":""}"#);
         assert_eq!(unreadable.placement, None, "nothing readable, no servers");
+        let own = |parameters: &str| task(&[], parameters).own_rate();
+        assert_eq!(
+            [own(r#"{"io_byte_per_second":2000000}"#), own(r#"{"io_byte_per_second":0}"#), own("{}")],
+            [Some(2_000_000), None, None],
+            "a rate of its own, 0 being the server's own"
+        );
     }
 
     #[test]

@@ -207,30 +207,27 @@ impl Core {
         let attempt = leader::assign(job, task.idx.0, handler, running, now, &mut step.batch);
         let spec = &job.spec.tasks[task.idx.index()];
         let attempt_id = AttemptId::new(task, attempt);
-        let parameters = match offer {
-            Some(offer) => {
-                let (parameters, share) = crate::budget::with_share(&spec.parameters, offer);
-                let servers = spec.servers().into();
-                let share = Share { bytes_per_second: share, job_type: spec.job_type.clone(), servers };
-                let stored = serde_json::to_vec(&share).expect("a share serializes");
-                step.batch.settings.push((format!("{SHARE}{attempt_id}"), Some(stored)));
-                self.shares.start(attempt_id, share);
-                parameters
-            }
-            None => spec.parameters.clone(),
-        };
+        // A task that asks for less itself holds only that.
+        let io_byte_per_second = offer.map(|offer| spec.own_rate().map_or(offer, |own| own.min(offer)));
+        if let Some(bytes_per_second) = io_byte_per_second {
+            let share = Share { bytes_per_second, job_type: spec.job_type.clone(), servers: spec.servers().into() };
+            let stored = serde_json::to_vec(&share).expect("a share serializes");
+            step.batch.settings.push((format!("{SHARE}{attempt_id}"), Some(stored)));
+            self.shares.start(attempt_id, share);
+        }
         let assignment = Assignment {
             released_at: self.released_at.remove(&task),
             attempt: attempt_id,
             job_name: job.record.name.clone(),
             task_id: spec.id.clone(),
             job_type: spec.job_type.clone(),
-            parameters,
+            parameters: spec.parameters.clone(),
             labels: spec.labels.clone(),
             priority: spec.priority,
             execution_timeout_seconds: spec.execution_timeout_seconds,
             lent_by: None,
             traceparent: None,
+            io_byte_per_second,
         };
         self.hold(task, attempt, handler, now);
         Take::Assigned(assignment)

@@ -149,6 +149,7 @@ fn lent_from_elsewhere(attempt: AttemptId) -> Assignment {
         released_at: None,
         lent_by: Some(Arc::from("10.0.0.2:19333")),
         traceparent: None,
+        io_byte_per_second: None,
     }
 }
 
@@ -529,14 +530,13 @@ fn budget_of(cluster: u64, minimum: u64) -> Command {
     JobCommand::SetBudget { budget: Some(budget), marks: Default::default() }.into()
 }
 
-/// The attempts a step sends with the share each carries in its parameters.
+/// The attempts a step sends with the share of the budget each carries.
 fn shares_sent(step: &Step) -> Vec<(AttemptId, Option<u64>)> {
     step.actions
         .iter()
         .filter_map(|action| match action {
             Action::Send { order: WorkOrder::Execute(assignment), .. } => {
-                let parameters: serde_json::Value = serde_json::from_str(&assignment.parameters).unwrap();
-                Some((assignment.attempt, parameters[crate::budget::PARAMETER].as_u64()))
+                Some((assignment.attempt, assignment.io_byte_per_second))
             }
             _ => None,
         })

@@ -1,6 +1,6 @@
-//! A budgeted task's share of the bandwidth budget where SeaweedFS's
-//! workers read it: beside the loose parameter `io_byte_per_second` (which
-//! their parameters-only path reads), the `io_byte_per_second` of the
+//! A budgeted task's share of the bandwidth budget where a worker reads it:
+//! the parameter `io_byte_per_second` (which SeaweedFS's parameters-only
+//! path reads too) and, for SeaweedFS's workers, the `io_byte_per_second` of the
 //! balance and EC balance parameters inside `task_params_pb`, which the
 //! worker reads instead whenever the task carries one. A batch of balance
 //! moves applies the rate to each move it runs at once: each gets its part.
@@ -30,16 +30,12 @@ const EC_BALANCE_RATE: u32 = 6;
 /// batch does not say.
 const DEFAULT_CONCURRENT_MOVES: usize = 5;
 
-/// Puts the share the parameters carry into their `task_params_pb`, for
-/// the job types whose parameters have a rate there; leaves everything as
-/// it is otherwise, or when the bytes cannot be read.
-pub(crate) fn apply(job_type: &str, parameters: &mut HashMap<String, ConfigValue>) {
-    let Some(share) = parameters.get(RATE).and_then(|v| match v.kind {
-        Some(Kind::Int64Value(rate)) if rate > 0 => Some(rate.unsigned_abs()),
-        _ => None,
-    }) else {
-        return;
-    };
+/// Puts a task's share into its parameters: as `io_byte_per_second`, and
+/// into their `task_params_pb` for the job types whose parameters have a
+/// rate there (left as it is when the bytes cannot be read).
+pub(crate) fn apply(job_type: &str, share: u64, parameters: &mut HashMap<String, ConfigValue>) {
+    let rate = i64::try_from(share).unwrap_or(i64::MAX);
+    parameters.insert(RATE.to_string(), ConfigValue { kind: Some(Kind::Int64Value(rate)) });
     let Some(Kind::BytesValue(bytes)) = parameters.get_mut(TASK_PARAMS).and_then(|v| v.kind.as_mut()) else {
         return;
     };
@@ -181,12 +177,11 @@ mod tests {
         ConfigValue { kind: Some(Kind::BytesValue(bytes)) }
     }
 
-    fn applied(job_type: &str, params: &TaskParams, share: i64) -> TaskParams {
-        let mut parameters = HashMap::from([
-            (TASK_PARAMS.to_string(), bytes_value(params.encode_to_vec())),
-            (RATE.to_string(), ConfigValue { kind: Some(Kind::Int64Value(share)) }),
-        ]);
-        apply(job_type, &mut parameters);
+    fn applied(job_type: &str, params: &TaskParams, share: u64) -> TaskParams {
+        let mut parameters = HashMap::from([(TASK_PARAMS.to_string(), bytes_value(params.encode_to_vec()))]);
+        apply(job_type, share, &mut parameters);
+        let rate = i64::try_from(share).unwrap();
+        assert_eq!(parameters[RATE], ConfigValue { kind: Some(Kind::Int64Value(rate)) }, "the loose parameter too");
         let Some(Kind::BytesValue(bytes)) = &parameters[TASK_PARAMS].kind else { panic!("bytes") };
         TaskParams::decode(bytes.as_slice()).unwrap()
     }
@@ -253,13 +248,13 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        // Parameters of another kind, another job type, or no share: unchanged.
+        // Parameters of another kind, or another job type: unchanged.
         let mut vacuum = TaskParams { volume_id: 3, ..Default::default() }.encode_to_vec();
         vacuum.extend([0x4a, 0x02, 0x08, 0x01]); // vacuum_params (9) {force_vacuum: true}
         assert_eq!(with_rate("volume_balance", &vacuum, 5), None);
         assert_eq!(with_rate("erasure_coding", &ec.encode_to_vec(), 5), None);
         let mut parameters = HashMap::from([(TASK_PARAMS.to_string(), bytes_value(vacuum.clone()))]);
-        apply("volume_balance", &mut parameters);
+        apply("volume_balance", 5, &mut parameters);
         assert_eq!(parameters[TASK_PARAMS], bytes_value(vacuum));
         assert_eq!(with_rate("volume_balance", &[0xff], 5), None, "unreadable bytes are left as they are");
     }

@@ -590,7 +590,9 @@ impl Session {
             .map(|map| wire::json_to_values(&map))
             .unwrap_or_default();
         // A share of the bandwidth budget, where SeaweedFS's workers read it.
-        crate::server::seaweedfs::rate::apply(&assignment.job_type, &mut parameters);
+        if let Some(rate) = assignment.io_byte_per_second {
+            crate::server::seaweedfs::rate::apply(&assignment.job_type, rate, &mut parameters);
+        }
         let book = self.sessions.policies.for_dispatch(&assignment.job_type);
         ExecuteJobRequest {
             request_id: format!("exec-{job_id}"),
