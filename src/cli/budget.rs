@@ -1,6 +1,8 @@
 //! `jobcenter budget`: show, set or clear the bandwidth budget of the tasks
 //! that move data.
 
+#![allow(clippy::print_stdout)]
+
 use std::process::ExitCode;
 
 use super::client::Connection;

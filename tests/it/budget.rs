@@ -158,10 +158,13 @@ fn a_budget_is_set_shown_kept_across_a_kill_and_cleared_and_bad_ones_are_refused
     assert_eq!(budget(&server)["set"], false, "cleared for good");
 }
 
-/// A job of `n` shell tasks that print the share they were given and wait.
-fn printing_their_share(n: usize, sleep_seconds: u32) -> String {
-    let tasks: Vec<Value> = (0..n)
-        .map(|i| {
+/// A job of shell tasks that print the share they were given and wait,
+/// task `t<i>` for `sleeps[i]` seconds.
+fn printing_their_share(sleeps: &[u32]) -> String {
+    let tasks: Vec<Value> = sleeps
+        .iter()
+        .enumerate()
+        .map(|(i, sleep_seconds)| {
             json!({
                 "id": format!("t{i}"),
                 "job_type": "shell",
@@ -182,9 +185,10 @@ fn a_worker_is_handed_its_share_as_io_byte_per_second_and_the_shares_never_excee
     let (code, _, error) = budget_cli(&server, &["set", "--cluster", "20MB/s", "--minimum", "8MB/s"]);
     assert_eq!(code, 0, "{error}");
 
-    // Three tasks: an even split (6.67 MB/s) is under the minimum, so two
-    // run at 8 MB/s each and the third waits until one ends.
-    let job = server.submit_file(dir.path(), "shares", &printing_their_share(3, 3));
+    // Three tasks: an even split (6.67 MB/s) is under the minimum, so the
+    // first two run at 8 MB/s each and the third waits until one ends (the
+    // first, well before the second).
+    let job = server.submit_file(dir.path(), "shares", &printing_their_share(&[2, 8, 1]));
     let running = wait_until(Duration::from_secs(30), || {
         let now = budget(&server);
         (now["shares"].as_array().unwrap().len() == 2).then_some(now)
