@@ -3,7 +3,9 @@
 //! minimum share refused with one line and nothing stored; every change
 //! and refusal in the audit trail; a worker handed its share as
 //! `io_byte_per_second` while the shares of what runs never exceed the
-//! budget; and on a real SeaweedFS cluster, two volume moves by a real
+//! budget; on one PostgreSQL database, a budget set through one instance
+//! applied by the other, and the shares of both instances' tasks together
+//! within it; and on a real SeaweedFS cluster, two volume moves by a real
 //! `weed worker` under a 20 MB/s budget copying no faster than it allows,
 //! as the target volume servers' disks show, and the same moves without a
 //! budget copying far faster.
@@ -475,4 +477,99 @@ fn two_balance_moves_under_a_20_mb_s_budget_copy_no_faster_than_it_allows_and_ru
         "without the budget the same moves copy far faster: {free_span:.2} s against {held_span:.2} s"
     );
     assert!(free_bytes / free_span > 3.0 * BUDGET, "{:.1} MB/s without a budget", free_bytes / free_span / 1e6);
+}
+
+/// An admin of a cluster on `url`: beats every second, dead after 4 s of silence.
+fn cluster_instance(dir: &Path, name: &str, url: &str) -> Server {
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
+    let args = ["--database-url", url, "--grpc", &grpc, "--cluster-heartbeat", "1s", "--lag-threshold", "4s"];
+    Server::start_on(&dir.join(name), &http, &args)
+}
+
+/// The most executions running at once in a workers' log
+/// (`JOB TASK ATTEMPT start|...`, in the order they happened), and how many started.
+fn most_at_once(log: &Path) -> (i32, usize) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let (mut running, mut most, mut starts) = (0i32, 0i32, 0);
+    for line in text.lines() {
+        match line.split_whitespace().nth(3) {
+            Some("start") => {
+                running += 1;
+                starts += 1;
+            }
+            Some(_) => running -= 1,
+            None => {}
+        }
+        most = most.max(running);
+    }
+    (most, starts)
+}
+
+#[test]
+fn a_budget_set_through_one_instance_holds_across_the_instances_of_one_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = crate::support::postgres::shared().new_database();
+    let url = crate::support::postgres::shared().url(&database);
+    let servers: Vec<Server> = ["a", "b"].iter().map(|n| cluster_instance(dir.path(), n, &url)).collect();
+    let log = dir.path().join("exec.log");
+    let _workers: Vec<Process> = servers
+        .iter()
+        .enumerate()
+        .map(|(n, s)| start_worker(s, &format!("w{n}"), &["--max-execute", "4"], Some(&log)))
+        .collect();
+    for server in &servers {
+        server.wait_for_workers(1);
+    }
+
+    // Set through a; b reads it from the database at its next heartbeat.
+    assert!(servers[0].cli(&["policy", "set", "shell", "uses_bandwidth_budget=1"]).status.success());
+    let (code, _, error) = budget_cli(&servers[0], &["set", "--cluster", "20MB/s", "--minimum", "5MB/s"]);
+    assert_eq!(code, 0, "{error}");
+    let seen = wait_until(Duration::from_secs(10), || {
+        let there = budget(&servers[1]);
+        (there["cluster_bytes_per_second"] == 20_000_000 && there["job_types"].to_string().contains("shell"))
+            .then_some(there)
+    });
+    assert!(seen.is_some(), "b does not apply the budget: {}", budget(&servers[1]));
+
+    // Four tasks submitted to each: 20 MB/s at 5 MB/s at least is four at
+    // once over the cluster, each instance handing out the part it holds.
+    let mut jobs = Vec::new();
+    for (n, server) in servers.iter().enumerate() {
+        jobs.push(server.submit_file(dir.path(), &format!("moves-{n}"), &printing_their_share(&[3, 3, 3, 3])));
+    }
+    let mut most_used = 0;
+    let mut shares_seen = 0;
+    let ended = wait_until(Duration::from_secs(90), || {
+        // Every instance shows every share: each reads them from the database.
+        for server in &servers {
+            let now = budget(server);
+            most_used = most_used.max(now["used_bytes_per_second"].as_u64().unwrap());
+            shares_seen = shares_seen.max(now["shares"].as_array().unwrap().len());
+        }
+        let state = |(id, server): (&String, &Server)| server.cli_json(&["job", id, "--json"])["state"].clone();
+        let states: Vec<Value> = jobs.iter().zip(&servers).map(state).collect();
+        states.iter().all(|s| ["succeeded", "failed", "canceled"].iter().any(|end| s == end)).then_some(states)
+    })
+    .expect("the jobs end");
+    assert_eq!(ended, [json!("succeeded"), json!("succeeded")]);
+    let (most, starts) = most_at_once(&log);
+    eprintln!("most used {most_used} B/s, {shares_seen} shares seen at once, {most} tasks at once of {starts}");
+    assert_eq!(starts, 8, "each task ran once");
+    assert!(most_used <= 20_000_000, "the shares of both instances' tasks came to {most_used} B/s, past the budget");
+    assert!(most <= 4, "{most} budgeted tasks ran at once, more than 20 MB/s holds at 5 MB/s each");
+    assert!(shares_seen >= 2, "the shares were shown while the tasks ran");
+    for (id, server) in jobs.iter().zip(&servers) {
+        let job = server.cli_json(&["job", id, "--json"]);
+        for task in job["tasks"].as_array().unwrap() {
+            let rate: u64 = task["output"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find_map(|l| l.as_str()?.strip_prefix("rate=")?.parse().ok())
+                .unwrap();
+            assert!((5_000_000..=20_000_000).contains(&rate), "a share of {rate}: {task}");
+        }
+    }
 }
