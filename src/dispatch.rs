@@ -42,6 +42,10 @@ pub struct Assignment {
     /// The W3C `traceparent` of the attempt's span, when traces are
     /// exported: set by the committer as the order leaves.
     pub traceparent: Option<Box<str>>,
+    /// Its share of the bandwidth budget, in bytes per second, when its job
+    /// type shares one: its handler gets it as the parameter
+    /// `io_byte_per_second` (`budget::PARAMETER`).
+    pub io_byte_per_second: Option<u64>,
 }
 
 pub type Sink = UnboundedSender<WorkOrder>;
@@ -206,6 +210,8 @@ fn level(priority: Priority) -> i64 {
 pub struct Demand {
     pub types: Vec<TypeDemand>,
     pub resources: std::collections::BTreeMap<String, bool>,
+    /// What it asks of the bandwidth budget's permits.
+    pub(crate) budget: Vec<crate::budget::Ask>,
 }
 
 /// A job type's global limit, its tasks queued and its attempts running.
@@ -678,6 +684,11 @@ impl Dispatch {
         for seq in seqs {
             self.delayed_meta.remove(&seq);
         }
+    }
+
+    /// Tasks of a job type in its queue now (not those waiting for a backoff).
+    pub fn queued_of(&self, job_type: &str) -> u32 {
+        self.queues.get(job_type).map_or(0, |q| u32::try_from(q.len()).unwrap_or(u32::MAX))
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod active;
 pub(crate) mod backoff;
+pub(crate) mod budget;
 pub mod cli;
 pub mod clock;
 pub(crate) mod crash;

@@ -41,6 +41,9 @@ pub(crate) struct Policy {
     pub on_window_close: OnClose,
     /// How long a drain waits before it cancels; 0: without bound.
     pub window_grace_seconds: u32,
+    /// 1: its tasks share the bandwidth budget (by default those of
+    /// `budget::DEFAULT_TYPES`); 0: they do not.
+    pub uses_bandwidth_budget: u32,
 }
 
 /// The detection interval of a job type whose descriptor names none.
@@ -73,12 +76,13 @@ impl Default for Policy {
             blackouts: windows::NONE.to_string(),
             on_window_close: OnClose::Drain,
             window_grace_seconds: 1800,
+            uses_bandwidth_budget: 0,
         }
     }
 }
 
 /// Names of the settings, as `jobcenter policy set` takes them.
-pub(crate) const SETTINGS: [&str; 13] = [
+pub(crate) const SETTINGS: [&str; 14] = [
     "detection_interval_seconds",
     "detection_timeout_seconds",
     "max_jobs_per_detection",
@@ -92,6 +96,7 @@ pub(crate) const SETTINGS: [&str; 13] = [
     "rate_per_minute",
     "rate_burst",
     "window_grace_seconds",
+    "uses_bandwidth_budget",
 ];
 
 /// Names of the settings that take words rather than a number, each read
@@ -163,6 +168,7 @@ impl Policy {
             "rate_per_minute" => &mut self.rate_per_minute,
             "rate_burst" => &mut self.rate_burst,
             "window_grace_seconds" => &mut self.window_grace_seconds,
+            "uses_bandwidth_budget" => &mut self.uses_bandwidth_budget,
             _ => return None,
         })
     }
@@ -212,6 +218,7 @@ impl Policy {
     ) -> (Policy, BTreeMap<String, Source>) {
         let mut policy = builtin.unwrap_or_default();
         policy.detection_interval_seconds = default_detection_interval(job_type);
+        policy.uses_bandwidth_budget = u32::from(crate::budget::DEFAULT_TYPES.contains(&job_type));
         let mut sources: BTreeMap<String, Source> =
             SETTINGS.iter().chain(&TEXT_SETTINGS).map(|s| (s.to_string(), Source::Default)).collect();
         if let Some(d) = descriptor {
@@ -325,6 +332,9 @@ pub(crate) fn apply_changes(overrides: &Overrides, changes: &BTreeMap<String, St
         if must_be_positive && number == 0 {
             return Err(Error::Zero { name: name.clone() });
         }
+        if name == "uses_bandwidth_budget" && number > 1 {
+            return Err(Error::Refused { name: name.clone(), rule: format!("must be 0 or 1, not {number}") });
+        }
         out.insert(name.clone(), Value::Number(number));
     }
     Ok(out)
@@ -388,6 +398,17 @@ mod tests {
         assert_eq!(policy.retry_backoff_seconds, 5, "a 0 in a descriptor means unset");
         assert_eq!(sources["retry_backoff_seconds"], Source::Default);
         assert_eq!(policy.job_type_max_runtime_seconds, 1800);
+        let marked = Overrides::from([("uses_bandwidth_budget".to_string(), 1.into())]);
+        let budgeted = |job_type, overrides| Policy::resolve(job_type, None, None, overrides).0.uses_bandwidth_budget;
+        assert_eq!(
+            [
+                budgeted("volume_balance", &Overrides::new()),
+                budgeted("vacuum", &Overrides::new()),
+                budgeted("rsync", &marked)
+            ],
+            [1, 0, 1],
+            "the types that move data share the budget by default; a policy marks others"
+        );
     }
 
     #[test]
@@ -405,6 +426,11 @@ mod tests {
         assert!(matches!(apply_changes(&base, &zero), Err(Error::Zero { .. })));
         let words = BTreeMap::from([("priority".to_string(), " high ".to_string())]);
         assert_eq!(apply_changes(&base, &words).unwrap()["priority"], Value::Text("high".into()));
+        let marked = BTreeMap::from([("uses_bandwidth_budget".to_string(), "2".to_string())]);
+        assert_eq!(
+            apply_changes(&base, &marked).unwrap_err().to_string(),
+            "policy setting uses_bandwidth_budget: must be 0 or 1, not 2"
+        );
         let wrong = BTreeMap::from([("priority".to_string(), "urgent".to_string())]);
         assert_eq!(
             apply_changes(&base, &wrong).unwrap_err().to_string(),

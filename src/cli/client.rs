@@ -584,6 +584,9 @@ pub(super) async fn capacity(args: CapacityArgs) -> anyhow::Result<ExitCode> {
             println!("{:<24}    {work}", "");
         }
     }
+    if let Some(budget) = &capacity.budget {
+        print!("\n{}", super::budget::lines(budget));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -692,6 +695,7 @@ pub(super) async fn policy(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         ("rate_per_minute", policy.rate_per_minute),
         ("rate_burst", policy.rate_burst),
         ("window_grace_seconds", policy.window_grace_seconds),
+        ("uses_bandwidth_budget", policy.uses_bandwidth_budget),
     ]);
     println!("policy of {}", policy.job_type);
     for (name, value) in values {

@@ -141,6 +141,12 @@ pub(super) enum JobCommand {
         job_type: Arc<str>,
         window: Option<Arc<crate::windows::Window>>,
     },
+    /// The bandwidth budget (or none) and the job types whose policy says
+    /// whether they share it.
+    SetBudget {
+        budget: Option<crate::budget::Budget>,
+        marks: HashMap<Arc<str>, bool>,
+    },
 }
 
 /// What a handler reports of an attempt it holds: started, progress, its outcome, or that it gave it up.
@@ -256,6 +262,11 @@ pub(super) enum ClusterCommand {
     /// The database's clock is this far ahead of the engine's (ms), as a
     /// heartbeat measured it: windows follow the database's clock.
     DatabaseTime { offset_ms: i64 },
+    /// The slots of the bandwidth budget's permits this instance holds.
+    SetBudgetPermits { held: crate::budget::Held },
+    /// The shares the store keeps (`SHARE`), read before jobs are adopted:
+    /// an adopted attempt counts the share its worker was given.
+    KeepShares { shares: Vec<(String, Vec<u8>)> },
 }
 
 /// Reads: each is answered from memory once the step it sees is durable, and changes nothing but who waits.
@@ -305,6 +316,11 @@ pub(super) const COOLING: &str = "cooling/";
 pub(super) const HANDLER_NAME: &str = "handler/";
 /// The prefix of the settings that keep the priorities operators gave running jobs.
 pub(super) const PRIORITY_PREFIX: &str = "job-priority/";
+/// The share of the bandwidth budget each running budgeted attempt was
+/// given (`share/<attempt>`: a `budget::Share` as JSON), kept so that a
+/// restart or another instance counts what its workers were told, and that
+/// every instance shows every share.
+pub(crate) const SHARE: &str = "share/";
 
 /// An attempt that ended because its worker came back without it.
 #[derive(Clone, Debug)]
@@ -392,6 +408,11 @@ pub(super) struct Core {
     priorities: HashMap<JobId, crate::model::Priority>,
     /// The maintenance windows of the job types that have some.
     windows: windows::Windows,
+    /// The bandwidth budget and the shares of the budgeted attempts held here.
+    shares: crate::budget::Shares,
+    /// The shares the store kept of attempts held before a restart, until
+    /// their attempts are restored.
+    kept_shares: HashMap<AttemptId, crate::budget::Share>,
 }
 
 impl Core {
@@ -416,6 +437,8 @@ impl Core {
             removing: HashMap::new(),
             priorities: HashMap::new(),
             windows,
+            shares: crate::budget::Shares::default(),
+            kept_shares: HashMap::new(),
         }
     }
 

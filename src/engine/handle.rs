@@ -302,6 +302,16 @@ impl EngineHandle {
         self.send(ClusterCommand::DatabaseTime { offset_ms }.into()).await
     }
 
+    /// The bandwidth budget (or none), and the job types whose policy says
+    /// whether they share it.
+    pub(crate) async fn set_budget(
+        &self,
+        budget: Option<crate::budget::Budget>,
+        marks: std::collections::HashMap<Arc<str>, bool>,
+    ) -> Result<(), Error> {
+        self.send(JobCommand::SetBudget { budget, marks }.into()).await
+    }
+
     /// The active jobs and the handlers that are connected (or whose
     /// attempts still wait for them), for the recovery rules.
     pub async fn recovery_snapshot(&self) -> Result<(Vec<recovery::JobSnapshot>, Vec<HandlerId>), Error> {
@@ -487,6 +497,17 @@ impl EngineHandle {
         resources: std::collections::HashSet<String>,
     ) -> Result<(), Error> {
         self.send(ClusterCommand::SetPermits { permits, resources }.into()).await
+    }
+
+    /// In a cluster: the slots of the bandwidth budget's permits this instance holds.
+    pub(crate) async fn set_budget_permits(&self, held: crate::budget::Held) -> Result<(), Error> {
+        self.send(ClusterCommand::SetBudgetPermits { held }.into()).await
+    }
+
+    /// The shares of the bandwidth budget the store keeps (settings under
+    /// `SHARE_SETTINGS`), read before jobs are adopted.
+    pub async fn keep_shares(&self, shares: Vec<(String, Vec<u8>)>) -> Result<(), Error> {
+        self.send(ClusterCommand::KeepShares { shares }.into()).await
     }
 
     /// The handlers connected to the other live instances.

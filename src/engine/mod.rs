@@ -31,6 +31,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::committer::{CommitObserver, Endings};
 pub use self::core::Returned;
+/// The settings that keep each running budgeted attempt's share of the bandwidth budget.
+pub(crate) use self::core::SHARE as SHARE_SETTINGS;
 pub use self::handle::{Answer, EngineHandle, Reconciled};
 use crate::clock::{Clock, Timestamp};
 use crate::model::{HandlerId, JobId, JobRecord, JobState, StateCounts, TaskState};
@@ -206,7 +208,7 @@ impl Engine {
     /// Loads every active job, makes start-up repairs durable, then runs the
     /// loop and the committer until every handle is dropped.
     pub async fn start(store: Arc<dyn Store>, clock: Arc<dyn Clock>, options: Options) -> Result<EngineHandle, Error> {
-        let (loaded, cooling, names, priorities) = {
+        let (loaded, cooling, names, priorities, shares) = {
             let store = store.clone();
             tokio::task::spawn_blocking(move || -> Result<_, store::Error> {
                 Ok((
@@ -214,6 +216,7 @@ impl Engine {
                     store.settings(core::COOLING)?,
                     store.settings(core::HANDLER_NAME)?,
                     store.settings(core::PRIORITY_PREFIX)?,
+                    store.settings(core::SHARE)?,
                 ))
             })
             .await
@@ -223,7 +226,7 @@ impl Engine {
         let fate = options.fate.clone();
         let traces = options.traces;
         let mut core = core::Core::new(options, events.clone());
-        core.remember(cooling, names);
+        core.remember(cooling, names, shares);
         core.remember_priorities(priorities);
         let mut step = core::Step::default();
         core.restore(loaded, clock.now(), &mut step);

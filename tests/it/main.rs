@@ -13,6 +13,7 @@ mod admin_restart;
 mod alerts;
 mod audit;
 mod backup;
+mod budget;
 mod clock_jumps;
 mod cluster;
 mod cluster_kill;

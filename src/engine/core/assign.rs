@@ -7,14 +7,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::super::attempts::{Deadline, Held};
-use super::{Core, Step};
+use super::{Core, Step, SHARE};
 use crate::active::ActiveJob;
+use crate::budget::Share;
 use crate::clock::Timestamp;
 use crate::dispatch::{Assignment, FreeSlots, Place, Queued, WorkOrder};
 use crate::leader;
 use crate::model::{AttemptId, HandlerId, JobId, Phase, TaskIdx, TaskRef};
 
 /// What taking the next queued task of a type came to.
+// Moved once, from `take_one` to its caller: boxing the assignment would
+// allocate once more for every task dispatched.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Take {
     /// Nothing is queued.
     Empty,
@@ -45,7 +49,50 @@ impl Core {
                 }
             }
         }
-        crate::dispatch::Demand { types: self.dispatch.demand(), resources }
+        let budget = self.budget_asks();
+        crate::dispatch::Demand { types: self.dispatch.demand(), resources, budget }
+    }
+
+    /// What this instance asks of the bandwidth budget's permits: the
+    /// cluster's while budgeted tasks wait or run here, and each volume
+    /// server's that a waiting budgeted task moves data through.
+    fn budget_asks(&self) -> Vec<crate::budget::Ask> {
+        if self.shares.budget().is_none() {
+            return Vec::new();
+        }
+        let mut servers: Vec<Arc<str>> = Vec::new();
+        let mut waiting = false;
+        for job in self.jobs.values() {
+            for (spec, record) in job.spec.tasks.iter().zip(&job.tasks) {
+                if matches!(record.phase, Phase::Ready { .. }) && self.shares.applies_to(&spec.job_type) {
+                    waiting = true;
+                    servers.extend(spec.servers().iter().cloned());
+                }
+            }
+        }
+        servers.sort();
+        servers.dedup();
+        self.shares.asks(waiting, &servers)
+    }
+
+    /// Budgeted tasks that want a share now: those running, this one, and
+    /// those queued that their type's global limit lets start.
+    fn budget_wanting(&self, this_type: &str) -> u32 {
+        let mut wanting = u32::try_from(self.shares.running()).unwrap_or(u32::MAX).saturating_add(1);
+        for job_type in self.dispatch.queued_types() {
+            if !self.shares.applies_to(&job_type) {
+                continue;
+            }
+            let running = self.dispatch.running(&job_type) + u32::from(*job_type == *this_type);
+            let room = self.dispatch.limits(&job_type).map_or(u32::MAX, |l| l.global.saturating_sub(running));
+            wanting = wanting.saturating_add(self.dispatch.queued_of(&job_type).min(room));
+        }
+        wanting
+    }
+
+    /// Whether no task of the type may start for want of budget.
+    fn out_of_budget(&self, job_type: &str) -> bool {
+        self.shares.applies_to(job_type) && self.shares.exhausted()
     }
 
     pub(super) fn queue_ready(&mut self, job: JobId, ready: &[u32], now: Timestamp) {
@@ -102,6 +149,10 @@ impl Core {
         let mut blocked: Vec<(Arc<str>, Queued)> = Vec::new();
         while let Some(i) = self.dispatch.first_of(&mut types) {
             let job_type = types[i].clone();
+            if self.out_of_budget(&job_type) {
+                types.swap_remove(i);
+                continue;
+            }
             let jobs = &self.jobs;
             let near = || self.dispatch.peek(&job_type).map_or_else(Place::default, |t| place_of(jobs, t));
             let Some(handler) = self.dispatch.pick_handler(&job_type, near, now) else {
@@ -152,12 +203,32 @@ impl Core {
             self.dispatch.push_ready(spec.job_type.clone(), queued.priority, task, not_before, now);
             return Take::Skipped;
         }
+        // A task that shares the bandwidth budget starts only with its share.
+        let offer = match self.shares.applies_to(&spec.job_type) {
+            true => match self.shares.offer(spec.servers(), self.budget_wanting(job_type)) {
+                Some(share) => Some(share),
+                None => {
+                    blocked.push((job_type.clone(), queued));
+                    return Take::Skipped;
+                }
+            },
+            false => None,
+        };
         let Some(job) = self.jobs.get_mut(&task.job) else { return Take::Skipped };
         let attempt = leader::assign(job, task.idx.0, handler, running, now, &mut step.batch);
         let spec = &job.spec.tasks[task.idx.index()];
+        let attempt_id = AttemptId::new(task, attempt);
+        // A task that asks for less itself holds only that.
+        let io_byte_per_second = offer.map(|offer| spec.own_rate().map_or(offer, |own| own.min(offer)));
+        if let Some(bytes_per_second) = io_byte_per_second {
+            let share = Share { bytes_per_second, job_type: spec.job_type.clone(), servers: spec.servers().into() };
+            let stored = serde_json::to_vec(&share).expect("a share serializes");
+            step.batch.settings.push((format!("{SHARE}{attempt_id}"), Some(stored)));
+            self.shares.start(attempt_id, share);
+        }
         let assignment = Assignment {
             released_at: self.released_at.remove(&task),
-            attempt: AttemptId::new(task, attempt),
+            attempt: attempt_id,
             job_name: job.record.name.clone(),
             task_id: spec.id.clone(),
             job_type: spec.job_type.clone(),
@@ -167,6 +238,7 @@ impl Core {
             execution_timeout_seconds: spec.execution_timeout_seconds,
             lent_by: None,
             traceparent: None,
+            io_byte_per_second,
         };
         self.hold(task, attempt, handler, now);
         self.dispatch.started(job_type, now);
@@ -189,7 +261,7 @@ impl Core {
             for (job_type, free) in offer.job_types {
                 let mut free = free.min(left);
                 let mut blocked = Vec::new();
-                while free > 0 && self.dispatch.may_run(&job_type, now) {
+                while free > 0 && self.dispatch.may_run(&job_type, now) && !self.out_of_budget(&job_type) {
                     match self.take_one(&job_type, offer.handler, false, now, step, &mut blocked) {
                         Take::Empty => break,
                         Take::Skipped => {}

@@ -108,6 +108,8 @@ impl Core {
                 self.peer_handlers = handlers;
             }
             ClusterCommand::DatabaseTime { offset_ms } => self.set_database_clock(offset_ms, now),
+            ClusterCommand::SetBudgetPermits { held } => self.shares.set_held(held),
+            ClusterCommand::KeepShares { shares } => self.remember(Vec::new(), Vec::new(), shares),
         }
     }
 }

@@ -107,6 +107,7 @@ impl Core {
                 step.reply(reply, applied);
             }
             JobCommand::SetWindow { job_type, window } => self.set_window(job_type, window, now),
+            JobCommand::SetBudget { budget, marks } => self.shares.set(budget, marks),
         }
     }
 }

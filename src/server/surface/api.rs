@@ -639,7 +639,65 @@ impl Api {
             changes,
             error: error.unwrap_or_default(),
             volume_size_limit_bytes: topology.volume_size_limit,
+            budget: Some(self.budget().await?),
         })
+    }
+
+    /// The bandwidth budget and every running budgeted task's share, as
+    /// the store keeps them (in a cluster, every instance's).
+    pub(crate) async fn budget(&self) -> Result<api::Budget, Error> {
+        let job_types = self.policies.budgeted_types();
+        let Some(budget) = self.policies.budget() else {
+            return Ok(api::Budget { job_types, ..api::Budget::default() });
+        };
+        let store = self.engine.store().clone();
+        let stored = tokio::task::spawn_blocking(move || store.settings(engine::SHARE_SETTINGS))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?
+            .map_err(store_error)?;
+        let shares = stored
+            .into_iter()
+            .filter_map(|(key, bytes)| {
+                Some((key.strip_prefix(engine::SHARE_SETTINGS)?.to_string(), serde_json::from_slice(&bytes).ok()?))
+            })
+            .collect();
+        Ok(convert::budget(&crate::budget::View::of(budget, shares), job_types))
+    }
+
+    /// Sets, changes or clears the bandwidth budget for `who`; the change
+    /// and its audit record are one step, and a refused one stores nothing.
+    pub(crate) async fn set_budget(&self, who: &Who, request: &api::SetBudgetRequest) -> Result<api::Budget, Error> {
+        let given = [("cluster", &request.cluster), ("per_server", &request.per_server), ("minimum", &request.minimum)];
+        let mut record = self.trail.begin(who, "budget.set", "bandwidth");
+        for (name, value) in given.iter().filter(|(_, v)| !v.trim().is_empty()) {
+            record = record.arg(name, value.trim());
+        }
+        if request.clear {
+            record = record.arg("clear", "true");
+        }
+        let result = self.change_budget(record.clone(), request).await;
+        self.trail.refused(record, &result).await;
+        result
+    }
+
+    async fn change_budget(&self, record: Record, request: &api::SetBudgetRequest) -> Result<api::Budget, Error> {
+        let budget = if request.clear {
+            if [&request.cluster, &request.per_server, &request.minimum].iter().any(|v| !v.trim().is_empty()) {
+                return Err(Error::Invalid("budget clear: takes no rates (give either clear or the rates)".into()));
+            }
+            None
+        } else {
+            let change = crate::budget::Change {
+                cluster: &request.cluster,
+                per_server: &request.per_server,
+                minimum: &request.minimum,
+            };
+            let budget = crate::budget::Budget::changed(self.policies.budget(), &change);
+            Some(budget.map_err(|e| Error::Invalid(e.to_string()))?)
+        };
+        self.policies.set_budget(budget, Some(record.entry())).await?;
+        tracing::info!(?budget, "bandwidth budget set over the API");
+        self.budget().await
     }
 
     pub(crate) fn runs(&self, job_type: &str) -> api::RunHistory {
@@ -1079,6 +1137,15 @@ impl JobService for JobServiceImpl {
         _request: Request<api::ListWindowsRequest>,
     ) -> Result<Response<api::ListWindowsResponse>, Status> {
         Ok(Response::new(self.api.windows()))
+    }
+
+    async fn get_budget(&self, _request: Request<api::GetBudgetRequest>) -> Result<Response<api::Budget>, Status> {
+        Ok(Response::new(self.api.budget().await?))
+    }
+
+    async fn set_budget(&self, request: Request<api::SetBudgetRequest>) -> Result<Response<api::Budget>, Status> {
+        let who = who(&request);
+        Ok(Response::new(self.api.set_budget(&who, request.get_ref()).await?))
     }
 }
 

@@ -119,6 +119,7 @@ pub(crate) fn policy(job_type: &str, policy: &Policy, sources: &BTreeMap<String,
         rate_burst: policy.rate_burst,
         sources: sources.iter().map(|(k, v)| (k.clone(), v.as_str().to_string())).collect(),
         window_grace_seconds: policy.window_grace_seconds,
+        uses_bandwidth_budget: policy.uses_bandwidth_budget,
     }
 }
 
@@ -160,5 +161,33 @@ pub(crate) fn audit_record(record: crate::model::audit::Record) -> api::AuditRec
         target: record.target,
         args: record.args.into_iter().collect(),
         outcome: record.outcome,
+    }
+}
+
+/// The bandwidth budget as the API shows it.
+pub(crate) fn budget(view: &crate::budget::View, job_types: Vec<String>) -> api::Budget {
+    api::Budget {
+        set: true,
+        cluster_bytes_per_second: view.budget.cluster,
+        per_server_bytes_per_second: view.budget.per_server.unwrap_or(0),
+        minimum_bytes_per_second: view.budget.minimum,
+        used_bytes_per_second: view.used,
+        free_bytes_per_second: view.free(),
+        shares: view
+            .shares
+            .iter()
+            .map(|(attempt, share)| api::BudgetShare {
+                attempt: attempt.clone(),
+                job_type: share.job_type.to_string(),
+                bytes_per_second: share.bytes_per_second,
+                servers: share.servers.iter().map(|s| s.to_string()).collect(),
+            })
+            .collect(),
+        servers: view
+            .servers
+            .iter()
+            .map(|(server, used)| api::ServerBudget { server: server.to_string(), used_bytes_per_second: *used })
+            .collect(),
+        job_types,
     }
 }

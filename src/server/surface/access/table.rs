@@ -83,6 +83,8 @@ pub const HTTP: &[(&str, &str, Need)] = &[
     ("GET", "/api/notifications", VIEWER),
     ("GET", "/metrics", VIEWER),
     ("GET", "/api/windows", VIEWER),
+    ("GET", "/api/budget", VIEWER),
+    ("PUT", "/api/budget", OPERATOR),
 ];
 
 /// Every gRPC method: its path (`/package.Service/Method`), need.
@@ -119,6 +121,8 @@ pub const GRPC: &[(&str, Need)] = &[
     ("/jobcenter.peer.v1.PeerService/Knows", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/DedupeKeys", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/Vouch", INSTANCE),
+    ("/jobcenter.v1.JobService/GetBudget", VIEWER),
+    ("/jobcenter.v1.JobService/SetBudget", OPERATOR),
 ];
 
 /// What an HTTP route needs (`HEAD` as `GET`); admin for a route without a row.
