@@ -157,10 +157,11 @@ impl Budget {
         }
     }
 
-    /// How many tasks at the minimum share `rate` holds: the slots of its
-    /// permit in a cluster, each worth `rate / units`.
+    /// How many tasks at the minimum share `rate` holds, at most
+    /// `MAX_UNITS`: the slots of its permit in a cluster, each worth
+    /// `rate / units`, so never less than the minimum.
     pub(crate) fn units(&self, rate: u64) -> u32 {
-        u32::try_from(rate / self.minimum.max(1)).unwrap_or(u32::MAX).max(1)
+        u32::try_from(rate / self.minimum.max(1)).unwrap_or(u32::MAX).clamp(1, MAX_UNITS)
     }
 }
 
@@ -181,6 +182,9 @@ pub(crate) struct Held {
     pub(crate) cluster: u32,
     pub(crate) servers: BTreeMap<Arc<str>, u32>,
 }
+
+/// The most slots a budget's permit has (each a row of the permits table).
+const MAX_UNITS: u32 = 256;
 
 /// The permit key of the cluster's budget, and the prefix of a volume server's.
 pub(crate) const CLUSTER_KEY: &str = "budget:cluster";
@@ -528,5 +532,12 @@ mod tests {
         );
         shares.set_held(Held { cluster: 10, servers: BTreeMap::new() });
         assert_eq!(shares.offer(&[], 1), Some(17 * MB), "every slot held: the whole budget");
+        // A tiny minimum makes no more slots than the permits table should hold.
+        let fine = Budget { cluster: 20 * MB, per_server: None, minimum: 1 };
+        assert_eq!(fine.units(fine.cluster), MAX_UNITS);
+        assert!(
+            fine.cluster / u64::from(fine.units(fine.cluster)) >= fine.minimum,
+            "a slot is worth the minimum at least"
+        );
     }
 }

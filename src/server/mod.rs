@@ -202,6 +202,8 @@ pub async fn run(
         // Nothing of a limited type, and nothing on a volume, runs here
         // before the permits duty holds its first permits.
         engine.set_permits(Default::default(), Default::default()).await?;
+        // Nor anything that shares the bandwidth budget.
+        engine.set_budget_permits(Default::default()).await?;
     }
     for _ in 0..options.local_workers {
         let handlers = HandlerRegistry::new(builtin_handlers());
