@@ -590,3 +590,23 @@ fn in_a_cluster_windows_wait_for_the_database_clock_and_follow_it() {
     assert_eq!(core.next_wake(), Some(at(10_800)), "13:00 on the database's clock");
     assert_eq!(sent(&core.turn([], at(10_800))), [attempt(id, 0, 1)]);
 }
+
+#[test]
+fn an_attempt_adopted_while_its_window_is_closed_drains_and_is_canceled() {
+    let (mut core, handler, _orders) = core_with_a_handler();
+    core.turn([noop_window("Thu 11:00-12:00 UTC", crate::windows::OnClose::Drain, 60)], T0);
+    let spec = spec(1);
+    let mut stored = StoredJob { record: record(&spec, JobState::Running), spec: spec.clone(), tasks: Vec::new() };
+    let id = stored.record.id;
+    let mut running = TaskRecord::initial(true, at(0));
+    running.set_phase(Phase::Held(Hold { handler, assigned_at: at(0), started_at: Some(at(0)) }), at(0));
+    running.attempt = 1;
+    stored.tasks = vec![running];
+    let (reply, _answer) = oneshot::channel();
+    let step = core.turn([ClusterCommand::Adopt { jobs: vec![stored], reply }.into()], at(10));
+    assert!(canceled(&step).is_empty(), "it drains first");
+    assert_eq!(core.next_wake(), Some(at(60)), "until the grace's end, counted from the close");
+    let step = core.turn([], at(60));
+    assert_eq!(canceled(&step), [attempt(id, 0, 1)]);
+    assert_eq!(written(&step, id), [(0, TaskState::Ready, 1)]);
+}
