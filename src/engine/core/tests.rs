@@ -610,3 +610,16 @@ fn an_attempt_adopted_while_its_window_is_closed_drains_and_is_canceled() {
     assert_eq!(canceled(&step), [attempt(id, 0, 1)]);
     assert_eq!(written(&step, id), [(0, TaskState::Ready, 1)]);
 }
+
+#[test]
+fn a_drain_without_bound_lets_what_runs_end_on_its_own() {
+    let (mut core, handler, _orders) = core_with_a_handler();
+    core.turn([noop_window("Thu 11:00-12:30 UTC", crate::windows::OnClose::Drain, 0)], T0);
+    let (id, _) = submit(&mut core, independent(1), at(1));
+    let step = core.turn([], at(1800));
+    assert!(canceled(&step).is_empty());
+    assert_eq!(core.next_wake(), Some(at(7 * 86_400 - 3600)), "nothing to wake for before the next window");
+    assert!(canceled(&core.turn([], at(86_400))).is_empty());
+    let done = core.turn([complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() })], at(86_401));
+    assert_eq!(written(&done, id), [(0, TaskState::Succeeded, 1)]);
+}
