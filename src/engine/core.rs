@@ -246,7 +246,7 @@ pub(super) enum ClusterCommand {
     PeerHandlers { handlers: HashSet<HandlerId> },
     /// The database's clock is this far ahead of the engine's (ms), as a
     /// heartbeat measured it: windows follow the database's clock.
-    DatabaseOffset { offset_ms: i64 },
+    DatabaseTime { offset_ms: i64 },
 }
 
 /// Reads: each is answered from memory once the step it sees is durable, and changes nothing but who waits.

@@ -276,7 +276,7 @@ impl EngineHandle {
     /// The database's clock is `offset_ms` ahead of this machine's: the
     /// maintenance windows follow it.
     pub(crate) async fn database_clock(&self, offset_ms: i64) -> Result<(), Error> {
-        self.send(ClusterCommand::DatabaseOffset { offset_ms }.into()).await
+        self.send(ClusterCommand::DatabaseTime { offset_ms }.into()).await
     }
 
     /// The active jobs and the handlers that are connected (or whose

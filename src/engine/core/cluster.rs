@@ -106,7 +106,7 @@ impl Core {
                 }
                 self.peer_handlers = handlers;
             }
-            ClusterCommand::DatabaseOffset { offset_ms } => self.set_database_clock(offset_ms, now),
+            ClusterCommand::DatabaseTime { offset_ms } => self.set_database_clock(offset_ms, now),
         }
     }
 }

@@ -586,7 +586,7 @@ fn in_a_cluster_windows_wait_for_the_database_clock_and_follow_it() {
     let (id, step) = submit(&mut core, independent(1), at(5400));
     assert_eq!(sent(&step), []);
     // The database's clock is two hours behind: 11:30 there, closed.
-    assert_eq!(sent(&core.turn([ClusterCommand::DatabaseOffset { offset_ms: -7_200_000 }.into()], at(5400))), []);
+    assert_eq!(sent(&core.turn([ClusterCommand::DatabaseTime { offset_ms: -7_200_000 }.into()], at(5400))), []);
     assert_eq!(core.next_wake(), Some(at(10_800)), "13:00 on the database's clock");
     assert_eq!(sent(&core.turn([], at(10_800))), [attempt(id, 0, 1)]);
 }
