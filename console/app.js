@@ -954,13 +954,29 @@
     const { head, notice, updated } = pageHead("Job types");
     const body = h("tbody");
     const table = h("div", { class: "table-wrap" }, h("table", { id: "types" },
-      headRow(["Job type", "Name", "Description", num("Detectors"), num("Executors"), "Descriptor"]), body));
+      headRow(["Job type", "Name", "Description", num("Detectors"), num("Executors"), "Descriptor", "Window"]), body));
     append(pageEl, head, notice, table);
     keepLoading(scope, 5000, async () => {
-      const data = await scope.api("GET", "/api/job-types");
-      renderIfChanged(body, data.job_types || [], typeRows);
+      const [data, windows] = await Promise.all([scope.api("GET", "/api/job-types"), scope.api("GET", "/api/windows")]);
+      const byType = new Map((windows.windows || []).map((w) => [w.job_type, w]));
+      const types = (data.job_types || []).map((t) => ({ ...t, window: byType.get(t.job_type) || null }));
+      renderIfChanged(body, types, typeRows);
       touch(updated);
     }, notice);
+  }
+
+  /** A job type's maintenance window: open or closed now, and its next change, in its windows' time zone. */
+  function windowCell(w) {
+    if (!w) return h("td", { class: "window" }, h("span", { class: "muted" }, "—"));
+    if (w.windows === "always" && w.blackouts === "none") {
+      return h("td", { class: "window" }, h("span", { class: "muted" }, "always open"));
+    }
+    const next = w.open
+      ? (w.next_close_ms ? `closes ${w.next_close_local}` : "stays open")
+      : (w.next_open_ms ? `opens ${w.next_open_local}` : "not open within 400 days");
+    const terms = `windows: ${w.windows}; blackouts: ${w.blackouts}; on close: ${w.on_window_close}`;
+    return h("td", { class: "window", title: terms },
+      h("span", { class: "tag", "data-window": w.open ? "open" : "closed" }, w.open ? "open" : "closed"), " ", next);
   }
 
   function typeRows(types) {
@@ -970,8 +986,9 @@
         h("td", {}, t.description || ""),
         h("td", { class: "num" }, String(t.detectors || 0)),
         h("td", { class: "num" }, String(t.executors || 0)),
-        h("td", {}, t.has_descriptor ? "✓ yes" : "— no")));
-    return rows.length ? rows : [emptyRow(6, "No job type known yet: connect a worker.")];
+        h("td", {}, t.has_descriptor ? "✓ yes" : "— no"),
+        windowCell(t.window)));
+    return rows.length ? rows : [emptyRow(7, "No job type known yet: connect a worker.")];
   }
 
   // ------------------------------------------------------ one job type

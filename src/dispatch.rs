@@ -529,7 +529,7 @@ impl Dispatch {
     /// fast, so it is tried), then the least loaded, then the one nearest
     /// the task's data (`near`), then the one with most free slots.
     pub fn pick_handler(&self, job_type: &str, near: impl FnOnce() -> Place, now: Timestamp) -> Option<HandlerId> {
-        if !self.gate_open && self.gated.contains(job_type) || self.closed.contains(job_type) {
+        if !self.gate_open && self.gated.contains(job_type) || self.is_closed(job_type) {
             return None;
         }
         let limits = self.limits.get(job_type);
@@ -624,7 +624,7 @@ impl Dispatch {
                 .iter()
                 .filter(|t| self.queues.get(&**t).is_none_or(BinaryHeap::is_empty))
                 .filter(|t| self.gate_open || !self.gated.contains(&**t))
-                .filter(|t| !self.closed.contains(&**t))
+                .filter(|t| !self.is_closed(t))
                 .filter_map(|t| {
                     let limits = self.limits.get(&**t);
                     if limits.is_some_and(|l| self.running(t) >= l.global) {
@@ -658,7 +658,7 @@ impl Dispatch {
     /// Whether a job type may be dispatched now, by the gate, its window,
     /// its global limit and its rate.
     pub fn may_run(&self, job_type: &str, now: Timestamp) -> bool {
-        if !self.gate_open && self.gated.contains(job_type) || self.closed.contains(job_type) {
+        if !self.gate_open && self.gated.contains(job_type) || self.is_closed(job_type) {
             return false;
         }
         !self.at_limit(job_type, self.limits.get(job_type), now)
@@ -671,6 +671,11 @@ impl Dispatch {
             true => self.closed.insert(job_type),
             false => self.closed.remove(&job_type),
         };
+    }
+
+    /// Whether a job type is outside its maintenance window (no hashing when none is).
+    fn is_closed(&self, job_type: &str) -> bool {
+        !self.closed.is_empty() && self.closed.contains(job_type)
     }
 
     /// Forgets every queued entry of a job (it was canceled or ended).

@@ -116,6 +116,9 @@ struct Locked {
     for_dispatch: BTreeMap<String, Arc<ForDispatch>>,
     /// Each job type's windows, as read from the book.
     windows: BTreeMap<String, Option<Arc<Window>>>,
+    /// Changes made to the book so far: a refresh that read the store
+    /// before a change here does not put the book from before it back.
+    changes: u64,
 }
 
 impl Locked {
@@ -142,6 +145,41 @@ impl Locked {
     }
 }
 
+impl Locked {
+    /// Takes a book read from the store when the book here had seen
+    /// `before` changes; returns the job types whose descriptor, policy or
+    /// values changed. Changed here since, it is not taken: what was read
+    /// may be from before that change, and the next refresh reads it again.
+    fn take_fresh(&mut self, fresh: Book, before: u64) -> Vec<String> {
+        if self.book == fresh || self.changes != before {
+            return Vec::new();
+        }
+        let mut changed: Vec<String> = Vec::new();
+        let types: std::collections::BTreeSet<&String> = self
+            .descriptors
+            .keys()
+            .chain(self.overrides.keys())
+            .chain(self.worker_values.keys())
+            .chain(self.admin_values.keys())
+            .chain(fresh.descriptors.keys())
+            .chain(fresh.overrides.keys())
+            .chain(fresh.worker_values.keys())
+            .chain(fresh.admin_values.keys())
+            .collect();
+        for job_type in types {
+            if self.descriptors.get(job_type) != fresh.descriptors.get(job_type)
+                || self.overrides.get(job_type) != fresh.overrides.get(job_type)
+                || self.worker_values.get(job_type) != fresh.worker_values.get(job_type)
+                || self.admin_values.get(job_type) != fresh.admin_values.get(job_type)
+            {
+                changed.push(job_type.clone());
+            }
+        }
+        **self = fresh;
+        changed
+    }
+}
+
 impl std::ops::Deref for Locked {
     type Target = Book;
     fn deref(&self) -> &Book {
@@ -154,6 +192,7 @@ impl std::ops::DerefMut for Locked {
     fn deref_mut(&mut self) -> &mut Book {
         self.for_dispatch.clear();
         self.windows.clear();
+        self.changes += 1;
         &mut self.book
     }
 }
@@ -168,7 +207,7 @@ impl Policies {
     /// Loads what the store holds (blocking: call it off the runtime).
     pub(crate) fn load(store: Arc<dyn Store>, engine: EngineHandle) -> Result<Policies, store::Error> {
         let book = read_book(&*store)?;
-        let locked = Locked { book, for_dispatch: BTreeMap::new(), windows: BTreeMap::new() };
+        let locked = Locked { book, ..Locked::default() };
         Ok(Policies { engine, book: Arc::new(Mutex::new(locked)) })
     }
 
@@ -176,34 +215,9 @@ impl Policies {
     /// another admin instance sharing the store may have changed it; returns
     /// the job types whose descriptor, policy or worker values changed.
     pub(crate) fn refresh(&self, store: &dyn Store) -> Result<Vec<String>, store::Error> {
+        let before = self.book.lock().expect("policy lock").changes;
         let fresh = read_book(store)?;
-        let mut book = self.book.lock().expect("policy lock");
-        if book.book == fresh {
-            return Ok(Vec::new());
-        }
-        let mut changed: Vec<String> = Vec::new();
-        let types: std::collections::BTreeSet<&String> = book
-            .descriptors
-            .keys()
-            .chain(book.overrides.keys())
-            .chain(book.worker_values.keys())
-            .chain(book.admin_values.keys())
-            .chain(fresh.descriptors.keys())
-            .chain(fresh.overrides.keys())
-            .chain(fresh.worker_values.keys())
-            .chain(fresh.admin_values.keys())
-            .collect();
-        for job_type in types {
-            if book.descriptors.get(job_type) != fresh.descriptors.get(job_type)
-                || book.overrides.get(job_type) != fresh.overrides.get(job_type)
-                || book.worker_values.get(job_type) != fresh.worker_values.get(job_type)
-                || book.admin_values.get(job_type) != fresh.admin_values.get(job_type)
-            {
-                changed.push(job_type.clone());
-            }
-        }
-        **book = fresh;
-        Ok(changed)
+        Ok(self.book.lock().expect("policy lock").take_fresh(fresh, before))
     }
 
     /// Job types with a descriptor or a policy set.
@@ -467,6 +481,23 @@ mod tests {
 
         *locked = Book::default();
         assert_eq!(*locked.for_dispatch("vacuum"), *first, "a book read again replaces what was resolved");
+    }
+
+    #[test]
+    fn a_book_read_before_a_change_here_does_not_put_the_old_book_back() {
+        let mut locked = Locked::default();
+        let windows = Overrides::from([("windows".into(), policy::Value::Text("daily 01:00-02:00 UTC".into()))]);
+        let read_before = Book::default();
+        let before = locked.changes;
+        locked.overrides.insert("vacuum".into(), windows.clone());
+        assert_eq!(locked.take_fresh(read_before, before), Vec::<String>::new());
+        assert!(locked.window("vacuum").is_some(), "the change made here stays");
+        // Read after it, another instance's change is taken.
+        let mut theirs = Book::default();
+        theirs.overrides.insert("balance".into(), windows);
+        let before = locked.changes;
+        assert_eq!(locked.take_fresh(theirs, before), vec!["balance".to_string(), "vacuum".to_string()]);
+        assert!(locked.window("balance").is_some() && locked.window("vacuum").is_none());
     }
 
     #[test]

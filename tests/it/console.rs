@@ -688,3 +688,24 @@ fn the_capacity_page_shows_the_bandwidth_budget_and_each_running_tasks_share_liv
     browser.wait_for_text("#budget-shares tbody tr", "No budgeted task runs now.");
     browser.assert_no_uncaught_errors();
 }
+
+#[test]
+fn the_job_types_list_shows_each_types_window_open_or_closed_and_its_next_change() {
+    use jobcenter::clock::{Clock, SystemClock};
+    let console = start("windows", &[], 1, &[]);
+    let (browser, server) = (&console.browser, &console.server);
+    server.wait_for_workers(1);
+    // A blackout from today to the day after tomorrow: closed now.
+    let today = chrono::DateTime::from_timestamp_millis(SystemClock.now().as_millis()).unwrap().date_naive();
+    let after = today + chrono::Days::new(2);
+    let set = server.cli(&["policy", "set", "noop", &format!("blackouts={today}..{after} UTC")]);
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+
+    console.open("#/types", "types");
+    let noop = r#"table#types tr[data-type="noop"] td.window"#;
+    browser.wait_for_text_containing(noop, &format!("opens {after} 00:00 UTC"));
+    browser.wait_for_text(&format!("{noop} .tag"), "closed");
+    browser.wait_for_text_containing(r#"table#types tr[data-type="shell"] td.window"#, "always open");
+    browser.screenshot("windows");
+    browser.assert_no_uncaught_errors();
+}

@@ -70,6 +70,8 @@ impl Core {
     /// with the attempts of the previous run's handlers, finalizes jobs whose
     /// tasks all ended, and queues the rest.
     pub(in crate::engine) fn restore(&mut self, stored: Vec<StoredJob>, now: Timestamp, step: &mut Step) {
+        // Attempts held again may be of a type whose window is closed.
+        self.recheck_windows(now);
         let mut orphans: Vec<AttemptId> = Vec::new();
         for stored_job in stored {
             let id = stored_job.record.id;

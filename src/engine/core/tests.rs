@@ -717,3 +717,36 @@ fn after_a_restart_a_held_attempt_counts_the_share_its_worker_was_given() {
     assert_eq!(shares_sent(&step), [(attempt(id, 1, 1), Some(20 * MB))]);
     assert_eq!(shares_kept(&step)[0], (attempt(id, 0, 1).to_string(), None), "the kept share is forgotten");
 }
+
+#[test]
+fn an_attempt_adopted_while_its_window_is_closed_drains_and_is_canceled() {
+    let (mut core, handler, _orders) = core_with_a_handler();
+    core.turn([noop_window("Thu 11:00-12:00 UTC", crate::windows::OnClose::Drain, 60)], T0);
+    let spec = spec(1);
+    let mut stored = StoredJob { record: record(&spec, JobState::Running), spec: spec.clone(), tasks: Vec::new() };
+    let id = stored.record.id;
+    let mut running = TaskRecord::initial(true, at(0));
+    running.set_phase(Phase::Held(Hold { handler, assigned_at: at(0), started_at: Some(at(0)) }), at(0));
+    running.attempt = 1;
+    stored.tasks = vec![running];
+    let (reply, _answer) = oneshot::channel();
+    let step = core.turn([ClusterCommand::Adopt { jobs: vec![stored], priorities: Vec::new(), reply }.into()], at(10));
+    assert!(canceled(&step).is_empty(), "it drains first");
+    assert_eq!(core.next_wake(at(0)), Some(at(60)), "until the grace's end, counted from the close");
+    let step = core.turn([], at(60));
+    assert_eq!(canceled(&step), [attempt(id, 0, 1)]);
+    assert_eq!(written(&step, id), [(0, TaskState::Ready, 1)]);
+}
+
+#[test]
+fn a_drain_without_bound_lets_what_runs_end_on_its_own() {
+    let (mut core, handler, _orders) = core_with_a_handler();
+    core.turn([noop_window("Thu 11:00-12:30 UTC", crate::windows::OnClose::Drain, 0)], T0);
+    let (id, _) = submit(&mut core, independent(1), at(1));
+    let step = core.turn([], at(1800));
+    assert!(canceled(&step).is_empty());
+    assert_eq!(core.next_wake(at(0)), Some(at(7 * 86_400 - 3600)), "nothing to wake for before the next window");
+    assert!(canceled(&core.turn([], at(86_400))).is_empty());
+    let done = core.turn([complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() })], at(86_401));
+    assert_eq!(written(&done, id), [(0, TaskState::Succeeded, 1)]);
+}

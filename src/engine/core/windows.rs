@@ -99,6 +99,14 @@ impl Core {
         self.windows.due = Some(now);
     }
 
+    /// Reads every window again at the next turn: attempts of a closed type
+    /// may be held here now (restored, or adopted from another instance).
+    pub(super) fn recheck_windows(&mut self, now: Timestamp) {
+        if !self.windows.types.is_empty() {
+            self.windows.due = Some(now);
+        }
+    }
+
     /// The database's clock is `offset_ms` ahead of the engine's (a
     /// heartbeat measured it). A change of less than `OFFSET_NOISE_MS` is
     /// the noise of the measure, and changes nothing.
