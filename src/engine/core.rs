@@ -127,6 +127,15 @@ pub(super) enum JobCommand {
         actions: Vec<(recovery::Rule, recovery::Action)>,
         reply: Reply<Vec<bool>>,
     },
+    /// A submit with settings written in its step (a schedule's last run
+    /// and the audit record of the request that asked for it).
+    SubmitWith {
+        id: JobId,
+        spec: Arc<JobSpec>,
+        origin: JobOrigin,
+        settings: Vec<(String, Option<Vec<u8>>)>,
+        reply: Reply<Result<JobId, Error>>,
+    },
 }
 
 /// What a handler reports of an attempt it holds: started, progress, its outcome, or that it gave it up.

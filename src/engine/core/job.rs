@@ -93,6 +93,14 @@ impl Core {
                     actions.iter().map(|(rule, action)| self.apply_recovery(*rule, action, now, step)).collect();
                 step.reply(reply, applied);
             }
+            JobCommand::SubmitWith { id, spec, origin, settings, reply } => {
+                let (job, ready) = leader::submit(id, spec, origin, self.options.instance, now, &mut step.batch);
+                tracing::info!(job.id = %id, job.name = %job.record.name, tasks = job.len(), "job submitted");
+                self.jobs.insert(id, job);
+                self.queue_ready(id, &ready, now);
+                step.batch.settings.extend(settings);
+                step.reply(reply, Ok(id));
+            }
         }
     }
 }
