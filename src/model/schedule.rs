@@ -113,7 +113,9 @@ pub struct Stored {
 /// not to): no slot at or before `slot` runs again.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastRun {
-    pub slot: i64,
+    /// The last slot run or decided on; `None` before the first.
+    #[serde(default)]
+    pub slot: Option<i64>,
     /// The run's job, when one was submitted.
     #[serde(default)]
     pub job: Option<String>,

@@ -164,6 +164,8 @@ pub(crate) struct Api {
     pub(crate) trail: Trail,
     /// The webhook endpoints and their outbox.
     pub(crate) notifier: Arc<crate::server::notify::Notifier>,
+    /// The schedules: their duty, and the changes made to them.
+    pub(crate) schedules: Arc<crate::server::duties::schedules::Schedules>,
 }
 
 impl Api {
