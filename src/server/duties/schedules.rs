@@ -177,6 +177,11 @@ impl Schedules {
         jobfile::parse(schedule.job_file.as_bytes(), format_of(&schedule.format), &source, &self.limits)
     }
 
+    /// The name of the job each run of `schedule` makes; empty if its file no longer passes.
+    pub(crate) fn job_name(&self, schedule: &Schedule) -> String {
+        self.spec(schedule).map(|spec| spec.name.to_string()).unwrap_or_default()
+    }
+
     /// The loop: every second at most, each schedule's due runs.
     pub(crate) async fn runs(self: Arc<Self>) {
         let up_since = *self.up_since.get_or_init(|| self.now());

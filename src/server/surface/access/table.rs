@@ -81,6 +81,12 @@ pub const HTTP: &[(&str, &str, Need)] = &[
     ("GET", "/api/audit", ADMIN),
     ("GET", "/api/notifications", VIEWER),
     ("GET", "/metrics", VIEWER),
+    ("GET", "/api/schedules", VIEWER),
+    ("POST", "/api/schedules", OPERATOR),
+    ("DELETE", "/api/schedules/{name}", OPERATOR),
+    ("POST", "/api/schedules/{name}/pause", OPERATOR),
+    ("POST", "/api/schedules/{name}/resume", OPERATOR),
+    ("POST", "/api/schedules/{name}/run-now", OPERATOR),
 ];
 
 /// Every gRPC method: its path (`/package.Service/Method`), need.
@@ -108,6 +114,11 @@ pub const GRPC: &[(&str, Need)] = &[
     ("/jobcenter.v1.JobService/Backup", ADMIN),
     ("/jobcenter.v1.JobService/ListAudit", ADMIN),
     ("/jobcenter.v1.JobService/ListNotifications", VIEWER),
+    ("/jobcenter.v1.JobService/AddSchedule", OPERATOR),
+    ("/jobcenter.v1.JobService/ListSchedules", VIEWER),
+    ("/jobcenter.v1.JobService/SetSchedulePaused", OPERATOR),
+    ("/jobcenter.v1.JobService/RemoveSchedule", OPERATOR),
+    ("/jobcenter.v1.JobService/RunScheduleNow", OPERATOR),
     ("/plugin.PluginControlService/WorkerStream", WORKER),
     ("/jobcenter.peer.v1.PeerService/Lend", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/Report", INSTANCE),
