@@ -7,6 +7,7 @@ mod import_weed_admin;
 mod inspect;
 mod output;
 mod run;
+mod schedule;
 mod server;
 mod store_args;
 mod transfer;
@@ -102,6 +103,8 @@ pub enum Command {
     /// Set the job type settings a `weed admin -dataDir` keeps as policies of
     /// a running admin, one line per value (`--dry-run`: print, change nothing).
     ImportWeedAdmin(import_weed_admin::ImportWeedAdminArgs),
+    /// Schedules: a job file run on a calendar (add, list, pause, resume, remove, run-now).
+    Schedule(schedule::ScheduleArgs),
 }
 
 impl Cli {
@@ -171,6 +174,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, crate::fate::Fatal> {
             Command::Restore(args) => transfer::restore(args).await,
             Command::Credentials(args) => Ok(credentials::run(args)),
             Command::ImportWeedAdmin(args) => import_weed_admin::run(args).await,
+            Command::Schedule(args) => schedule::run(args).await,
         }
     });
     // A blocking call stuck on a failed store must not hold the process.
