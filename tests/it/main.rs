@@ -37,6 +37,7 @@ mod postgres_store;
 mod recovery_e2e;
 mod retention;
 mod scheduler;
+mod schedules;
 mod seaweedfs_maintenance;
 mod seaweedfs_master;
 mod seaweedfs_worker;
