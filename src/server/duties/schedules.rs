@@ -83,10 +83,10 @@ fn format_of(text: &str) -> Format {
     }
 }
 
-fn blocking<T: Send + 'static>(
+async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, crate::store::Error> + Send + 'static,
-) -> impl std::future::Future<Output = Result<T, crate::store::Error>> {
-    async move { tokio::task::spawn_blocking(work).await.map_err(|e| crate::store::Error::Io(crate::fate::panic_text(e)))? }
+) -> Result<T, crate::store::Error> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| crate::store::Error::Io(crate::fate::panic_text(e)))?
 }
 
 fn setting(key: String, value: &impl serde::Serialize) -> (String, Option<Vec<u8>>) {
