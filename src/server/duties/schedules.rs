@@ -238,8 +238,14 @@ impl Schedules {
                 schedule.next_start(Some(slot))
             }
             Due::Run { slot, caught_up } => {
-                if let Err(e) = self.run(schedule, slot, caught_up).await {
-                    tracing::warn!(schedule = name, slot, error = %e, "a scheduled run did not start");
+                match self.run(schedule, slot, caught_up).await {
+                    Ok(()) => {}
+                    // A job file that no longer passes (the limits changed) is not tried again for this slot.
+                    Err(e @ Error::Rejected(_)) => {
+                        tracing::error!(schedule = name, slot, error = %e, "a scheduled run was refused");
+                        self.missed.lock().expect("missed lock").insert(name.clone(), slot);
+                    }
+                    Err(e) => tracing::warn!(schedule = name, slot, error = %e, "a scheduled run did not start"),
                 }
                 // Looked at again soon: a claim another instance holds may be free by then.
                 Some(self.now() + 250)
