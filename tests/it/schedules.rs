@@ -5,7 +5,8 @@
 //! one line with nothing stored; runs missed while the server was down
 //! caught up (the last, once) or not; and on PostgreSQL with three
 //! instances, the instance that claims a run dies before the run is
-//! durable (a crash point) and the run still starts exactly once.
+//! durable (a crash point) and the run still starts exactly once; and the
+//! instance that claims a run SIGKILLed at its due time leaves one run per slot.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -391,6 +392,45 @@ fn in_a_cluster_a_run_whose_claimer_dies_before_it_is_durable_starts_exactly_onc
         &format!("SELECT count(*) FROM jobcenter.schedule_runs WHERE schedule = 'once' AND slot = {slot}"),
     );
     assert_eq!(claims.trim(), "1");
+    for server in servers.iter_mut() {
+        server.process.kill();
+    }
+}
+
+#[test]
+fn in_a_cluster_the_instance_that_claims_a_run_sigkilled_at_its_due_time_leaves_one_run_per_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = pg().new_database();
+    let url = pg().url(&database);
+    let args = ["--database-url", &url, "--cluster-heartbeat", "1s", "--lag-threshold", "4s"];
+    let mut servers: Vec<Server> = (0..3).map(|i| Server::start(&dir.path().join(format!("a{i}")), &args)).collect();
+    wait_until(Duration::from_secs(20), || (active_ids(&database).len() == 3).then_some(()))
+        .unwrap_or_else(|| panic!("3 instances did not register: {:?}", active_ids(&database)));
+    // No worker runs the jobs: `allow` starts each run whatever the last is doing.
+    added(&servers[0], dir.path(), "owned", "20s", NOOP_JOB, &["--overlap", "allow"]);
+    // The instance that claims the first run is SIGKILLed as soon as its claim shows.
+    let (slot, owner) = wait_until(Duration::from_secs(30), || {
+        let row = pg()
+            .psql(&database, "SELECT slot || '|' || instance FROM jobcenter.schedule_runs WHERE schedule = 'owned'");
+        let (slot, owner) = row.trim().split_once('|')?;
+        Some((slot.parse::<i64>().ok()?, owner.to_string()))
+    })
+    .expect("a claim of the first run");
+    let http = active_ids(&database).into_iter().find(|(_, id)| *id == owner).map(|(http, _)| http).unwrap();
+    let killed = servers.iter().position(|s| s.http == http).unwrap();
+    servers[killed].process.kill();
+    let live = (0..3).find(|i| *i != killed).unwrap();
+    // The next slot comes and goes on the survivors; every slot runs exactly once.
+    let next = slot + 20_000;
+    wait_until(Duration::from_secs(40), || {
+        runs(&servers[live], "owned").iter().any(|r| slot_ms(&r.slot) == next).then_some(())
+    })
+    .expect("the next slot ran on a survivor");
+    std::thread::sleep(Duration::from_secs(2));
+    let all = runs(&servers[live], "owned");
+    let per_slot = |s: i64| all.iter().filter(|r| slot_ms(&r.slot) == s).count();
+    assert_eq!((per_slot(slot), per_slot(next)), (1, 1), "{all:?}");
+    assert_eq!(all.len(), 2, "{all:?}");
     for server in servers.iter_mut() {
         server.process.kill();
     }
