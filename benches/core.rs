@@ -162,8 +162,25 @@ async fn engine(path: &Path) -> EngineHandle {
 
 async fn transitions(dir: &Path) -> serde_json::Value {
     let n = 100_000;
-    let spec = parse(&layered(n, 100, 3, ""));
+    // BENCH_TERMS=1: the same under windows, a rate limit, a budget (of
+    // other job types; `budgeted`: of noop) and priorities cycling by task.
+    let terms = std::env::var("BENCH_TERMS").ok();
+    let mut text = layered(n, 100, 3, "");
+    if terms.is_some() {
+        let names = ["low", "normal", "high", "critical"];
+        let mut parts = text.split(r#""job_type":"noop""#);
+        let mut out = parts.next().unwrap_or_default().to_string();
+        for (i, part) in parts.enumerate() {
+            out.push_str(&format!(r#""job_type":"noop","priority":"{}""#, names[i % 4]));
+            out.push_str(part);
+        }
+        text = out;
+    }
+    let spec = parse(&text);
     let engine = engine(dir).await;
+    if let Some(terms) = &terms {
+        engine.set_bench_terms("noop", terms == "budgeted").await.unwrap();
+    }
     LocalExecutor::start(engine.clone(), Registry::new(builtin_handlers()), 1024, None).await.unwrap();
     let commits = Arc::new(std::sync::Mutex::new((0u64, Duration::ZERO, Duration::ZERO)));
     let counted = commits.clone();

@@ -4,6 +4,7 @@
 
 pub mod active;
 pub(crate) mod backoff;
+pub(crate) mod budget;
 pub mod cli;
 pub mod clock;
 pub(crate) mod crash;
@@ -17,11 +18,13 @@ pub mod leader;
 pub mod model;
 pub(crate) mod policy;
 pub mod proto;
+pub mod rate;
 pub(crate) mod retention;
 pub(crate) mod scheduler;
 pub mod server;
 pub mod store;
 pub(crate) mod tls;
 pub mod traces;
+pub(crate) mod windows;
 pub mod wire;
 pub mod worker;

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::dispatch::TypeLimits;
 use crate::model::Priority;
 use crate::proto::plugin::{AdminRuntimeConfig, AdminRuntimeDefaults};
+use crate::windows::{self, OnClose};
 
 /// The settings of one job type.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +29,21 @@ pub(crate) struct Policy {
     pub detection_enabled: u32,
     /// The priority of its tasks when neither the task nor its job names one.
     pub priority: Priority,
+    /// Tasks started per minute, over every worker; 0: no limit.
+    pub rate_per_minute: u32,
+    /// Tasks that may start at once after a quiet spell, within the rate.
+    pub rate_burst: u32,
+    /// When it may run: weekly ranges (`windows::parse_windows`), or `always`.
+    pub windows: String,
+    /// When it may not, whatever the windows say (`windows::parse_blackouts`), or `none`.
+    pub blackouts: String,
+    /// What runs when a window closes: drained (within the grace), or canceled.
+    pub on_window_close: OnClose,
+    /// How long a drain waits before it cancels; 0: without bound.
+    pub window_grace_seconds: u32,
+    /// 1: its tasks share the bandwidth budget (by default those of
+    /// `budget::DEFAULT_TYPES`); 0: they do not.
+    pub uses_bandwidth_budget: u32,
 }
 
 /// The detection interval of a job type whose descriptor names none.
@@ -54,12 +70,19 @@ impl Default for Policy {
             execution_timeout_seconds: 0,
             job_type_max_runtime_seconds: 1800,
             priority: Priority::Normal,
+            rate_per_minute: 0,
+            rate_burst: 1,
+            windows: windows::ALWAYS.to_string(),
+            blackouts: windows::NONE.to_string(),
+            on_window_close: OnClose::Drain,
+            window_grace_seconds: 1800,
+            uses_bandwidth_budget: 0,
         }
     }
 }
 
 /// Names of the settings, as `jobcenter policy set` takes them.
-pub(crate) const SETTINGS: [&str; 10] = [
+pub(crate) const SETTINGS: [&str; 14] = [
     "detection_interval_seconds",
     "detection_timeout_seconds",
     "max_jobs_per_detection",
@@ -70,11 +93,15 @@ pub(crate) const SETTINGS: [&str; 10] = [
     "retry_backoff_seconds",
     "execution_timeout_seconds",
     "job_type_max_runtime_seconds",
+    "rate_per_minute",
+    "rate_burst",
+    "window_grace_seconds",
+    "uses_bandwidth_budget",
 ];
 
 /// Names of the settings that take words rather than a number, each read
 /// by its own rule (`Policy::set_text`).
-pub(crate) const TEXT_SETTINGS: [&str; 1] = ["priority"];
+pub(crate) const TEXT_SETTINGS: [&str; 4] = ["priority", "windows", "blackouts", "on_window_close"];
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Error {
@@ -138,6 +165,10 @@ impl Policy {
             "detection_timeout_seconds" => &mut self.detection_timeout_seconds,
             "max_jobs_per_detection" => &mut self.max_jobs_per_detection,
             "detection_enabled" => &mut self.detection_enabled,
+            "rate_per_minute" => &mut self.rate_per_minute,
+            "rate_burst" => &mut self.rate_burst,
+            "window_grace_seconds" => &mut self.window_grace_seconds,
+            "uses_bandwidth_budget" => &mut self.uses_bandwidth_budget,
             _ => return None,
         })
     }
@@ -146,13 +177,22 @@ impl Policy {
     fn set_text(&mut self, name: &str, text: &str) -> Result<(), String> {
         match name {
             "priority" => {
-                self.priority = match text {
-                    "low" => Priority::Low,
-                    "normal" => Priority::Normal,
-                    "high" => Priority::High,
-                    "critical" => Priority::Critical,
-                    _ => return Err(format!("{text:?} is not a priority; priorities are low, normal, high, critical")),
-                };
+                self.priority = Priority::from_name(text)
+                    .ok_or_else(|| format!("{text:?} is not a priority; priorities are low, normal, high, critical"))?;
+                Ok(())
+            }
+            "windows" => {
+                windows::parse_windows(text)?;
+                self.windows = text.to_string();
+                Ok(())
+            }
+            "blackouts" => {
+                windows::parse_blackouts(text)?;
+                self.blackouts = text.to_string();
+                Ok(())
+            }
+            "on_window_close" => {
+                self.on_window_close = text.parse()?;
                 Ok(())
             }
             _ => Err("not a setting that takes words".into()),
@@ -161,7 +201,12 @@ impl Policy {
 
     /// The settings that take words, as an operator would type them.
     pub(crate) fn texts(&self) -> Vec<(&'static str, String)> {
-        vec![("priority", self.priority.as_str().to_string())]
+        vec![
+            ("priority", self.priority.as_str().to_string()),
+            ("windows", self.windows.clone()),
+            ("blackouts", self.blackouts.clone()),
+            ("on_window_close", self.on_window_close.as_str().to_string()),
+        ]
     }
 
     /// The effective policy of a job type and where each value came from.
@@ -173,6 +218,7 @@ impl Policy {
     ) -> (Policy, BTreeMap<String, Source>) {
         let mut policy = builtin.unwrap_or_default();
         policy.detection_interval_seconds = default_detection_interval(job_type);
+        policy.uses_bandwidth_budget = u32::from(crate::budget::DEFAULT_TYPES.contains(&job_type));
         let mut sources: BTreeMap<String, Source> =
             SETTINGS.iter().chain(&TEXT_SETTINGS).map(|s| (s.to_string(), Source::Default)).collect();
         if let Some(d) = descriptor {
@@ -211,12 +257,28 @@ impl Policy {
         (policy, sources)
     }
 
+    /// Its windows as the engine applies them; `None` when it is always open.
+    pub(crate) fn window(&self) -> Option<windows::Window> {
+        // Both were read by their rule when set.
+        let calendar = windows::Calendar::with_blackouts(
+            windows::parse_windows(&self.windows).unwrap_or_default(),
+            windows::parse_blackouts(&self.blackouts).unwrap_or_default(),
+        );
+        (!calendar.is_always()).then_some(windows::Window {
+            calendar,
+            on_close: self.on_window_close,
+            grace_seconds: self.window_grace_seconds,
+        })
+    }
+
     pub(crate) fn limits(&self) -> TypeLimits {
         TypeLimits {
             global: self.global_execution_concurrency.max(1),
             per_worker: self.per_worker_execution_concurrency.max(1),
             execution_timeout_seconds: (self.execution_timeout_seconds > 0)
                 .then_some(u64::from(self.execution_timeout_seconds)),
+            rate: (self.rate_per_minute > 0)
+                .then(|| crate::rate::Rate { per_minute: self.rate_per_minute, burst: self.rate_burst.max(1) }),
         }
     }
 
@@ -265,13 +327,44 @@ pub(crate) fn apply_changes(overrides: &Overrides, changes: &BTreeMap<String, St
                 | "detection_interval_seconds"
                 | "detection_timeout_seconds"
                 | "max_jobs_per_detection"
+                | "rate_burst"
         );
         if must_be_positive && number == 0 {
             return Err(Error::Zero { name: name.clone() });
         }
+        if name == "uses_bandwidth_budget" && number > 1 {
+            return Err(Error::Refused { name: name.clone(), rule: format!("must be 0 or 1, not {number}") });
+        }
         out.insert(name.clone(), Value::Number(number));
     }
     Ok(out)
+}
+
+/// Refuses overrides whose windows and blackouts leave no open time within
+/// `windows::HORIZON_DAYS` of `now`, naming the setting among `changes`
+/// that made it so.
+pub(crate) fn check_opens(
+    job_type: &str,
+    overrides: &Overrides,
+    changes: &BTreeMap<String, String>,
+    now: crate::clock::Timestamp,
+) -> Result<(), Error> {
+    let (policy, _) = Policy::resolve(job_type, builtin(job_type), None, overrides);
+    let Some(window) = policy.window() else { return Ok(()) };
+    if window.calendar.next_open(now).is_some() {
+        return Ok(());
+    }
+    let name =
+        if changes.contains_key("windows") || !changes.contains_key("blackouts") { "windows" } else { "blackouts" };
+    Err(Error::Refused {
+        name: name.to_string(),
+        rule: format!(
+            "with windows {:?} and blackouts {:?} the job type never opens in the next {} days",
+            policy.windows,
+            policy.blackouts,
+            windows::HORIZON_DAYS
+        ),
+    })
 }
 
 /// Defaults of the built-in job types, which are light enough to run many at once.
@@ -305,6 +398,17 @@ mod tests {
         assert_eq!(policy.retry_backoff_seconds, 5, "a 0 in a descriptor means unset");
         assert_eq!(sources["retry_backoff_seconds"], Source::Default);
         assert_eq!(policy.job_type_max_runtime_seconds, 1800);
+        let marked = Overrides::from([("uses_bandwidth_budget".to_string(), 1.into())]);
+        let budgeted = |job_type, overrides| Policy::resolve(job_type, None, None, overrides).0.uses_bandwidth_budget;
+        assert_eq!(
+            [
+                budgeted("volume_balance", &Overrides::new()),
+                budgeted("vacuum", &Overrides::new()),
+                budgeted("rsync", &marked)
+            ],
+            [1, 0, 1],
+            "the types that move data share the budget by default; a policy marks others"
+        );
     }
 
     #[test]
@@ -322,11 +426,50 @@ mod tests {
         assert!(matches!(apply_changes(&base, &zero), Err(Error::Zero { .. })));
         let words = BTreeMap::from([("priority".to_string(), " high ".to_string())]);
         assert_eq!(apply_changes(&base, &words).unwrap()["priority"], Value::Text("high".into()));
+        let marked = BTreeMap::from([("uses_bandwidth_budget".to_string(), "2".to_string())]);
+        assert_eq!(
+            apply_changes(&base, &marked).unwrap_err().to_string(),
+            "policy setting uses_bandwidth_budget: must be 0 or 1, not 2"
+        );
         let wrong = BTreeMap::from([("priority".to_string(), "urgent".to_string())]);
         assert_eq!(
             apply_changes(&base, &wrong).unwrap_err().to_string(),
             "policy setting priority: \"urgent\" is not a priority; priorities are low, normal, high, critical"
         );
+    }
+
+    #[test]
+    fn windows_are_read_by_their_rule_and_a_set_that_never_opens_is_refused() {
+        let set = |name: &str, value: &str| {
+            let changes = BTreeMap::from([(name.to_string(), value.to_string())]);
+            apply_changes(&Overrides::new(), &changes).map(|o| (o, changes))
+        };
+        assert_eq!(
+            set("windows", "Mon-Fry 22:00-06:00 UTC").unwrap_err().to_string(),
+            r#"policy setting windows: "Mon-Fry 22:00-06:00 UTC": "Mon-Fry" is not a day; days are Mon..Sun"#
+        );
+        assert_eq!(
+            set("on_window_close", "later").unwrap_err().to_string(),
+            r#"policy setting on_window_close: "later" is not what to do when a window closes; it is drain or cancel"#
+        );
+        assert!(matches!(set("window_grace_seconds", "soon"), Err(Error::NotANumber { .. })));
+        let now = crate::clock::Timestamp(1_795_694_400_000);
+        let (overrides, changes) = set("windows", "Mon-Fri 22:00-06:00 Europe/Berlin").unwrap();
+        assert_eq!(check_opens("vacuum", &overrides, &changes, now), Ok(()));
+        let (policy, sources) = Policy::resolve("vacuum", None, None, &overrides);
+        assert_eq!(sources["windows"], Source::Set);
+        let window = policy.window().expect("windows set");
+        assert_eq!((window.on_close, window.grace_seconds), (OnClose::Drain, 1800));
+
+        let mut closed = overrides.clone();
+        closed.insert("blackouts".into(), Value::Text("daily 00:00-24:00 UTC".into()));
+        let changes = BTreeMap::from([("blackouts".to_string(), "daily 00:00-24:00 UTC".to_string())]);
+        assert_eq!(
+            check_opens("vacuum", &closed, &changes, now).unwrap_err().to_string(),
+            r#"policy setting blackouts: with windows "Mon-Fri 22:00-06:00 Europe/Berlin" and blackouts "daily 00:00-24:00 UTC" the job type never opens in the next 400 days"#
+        );
+        // None set: always open, and nothing for the engine to apply.
+        assert_eq!(Policy::default().window(), None);
     }
 
     #[test]

@@ -28,6 +28,14 @@ pub struct BenchArgs {
     /// Execution slots of each worker.
     #[arg(long, default_value_t = 256)]
     pub max_execute: u32,
+    /// A policy setting made before the job is submitted, as
+    /// `JOB_TYPE:NAME=VALUE` (`noop:priority=high`); repeatable.
+    #[arg(long = "policy", value_name = "JOB_TYPE:NAME=VALUE")]
+    pub policies: Vec<String>,
+    /// A bandwidth budget set before the job is submitted, as
+    /// `jobcenter budget set` takes its cluster rate (`200MB/s`).
+    #[arg(long)]
+    pub budget: Option<String>,
     /// Where the server keeps its data (default: a fresh directory, removed after).
     #[arg(long, conflicts_with = "database_url")]
     pub data_dir: Option<PathBuf>,
@@ -180,6 +188,17 @@ async fn bench(
         }
         anyhow::ensure!(Instant::now() < deadline, "only {connected} of {} workers connected", args.workers);
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for setting in &args.policies {
+        let (job_type, change) = setting.split_once(':').context("--policy takes JOB_TYPE:NAME=VALUE")?;
+        let (name, value) = change.split_once('=').context("--policy takes JOB_TYPE:NAME=VALUE")?;
+        let values = [(name.to_string(), value.to_string())].into();
+        let request = api::SetPolicyRequest { job_type: job_type.to_string(), values };
+        client.set_policy(request).await.map_err(|s| anyhow::anyhow!("--policy {setting}: {}", s.message()))?;
+    }
+    if let Some(cluster) = &args.budget {
+        let request = api::SetBudgetRequest { cluster: cluster.clone(), ..Default::default() };
+        client.set_budget(request).await.map_err(|s| anyhow::anyhow!("--budget {cluster}: {}", s.message()))?;
     }
     let transactions_before = transactions(scratch).await;
 

@@ -254,7 +254,11 @@ async fn print_parts(client: &mut Client, job_id: &str, style: Style) -> Result<
                 let mut text = String::new();
                 if part.first_task == 0 {
                     width = part.tasks.iter().map(|t| t.id.len()).max().unwrap_or(2).clamp(2, 40);
-                    text += &format!("job {} {:?}: {}\n", part.id, part.name, part.state);
+                    text += &format!("job {} {:?}: {}", part.id, part.name, part.state);
+                    if !part.priority.is_empty() {
+                        text += &format!(" (priority {})", part.priority);
+                    }
+                    text.push('\n');
                     text +=
                         &format!("{:<width$}  {:<16}  {:<16}  {:>7}  ERROR\n", "ID", "JOB TYPE", "STATE", "ATTEMPT");
                 }
@@ -367,12 +371,29 @@ pub struct JobArgs {
     /// Read a database directly instead of asking a server.
     #[arg(long, conflicts_with = "data_dir")]
     pub database_url: Option<String>,
+    /// Give every task of the job, while it has not ended, this priority
+    /// (low, normal, high, critical): what waits is dispatched by it.
+    #[arg(long, conflicts_with_all = ["data_dir", "database_url"])]
+    pub priority: Option<String>,
     #[command(flatten)]
     pub connection: Connection,
 }
 
 pub(super) async fn job(args: JobArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
+    if let Some(priority) = args.priority {
+        let request = api::SetJobPriorityRequest { job_id: args.id.clone(), priority: priority.clone() };
+        return match client.set_job_priority(request).await {
+            Ok(_) => {
+                println!("job {}: its tasks are dispatched at priority {priority} from now on", args.id);
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(status) => {
+                eprintln!("jobcenter: {}", status.message());
+                Ok(ExitCode::from(EXIT_USAGE))
+            }
+        };
+    }
     let style = if args.json { Style::Json } else { Style::Table };
     match print_parts(&mut client, &args.id, style).await {
         Ok(_) => Ok(ExitCode::SUCCESS),
@@ -563,6 +584,9 @@ pub(super) async fn capacity(args: CapacityArgs) -> anyhow::Result<ExitCode> {
             println!("{:<24}    {work}", "");
         }
     }
+    if let Some(budget) = &capacity.budget {
+        print!("\n{}", super::budget::lines(budget));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -668,6 +692,10 @@ pub(super) async fn policy(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         ("detection_timeout_seconds", policy.detection_timeout_seconds),
         ("max_jobs_per_detection", policy.max_jobs_per_detection),
         ("detection_enabled", u32::from(policy.detection_enabled)),
+        ("rate_per_minute", policy.rate_per_minute),
+        ("rate_burst", policy.rate_burst),
+        ("window_grace_seconds", policy.window_grace_seconds),
+        ("uses_bandwidth_budget", policy.uses_bandwidth_budget),
     ]);
     println!("policy of {}", policy.job_type);
     for (name, value) in values {
@@ -982,6 +1010,58 @@ pub(super) async fn notifications(args: NotificationsArgs) -> anyhow::Result<Exi
         let error = if e.last_error.is_empty() { "-" } else { &e.last_error };
         println!("{:<16} {:>7}  {:<20}  {:<40}  {error}", e.name, e.pending, last, e.url);
         println!("{:<16} events: {}{}", "", e.events.join(", "), if e.signed { "; signed" } else { "" });
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WindowsArgs {
+    /// Only this job type.
+    pub job_type: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+/// Each job type's maintenance windows: open now or not, when it next
+/// opens and closes (in its windows' time zone), and the terms that say so.
+pub(super) async fn windows(args: WindowsArgs) -> anyhow::Result<ExitCode> {
+    let mut client = args.connection.connect().await?;
+    let mut listing = client.list_windows(api::ListWindowsRequest {}).await.map_err(status_error)?.into_inner();
+    if let Some(job_type) = &args.job_type {
+        listing.windows.retain(|w| &w.job_type == job_type);
+        if listing.windows.is_empty() {
+            anyhow::bail!("no job type {job_type:?}: no worker declared it and no policy names it");
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&listing)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("as of {} (the database's time in a cluster)", time(listing.now_ms));
+    println!("{:<24} {:<6}  {:<26}  NEXT CLOSES", "JOB TYPE", "NOW", "NEXT OPENS");
+    for w in listing.windows {
+        let when = |ms: i64, local: &str| match (ms, local) {
+            (0, _) => "-".to_string(),
+            (_, "") => time(ms),
+            (_, local) => local.to_string(),
+        };
+        let now = if w.open { "open" } else { "closed" };
+        let (opens, closes) = (when(w.next_open_ms, &w.next_open_local), when(w.next_close_ms, &w.next_close_local));
+        println!("{:<24} {now:<6}  {opens:<26}  {closes}", w.job_type);
+        if w.windows == crate::windows::ALWAYS && w.blackouts == crate::windows::NONE {
+            continue;
+        }
+        let grace = match w.window_grace_seconds {
+            0 => "without bound".to_string(),
+            seconds => format!("for up to {seconds} s"),
+        };
+        let on_close = match w.on_window_close.as_str() {
+            "cancel" => "what runs is canceled".to_string(),
+            _ => format!("what runs drains {grace}"),
+        };
+        println!("{:<24} windows: {}; blackouts: {}; on close, {on_close}", "", w.windows, w.blackouts);
     }
     Ok(ExitCode::SUCCESS)
 }

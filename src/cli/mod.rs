@@ -1,6 +1,7 @@
 //! The command line: one module per command; `main.rs` only parses and calls `run`.
 
 mod bench;
+mod budget;
 mod client;
 mod credentials;
 mod import_weed_admin;
@@ -103,6 +104,11 @@ pub enum Command {
     /// Set the job type settings a `weed admin -dataDir` keeps as policies of
     /// a running admin, one line per value (`--dry-run`: print, change nothing).
     ImportWeedAdmin(import_weed_admin::ImportWeedAdminArgs),
+    /// Each job type's maintenance windows: open now or not, when it next opens and closes, and its terms.
+    Windows(client::WindowsArgs),
+    /// Show, set or clear the bandwidth budget of the tasks that move data
+    /// (balance, EC encode, EC balance, and job types a policy marks).
+    Budget(budget::BudgetArgs),
     /// Schedules: a job file run on a calendar (add, list, pause, resume, remove, run-now).
     Schedule(schedule::ScheduleArgs),
 }
@@ -174,6 +180,8 @@ pub fn main(cli: Cli) -> Result<ExitCode, crate::fate::Fatal> {
             Command::Restore(args) => transfer::restore(args).await,
             Command::Credentials(args) => Ok(credentials::run(args)),
             Command::ImportWeedAdmin(args) => import_weed_admin::run(args).await,
+            Command::Windows(args) => client::windows(args).await,
+            Command::Budget(args) => budget::run(args).await,
             Command::Schedule(args) => schedule::run(args).await,
         }
     });

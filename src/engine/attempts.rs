@@ -203,6 +203,23 @@ impl Ledger {
         attempts
     }
 
+    /// Every held attempt of `job_type`, in task order.
+    pub(super) fn of_type(&self, job_type: &str) -> Vec<AttemptId> {
+        let mut attempts: Vec<AttemptId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| &*h.job_type == job_type)
+            .map(|(task, h)| AttemptId::new(*task, h.attempt))
+            .collect();
+        attempts.sort_by_key(|a| a.task);
+        attempts
+    }
+
+    /// Whether an attempt of `job_type` is held.
+    pub(super) fn runs_of_type(&self, job_type: &str) -> bool {
+        self.held.values().any(|h| &*h.job_type == job_type)
+    }
+
     /// Every handler that holds an attempt.
     pub(super) fn handlers(&self) -> BTreeSet<HandlerId> {
         self.held.values().map(|h| h.handler).collect()

@@ -10,6 +10,7 @@ use prost::Message;
 use crate::engine::{self, EngineHandle};
 use crate::policy::{self, Overrides, Policy, Source};
 use crate::proto::plugin::{AdminRuntimeConfig, ConfigValue, JobTypeDescriptor};
+use crate::windows::Window;
 
 /// A value as typed on the command line: a number, `true`/`false`, or text.
 pub(crate) fn parse_value(text: &str) -> serde_json::Value {
@@ -31,6 +32,8 @@ const DESCRIPTOR_PREFIX: &str = "descriptor/";
 const POLICY_PREFIX: &str = "policy/";
 const WORKER_CONFIG_PREFIX: &str = "worker-config/";
 const ADMIN_CONFIG_PREFIX: &str = "admin-config/";
+/// The bandwidth budget (`budget::Budget` as JSON), when one is set.
+const BUDGET_SETTING: &str = "budget/bandwidth";
 /// `policy set TYPE worker.NAME=VALUE` sets a worker configuration value.
 pub(super) const WORKER_KEY_PREFIX: &str = "worker.";
 /// `policy set TYPE admin.NAME=VALUE` sets an admin configuration value.
@@ -46,6 +49,8 @@ struct Book {
     worker_values: Values,
     /// Admin configuration values an operator set, by job type.
     admin_values: Values,
+    /// The bandwidth budget of the tasks that move data.
+    budget: Option<crate::budget::Budget>,
 }
 
 /// Applies `prefix.NAME=VALUE` changes (`default` removes one) to what is set.
@@ -109,6 +114,8 @@ impl ForDispatch {
 struct Locked {
     book: Book,
     for_dispatch: BTreeMap<String, Arc<ForDispatch>>,
+    /// Each job type's windows, as read from the book.
+    windows: BTreeMap<String, Option<Arc<Window>>>,
 }
 
 impl Locked {
@@ -124,6 +131,15 @@ impl Locked {
         self.for_dispatch.insert(job_type.to_string(), parts.clone());
         parts
     }
+
+    fn window(&mut self, job_type: &str) -> Option<Arc<Window>> {
+        if let Some(window) = self.windows.get(job_type) {
+            return window.clone();
+        }
+        let window = effective(&self.book, job_type).0.window().map(Arc::new);
+        self.windows.insert(job_type.to_string(), window.clone());
+        window
+    }
 }
 
 impl std::ops::Deref for Locked {
@@ -137,6 +153,7 @@ impl std::ops::DerefMut for Locked {
     /// Every way to change the book goes through here.
     fn deref_mut(&mut self) -> &mut Book {
         self.for_dispatch.clear();
+        self.windows.clear();
         &mut self.book
     }
 }
@@ -151,7 +168,8 @@ impl Policies {
     /// Loads what the store holds (blocking: call it off the runtime).
     pub(crate) fn load(store: Arc<dyn Store>, engine: EngineHandle) -> Result<Policies, store::Error> {
         let book = read_book(&*store)?;
-        Ok(Policies { engine, book: Arc::new(Mutex::new(Locked { book, for_dispatch: BTreeMap::new() })) })
+        let locked = Locked { book, for_dispatch: BTreeMap::new(), windows: BTreeMap::new() };
+        Ok(Policies { engine, book: Arc::new(Mutex::new(locked)) })
     }
 
     /// Reads the policy book again (blocking: call it off the runtime), as
@@ -223,12 +241,14 @@ impl Policies {
         Ok(())
     }
 
-    /// Applies `name=value` changes; nothing changes when one is invalid.
+    /// Applies `name=value` changes; nothing changes when one is invalid, or
+    /// when the windows they leave would not open after `now`.
     pub(crate) async fn set(
         &self,
         job_type: &str,
         changes: &BTreeMap<String, String>,
         audit: Option<crate::model::audit::Entry>,
+        now: crate::clock::Timestamp,
     ) -> Result<Result<(), policy::Error>, engine::Error> {
         let (worker_changes, changes): (BTreeMap<String, String>, BTreeMap<String, String>) =
             changes.clone().into_iter().partition(|(k, _)| k.starts_with(WORKER_KEY_PREFIX));
@@ -239,6 +259,9 @@ impl Policies {
             Ok(updated) => updated,
             Err(e) => return Ok(Err(e)),
         };
+        if let Err(e) = policy::check_opens(job_type, &updated, &changes, now) {
+            return Ok(Err(e));
+        }
         let mut settings = Vec::new();
         let [worker_values, admin_values] = {
             let book = self.book.lock().expect("policy lock");
@@ -283,12 +306,78 @@ impl Policies {
         worker_values(&self.book.lock().expect("policy lock"), job_type)
     }
 
-    /// Tells the engine the dispatch limits of a job type.
+    /// Tells the engine the dispatch limits of a job type, and its windows.
     pub(crate) async fn push_limits(&self, engine: &EngineHandle, job_type: &str) {
         let (policy, _) = self.effective(job_type);
         if engine.set_limits(Arc::from(job_type), policy.limits()).await.is_err() {
             tracing::debug!(job_type, "engine stopped before the limits were set");
         }
+        if engine.set_window(Arc::from(job_type), self.window(job_type)).await.is_err() {
+            tracing::debug!(job_type, "engine stopped before the windows were set");
+        }
+        self.push_budget(engine).await;
+    }
+
+    /// A job type's windows, as its policy says (`None`: always open);
+    /// read once and kept until the book changes.
+    pub(crate) fn window(&self, job_type: &str) -> Option<Arc<Window>> {
+        self.book.lock().expect("policy lock").window(job_type)
+    }
+
+    /// The bandwidth budget, when one is set.
+    pub(crate) fn budget(&self) -> Option<crate::budget::Budget> {
+        self.book.lock().expect("policy lock").budget
+    }
+
+    /// The job types with a policy or a descriptor whose tasks share the
+    /// budget; those with neither share it by `budget::DEFAULT_TYPES`.
+    pub(crate) fn budgeted_types(&self) -> Vec<String> {
+        let book = self.book.lock().expect("policy lock");
+        let mut types: Vec<String> = book
+            .descriptors
+            .keys()
+            .chain(book.overrides.keys())
+            .map(String::as_str)
+            .chain(crate::budget::DEFAULT_TYPES)
+            .filter(|job_type| effective(&book, job_type).0.uses_bandwidth_budget == 1)
+            .map(str::to_string)
+            .collect();
+        types.sort();
+        types.dedup();
+        types
+    }
+
+    /// Tells the engine the bandwidth budget and which job types share it.
+    pub(crate) async fn push_budget(&self, engine: &EngineHandle) {
+        let (budget, marks) = {
+            let book = self.book.lock().expect("policy lock");
+            let marks = book
+                .descriptors
+                .keys()
+                .chain(book.overrides.keys())
+                .map(|job_type| (Arc::from(job_type.as_str()), effective(&book, job_type).0.uses_bandwidth_budget == 1))
+                .collect();
+            (book.budget, marks)
+        };
+        if engine.set_budget(budget, marks).await.is_err() {
+            tracing::debug!("engine stopped before the budget was set");
+        }
+    }
+
+    /// Sets the bandwidth budget (`None` removes it), with its audit record
+    /// in the same step, and tells the engine.
+    pub(crate) async fn set_budget(
+        &self,
+        budget: Option<crate::budget::Budget>,
+        audit: Option<crate::model::audit::Entry>,
+    ) -> Result<(), engine::Error> {
+        let bytes = budget.map(|b| serde_json::to_vec(&b).expect("a budget serializes"));
+        let mut settings = vec![(BUDGET_SETTING.to_string(), bytes)];
+        settings.extend(audit.map(crate::model::audit::Entry::into_setting));
+        self.engine.put_settings(settings).await?;
+        self.book.lock().expect("policy lock").budget = budget;
+        self.push_budget(&self.engine).await;
+        Ok(())
     }
 }
 
@@ -342,6 +431,13 @@ fn read_book(store: &dyn Store) -> Result<Book, store::Error> {
     for (key, bytes) in store.settings(ADMIN_CONFIG_PREFIX)? {
         if let Ok(values) = serde_json::from_slice(&bytes) {
             book.admin_values.insert(key[ADMIN_CONFIG_PREFIX.len()..].to_string(), values);
+        }
+    }
+    for (key, bytes) in store.settings(BUDGET_SETTING)? {
+        match serde_json::from_slice(&bytes) {
+            Ok(budget) if key == BUDGET_SETTING => book.budget = Some(budget),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(key, error = %e, "skipping an unreadable bandwidth budget"),
         }
     }
     Ok(book)

@@ -320,6 +320,13 @@ impl Scheduler {
                 if policy.detection_enabled == 0 {
                     continue;
                 }
+                // Outside its maintenance window a type is not detected: the
+                // loop wakes when the window opens, and it is due then.
+                let window = self.policies.window(job_type).map(|window| window.calendar.state(now));
+                if let Some(window) = window.filter(|window| !window.open) {
+                    next = [next, window.next_change].into_iter().flatten().min();
+                    continue;
+                }
                 let interval = u64::from(policy.detection_interval_seconds.max(1));
                 if state.in_flight.is_taken(job_type) {
                     continue;
@@ -373,6 +380,10 @@ impl Scheduler {
             for job_type in detectors(&self.registry).into_keys() {
                 let (policy, _) = self.policies.effective(&job_type);
                 if policy.detection_enabled == 0 {
+                    continue;
+                }
+                // Outside its maintenance window, on the database's clock, a type is not detected.
+                if self.policies.window(&job_type).is_some_and(|w| !w.calendar.is_open(Timestamp(now_ms))) {
                     continue;
                 }
                 let interval = Duration::from_secs(u64::from(policy.detection_interval_seconds.max(1)));
@@ -510,7 +521,8 @@ impl Scheduler {
             }
         };
         let now = board.clock.now();
-        let proposals: Vec<Proposal> = proposals.iter().map(|p| to_proposal(job_type, p)).collect();
+        let policies = &self.policies;
+        let proposals: Vec<Proposal> = proposals.iter().map(|p| to_proposal(job_type, p, policies)).collect();
         let (kept, mut dropped) = filter(proposals, &active, now);
         let kept = self.place_on_capacity(job_type, kept, &mut dropped).await;
         for d in &dropped {
@@ -737,12 +749,18 @@ fn millis(t: &Option<prost_types::Timestamp>) -> Option<Timestamp> {
     t.as_ref().filter(|t| t.seconds > 0).map(|t| Timestamp(t.seconds * 1000 + i64::from(t.nanos) / 1_000_000))
 }
 
-fn to_proposal(job_type: &str, p: &JobProposal) -> Proposal {
+/// A detector's proposal; one that names no priority takes its job type's policy's.
+fn to_proposal(job_type: &str, p: &JobProposal, policies: &Policies) -> Proposal {
+    let job_type = if p.job_type.is_empty() { job_type.to_string() } else { p.job_type.clone() };
+    let priority = match p.priority {
+        0 => policies.effective(&job_type).0.priority,
+        named => wire::priority_from_wire(named),
+    };
     Proposal {
         proposal_id: p.proposal_id.clone(),
         dedupe_key: p.dedupe_key.clone(),
-        job_type: if p.job_type.is_empty() { job_type.to_string() } else { p.job_type.clone() },
-        priority: wire::priority_from_wire(p.priority),
+        job_type,
+        priority,
         summary: p.summary.clone(),
         parameters: wire::values_to_json(&p.parameters),
         labels: p.labels.clone().into_iter().collect(),

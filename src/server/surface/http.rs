@@ -200,6 +200,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/jobs", guarded(get(list_jobs).post(submit_job)))
         .route("/api/jobs/{id}", guarded(get(get_job)))
         .route("/api/jobs/{id}/cancel", guarded(post(cancel_job)))
+        .route("/api/jobs/{id}/priority", guarded(post(set_job_priority)))
         .route("/api/jobs/{id}/retry", guarded(post(retry_job)))
         .route("/api/workers", guarded(get(workers)))
         .route("/api/instances", guarded(get(instances)))
@@ -217,6 +218,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/policies/{job_type}", guarded(get(get_policy).put(set_policy)))
         .route("/api/openapi.json", guarded(get(openapi)))
         .route("/metrics", guarded(get(metrics)))
+        .route("/api/windows", guarded(get(windows)))
+        .route("/api/budget", guarded(get(get_budget).put(set_budget)))
         .route("/api/schedules", guarded(get(list_schedules).post(add_schedule)))
         .route("/api/schedules/{name}", guarded(axum::routing::delete(remove_schedule)))
         .route("/api/schedules/{name}/pause", guarded(post(pause_schedule)))
@@ -411,6 +414,25 @@ async fn cancel_job(State(s): State<AppState>, By(who): By, PathParams(id): Path
     Ok(Json(json!({ "job_id": id, "canceled": true })).into_response())
 }
 
+async fn set_job_priority(
+    State(s): State<AppState>,
+    By(who): By,
+    PathParams(id): PathParams<String>,
+    q: Params,
+    JsonBody(body): JsonBody<PriorityBody>,
+) -> Reply {
+    q.taking(&[])?;
+    s.api.set_job_priority(&who, &id, &body.priority).await?;
+    Ok(Json(json!({ "job_id": id, "priority": body.priority })).into_response())
+}
+
+/// The body of `POST /api/jobs/{id}/priority`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PriorityBody {
+    priority: String,
+}
+
 async fn retry_job(State(s): State<AppState>, By(who): By, PathParams(id): PathParams<String>, q: Params) -> Reply {
     q.taking(&[])?;
     s.api.retry(&who, &id).await?;
@@ -447,6 +469,12 @@ async fn prune(State(s): State<AppState>, By(who): By, q: Params) -> Reply {
 async fn notifications(State(s): State<AppState>, q: Params) -> Reply {
     q.taking(&[])?;
     Ok(Json(json!({ "endpoints": s.api.notifications().await? })).into_response())
+}
+
+/// Each job type's maintenance windows: open now, next opens and closes.
+async fn windows(State(s): State<AppState>, q: Params) -> Reply {
+    q.taking(&[])?;
+    Ok(Json(s.api.windows()).into_response())
 }
 
 /// The audit trail, oldest first: `since` (ms since the epoch), `who`, `limit` (the newest).
@@ -616,6 +644,42 @@ async fn set_policy(
         changes.into_iter().map(|(k, v)| (k, v.as_str().map(String::from).unwrap_or_else(|| v.to_string()))).collect();
     let policy = s.api.set_policy(&who, &job_type, &changes).await?;
     Ok(Json(policy).into_response())
+}
+
+async fn get_budget(State(s): State<AppState>, q: Params) -> Reply {
+    q.taking(&[])?;
+    Ok(Json(s.api.budget().await?).into_response())
+}
+
+/// Sets, changes or clears the bandwidth budget: `cluster`, `per_server`
+/// and `minimum` (rates as text, or bytes per second as numbers), or `clear`.
+async fn set_budget(
+    State(s): State<AppState>,
+    By(who): By,
+    q: Params,
+    JsonBody(fields): JsonBody<BTreeMap<String, Value>>,
+) -> Reply {
+    q.taking(&[])?;
+    let mut request = crate::proto::api::SetBudgetRequest::default();
+    for (name, value) in fields {
+        let text = || value.as_str().map(String::from).unwrap_or_else(|| value.to_string());
+        match name.as_str() {
+            "cluster" => request.cluster = text(),
+            "per_server" => request.per_server = text(),
+            "minimum" => request.minimum = text(),
+            "clear" => {
+                request.clear = value
+                    .as_bool()
+                    .ok_or_else(|| Error::Invalid(format!("budget clear: must be true or false, not {value}")))?
+            }
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "budget: unknown field {name:?}; fields are cluster, per_server, minimum, clear"
+                )))
+            }
+        }
+    }
+    Ok(Json(s.api.set_budget(&who, &request).await?).into_response())
 }
 
 /// A schedule to add: its terms, and its job file as text (in `format`) or

@@ -63,6 +63,7 @@ pub const HTTP: &[(&str, &str, Need)] = &[
     ("GET", "/api/jobs/{id}/events", VIEWER),
     ("POST", "/api/jobs/{id}/cancel", OPERATOR),
     ("POST", "/api/jobs/{id}/retry", OPERATOR),
+    ("POST", "/api/jobs/{id}/priority", OPERATOR),
     ("GET", "/api/job-types", VIEWER),
     ("GET", "/api/job-types/{job_type}", VIEWER),
     ("GET", "/api/workers", VIEWER),
@@ -81,6 +82,9 @@ pub const HTTP: &[(&str, &str, Need)] = &[
     ("GET", "/api/audit", ADMIN),
     ("GET", "/api/notifications", VIEWER),
     ("GET", "/metrics", VIEWER),
+    ("GET", "/api/windows", VIEWER),
+    ("GET", "/api/budget", VIEWER),
+    ("PUT", "/api/budget", OPERATOR),
     ("GET", "/api/schedules", VIEWER),
     ("POST", "/api/schedules", OPERATOR),
     ("DELETE", "/api/schedules/{name}", OPERATOR),
@@ -114,6 +118,8 @@ pub const GRPC: &[(&str, Need)] = &[
     ("/jobcenter.v1.JobService/Backup", ADMIN),
     ("/jobcenter.v1.JobService/ListAudit", ADMIN),
     ("/jobcenter.v1.JobService/ListNotifications", VIEWER),
+    ("/jobcenter.v1.JobService/SetJobPriority", OPERATOR_OR_INSTANCE),
+    ("/jobcenter.v1.JobService/ListWindows", VIEWER),
     ("/jobcenter.v1.JobService/AddSchedule", OPERATOR),
     ("/jobcenter.v1.JobService/ListSchedules", VIEWER),
     ("/jobcenter.v1.JobService/SetSchedulePaused", OPERATOR),
@@ -126,6 +132,8 @@ pub const GRPC: &[(&str, Need)] = &[
     ("/jobcenter.peer.v1.PeerService/Knows", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/DedupeKeys", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/Vouch", INSTANCE),
+    ("/jobcenter.v1.JobService/GetBudget", VIEWER),
+    ("/jobcenter.v1.JobService/SetBudget", OPERATOR),
 ];
 
 /// What an HTTP route needs (`HEAD` as `GET`); admin for a route without a row.
