@@ -360,6 +360,7 @@
     { re: /^\/recovery$/, page: "recovery", title: "Recovery", render: renderRecovery },
     { re: /^\/audit$/, page: "audit", title: "Audit", render: renderAudit },
     { re: /^\/capacity$/, page: "capacity", title: "Capacity", render: renderCapacity },
+    { re: /^\/schedules$/, page: "schedules", title: "Schedules", render: renderSchedules },
   ];
 
   let current = null;
@@ -740,6 +741,9 @@
     const parts = origin.split(":");
     if (parts[0] === "scheduler" && parts.length >= 2) {
       return h("span", {}, "scheduler · ", typeLink(parts[1]), parts[2] ? ` #${parts.slice(2).join(":")}` : "");
+    }
+    if (parts[0] === "schedule" && parts.length >= 2) {
+      return h("span", {}, "schedule · ", h("a", { href: "#/schedules" }, parts[1]), parts[2] ? ` @ ${parts.slice(2).join(":")}` : "");
     }
     return h("span", {}, origin);
   }
@@ -1660,6 +1664,61 @@
     return [title, c.error ? h("p", { class: "notice" }, `The master could not be asked; last known figures: ${c.error}`) : "",
       tableEl({ id: "disks-table" }, ["Server", "Disk", num("Volumes"), num("EC shards"), num("Free slots"), num("Pending"), num("Free after")],
         rows.length ? rows : [emptyRow(7, "The master lists no disk.")])];
+  }
+
+  // ------------------------------------------------------------- schedules
+
+  /** Every schedule: its calendar, its next run and its last, with buttons to pause, resume and run now. */
+  function renderSchedules(scope) {
+    const { head, notice, updated } = pageHead("Schedules");
+    const body = h("tbody");
+    const table = h("div", { class: "table-wrap" }, h("table", { id: "schedules" },
+      headRow(["Schedule", "Calendar", "Overlap", "Catch-up", "Next run", "Last run", "State", ""]), body));
+    append(pageEl, head, notice,
+      h("p", { class: "muted" }, "Each schedule runs its job file on its calendar; each run is a job whose origin names the schedule. `jobcenter schedule add` adds one."),
+      table);
+    const load = async () => {
+      const data = await scope.api("GET", "/api/schedules");
+      const rows = (data.schedules || []).map((s) => scheduleRow(scope, s, load));
+      replaceKeepingFocus(body, rows.length ? rows : [emptyRow(8, "No schedule yet.")]);
+      touch(updated);
+    };
+    keepLoading(scope, 3000, load, notice);
+  }
+
+  function scheduleRow(scope, s, reload) {
+    const calendar = s.time_zone ? `${s.calendar} (${s.time_zone})` : s.calendar;
+    const last = s.last_outcome
+      ? [h("span", { class: "tag" }, s.last_outcome.replace("_", " ")), " ", s.last_slot_ms ? timeEl(s.last_slot_ms) : "",
+        s.last_job_id ? [" ", jobLink(s.last_job_id)] : ""]
+      : h("span", { class: "muted" }, "none yet");
+    const pause = h("button", { type: "button", class: "small writes", "data-action": s.paused ? "resume" : "pause" }, s.paused ? "Resume" : "Pause");
+    const now = h("button", { type: "button", class: "small writes", "data-action": "run-now" }, "Run now");
+    const act = async (button, verb) => {
+      button.disabled = true;
+      try {
+        const answer = await scope.api("POST", `/api/schedules/${encodeURIComponent(s.name)}/${verb}`);
+        if (answer && answer.job_id) button.after(h("span", { class: "muted", role: "status" }, " started ", jobLink(answer.job_id)));
+        await reload();
+      } catch (e) {
+        button.after(h("span", { class: "error-text", role: "alert" }, ` ${e.message}`));
+      } finally {
+        button.disabled = false;
+      }
+    };
+    pause.addEventListener("click", () => act(pause, s.paused ? "resume" : "pause"));
+    now.addEventListener("click", async () => {
+      if (await confirmAction(`Start a run of ${s.name} now, whatever its calendar says?`, "Run now")) act(now, "run-now");
+    });
+    return h("tr", { "data-key": s.name, "data-schedule": s.name },
+      h("th", { scope: "row" }, s.name, s.job_name ? h("div", { class: "muted" }, s.job_name) : ""),
+      h("td", { class: "mono" }, calendar, s.jitter ? h("div", { class: "muted" }, `jitter ${s.jitter}`) : ""),
+      h("td", {}, s.overlap.replace("_", " ")),
+      h("td", {}, s.catch_up === "last" ? `last, within ${s.catch_up_window || "1h"}` : "none"),
+      h("td", { class: "next-run" }, s.paused || !s.next_run_ms ? h("span", { class: "muted" }, "—") : timeEl(s.next_run_ms)),
+      h("td", {}, last),
+      h("td", { class: "state" }, s.paused ? "paused" : "active"),
+      h("td", {}, pause, " ", now));
   }
 
   // ----------------------------------------------------------------- start

@@ -1536,6 +1536,9 @@
   function originNode(origin) {
     if (!origin) return "—";
     const [kind, type, ...rest] = origin.split(":");
+    if (kind === "schedule" && type) {
+      return h("span", {}, "schedule · ", h("a", { href: "#/schedules" }, type), rest.length ? ` @ ${rest.join(":")}` : "");
+    }
     if (kind !== "scheduler" || !type) return origin;
     return h("span", {}, "scheduler · ", h("a", { href: `#/types/${encodeURIComponent(type)}` }, type), rest.length ? ` #${rest.join(":")}` : "");
   }

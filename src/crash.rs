@@ -7,7 +7,9 @@
 //! `CURRENT` not switched yet) and `compaction-switched` (`CURRENT` names
 //! the new generation, the old one not removed yet). An instance of a
 //! cluster has `lend-durable` (attempts lent to another instance's workers
-//! made durable, the answer that hands them over not sent).
+//! made durable, the answer that hands them over not sent), and
+//! `schedule-claimed` (a schedule's run claimed fresh, its job not
+//! submitted yet).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

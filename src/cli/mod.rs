@@ -8,6 +8,7 @@ mod import_weed_admin;
 mod inspect;
 mod output;
 mod run;
+mod schedule;
 mod server;
 mod store_args;
 mod transfer;
@@ -108,6 +109,8 @@ pub enum Command {
     /// Show, set or clear the bandwidth budget of the tasks that move data
     /// (balance, EC encode, EC balance, and job types a policy marks).
     Budget(budget::BudgetArgs),
+    /// Schedules: a job file run on a calendar (add, list, pause, resume, remove, run-now).
+    Schedule(schedule::ScheduleArgs),
 }
 
 impl Cli {
@@ -179,6 +182,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, crate::fate::Fatal> {
             Command::ImportWeedAdmin(args) => import_weed_admin::run(args).await,
             Command::Windows(args) => client::windows(args).await,
             Command::Budget(args) => budget::run(args).await,
+            Command::Schedule(args) => schedule::run(args).await,
         }
     });
     // A blocking call stuck on a failed store must not hold the process.

@@ -147,6 +147,15 @@ pub(super) enum JobCommand {
         budget: Option<crate::budget::Budget>,
         marks: HashMap<Arc<str>, bool>,
     },
+    /// A submit with settings written in its step (a schedule's last run
+    /// and the audit record of the request that asked for it).
+    SubmitWith {
+        id: JobId,
+        spec: Arc<JobSpec>,
+        origin: JobOrigin,
+        settings: Vec<(String, Option<Vec<u8>>)>,
+        reply: Reply<Result<JobId, Error>>,
+    },
 }
 
 /// What a handler reports of an attempt it holds: started, progress, its outcome, or that it gave it up.

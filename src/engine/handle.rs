@@ -135,6 +135,18 @@ impl EngineHandle {
         self.call(|reply| JobCommand::Submit { id, spec, origin, audit, reply }.into()).await?
     }
 
+    /// Submits a job and, in the same step, the settings `settings` makes of its id.
+    pub async fn submit_with(
+        &self,
+        spec: JobSpec,
+        origin: JobOrigin,
+        settings: impl FnOnce(JobId) -> Vec<(String, Option<Vec<u8>>)>,
+    ) -> Result<JobId, Error> {
+        let (spec, id) = (Arc::new(spec), JobId::new());
+        let settings = settings(id);
+        self.call(|reply| JobCommand::SubmitWith { id, spec, origin, settings, reply }.into()).await?
+    }
+
     /// Reports that an attempt began executing.
     pub async fn started(&self, attempt: AttemptId, handler: HandlerId) -> Result<Result<(), Rejection>, Error> {
         self.call(|reply| ReportCommand::Started { attempt, handler, reply: Some(reply) }.into()).await

@@ -89,6 +89,7 @@ impl TracedJob {
         let origin = match record.origin {
             JobOrigin::User => "submitted",
             JobOrigin::Scheduler { .. } => "scheduler",
+            JobOrigin::Schedule { .. } => "schedule",
         };
         let span = tracing::info_span!(
             target: TARGET,

@@ -6,6 +6,7 @@ pub mod audit;
 mod ids;
 pub mod notify;
 mod record;
+pub mod schedule;
 mod spec;
 mod state;
 mod stored;

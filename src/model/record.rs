@@ -18,6 +18,8 @@ pub enum JobOrigin {
     User,
     /// One detection run of the scheduler.
     Scheduler { job_type: String, sequence: u64 },
+    /// One run of a schedule: the slot its calendar named (ms since the epoch).
+    Schedule { name: String, slot: i64 },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

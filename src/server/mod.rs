@@ -339,6 +339,8 @@ async fn stop(parts: &Parts) {
 fn keep_duties(parts: &Parts, loops: Loops) {
     let Loops { recovery, pruner, scheduler, seaweedfs, clock, cluster, foreign_orders, notifier } = loops;
     let duties = &parts.duties;
+    let schedules = parts.http.api.schedules.clone();
+    duties.keep("schedules", Stage::Intake, move || schedules.clone().runs());
     let n = notifier.clone();
     duties.keep("notifications", Stage::Intake, move || n.clone().delivers());
     duties.keep("notifications file", Stage::Intake, move || notifier.clone().reloads());
@@ -458,6 +460,13 @@ async fn assemble(
         grpc_port,
         trail: surface::audit::Trail { engine: handles.engine.clone(), clock: handles.clock.clone() },
         notifier: handles.notifier.clone(),
+        schedules: Arc::new(duties::schedules::Schedules::new(
+            handles.engine.clone(),
+            handles.clock.clone(),
+            handles.topology.clone(),
+            handles.peers.clone(),
+            options.limits.clone(),
+        )),
     };
     let http = handles.http(api.clone(), &recovery, &pruner, options, grpc_port);
     let cluster = handles.topology.member().map(|node| handles.cluster(node, &recovery, options, grpc_port));

@@ -194,6 +194,22 @@ pub trait Cluster: Send + Sync {
     /// (never fewer than it runs, never more than the capacity); returns the
     /// slots held per request, in order.
     fn permits(&self, requests: &[PermitRequest]) -> Result<Vec<u32>, Error>;
+    /// Claims the run of `schedule` for `slot`, cluster-wide: fresh, taken
+    /// over from an instance no longer active (its writes are all in, so
+    /// the schedule's last run says whether it started the run), or held
+    /// by a live instance.
+    fn claim_schedule_run(&self, schedule: &str, slot: i64) -> Result<RunClaim, Error>;
+}
+
+/// What a claim of a schedule's run found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunClaim {
+    /// Nobody had claimed it: this instance has.
+    Fresh,
+    /// Claimed earlier by an instance no longer active, or by this one: this instance has it now.
+    TakenOver,
+    /// A live instance has it.
+    Held,
 }
 
 #[cfg(test)]

@@ -5,8 +5,9 @@
 //! page; a job type's policy saved through its form, and a real `weed
 //! worker`'s config form built from its descriptor and saved; a 100,000-task job's
 //! graph folded by level; the token sign-in, the HttpOnly session cookie
-//! and the refusal of forged cross-site writes; and the capacity page's
-//! bandwidth budget with each running task's share.
+//! and the refusal of forged cross-site writes; the capacity page's
+//! bandwidth budget with each running task's share; and a schedule listed
+//! with its next run, paused, resumed and run now from its page.
 
 use crate::support;
 use crate::support::browser;
@@ -707,5 +708,53 @@ fn the_job_types_list_shows_each_types_window_open_or_closed_and_its_next_change
     browser.wait_for_text(&format!("{noop} .tag"), "closed");
     browser.wait_for_text_containing(r#"table#types tr[data-type="shell"] td.window"#, "always open");
     browser.screenshot("windows");
+    browser.assert_no_uncaught_errors();
+}
+
+#[test]
+fn a_schedule_is_listed_with_its_next_run_and_paused_resumed_and_run_from_its_page() {
+    let console = start("schedules", &[], 1, &[]);
+    let (browser, server) = (&console.browser, &console.server);
+    server.wait_for_workers(1);
+    let file = console.dir.path().join("nightly.json");
+    std::fs::write(&file, r#"{"name": "nightly", "tasks": [{"id": "a", "job_type": "noop"}]}"#).unwrap();
+    let output = server.cli(&[
+        "schedule",
+        "add",
+        "nightly",
+        file.to_str().unwrap(),
+        "--calendar",
+        "0 3 * * *",
+        "--time-zone",
+        "Europe/Berlin",
+    ]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let next_ms = server.cli_json(&["schedule", "list", "--json"])[0]["next_run_ms"].as_i64().unwrap();
+    assert!(next_ms > 0);
+    console.open("#/schedules", "schedules");
+    let row = r#"#schedules tbody tr[data-schedule="nightly"]"#;
+    browser.wait_for(row);
+    browser.wait_for_text_containing(&format!("{row} td.mono"), "0 3 * * * (Europe/Berlin)");
+    browser.wait_for(&format!(r#"{row} td.next-run time"#));
+    browser.wait_for_text(&format!("{row} td.state"), "active");
+    browser.screenshot("listed");
+
+    // Pause, then resume, from the page.
+    browser.click(&format!(r#"{row} button[data-action="pause"]"#));
+    browser.wait_for_text(&format!("{row} td.state"), "paused");
+    assert_eq!(server.cli_json(&["schedule", "list", "--json"])[0]["paused"], true);
+    browser.click(&format!(r#"{row} button[data-action="resume"]"#));
+    browser.wait_for_text(&format!("{row} td.state"), "active");
+    assert_eq!(server.cli_json(&["schedule", "list", "--json"])[0]["paused"], false);
+
+    // Run now: confirmed, a job whose origin names the schedule, which runs to its end.
+    browser.click(&format!(r#"{row} button[data-action="run-now"]"#));
+    browser.wait_for_visible("dialog#confirm");
+    browser.click("button#confirm-yes");
+    let id = console.job_id_of_link(&format!("{row} td:nth-of-type(5) a"));
+    let job = wait_for_job_state(server, &id, "succeeded", &[]);
+    assert!(job["origin"].as_str().unwrap().starts_with("schedule:nightly:"), "{job}");
+    browser.wait_for_text_containing(&format!("{row} td:nth-of-type(5)"), "run now");
+    browser.screenshot("run-now");
     browser.assert_no_uncaught_errors();
 }

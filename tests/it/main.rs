@@ -39,6 +39,7 @@ mod priorities;
 mod recovery_e2e;
 mod retention;
 mod scheduler;
+mod schedules;
 mod seaweedfs_maintenance;
 mod seaweedfs_master;
 mod seaweedfs_worker;

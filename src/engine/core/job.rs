@@ -108,6 +108,14 @@ impl Core {
             }
             JobCommand::SetWindow { job_type, window } => self.set_window(job_type, window, now),
             JobCommand::SetBudget { budget, marks } => self.shares.set(budget, marks),
+            JobCommand::SubmitWith { id, spec, origin, settings, reply } => {
+                let (job, ready) = leader::submit(id, spec, origin, self.options.instance, now, &mut step.batch);
+                tracing::info!(job.id = %id, job.name = %job.record.name, tasks = job.len(), "job submitted");
+                self.jobs.insert(id, job);
+                self.queue_ready(id, &ready, now);
+                step.batch.settings.extend(settings);
+                step.reply(reply, Ok(id));
+            }
         }
     }
 }

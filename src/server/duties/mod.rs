@@ -15,6 +15,7 @@ mod flight;
 pub(crate) mod recovery;
 pub(crate) mod retention;
 pub(crate) mod scheduler;
+pub(crate) mod schedules;
 
 use std::future::Future;
 use std::time::Duration;

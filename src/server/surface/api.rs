@@ -164,6 +164,8 @@ pub(crate) struct Api {
     pub(crate) trail: Trail,
     /// The webhook endpoints and their outbox.
     pub(crate) notifier: Arc<crate::server::notify::Notifier>,
+    /// The schedules: their duty, and the changes made to them.
+    pub(crate) schedules: Arc<crate::server::duties::schedules::Schedules>,
 }
 
 impl Api {
@@ -1147,9 +1149,165 @@ impl JobService for JobServiceImpl {
         let who = who(&request);
         Ok(Response::new(self.api.set_budget(&who, request.get_ref()).await?))
     }
+
+    async fn add_schedule(&self, request: Request<api::AddScheduleRequest>) -> Result<Response<api::Schedule>, Status> {
+        let who = who(&request);
+        Ok(Response::new(self.api.add_schedule(&who, request.into_inner()).await?))
+    }
+
+    async fn list_schedules(
+        &self,
+        _request: Request<api::ListSchedulesRequest>,
+    ) -> Result<Response<api::ListSchedulesResponse>, Status> {
+        Ok(Response::new(api::ListSchedulesResponse { schedules: self.api.schedules().await? }))
+    }
+
+    async fn set_schedule_paused(
+        &self,
+        request: Request<api::SetSchedulePausedRequest>,
+    ) -> Result<Response<api::Schedule>, Status> {
+        let who = who(&request);
+        let r = request.into_inner();
+        Ok(Response::new(self.api.set_schedule_paused(&who, &r.name, r.paused).await?))
+    }
+
+    async fn remove_schedule(&self, request: Request<api::ScheduleRef>) -> Result<Response<api::ScheduleRef>, Status> {
+        let who = who(&request);
+        let r = request.into_inner();
+        self.api.remove_schedule(&who, &r.name).await?;
+        Ok(Response::new(r))
+    }
+
+    async fn run_schedule_now(
+        &self,
+        request: Request<api::ScheduleRef>,
+    ) -> Result<Response<api::RunScheduleNowResponse>, Status> {
+        let who = who(&request);
+        let r = request.into_inner();
+        let job_id = self.api.run_schedule_now(&who, &r.name).await?;
+        Ok(Response::new(api::RunScheduleNowResponse { name: r.name, job_id }))
+    }
 }
 
 /// Who made a call, as the guard (`access::grpc`) judged it.
 fn who<T>(request: &Request<T>) -> Who {
     request.extensions().get::<Who>().cloned().unwrap_or_else(|| Who::unknown(None))
+}
+
+/// A refused or failed change to schedules, as the API answers it.
+impl From<crate::server::duties::schedules::Error> for Error {
+    fn from(e: crate::server::duties::schedules::Error) -> Error {
+        use crate::server::duties::schedules::Error as Refused;
+        match e {
+            Refused::Invalid(e) => Error::Invalid(e.to_string()),
+            Refused::Rejected(e) => Error::Rejected(e),
+            Refused::NotFound(_) => Error::NotFound(e.to_string()),
+            Refused::Exists(_) => Error::Conflict(e.to_string()),
+            Refused::Engine(e) => e.into(),
+            Refused::Store(e) => store_error(e),
+        }
+    }
+}
+
+/// Schedules: each change and its audit record are one step.
+impl Api {
+    pub(crate) async fn add_schedule(&self, who: &Who, r: api::AddScheduleRequest) -> Result<api::Schedule, Error> {
+        let record = self
+            .trail
+            .begin(who, "schedule.add", &r.name)
+            .arg("calendar", r.calendar.as_str())
+            .arg("time_zone", r.time_zone.as_str())
+            .arg("overlap", r.overlap.as_str())
+            .arg("catch_up", r.catch_up.as_str())
+            .arg("catch_up_window", r.catch_up_window.as_str())
+            .arg("jitter", r.jitter.as_str())
+            .arg("paused", r.paused.to_string())
+            .arg("bytes", r.job_file.len().to_string());
+        let result = async {
+            if r.job_file.len() as u64 > self.limits.max_file_bytes {
+                return Err(job_too_large(&format!("the job file of schedule {}", r.name), self.limits.max_file_bytes));
+            }
+            let job_file = String::from_utf8(r.job_file)
+                .map_err(|_| Error::Invalid("schedule job_file: not UTF-8 text".into()))?;
+            let terms = crate::model::schedule::Terms {
+                name: r.name,
+                calendar: r.calendar,
+                time_zone: r.time_zone,
+                overlap: r.overlap,
+                catch_up: r.catch_up,
+                catch_up_window: r.catch_up_window,
+                jitter: r.jitter,
+                paused: r.paused,
+            };
+            let audit = vec![record.entry().into_setting()];
+            let listed = self.schedules.add(terms, job_file, r.format, audit).await?;
+            Ok(self.schedule_view(listed))
+        }
+        .await;
+        self.trail.refused(record, &result).await;
+        result
+    }
+
+    pub(crate) async fn schedules(&self) -> Result<Vec<api::Schedule>, Error> {
+        let listed = self.schedules.list().await?;
+        Ok(listed.into_iter().map(|l| self.schedule_view(l)).collect())
+    }
+
+    pub(crate) async fn set_schedule_paused(
+        &self,
+        who: &Who,
+        name: &str,
+        paused: bool,
+    ) -> Result<api::Schedule, Error> {
+        let action = if paused { "schedule.pause" } else { "schedule.resume" };
+        let record = self.trail.begin(who, action, name);
+        let audit = vec![record.entry().into_setting()];
+        let result = self.schedules.set_paused(name, paused, audit).await.map_err(Error::from);
+        self.trail.refused(record, &result).await;
+        Ok(self.schedule_view(result?))
+    }
+
+    pub(crate) async fn remove_schedule(&self, who: &Who, name: &str) -> Result<(), Error> {
+        let record = self.trail.begin(who, "schedule.remove", name);
+        let result = self.schedules.remove(name, vec![record.entry().into_setting()]).await.map_err(Error::from);
+        self.trail.refused(record, &result).await;
+        result
+    }
+
+    pub(crate) async fn run_schedule_now(&self, who: &Who, name: &str) -> Result<String, Error> {
+        let record = self.trail.begin(who, "schedule.run_now", name);
+        let audit = |id: JobId| vec![record.clone().arg("job_id", id.to_string()).entry().into_setting()];
+        let result = self.schedules.run_now(name, audit).await.map_err(Error::from);
+        self.trail.refused(record.clone(), &result).await;
+        if let Some(node) = self.topology.member() {
+            node.wake_permits();
+        }
+        Ok(result?.to_string())
+    }
+
+    fn schedule_view(&self, listed: crate::server::duties::schedules::Listed) -> api::Schedule {
+        let crate::server::duties::schedules::Listed { schedule, last, next_ms } = listed;
+        let job_name = self.schedules.job_name(&schedule);
+        let terms = schedule.terms;
+        api::Schedule {
+            name: schedule.name,
+            calendar: terms.calendar,
+            time_zone: terms.time_zone,
+            overlap: schedule.overlap.as_str().into(),
+            catch_up: match schedule.catch_up {
+                crate::model::schedule::CatchUp::None => "none".into(),
+                crate::model::schedule::CatchUp::Last { .. } => "last".into(),
+            },
+            catch_up_window: terms.catch_up_window,
+            jitter: terms.jitter,
+            paused: schedule.paused,
+            next_run_ms: next_ms.unwrap_or(0),
+            last_slot_ms: last.slot.unwrap_or(0),
+            last_job_id: last.job.unwrap_or_default(),
+            last_outcome: last.outcome,
+            queued_slot_ms: last.queued.unwrap_or(0),
+            format: schedule.format,
+            job_name,
+        }
+    }
 }

@@ -16,6 +16,7 @@ pub(crate) fn origin(origin: &JobOrigin) -> String {
     match origin {
         JobOrigin::User => "user".into(),
         JobOrigin::Scheduler { job_type, sequence } => format!("scheduler:{job_type}:{sequence}"),
+        JobOrigin::Schedule { name, slot } => format!("schedule:{name}:{}", Timestamp(*slot).to_rfc3339()),
     }
 }
 

@@ -220,6 +220,11 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/metrics", guarded(get(metrics)))
         .route("/api/windows", guarded(get(windows)))
         .route("/api/budget", guarded(get(get_budget).put(set_budget)))
+        .route("/api/schedules", guarded(get(list_schedules).post(add_schedule)))
+        .route("/api/schedules/{name}", guarded(axum::routing::delete(remove_schedule)))
+        .route("/api/schedules/{name}/pause", guarded(post(pause_schedule)))
+        .route("/api/schedules/{name}/resume", guarded(post(resume_schedule)))
+        .route("/api/schedules/{name}/run-now", guarded(post(run_schedule_now)))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
@@ -675,4 +680,103 @@ async fn set_budget(
         }
     }
     Ok(Json(s.api.set_budget(&who, &request).await?).into_response())
+}
+
+/// A schedule to add: its terms, and its job file as text (in `format`) or
+/// as a JSON object.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSchedule {
+    name: String,
+    calendar: String,
+    #[serde(default)]
+    time_zone: String,
+    #[serde(default)]
+    overlap: String,
+    #[serde(default)]
+    catch_up: String,
+    #[serde(default)]
+    catch_up_window: String,
+    #[serde(default)]
+    jitter: String,
+    #[serde(default)]
+    paused: bool,
+    job_file: Value,
+    #[serde(default)]
+    format: String,
+}
+
+async fn list_schedules(State(s): State<AppState>, q: Params) -> Reply {
+    q.taking(&[])?;
+    Ok(Json(json!({ "schedules": s.api.schedules().await? })).into_response())
+}
+
+async fn add_schedule(
+    State(s): State<AppState>,
+    By(who): By,
+    q: Params,
+    JsonBody(body): JsonBody<NewSchedule>,
+) -> Reply {
+    q.taking(&[])?;
+    let (job_file, format) = match body.job_file {
+        Value::String(text) => (text.into_bytes(), body.format),
+        object @ Value::Object(_) => (object.to_string().into_bytes(), "json".to_string()),
+        _ => return Err(Error::Invalid("schedule job_file: a job file's text, or a job as a JSON object".into())),
+    };
+    let request = crate::proto::api::AddScheduleRequest {
+        name: body.name,
+        calendar: body.calendar,
+        time_zone: body.time_zone,
+        overlap: body.overlap,
+        catch_up: body.catch_up,
+        catch_up_window: body.catch_up_window,
+        jitter: body.jitter,
+        paused: body.paused,
+        job_file,
+        format,
+    };
+    let schedule = s.api.add_schedule(&who, request).await?;
+    Ok((StatusCode::CREATED, Json(schedule)).into_response())
+}
+
+async fn remove_schedule(
+    State(s): State<AppState>,
+    By(who): By,
+    PathParams(name): PathParams<String>,
+    q: Params,
+) -> Reply {
+    q.taking(&[])?;
+    s.api.remove_schedule(&who, &name).await?;
+    Ok(Json(json!({ "name": name, "removed": true })).into_response())
+}
+
+async fn pause_schedule(
+    State(s): State<AppState>,
+    By(who): By,
+    PathParams(name): PathParams<String>,
+    q: Params,
+) -> Reply {
+    q.taking(&[])?;
+    Ok(Json(s.api.set_schedule_paused(&who, &name, true).await?).into_response())
+}
+
+async fn resume_schedule(
+    State(s): State<AppState>,
+    By(who): By,
+    PathParams(name): PathParams<String>,
+    q: Params,
+) -> Reply {
+    q.taking(&[])?;
+    Ok(Json(s.api.set_schedule_paused(&who, &name, false).await?).into_response())
+}
+
+async fn run_schedule_now(
+    State(s): State<AppState>,
+    By(who): By,
+    PathParams(name): PathParams<String>,
+    q: Params,
+) -> Reply {
+    q.taking(&[])?;
+    let job_id = s.api.run_schedule_now(&who, &name).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "name": name, "job_id": job_id }))).into_response())
 }

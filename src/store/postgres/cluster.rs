@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::{decode_job, read_transaction, PgStore};
 use crate::model::{HandlerId, JobId, JobRecord};
 use crate::store::cluster::{
-    allot, Beat, Cluster, Instance, Introduction, Membership, PermitRequest, Role, SharedSession, Whereabouts,
+    allot, Beat, Cluster, Instance, Introduction, Membership, PermitRequest, Role, RunClaim, SharedSession, Whereabouts,
 };
 use crate::store::{Error, StoredJob};
 
@@ -510,6 +510,38 @@ impl Cluster for PgStore {
                 held_now.push(held);
             }
             Ok(held_now)
+        })
+    }
+
+    fn claim_schedule_run(&self, schedule: &str, slot: i64) -> Result<RunClaim, Error> {
+        let me = self.me_or_refuse()?;
+        self.block_on(async {
+            let client = self.reader().await?;
+            // A claim of this instance's own, or of one no longer active, is
+            // taken (again); a fresh row is told apart by its xmax.
+            let row = client
+                .query_opt(
+                    "INSERT INTO jobcenter.schedule_runs (schedule, slot, instance) \
+                     SELECT $1::text, $2::int8, $3::uuid WHERE jobcenter.fence($3::uuid) \
+                     ON CONFLICT (schedule, slot) DO UPDATE SET instance = excluded.instance, claimed_at = now() \
+                     WHERE schedule_runs.instance = excluded.instance OR NOT EXISTS \
+                     (SELECT 1 FROM jobcenter.instances i WHERE i.id = schedule_runs.instance AND i.status = 'active') \
+                     RETURNING xmax = 0",
+                    &[&schedule, &slot, &me],
+                )
+                .await
+                .map_err(|e| self.error(&e))?;
+            let claim = match row {
+                None => RunClaim::Held,
+                Some(row) if row.get::<_, bool>(0) => RunClaim::Fresh,
+                Some(_) => RunClaim::TakenOver,
+            };
+            if claim == RunClaim::Fresh {
+                let _ = client
+                    .execute("DELETE FROM jobcenter.schedule_runs WHERE claimed_at < now() - interval '7 days'", &[])
+                    .await;
+            }
+            Ok(claim)
         })
     }
 }

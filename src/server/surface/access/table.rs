@@ -85,6 +85,12 @@ pub const HTTP: &[(&str, &str, Need)] = &[
     ("GET", "/api/windows", VIEWER),
     ("GET", "/api/budget", VIEWER),
     ("PUT", "/api/budget", OPERATOR),
+    ("GET", "/api/schedules", VIEWER),
+    ("POST", "/api/schedules", OPERATOR),
+    ("DELETE", "/api/schedules/{name}", OPERATOR),
+    ("POST", "/api/schedules/{name}/pause", OPERATOR),
+    ("POST", "/api/schedules/{name}/resume", OPERATOR),
+    ("POST", "/api/schedules/{name}/run-now", OPERATOR),
 ];
 
 /// Every gRPC method: its path (`/package.Service/Method`), need.
@@ -114,6 +120,11 @@ pub const GRPC: &[(&str, Need)] = &[
     ("/jobcenter.v1.JobService/ListNotifications", VIEWER),
     ("/jobcenter.v1.JobService/SetJobPriority", OPERATOR_OR_INSTANCE),
     ("/jobcenter.v1.JobService/ListWindows", VIEWER),
+    ("/jobcenter.v1.JobService/AddSchedule", OPERATOR),
+    ("/jobcenter.v1.JobService/ListSchedules", VIEWER),
+    ("/jobcenter.v1.JobService/SetSchedulePaused", OPERATOR),
+    ("/jobcenter.v1.JobService/RemoveSchedule", OPERATOR),
+    ("/jobcenter.v1.JobService/RunScheduleNow", OPERATOR),
     ("/plugin.PluginControlService/WorkerStream", WORKER),
     ("/jobcenter.peer.v1.PeerService/Lend", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/Report", INSTANCE),
