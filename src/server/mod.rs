@@ -466,6 +466,7 @@ async fn assemble(
             handles.topology.clone(),
             handles.peers.clone(),
             options.limits.clone(),
+            handles.policies.clone(),
         )),
     };
     let http = handles.http(api.clone(), &recovery, &pruner, options, grpc_port);

@@ -66,6 +66,8 @@ pub(crate) struct Schedules {
     pub(crate) topology: Topology,
     pub(crate) peers: Peers,
     pub(crate) limits: Limits,
+    /// The job types' policies: a task that names no priority takes its type's.
+    policies: crate::server::policies::Policies,
     /// When this instance's loop first ran: a run that came due before came
     /// due while no admin ran, as far as this one knows.
     up_since: OnceLock<i64>,
@@ -104,6 +106,7 @@ impl Schedules {
         topology: Topology,
         peers: Peers,
         limits: Limits,
+        policies: crate::server::policies::Policies,
     ) -> Schedules {
         Schedules {
             engine,
@@ -111,6 +114,7 @@ impl Schedules {
             topology,
             peers,
             limits,
+            policies,
             up_since: OnceLock::new(),
             missed: Mutex::default(),
             wake: Notify::new(),
@@ -174,7 +178,9 @@ impl Schedules {
     /// The job file of a schedule, checked as a submitted one is.
     fn spec(&self, schedule: &Schedule) -> Result<JobSpec, jobfile::Error> {
         let source = format!("schedule {}", schedule.name);
-        jobfile::parse(schedule.job_file.as_bytes(), format_of(&schedule.format), &source, &self.limits)
+        let type_priority = |job_type: &str| self.policies.effective(job_type).0.priority;
+        let format = format_of(&schedule.format);
+        jobfile::parse_with(schedule.job_file.as_bytes(), format, &source, &self.limits, &type_priority)
     }
 
     /// The name of the job each run of `schedule` makes; empty if its file no longer passes.
