@@ -359,6 +359,7 @@
     { re: /^\/types\/([^/]+)$/, page: "type", title: "Job type", render: renderType },
     { re: /^\/recovery$/, page: "recovery", title: "Recovery", render: renderRecovery },
     { re: /^\/audit$/, page: "audit", title: "Audit", render: renderAudit },
+    { re: /^\/capacity$/, page: "capacity", title: "Capacity", render: renderCapacity },
   ];
 
   let current = null;
@@ -1580,6 +1581,85 @@
       h("td", { class: "mono small-text" }, r.target || "—"),
       h("td", { class: "small-text" }, args.length ? args.map(([k, v]) => h("div", {}, `${k}=${v}`)) : "—"),
       h("td", { class: r.outcome === "ok" ? "ok-text" : "error-text" }, r.outcome));
+  }
+
+  // -------------------------------------------------------------- capacity
+
+  /** Bytes per second as MB/s. */
+  function rate(bytes) {
+    const mb = (bytes || 0) / 1e6;
+    return `${Number.isInteger(mb) ? mb : mb.toFixed(2)} MB/s`;
+  }
+
+  /** The bandwidth budget with each running task's share, and the SeaweedFS cluster's disks, live. */
+  function renderCapacity(scope) {
+    const { head, notice, updated } = pageHead("Capacity");
+    const budget = h("section", { id: "budget", "aria-labelledby": "budget-title" });
+    const disks = h("section", { id: "disks", "aria-labelledby": "disks-title" });
+    append(pageEl, head, notice, budget, disks);
+    keepLoading(scope, 2000, async () => {
+      renderIfChanged(budget, await scope.api("GET", "/api/budget"), budgetView);
+      let capacity;
+      try {
+        capacity = await scope.api("GET", "/api/capacity");
+      } catch (error) {
+        if (error.status === 401 || !scope.alive) throw error;
+        capacity = { unavailable: error.message };
+      }
+      renderIfChanged(disks, capacity, diskView);
+      touch(updated);
+    }, notice);
+  }
+
+  function budgetView(b) {
+    const title = h("h2", { id: "budget-title" }, "Bandwidth budget");
+    const types = (b.job_types || []).join(", ");
+    if (!b.set) {
+      return [title, h("p", { id: "budget-line" },
+        `None: the tasks that move data (${types}) run at their workers' own rates. `,
+        h("span", { class: "muted" }, "Set one with jobcenter budget set --cluster RATE."))];
+    }
+    const perServer = b.per_server_bytes_per_second ? `, ${rate(b.per_server_bytes_per_second)} through each volume server` : "";
+    const line = h("p", { id: "budget-line" },
+      `${rate(b.cluster_bytes_per_second)} over the cluster${perServer}; each task starts with at least ${rate(b.minimum_bytes_per_second)}. Shared by ${types}.`);
+    const used = h("p", { id: "budget-used" },
+      h("meter", { min: "0", max: String(Math.max(b.cluster_bytes_per_second, 1)), value: String(b.used_bytes_per_second || 0), "aria-hidden": "true" }),
+      ` ${rate(b.used_bytes_per_second)} used, ${rate(b.free_bytes_per_second)} free`);
+    const shares = (b.shares || []).map((s) => {
+      const job = s.attempt.split(".")[0];
+      return h("tr", { "data-key": s.attempt },
+        h("th", { scope: "row" }, jobLink(job), h("span", { class: "mono small-text" }, s.attempt.slice(job.length))),
+        h("td", {}, typeLink(s.job_type)),
+        h("td", { class: "num" }, rate(s.bytes_per_second)),
+        h("td", { class: "mono small-text" }, (s.servers || []).join(", ") || "—"));
+    });
+    const table = tableEl({ id: "budget-shares" }, ["Attempt", "Job type", num("Share"), "Volume servers"],
+      shares.length ? shares : [emptyRow(4, "No budgeted task runs now.")]);
+    const parts = [title, line, used, table];
+    if (b.per_server_bytes_per_second && (b.servers || []).length) {
+      parts.push(tableEl({ id: "budget-servers" }, ["Volume server", num("Used"), num("Free")],
+        b.servers.map((s) => h("tr", { "data-key": s.server },
+          h("th", { scope: "row", class: "mono" }, s.server),
+          h("td", { class: "num" }, rate(s.used_bytes_per_second)),
+          h("td", { class: "num" }, rate(Math.max(b.per_server_bytes_per_second - s.used_bytes_per_second, 0)))))));
+    }
+    return parts;
+  }
+
+  function diskView(c) {
+    const title = h("h2", { id: "disks-title" }, "Disks");
+    if (c.unavailable) return [title, h("p", { class: "muted", id: "disks-unavailable" }, c.unavailable)];
+    const rows = (c.disks || []).map((d) => h("tr", { "data-key": `${d.server}/${d.disk_id}` },
+      h("th", { scope: "row", class: "mono" }, d.server),
+      h("td", {}, `${d.disk_type || "hdd"} ${d.disk_id}`),
+      h("td", { class: "num" }, `${d.volumes} / ${d.max_volumes}`),
+      h("td", { class: "num" }, String(d.ec_shards)),
+      h("td", { class: "num" }, String(d.free_slots)),
+      h("td", { class: "num" }, `${d.pending_volumes >= 0 ? "+" : ""}${d.pending_volumes} vol ${d.pending_shards >= 0 ? "+" : ""}${d.pending_shards} shards`),
+      h("td", { class: "num" }, String(d.free_slots_after))));
+    return [title, c.error ? h("p", { class: "notice" }, `The master could not be asked; last known figures: ${c.error}`) : "",
+      tableEl({ id: "disks-table" }, ["Server", "Disk", num("Volumes"), num("EC shards"), num("Free slots"), num("Pending"), num("Free after")],
+        rows.length ? rows : [emptyRow(7, "The master lists no disk.")])];
   }
 
   // ----------------------------------------------------------------- start

@@ -907,6 +907,7 @@
       const took = job.finished_at_ms && job.created_at_ms ? job.finished_at_ms - job.created_at_ms : null;
       const facts = [
         ["Origin", originNode(job.origin), "origin"],
+        ["Priority", job.priority || "mixed", "priority"],
         ["Created", fmt(job.created_at_ms), "created"],
         ["Finished", fmt(job.finished_at_ms), "finished"],
         ["Took", took === null ? "—" : c.formatDuration ? c.formatDuration(took) : `${took} ms`, "took"],

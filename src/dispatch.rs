@@ -11,6 +11,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::clock::Timestamp;
 pub use crate::model::Place;
 use crate::model::{AttemptId, HandlerId, JobId, Priority, TaskRef};
+use crate::rate::{Bucket, Rate};
 
 /// A unit of work sent to a handler.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +42,10 @@ pub struct Assignment {
     /// The W3C `traceparent` of the attempt's span, when traces are
     /// exported: set by the committer as the order leaves.
     pub traceparent: Option<Box<str>>,
+    /// Its share of the bandwidth budget, in bytes per second, when its job
+    /// type shares one: its handler gets it as the parameter
+    /// `io_byte_per_second` (`budget::PARAMETER`).
+    pub io_byte_per_second: Option<u64>,
 }
 
 pub type Sink = UnboundedSender<WorkOrder>;
@@ -104,6 +109,8 @@ pub struct TypeLimits {
     pub per_worker: u32,
     /// How long an attempt of this type may run when its task sets no limit.
     pub execution_timeout_seconds: Option<u64>,
+    /// Attempts of this type started per minute, over every handler.
+    pub rate: Option<Rate>,
 }
 
 struct Slot {
@@ -145,23 +152,54 @@ impl Slot {
     }
 }
 
-#[derive(PartialEq, Eq)]
-struct Entry {
-    priority: Priority,
+/// A ready task in its type's queue, ranked by when it became ready less
+/// its priority's head start (`Aging`): each level above another counts
+/// as having waited one aging period longer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queued {
+    rank: i64,
     seq: u64,
-    task: TaskRef,
+    pub task: TaskRef,
+    pub priority: Priority,
 }
 
-impl Ord for Entry {
-    /// Highest priority first, then first in first out.
-    fn cmp(&self, other: &Entry) -> Ordering {
-        self.priority.cmp(&other.priority).then_with(|| other.seq.cmp(&self.seq))
+impl Ord for Queued {
+    /// The lowest rank first, then first in first out.
+    fn cmp(&self, other: &Queued) -> Ordering {
+        other.rank.cmp(&self.rank).then_with(|| other.seq.cmp(&self.seq))
     }
 }
 
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Entry) -> Option<Ordering> {
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Queued) -> Option<Ordering> {
         Some(self.cmp(other))
+    }
+}
+
+/// How long a wait makes up for one level of priority: a ready task is
+/// never passed by one that became ready more than (their difference in
+/// levels) × this after it, so a low priority waits a bounded time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Aging(pub i64);
+
+impl Default for Aging {
+    fn default() -> Aging {
+        Aging(10 * 60 * 1000)
+    }
+}
+
+impl Aging {
+    fn rank(self, ready_at: Timestamp, priority: Priority) -> i64 {
+        ready_at.as_millis() - level(priority) * self.0
+    }
+}
+
+fn level(priority: Priority) -> i64 {
+    match priority {
+        Priority::Low => 0,
+        Priority::Normal => 1,
+        Priority::High => 2,
+        Priority::Critical => 3,
     }
 }
 
@@ -172,6 +210,8 @@ impl PartialOrd for Entry {
 pub struct Demand {
     pub types: Vec<TypeDemand>,
     pub resources: std::collections::BTreeMap<String, bool>,
+    /// What it asks of the bandwidth budget's permits.
+    pub(crate) budget: Vec<crate::budget::Ask>,
 }
 
 /// A job type's global limit, its tasks queued and its attempts running.
@@ -186,7 +226,10 @@ pub struct TypeDemand {
 #[derive(Default)]
 pub struct Dispatch {
     handlers: BTreeMap<HandlerId, Slot>,
-    queues: BTreeMap<Arc<str>, BinaryHeap<Entry>>,
+    queues: BTreeMap<Arc<str>, BinaryHeap<Queued>>,
+    aging: Aging,
+    /// Job types with a rate limit: their tokens.
+    buckets: HashMap<Arc<str>, Bucket>,
     delayed: BTreeSet<(Timestamp, u64, TaskRef)>,
     delayed_meta: BTreeMap<u64, (Arc<str>, Priority)>,
     next_seq: u64,
@@ -229,8 +272,35 @@ impl Dispatch {
         }
     }
 
-    pub fn set_limits(&mut self, job_type: Arc<str>, limits: TypeLimits) {
-        self.limits.insert(job_type, limits);
+    pub fn set_limits(&mut self, job_type: Arc<str>, limits: TypeLimits, now: Timestamp) {
+        self.limits.insert(job_type.clone(), limits);
+        self.rebucket(&job_type, now);
+    }
+
+    /// The bucket of a type's rate, or of the part of it this instance
+    /// uses in a cluster (as its permits are of the type's global limit).
+    fn rebucket(&mut self, job_type: &Arc<str>, now: Timestamp) {
+        let Some(limits) = self.limits.get(job_type) else { return };
+        let Some(rate) = limits.rate else {
+            self.buckets.remove(job_type);
+            return;
+        };
+        let rate = match &self.permits {
+            Some(permits) => rate.share(permits.get(job_type).copied().unwrap_or(0), limits.global),
+            None => rate,
+        };
+        match self.buckets.get_mut(job_type) {
+            Some(bucket) if bucket.rate() == rate => {}
+            Some(bucket) => bucket.set_rate(rate, now),
+            None => {
+                self.buckets.insert(job_type.clone(), Bucket::new(rate, now));
+            }
+        }
+    }
+
+    /// How long a wait makes up for one level of priority.
+    pub fn set_aging(&mut self, aging: Aging) {
+        self.aging = aging;
     }
 
     pub fn limits(&self, job_type: &str) -> Option<TypeLimits> {
@@ -239,8 +309,12 @@ impl Dispatch {
 
     /// In a cluster, the slots of each type's global limit held here: a
     /// type's tasks are dispatched only within them.
-    pub fn set_permits(&mut self, permits: HashMap<Arc<str>, u32>) {
+    pub fn set_permits(&mut self, permits: HashMap<Arc<str>, u32>, now: Timestamp) {
         self.permits = Some(permits);
+        let rated: Vec<Arc<str>> = self.buckets.keys().cloned().collect();
+        for job_type in rated {
+            self.rebucket(&job_type, now);
+        }
     }
 
     /// What each job type with a global limit asks of it now.
@@ -256,11 +330,21 @@ impl Dispatch {
             .collect()
     }
 
-    /// Whether the type is at its global limit, or past the slots of it held here.
-    fn at_limit(&self, job_type: &str, limits: Option<&TypeLimits>) -> bool {
+    /// Whether the type is at its global limit, past the slots of it held
+    /// here, or out of tokens of its rate.
+    fn at_limit(&self, job_type: &str, limits: Option<&TypeLimits>, now: Timestamp) -> bool {
+        let Some(limits) = limits else { return false };
         let running = self.running(job_type);
         let held = self.permits.as_ref().map_or(u32::MAX, |p| p.get(job_type).copied().unwrap_or(0));
-        limits.is_some_and(|l| running >= l.global.min(held))
+        running >= limits.global.min(held)
+            || (limits.rate.is_some() && self.buckets.get(job_type).is_some_and(|b| !b.has_token(now)))
+    }
+
+    /// An attempt of the type started from its queue: it spends a token of its rate.
+    pub fn started(&mut self, job_type: &str, now: Timestamp) {
+        if let Some(bucket) = self.buckets.get_mut(job_type) {
+            bucket.spend(now);
+        }
     }
 
     /// Attempts of a job type running now, over every handler.
@@ -319,7 +403,40 @@ impl Dispatch {
                 self.delayed.insert((at, seq, task));
                 self.delayed_meta.insert(seq, (job_type, priority));
             }
-            _ => self.queues.entry(job_type).or_default().push(Entry { priority, seq, task }),
+            _ => {
+                let rank = self.aging.rank(now, priority);
+                self.queues.entry(job_type).or_default().push(Queued { rank, seq, task, priority });
+            }
+        }
+    }
+
+    /// Puts back a task taken from its queue that could not run (its volume
+    /// is busy), where it was: it keeps its place and its wait.
+    pub fn requeue(&mut self, job_type: Arc<str>, queued: Queued) {
+        self.queued.insert(queued.task);
+        self.queues.entry(job_type).or_default().push(queued);
+    }
+
+    /// A job's queued tasks take a new priority; each keeps its wait so far.
+    pub fn reprioritize(&mut self, job: JobId, priority: Priority) {
+        let aging = self.aging;
+        for queue in self.queues.values_mut() {
+            if !queue.iter().any(|q| q.task.job == job) {
+                continue;
+            }
+            let mut entries = std::mem::take(queue).into_vec();
+            for q in entries.iter_mut().filter(|q| q.task.job == job) {
+                let ready_at = q.rank + level(q.priority) * aging.0;
+                q.rank = aging.rank(Timestamp(ready_at), priority);
+                q.priority = priority;
+            }
+            *queue = BinaryHeap::from(entries);
+        }
+        let delayed: Vec<u64> = self.delayed.iter().filter(|(_, _, t)| t.job == job).map(|(_, s, _)| *s).collect();
+        for seq in delayed {
+            if let Some((_, p)) = self.delayed_meta.get_mut(&seq) {
+                *p = priority;
+            }
         }
     }
 
@@ -331,14 +448,25 @@ impl Dispatch {
             }
             self.delayed.pop_first();
             if let Some((job_type, priority)) = self.delayed_meta.remove(&seq) {
-                self.queues.entry(job_type).or_default().push(Entry { priority, seq, task });
+                let rank = self.aging.rank(at, priority);
+                self.queues.entry(job_type).or_default().push(Queued { rank, seq, task, priority });
             }
         }
     }
 
-    /// When the earliest delayed task becomes due.
-    pub fn next_wake(&self) -> Option<Timestamp> {
-        self.delayed.first().map(|(at, _, _)| *at)
+    /// When the earliest delayed task becomes due, or a rate-limited type
+    /// with tasks queued has its next token.
+    pub fn next_wake(&self, now: Timestamp) -> Option<Timestamp> {
+        let tokens = self.buckets.iter().filter(|(t, _)| self.queues.get(*t).is_some_and(|q| !q.is_empty()));
+        let tokens = tokens.filter_map(|(_, b)| b.next_token(now));
+        self.delayed.first().map(|(at, _, _)| *at).into_iter().chain(tokens).min()
+    }
+
+    /// Of the given job types, the one whose next task goes first by rank;
+    /// types with nothing queued are dropped from the list.
+    pub fn first_of(&self, types: &mut Vec<Arc<str>>) -> Option<usize> {
+        types.retain(|t| self.queues.get(t).is_some_and(|q| !q.is_empty()));
+        (0..types.len()).max_by_key(|&i| self.queues[&types[i]].peek())
     }
 
     /// Job types with queued tasks.
@@ -405,7 +533,7 @@ impl Dispatch {
             return None;
         }
         let limits = self.limits.get(job_type);
-        if self.at_limit(job_type, limits) {
+        if self.at_limit(job_type, limits, now) {
             return None;
         }
         let per_worker = limits.map(|l| l.per_worker).unwrap_or(u32::MAX);
@@ -441,10 +569,10 @@ impl Dispatch {
         self.queues.get(job_type)?.peek().map(|e| e.task)
     }
 
-    pub fn pop(&mut self, job_type: &str) -> Option<TaskRef> {
-        let task = self.queues.get_mut(job_type)?.pop()?.task;
-        self.queued.remove(&task);
-        Some(task)
+    pub fn pop(&mut self, job_type: &str) -> Option<Queued> {
+        let queued = self.queues.get_mut(job_type)?.pop()?;
+        self.queued.remove(&queued.task);
+        Some(queued)
     }
 
     /// Whether the task waits in a queue.
@@ -527,12 +655,13 @@ impl Dispatch {
         }
     }
 
-    /// Whether a job type may be dispatched now, by the gate and its global limit.
-    pub fn may_run(&self, job_type: &str) -> bool {
+    /// Whether a job type may be dispatched now, by the gate, its window,
+    /// its global limit and its rate.
+    pub fn may_run(&self, job_type: &str, now: Timestamp) -> bool {
         if !self.gate_open && self.gated.contains(job_type) || self.is_closed(job_type) {
             return false;
         }
-        !self.at_limit(job_type, self.limits.get(job_type))
+        !self.at_limit(job_type, self.limits.get(job_type), now)
     }
 
     /// Closes a job type (outside its maintenance window, nothing of it is
@@ -561,6 +690,11 @@ impl Dispatch {
             self.delayed_meta.remove(&seq);
         }
     }
+
+    /// Tasks of a job type in its queue now (not those waiting for a backoff).
+    pub fn queued_of(&self, job_type: &str) -> u32 {
+        self.queues.get(job_type).map_or(0, |q| u32::try_from(q.len()).unwrap_or(u32::MAX))
+    }
 }
 
 #[cfg(test)]
@@ -582,7 +716,7 @@ mod tests {
         d.push_ready(t.clone(), Priority::Normal, task(3), None, now);
         d.push_ready(t.clone(), Priority::Low, task(4), None, now);
         d.push_ready(t.clone(), Priority::High, task(5), None, now);
-        let order: Vec<u32> = std::iter::from_fn(|| d.pop("noop")).map(|t| t.idx.0).collect();
+        let order: Vec<u32> = std::iter::from_fn(|| d.pop("noop")).map(|q| q.task.idx.0).collect();
         assert_eq!(order, vec![2, 5, 1, 3, 4]);
     }
 
@@ -592,12 +726,12 @@ mod tests {
         let t: Arc<str> = Arc::from("noop");
         d.push_ready(t.clone(), Priority::Normal, task(1), Some(Timestamp(5000)), Timestamp(0));
         assert_eq!(d.pop("noop"), None);
-        assert_eq!(d.next_wake(), Some(Timestamp(5000)));
+        assert_eq!(d.next_wake(Timestamp(0)), Some(Timestamp(5000)));
         d.promote_due(Timestamp(4999));
         assert_eq!(d.pop("noop"), None);
         d.promote_due(Timestamp(5000));
-        assert_eq!(d.pop("noop"), Some(task(1)));
-        assert_eq!(d.next_wake(), None);
+        assert_eq!(d.pop("noop").map(|q| q.task), Some(task(1)));
+        assert_eq!(d.next_wake(Timestamp(5000)), None);
     }
 
     #[test]
@@ -736,16 +870,20 @@ mod tests {
             sink,
             place: Place::default(),
         });
-        d.set_limits(vacuum.clone(), TypeLimits { global: 5, per_worker: 10, execution_timeout_seconds: None });
-        d.set_permits(HashMap::new());
+        d.set_limits(
+            vacuum.clone(),
+            TypeLimits { global: 5, per_worker: 10, execution_timeout_seconds: None, rate: None },
+            Timestamp(0),
+        );
+        d.set_permits(HashMap::new(), Timestamp(0));
         assert!(d.pick_handler("vacuum", Place::default, Timestamp(0)).is_none(), "no permit held: nothing runs");
-        assert!(!d.may_run("vacuum"));
-        d.set_permits(HashMap::from([(vacuum.clone(), 2)]));
+        assert!(!d.may_run("vacuum", Timestamp(0)));
+        d.set_permits(HashMap::from([(vacuum.clone(), 2)]), Timestamp(0));
         while let Some(h) = d.pick_handler("vacuum", Place::default, Timestamp(0)) {
             d.take_slot(h, &vacuum);
         }
         assert_eq!(d.running("vacuum"), 2, "two permits held");
-        d.set_permits(HashMap::from([(vacuum.clone(), 9)]));
+        d.set_permits(HashMap::from([(vacuum.clone(), 9)]), Timestamp(0));
         while let Some(h) = d.pick_handler("vacuum", Place::default, Timestamp(0)) {
             d.take_slot(h, &vacuum);
         }
@@ -772,7 +910,11 @@ mod tests {
                 place: Place::default(),
             });
         }
-        d.set_limits(vacuum.clone(), TypeLimits { global: 3, per_worker: 5, execution_timeout_seconds: None });
+        d.set_limits(
+            vacuum.clone(),
+            TypeLimits { global: 3, per_worker: 5, execution_timeout_seconds: None, rate: None },
+            Timestamp(0),
+        );
         let mut taken = Vec::new();
         while let Some(h) = d.pick_handler("vacuum", Place::default, Timestamp(0)) {
             d.take_slot(h, &vacuum);
@@ -780,7 +922,11 @@ mod tests {
         }
         assert_eq!(taken.len(), 3, "the global limit");
         assert_eq!(d.running("vacuum"), 3);
-        d.set_limits(vacuum.clone(), TypeLimits { global: 10, per_worker: 5, execution_timeout_seconds: None });
+        d.set_limits(
+            vacuum.clone(),
+            TypeLimits { global: 10, per_worker: 5, execution_timeout_seconds: None, rate: None },
+            Timestamp(0),
+        );
         while let Some(h) = d.pick_handler("vacuum", Place::default, Timestamp(0)) {
             d.take_slot(h, &vacuum);
         }
@@ -844,7 +990,96 @@ mod tests {
         assert!(d.reserve_free().is_empty(), "nothing is offered twice");
         d.unreserve(h, 3);
         assert_eq!(d.pick_handler("local", Place::default, Timestamp(0)), Some(h));
-        d.set_limits(remote.clone(), TypeLimits { global: 0, per_worker: 5, execution_timeout_seconds: None });
+        d.set_limits(
+            remote.clone(),
+            TypeLimits { global: 0, per_worker: 5, execution_timeout_seconds: None, rate: None },
+            Timestamp(0),
+        );
         assert!(d.reserve_free().is_empty(), "a type at its global limit is not offered");
+    }
+
+    const MINUTE: i64 = 60_000;
+
+    #[test]
+    fn a_wait_makes_up_for_priority_so_a_low_priority_is_passed_only_for_a_bounded_time() {
+        let mut d = Dispatch::default();
+        d.set_aging(Aging(10 * MINUTE));
+        let t: Arc<str> = Arc::from("vacuum");
+        d.push_ready(t.clone(), Priority::Low, task(1), None, Timestamp(0));
+        // Critical is three levels above low: it passes a low task that
+        // became ready up to 30 minutes before it, and no earlier one.
+        d.push_ready(t.clone(), Priority::Critical, task(2), None, Timestamp(30 * MINUTE - 1));
+        d.push_ready(t.clone(), Priority::Critical, task(3), None, Timestamp(30 * MINUTE + 1));
+        d.push_ready(t.clone(), Priority::Normal, task(4), None, Timestamp(10 * MINUTE));
+        let order: Vec<u32> = std::iter::from_fn(|| d.pop("vacuum")).map(|q| q.task.idx.0).collect();
+        assert_eq!(order, vec![2, 1, 4, 3]);
+    }
+
+    #[test]
+    fn the_first_task_by_rank_over_every_job_type_goes_first() {
+        let mut d = Dispatch::default();
+        let (vacuum, balance): (Arc<str>, Arc<str>) = (Arc::from("vacuum"), Arc::from("balance"));
+        d.push_ready(vacuum.clone(), Priority::Normal, task(1), None, Timestamp(0));
+        d.push_ready(balance.clone(), Priority::High, task(2), None, Timestamp(1));
+        d.push_ready(balance.clone(), Priority::Normal, task(3), None, Timestamp(2));
+        let mut types = d.queued_types();
+        let mut order = Vec::new();
+        while let Some(i) = d.first_of(&mut types) {
+            order.push(d.pop(&types[i]).unwrap().task.idx.0);
+        }
+        assert_eq!(order, vec![2, 1, 3], "high first, then the normal ones in the order they became ready");
+        assert!(types.is_empty());
+    }
+
+    #[test]
+    fn a_new_priority_keeps_the_wait_so_far_and_a_requeued_task_its_place() {
+        let mut d = Dispatch::default();
+        d.set_aging(Aging(10 * MINUTE));
+        let t: Arc<str> = Arc::from("vacuum");
+        let other = TaskRef { job: JobId::from_bytes([2; 16]), idx: TaskIdx(9) };
+        d.push_ready(t.clone(), Priority::Normal, other, None, Timestamp(5 * MINUTE));
+        d.push_ready(t.clone(), Priority::Low, task(1), None, Timestamp(0));
+        assert_eq!(d.peek("vacuum"), Some(other));
+        d.reprioritize(task(1).job, Priority::High);
+        let first = d.pop("vacuum").unwrap();
+        assert_eq!((first.task, first.priority), (task(1), Priority::High));
+        d.requeue(t.clone(), first);
+        assert_eq!(d.peek("vacuum"), Some(task(1)), "put back where it was");
+        assert!(d.is_queued(task(1)));
+    }
+
+    #[test]
+    fn a_rate_limit_holds_a_type_until_its_next_token_and_the_loop_wakes_then() {
+        let mut d = Dispatch::default();
+        let h = handler_at(&mut d, 10, None);
+        let t: Arc<str> = Arc::from("vacuum");
+        let rate = Some(Rate { per_minute: 2, burst: 1 });
+        d.set_limits(
+            t.clone(),
+            TypeLimits { global: 10, per_worker: 10, execution_timeout_seconds: None, rate },
+            Timestamp(0),
+        );
+        d.push_ready(t.clone(), Priority::Normal, task(1), None, Timestamp(0));
+        d.push_ready(t.clone(), Priority::Normal, task(2), None, Timestamp(0));
+        assert_eq!(d.pick_handler("vacuum", Place::default, Timestamp(0)), Some(h));
+        d.pop("vacuum");
+        d.started("vacuum", Timestamp(0));
+        assert_eq!(d.pick_handler("vacuum", Place::default, Timestamp(0)), None, "the burst of one is spent");
+        assert_eq!(d.next_wake(Timestamp(0)), Some(Timestamp(30_000)), "two a minute: the next in 30 s");
+        assert_eq!(d.pick_handler("vacuum", Place::default, Timestamp(30_000)), Some(h));
+        // In a cluster, an instance with a third of the type's permits starts a third of its rate.
+        d.set_permits(HashMap::from([(t.clone(), 3)]), Timestamp(30_000));
+        d.set_limits(
+            t.clone(),
+            TypeLimits {
+                global: 9,
+                per_worker: 10,
+                execution_timeout_seconds: None,
+                rate: Some(Rate { per_minute: 6, burst: 1 }),
+            },
+            Timestamp(30_000),
+        );
+        d.started("vacuum", Timestamp(30_000));
+        assert_eq!(d.next_wake(Timestamp(30_000)), Some(Timestamp(60_000)), "two a minute here, of six");
     }
 }

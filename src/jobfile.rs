@@ -236,6 +236,9 @@ impl Error {
 struct JobFile {
     name: String,
     tasks: Vec<TaskFile>,
+    /// The priority of each task that names none.
+    #[serde(default, deserialize_with = "some_priority_by_name")]
+    priority: Option<Priority>,
 }
 
 #[derive(Deserialize)]
@@ -247,8 +250,8 @@ struct TaskFile {
     parameters: Option<Box<RawValue>>,
     #[serde(default)]
     depends_on: Vec<String>,
-    #[serde(default, deserialize_with = "priority_by_name")]
-    priority: Priority,
+    #[serde(default, deserialize_with = "some_priority_by_name")]
+    priority: Option<Priority>,
     #[serde(default)]
     labels: BTreeMap<String, serde_json::Value>,
     #[serde(default)]
@@ -288,6 +291,14 @@ fn priority_by_name<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result
     deserializer.deserialize_str(Named)
 }
 
+fn some_priority_by_name<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Priority>, D::Error> {
+    priority_by_name(deserializer).map(Some)
+}
+
+/// The priority of a task that names none, in a job that names none: its
+/// job type's (from the type's policy).
+pub type TypePriority<'a> = &'a (dyn Fn(&str) -> Priority + Sync);
+
 /// Reads and validates a job file; the format follows the extension.
 pub fn read_file(path: &Path, limits: &Limits) -> Result<JobSpec, Error> {
     let source_name = path.display().to_string();
@@ -304,8 +315,20 @@ pub fn read_file(path: &Path, limits: &Limits) -> Result<JobSpec, Error> {
     parse(&bytes, Format::from_path(path), &source_name, limits)
 }
 
-/// Parses and validates a job from its bytes.
+/// Parses and validates a job from its bytes; a task without a priority
+/// of its own or of its job's is `normal`.
 pub fn parse(bytes: &[u8], format: Format, source_name: &str, limits: &Limits) -> Result<JobSpec, Error> {
+    parse_with(bytes, format, source_name, limits, &|_| Priority::Normal)
+}
+
+/// `parse`, with the priority of each job type for the tasks that name none.
+pub fn parse_with(
+    bytes: &[u8],
+    format: Format,
+    source_name: &str,
+    limits: &Limits,
+    type_priority: TypePriority<'_>,
+) -> Result<JobSpec, Error> {
     if bytes.len() as u64 > limits.max_file_bytes {
         return Err(Error::one(
             source_name,
@@ -330,7 +353,8 @@ pub fn parse(bytes: &[u8], format: Format, source_name: &str, limits: &Limits) -
                 .map_err(|e| Error::one(source_name, syntax(&strip_position(&e))))?
         }
     };
-    validate(file, fingerprint, limits).map_err(|problems| Error { source_name: source_name.to_string(), problems })
+    validate(file, fingerprint, limits, type_priority)
+        .map_err(|problems| Error { source_name: source_name.to_string(), problems })
 }
 
 fn parse_other(bytes: &[u8], format: Format) -> Result<serde_json::Value, Problem> {
@@ -514,14 +538,21 @@ fn enough(problems: &mut Vec<Problem>) -> Result<(), Vec<Problem>> {
 /// The job's checks, in the order its problems are listed. A step that
 /// returns an error has taken every problem found so far: looking further
 /// is pointless (a limit is passed, or there are enough problems).
-fn validate(file: JobFile, fingerprint: [u8; 32], limits: &Limits) -> Result<JobSpec, Vec<Problem>> {
+fn validate(
+    file: JobFile,
+    fingerprint: [u8; 32],
+    limits: &Limits,
+    type_priority: TypePriority<'_>,
+) -> Result<JobSpec, Vec<Problem>> {
     let mut problems = Vec::new();
     check_name(&file.name, &mut problems);
     check_size(&file.tasks, limits, &mut problems)?;
     let index_of = index_ids(&file.tasks, limits, &mut problems)?;
     let parent_lists = parent_lists(&file.tasks, &index_of, &mut problems)?;
     drop(index_of);
-    let tasks = task_specs(file.tasks, limits, &mut problems)?;
+    let priority =
+        |task: Option<Priority>, job_type: &str| task.or(file.priority).unwrap_or_else(|| type_priority(job_type));
+    let tasks = task_specs(file.tasks, limits, &priority, &mut problems)?;
     // The graph is looked at only once nothing else is wrong.
     if !problems.is_empty() {
         return Err(problems);
@@ -630,6 +661,7 @@ fn task_parents(
 fn task_specs(
     tasks: Vec<TaskFile>,
     limits: &Limits,
+    priority: &dyn Fn(Option<Priority>, &str) -> Priority,
     problems: &mut Vec<Problem>,
 ) -> Result<Vec<TaskSpec>, Vec<Problem>> {
     let mut job_types: HashMap<String, Arc<str>> = HashMap::new();
@@ -650,7 +682,7 @@ fn task_specs(
             id: task.id.into_boxed_str(),
             job_type,
             parameters,
-            priority: task.priority,
+            priority: priority(task.priority, &task.job_type),
             labels,
             retry_limit: task.retry_limit,
             retry_backoff_seconds: task.retry_backoff_seconds,

@@ -4,6 +4,7 @@
 
 pub mod active;
 pub(crate) mod backoff;
+pub(crate) mod budget;
 pub mod cli;
 pub mod clock;
 pub(crate) mod crash;
@@ -17,6 +18,7 @@ pub mod leader;
 pub mod model;
 pub(crate) mod policy;
 pub mod proto;
+pub mod rate;
 pub(crate) mod retention;
 pub(crate) mod scheduler;
 pub mod server;

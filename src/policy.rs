@@ -29,6 +29,10 @@ pub(crate) struct Policy {
     pub detection_enabled: u32,
     /// The priority of its tasks when neither the task nor its job names one.
     pub priority: Priority,
+    /// Tasks started per minute, over every worker; 0: no limit.
+    pub rate_per_minute: u32,
+    /// Tasks that may start at once after a quiet spell, within the rate.
+    pub rate_burst: u32,
     /// When it may run: weekly ranges (`windows::parse_windows`), or `always`.
     pub windows: String,
     /// When it may not, whatever the windows say (`windows::parse_blackouts`), or `none`.
@@ -37,6 +41,9 @@ pub(crate) struct Policy {
     pub on_window_close: OnClose,
     /// How long a drain waits before it cancels; 0: without bound.
     pub window_grace_seconds: u32,
+    /// 1: its tasks share the bandwidth budget (by default those of
+    /// `budget::DEFAULT_TYPES`); 0: they do not.
+    pub uses_bandwidth_budget: u32,
 }
 
 /// The detection interval of a job type whose descriptor names none.
@@ -63,16 +70,19 @@ impl Default for Policy {
             execution_timeout_seconds: 0,
             job_type_max_runtime_seconds: 1800,
             priority: Priority::Normal,
+            rate_per_minute: 0,
+            rate_burst: 1,
             windows: windows::ALWAYS.to_string(),
             blackouts: windows::NONE.to_string(),
             on_window_close: OnClose::Drain,
             window_grace_seconds: 1800,
+            uses_bandwidth_budget: 0,
         }
     }
 }
 
 /// Names of the settings, as `jobcenter policy set` takes them.
-pub(crate) const SETTINGS: [&str; 11] = [
+pub(crate) const SETTINGS: [&str; 14] = [
     "detection_interval_seconds",
     "detection_timeout_seconds",
     "max_jobs_per_detection",
@@ -83,7 +93,10 @@ pub(crate) const SETTINGS: [&str; 11] = [
     "retry_backoff_seconds",
     "execution_timeout_seconds",
     "job_type_max_runtime_seconds",
+    "rate_per_minute",
+    "rate_burst",
     "window_grace_seconds",
+    "uses_bandwidth_budget",
 ];
 
 /// Names of the settings that take words rather than a number, each read
@@ -152,7 +165,10 @@ impl Policy {
             "detection_timeout_seconds" => &mut self.detection_timeout_seconds,
             "max_jobs_per_detection" => &mut self.max_jobs_per_detection,
             "detection_enabled" => &mut self.detection_enabled,
+            "rate_per_minute" => &mut self.rate_per_minute,
+            "rate_burst" => &mut self.rate_burst,
             "window_grace_seconds" => &mut self.window_grace_seconds,
+            "uses_bandwidth_budget" => &mut self.uses_bandwidth_budget,
             _ => return None,
         })
     }
@@ -161,13 +177,8 @@ impl Policy {
     fn set_text(&mut self, name: &str, text: &str) -> Result<(), String> {
         match name {
             "priority" => {
-                self.priority = match text {
-                    "low" => Priority::Low,
-                    "normal" => Priority::Normal,
-                    "high" => Priority::High,
-                    "critical" => Priority::Critical,
-                    _ => return Err(format!("{text:?} is not a priority; priorities are low, normal, high, critical")),
-                };
+                self.priority = Priority::from_name(text)
+                    .ok_or_else(|| format!("{text:?} is not a priority; priorities are low, normal, high, critical"))?;
                 Ok(())
             }
             "windows" => {
@@ -207,6 +218,7 @@ impl Policy {
     ) -> (Policy, BTreeMap<String, Source>) {
         let mut policy = builtin.unwrap_or_default();
         policy.detection_interval_seconds = default_detection_interval(job_type);
+        policy.uses_bandwidth_budget = u32::from(crate::budget::DEFAULT_TYPES.contains(&job_type));
         let mut sources: BTreeMap<String, Source> =
             SETTINGS.iter().chain(&TEXT_SETTINGS).map(|s| (s.to_string(), Source::Default)).collect();
         if let Some(d) = descriptor {
@@ -265,6 +277,8 @@ impl Policy {
             per_worker: self.per_worker_execution_concurrency.max(1),
             execution_timeout_seconds: (self.execution_timeout_seconds > 0)
                 .then_some(u64::from(self.execution_timeout_seconds)),
+            rate: (self.rate_per_minute > 0)
+                .then(|| crate::rate::Rate { per_minute: self.rate_per_minute, burst: self.rate_burst.max(1) }),
         }
     }
 
@@ -313,9 +327,13 @@ pub(crate) fn apply_changes(overrides: &Overrides, changes: &BTreeMap<String, St
                 | "detection_interval_seconds"
                 | "detection_timeout_seconds"
                 | "max_jobs_per_detection"
+                | "rate_burst"
         );
         if must_be_positive && number == 0 {
             return Err(Error::Zero { name: name.clone() });
+        }
+        if name == "uses_bandwidth_budget" && number > 1 {
+            return Err(Error::Refused { name: name.clone(), rule: format!("must be 0 or 1, not {number}") });
         }
         out.insert(name.clone(), Value::Number(number));
     }
@@ -380,6 +398,17 @@ mod tests {
         assert_eq!(policy.retry_backoff_seconds, 5, "a 0 in a descriptor means unset");
         assert_eq!(sources["retry_backoff_seconds"], Source::Default);
         assert_eq!(policy.job_type_max_runtime_seconds, 1800);
+        let marked = Overrides::from([("uses_bandwidth_budget".to_string(), 1.into())]);
+        let budgeted = |job_type, overrides| Policy::resolve(job_type, None, None, overrides).0.uses_bandwidth_budget;
+        assert_eq!(
+            [
+                budgeted("volume_balance", &Overrides::new()),
+                budgeted("vacuum", &Overrides::new()),
+                budgeted("rsync", &marked)
+            ],
+            [1, 0, 1],
+            "the types that move data share the budget by default; a policy marks others"
+        );
     }
 
     #[test]
@@ -397,6 +426,11 @@ mod tests {
         assert!(matches!(apply_changes(&base, &zero), Err(Error::Zero { .. })));
         let words = BTreeMap::from([("priority".to_string(), " high ".to_string())]);
         assert_eq!(apply_changes(&base, &words).unwrap()["priority"], Value::Text("high".into()));
+        let marked = BTreeMap::from([("uses_bandwidth_budget".to_string(), "2".to_string())]);
+        assert_eq!(
+            apply_changes(&base, &marked).unwrap_err().to_string(),
+            "policy setting uses_bandwidth_budget: must be 0 or 1, not 2"
+        );
         let wrong = BTreeMap::from([("priority".to_string(), "urgent".to_string())]);
         assert_eq!(
             apply_changes(&base, &wrong).unwrap_err().to_string(),

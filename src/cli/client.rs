@@ -254,7 +254,11 @@ async fn print_parts(client: &mut Client, job_id: &str, style: Style) -> Result<
                 let mut text = String::new();
                 if part.first_task == 0 {
                     width = part.tasks.iter().map(|t| t.id.len()).max().unwrap_or(2).clamp(2, 40);
-                    text += &format!("job {} {:?}: {}\n", part.id, part.name, part.state);
+                    text += &format!("job {} {:?}: {}", part.id, part.name, part.state);
+                    if !part.priority.is_empty() {
+                        text += &format!(" (priority {})", part.priority);
+                    }
+                    text.push('\n');
                     text +=
                         &format!("{:<width$}  {:<16}  {:<16}  {:>7}  ERROR\n", "ID", "JOB TYPE", "STATE", "ATTEMPT");
                 }
@@ -367,12 +371,29 @@ pub struct JobArgs {
     /// Read a database directly instead of asking a server.
     #[arg(long, conflicts_with = "data_dir")]
     pub database_url: Option<String>,
+    /// Give every task of the job, while it has not ended, this priority
+    /// (low, normal, high, critical): what waits is dispatched by it.
+    #[arg(long, conflicts_with_all = ["data_dir", "database_url"])]
+    pub priority: Option<String>,
     #[command(flatten)]
     pub connection: Connection,
 }
 
 pub(super) async fn job(args: JobArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.connection.connect().await?;
+    if let Some(priority) = args.priority {
+        let request = api::SetJobPriorityRequest { job_id: args.id.clone(), priority: priority.clone() };
+        return match client.set_job_priority(request).await {
+            Ok(_) => {
+                println!("job {}: its tasks are dispatched at priority {priority} from now on", args.id);
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(status) => {
+                eprintln!("jobcenter: {}", status.message());
+                Ok(ExitCode::from(EXIT_USAGE))
+            }
+        };
+    }
     let style = if args.json { Style::Json } else { Style::Table };
     match print_parts(&mut client, &args.id, style).await {
         Ok(_) => Ok(ExitCode::SUCCESS),
@@ -563,6 +584,9 @@ pub(super) async fn capacity(args: CapacityArgs) -> anyhow::Result<ExitCode> {
             println!("{:<24}    {work}", "");
         }
     }
+    if let Some(budget) = &capacity.budget {
+        print!("\n{}", super::budget::lines(budget));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -668,7 +692,10 @@ pub(super) async fn policy(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         ("detection_timeout_seconds", policy.detection_timeout_seconds),
         ("max_jobs_per_detection", policy.max_jobs_per_detection),
         ("detection_enabled", u32::from(policy.detection_enabled)),
+        ("rate_per_minute", policy.rate_per_minute),
+        ("rate_burst", policy.rate_burst),
         ("window_grace_seconds", policy.window_grace_seconds),
+        ("uses_bandwidth_budget", policy.uses_bandwidth_budget),
     ]);
     println!("policy of {}", policy.job_type);
     for (name, value) in values {

@@ -1,6 +1,7 @@
 //! The command line: one module per command; `main.rs` only parses and calls `run`.
 
 mod bench;
+mod budget;
 mod client;
 mod credentials;
 mod import_weed_admin;
@@ -104,6 +105,9 @@ pub enum Command {
     ImportWeedAdmin(import_weed_admin::ImportWeedAdminArgs),
     /// Each job type's maintenance windows: open now or not, when it next opens and closes, and its terms.
     Windows(client::WindowsArgs),
+    /// Show, set or clear the bandwidth budget of the tasks that move data
+    /// (balance, EC encode, EC balance, and job types a policy marks).
+    Budget(budget::BudgetArgs),
 }
 
 impl Cli {
@@ -174,6 +178,7 @@ pub fn main(cli: Cli) -> Result<ExitCode, crate::fate::Fatal> {
             Command::Credentials(args) => Ok(credentials::run(args)),
             Command::ImportWeedAdmin(args) => import_weed_admin::run(args).await,
             Command::Windows(args) => client::windows(args).await,
+            Command::Budget(args) => budget::run(args).await,
         }
     });
     // A blocking call stuck on a failed store must not hold the process.

@@ -53,6 +53,11 @@ pub struct ServerArgs {
     /// How long attempts of a previous run wait for their worker to return.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub orphan_grace: Duration,
+    /// How long a wait makes up for one level of priority: a ready task is
+    /// never passed by one that became ready this long times their
+    /// difference in levels after it (low, normal, high, critical).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub priority_aging: Duration,
     /// A worker silent for longer loses its attempts (recovery rule R3).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub silence_timeout: Duration,
@@ -292,6 +297,7 @@ pub(super) async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         send_timeout: args.send_timeout,
         advertise_grpc: args.advertise_grpc,
         traces: args.otlp_endpoint.is_some(),
+        priority_aging: args.priority_aging,
         ..ServerOptions::default()
     };
     match server::run(store, options, http, grpc, shutdown_signal()).await {

@@ -114,6 +114,14 @@ pub(super) enum JobCommand {
         job_type: Arc<str>,
         limits: TypeLimits,
     },
+    /// Gives every task of a running job a priority (an operator's change,
+    /// written as the setting `job-priority/ID` with `audit`).
+    SetPriority {
+        job: JobId,
+        priority: crate::model::Priority,
+        audit: Option<audit::Entry>,
+        reply: Reply<Result<(), Error>>,
+    },
     /// The endpoints that now want each kind of notification.
     SetNotify {
         routes: crate::model::notify::Routes,
@@ -132,6 +140,12 @@ pub(super) enum JobCommand {
     SetWindow {
         job_type: Arc<str>,
         window: Option<Arc<crate::windows::Window>>,
+    },
+    /// The bandwidth budget (or none) and the job types whose policy says
+    /// whether they share it.
+    SetBudget {
+        budget: Option<crate::budget::Budget>,
+        marks: HashMap<Arc<str>, bool>,
     },
 }
 
@@ -224,7 +238,8 @@ pub(super) enum HandlerCommand {
 /// Work between instances on one store: jobs adopted and released, slots reserved, attempts lent and borrowed, permits.
 pub(super) enum ClusterCommand {
     /// Takes the lead of jobs claimed from the store (another instance led them).
-    Adopt { jobs: Vec<StoredJob>, reply: Reply<usize> },
+    /// `priorities`: the settings of jobs' priorities (`job-priority/ID`).
+    Adopt { jobs: Vec<StoredJob>, priorities: Vec<(String, Vec<u8>)>, reply: Reply<usize> },
     /// Stops leading up to `up_to` jobs that no attempt runs for and nobody
     /// waits on, so that other instances may claim them.
     Release { up_to: usize, reply: Reply<Vec<JobId>> },
@@ -247,6 +262,11 @@ pub(super) enum ClusterCommand {
     /// The database's clock is this far ahead of the engine's (ms), as a
     /// heartbeat measured it: windows follow the database's clock.
     DatabaseTime { offset_ms: i64 },
+    /// The slots of the bandwidth budget's permits this instance holds.
+    SetBudgetPermits { held: crate::budget::Held },
+    /// The shares the store keeps (`SHARE`), read before jobs are adopted:
+    /// an adopted attempt counts the share its worker was given.
+    KeepShares { shares: Vec<(String, Vec<u8>)> },
 }
 
 /// Reads: each is answered from memory once the step it sees is durable, and changes nothing but who waits.
@@ -294,6 +314,13 @@ pub(super) enum Query {
 /// the workers of handlers without a lease (`handler/<id>`: the worker id).
 pub(super) const COOLING: &str = "cooling/";
 pub(super) const HANDLER_NAME: &str = "handler/";
+/// The prefix of the settings that keep the priorities operators gave running jobs.
+pub(super) const PRIORITY_PREFIX: &str = "job-priority/";
+/// The share of the bandwidth budget each running budgeted attempt was
+/// given (`share/<attempt>`: a `budget::Share` as JSON), kept so that a
+/// restart or another instance counts what its workers were told, and that
+/// every instance shows every share.
+pub(crate) const SHARE: &str = "share/";
 
 /// An attempt that ended because its worker came back without it.
 #[derive(Clone, Debug)]
@@ -376,18 +403,28 @@ pub(super) struct Core {
     removals_durable: Arc<std::sync::atomic::AtomicU64>,
     /// Jobs of removals not known to be durable yet, with the removal's number.
     removing: HashMap<JobId, u64>,
+    /// Jobs an operator gave a priority while they ran: every task of the
+    /// job takes it (kept in the settings until the job ends).
+    priorities: HashMap<JobId, crate::model::Priority>,
     /// The maintenance windows of the job types that have some.
     windows: windows::Windows,
+    /// The bandwidth budget and the shares of the budgeted attempts held here.
+    shares: crate::budget::Shares,
+    /// The shares the store kept of attempts held before a restart, until
+    /// their attempts are restored.
+    kept_shares: HashMap<AttemptId, crate::budget::Share>,
 }
 
 impl Core {
     pub(super) fn new(options: Options, events: broadcast::Sender<Event>) -> Core {
+        let mut dispatch = Dispatch::default();
+        dispatch.set_aging(crate::dispatch::Aging(options.priority_aging.as_millis() as i64));
         let windows = windows::Windows::new(options.database_clock);
         Core {
             attempts: Ledger::new(options.rollback_windows.clone()),
             options,
             jobs: HashMap::new(),
-            dispatch: Dispatch::default(),
+            dispatch,
             waiters: HashMap::new(),
             events,
             released_at: HashMap::new(),
@@ -398,7 +435,10 @@ impl Core {
             removals: 0,
             removals_durable: Arc::default(),
             removing: HashMap::new(),
+            priorities: HashMap::new(),
             windows,
+            shares: crate::budget::Shares::default(),
+            kept_shares: HashMap::new(),
         }
     }
 
@@ -440,8 +480,8 @@ impl Core {
     }
 
     /// When the next deadline falls, if any: the loop wakes then without a command.
-    pub(super) fn next_wake(&self) -> Option<Timestamp> {
-        [self.dispatch.next_wake(), self.attempts.next_wake(), self.windows.next_wake()].into_iter().flatten().min()
+    pub(super) fn next_wake(&self, now: Timestamp) -> Option<Timestamp> {
+        [self.dispatch.next_wake(now), self.attempts.next_wake(), self.windows.next_wake()].into_iter().flatten().min()
     }
 }
 

@@ -196,6 +196,29 @@ impl EngineHandle {
         }
     }
 
+    /// Gives every task of a running job a priority, and writes `audit` in
+    /// the same step, if the change is taken.
+    pub async fn set_priority_recorded(
+        &self,
+        job: JobId,
+        priority: crate::model::Priority,
+        audit: Option<audit::Entry>,
+    ) -> Result<(), Error> {
+        match self.call(|reply| JobCommand::SetPriority { job, priority, audit, reply }.into()).await? {
+            Err(Error::JobEnded(_)) if self.stored(job).await?.is_none() => Err(Error::UnknownJob(job)),
+            other => other,
+        }
+    }
+
+    /// The priority an operator gave a job while it ran, if it has one.
+    pub async fn job_priority(&self, job: JobId) -> Result<Option<crate::model::Priority>, Error> {
+        let store = self.store.clone();
+        let key = format!("{}{job}", super::core::PRIORITY_PREFIX);
+        let settings =
+            tokio::task::spawn_blocking(move || store.settings(&key)).await.map_err(|_| Error::Stopped)??;
+        Ok(settings.first().and_then(|(_, value)| serde_json::from_slice(value).ok()))
+    }
+
     /// Retries the failed part of an ended job.
     pub async fn retry(&self, job: JobId) -> Result<(), Error> {
         self.retry_recorded(job, None).await
@@ -277,6 +300,16 @@ impl EngineHandle {
     /// maintenance windows follow it.
     pub(crate) async fn database_clock(&self, offset_ms: i64) -> Result<(), Error> {
         self.send(ClusterCommand::DatabaseTime { offset_ms }.into()).await
+    }
+
+    /// The bandwidth budget (or none), and the job types whose policy says
+    /// whether they share it.
+    pub(crate) async fn set_budget(
+        &self,
+        budget: Option<crate::budget::Budget>,
+        marks: std::collections::HashMap<Arc<str>, bool>,
+    ) -> Result<(), Error> {
+        self.send(JobCommand::SetBudget { budget, marks }.into()).await
     }
 
     /// The active jobs and the handlers that are connected (or whose
@@ -411,7 +444,11 @@ impl EngineHandle {
 
     /// Takes the lead of jobs claimed from the store; returns how many were new here.
     pub async fn adopt(&self, jobs: Vec<StoredJob>) -> Result<usize, Error> {
-        self.call(|reply| ClusterCommand::Adopt { jobs, reply }.into()).await
+        let store = self.store.clone();
+        let priorities = tokio::task::spawn_blocking(move || store.settings(super::core::PRIORITY_PREFIX))
+            .await
+            .map_err(|_| Error::Stopped)??;
+        self.call(|reply| ClusterCommand::Adopt { jobs, priorities, reply }.into()).await
     }
 
     /// Stops leading up to `up_to` idle jobs; answers once that is durable.
@@ -460,6 +497,17 @@ impl EngineHandle {
         resources: std::collections::HashSet<String>,
     ) -> Result<(), Error> {
         self.send(ClusterCommand::SetPermits { permits, resources }.into()).await
+    }
+
+    /// In a cluster: the slots of the bandwidth budget's permits this instance holds.
+    pub(crate) async fn set_budget_permits(&self, held: crate::budget::Held) -> Result<(), Error> {
+        self.send(ClusterCommand::SetBudgetPermits { held }.into()).await
+    }
+
+    /// The shares of the bandwidth budget the store keeps (settings under
+    /// `SHARE_SETTINGS`), read before jobs are adopted.
+    pub async fn keep_shares(&self, shares: Vec<(String, Vec<u8>)>) -> Result<(), Error> {
+        self.send(ClusterCommand::KeepShares { shares }.into()).await
     }
 
     /// The handlers connected to the other live instances.

@@ -31,6 +31,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::committer::{CommitObserver, Endings};
 pub use self::core::Returned;
+/// The settings that keep each running budgeted attempt's share of the bandwidth budget.
+pub(crate) use self::core::SHARE as SHARE_SETTINGS;
 pub use self::handle::{Answer, EngineHandle, Reconciled};
 use crate::clock::{Clock, Timestamp};
 use crate::model::{HandlerId, JobId, JobRecord, JobState, StateCounts, TaskState};
@@ -88,6 +90,8 @@ pub struct Options {
     /// The committer makes the spans of jobs, attempts and commits for the
     /// trace export (`spans.rs`), and work orders carry their attempt's.
     pub traces: bool,
+    /// How long a wait makes up for one level of priority (`dispatch::Aging`).
+    pub priority_aging: Duration,
     /// Maintenance windows follow the database's clock (in a cluster): until
     /// `EngineHandle::database_clock` first tells it, job types with windows
     /// stay closed.
@@ -109,6 +113,7 @@ impl Default for Options {
             fate: crate::fate::Fate::default(),
             notify: crate::model::notify::Routes::default(),
             traces: false,
+            priority_aging: Duration::from_secs(600),
             database_clock: false,
         }
     }
@@ -203,10 +208,16 @@ impl Engine {
     /// Loads every active job, makes start-up repairs durable, then runs the
     /// loop and the committer until every handle is dropped.
     pub async fn start(store: Arc<dyn Store>, clock: Arc<dyn Clock>, options: Options) -> Result<EngineHandle, Error> {
-        let (loaded, cooling, names) = {
+        let (loaded, cooling, names, priorities, shares) = {
             let store = store.clone();
             tokio::task::spawn_blocking(move || -> Result<_, store::Error> {
-                Ok((store.load_active()?, store.settings(core::COOLING)?, store.settings(core::HANDLER_NAME)?))
+                Ok((
+                    store.load_active()?,
+                    store.settings(core::COOLING)?,
+                    store.settings(core::HANDLER_NAME)?,
+                    store.settings(core::PRIORITY_PREFIX)?,
+                    store.settings(core::SHARE)?,
+                ))
             })
             .await
             .map_err(|_| Error::Stopped)??
@@ -215,7 +226,8 @@ impl Engine {
         let fate = options.fate.clone();
         let traces = options.traces;
         let mut core = core::Core::new(options, events.clone());
-        core.remember(cooling, names);
+        core.remember(cooling, names, shares);
+        core.remember_priorities(priorities);
         let mut step = core::Step::default();
         core.restore(loaded, clock.now(), &mut step);
         if !step.batch.is_empty() {

@@ -20,7 +20,7 @@ pub(super) async fn run(
     let max = core.most_commands_per_turn();
     let mut received: Vec<Command> = Vec::with_capacity(max);
     loop {
-        let first = match core.next_wake() {
+        let first = match core.next_wake(clock.now()) {
             Some(at) => {
                 let wait = std::time::Duration::from_millis(at.millis_since(clock.now()));
                 tokio::select! {

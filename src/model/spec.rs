@@ -7,6 +7,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::dag::Dag;
+use crate::proto::worker::{task_params, TaskParams};
+use prost::Message;
 
 /// Dispatch priority among ready tasks; the highest goes first.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -20,6 +22,17 @@ pub enum Priority {
 }
 
 impl Priority {
+    /// The priority of a name (`low`, `normal`, `high`, `critical`).
+    pub fn from_name(name: &str) -> Option<Priority> {
+        Some(match name {
+            "low" => Priority::Low,
+            "normal" => Priority::Normal,
+            "high" => Priority::High,
+            "critical" => Priority::Critical,
+            _ => return None,
+        })
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Priority::Low => "low",
@@ -93,6 +106,16 @@ impl TaskSpec {
         self.placement.as_ref()?.lock.as_deref()
     }
 
+    /// The volume servers it moves data through (`Placement::servers`).
+    pub fn servers(&self) -> &[Arc<str>] {
+        self.placement.as_ref().map_or(&[], |p| &p.servers)
+    }
+
+    /// The copy rate it asks for itself (`Placement::own_rate`).
+    pub fn own_rate(&self) -> Option<u64> {
+        self.placement.as_ref()?.own_rate
+    }
+
     /// Where its data lives; unknown if it does not say.
     pub fn place(&self) -> Place {
         self.placement.as_ref().map(|p| p.place.clone()).unwrap_or_default()
@@ -114,11 +137,28 @@ pub struct Placement {
     pub dedupe_key: Option<Box<str>>,
     /// How long it should take: parameter `estimated_runtime_seconds`, in ms.
     pub estimated_runtime_ms: Option<i64>,
+    /// The volume servers it moves data through (`host:port`, sorted):
+    /// labels `source_node`, `target_node` and `server`, parameters
+    /// `source_server` and `target_server`, and the sources, targets and
+    /// moves of parameter `task_params_pb`. What a volume server's
+    /// bandwidth budget counts.
+    pub servers: Box<[Arc<str>]>,
+    /// The copy rate it asks for itself, in bytes per second: parameter
+    /// `io_byte_per_second`, when above 0. Under a bandwidth budget it holds
+    /// no more of it than that.
+    pub own_rate: Option<u64>,
 }
 
 impl Placement {
     /// None when the task says nothing of where its work lies.
     pub fn of(labels: &BTreeMap<String, String>, parameters: &str) -> Option<Box<Placement>> {
+        // Parameters are read only when they name what a placement takes.
+        let named = ["estimated_runtime_seconds", "_server", "task_params_pb", RATE];
+        let json = named
+            .iter()
+            .any(|name| parameters.contains(name))
+            .then(|| serde_json::from_str::<serde_json::Value>(parameters).ok())
+            .flatten();
         let text = |key: &str| labels.get(key).filter(|v| !v.is_empty()).map(|v| Box::<str>::from(v.as_str()));
         let placement = Placement {
             lock: labels.get("volume_id").map(|v| format!("volume:{v}").into_boxed_str()),
@@ -128,24 +168,78 @@ impl Placement {
             },
             node: labels.get("node").map(|v| Box::<str>::from(v.as_str())),
             dedupe_key: text("dedupe_key"),
-            estimated_runtime_ms: estimated_runtime_ms(parameters),
+            estimated_runtime_ms: estimated_runtime_ms(json.as_ref()),
+            servers: servers_of(labels, json.as_ref()),
+            own_rate: json.as_ref().and_then(|v| v.get(RATE)?.as_u64()).filter(|rate| *rate > 0),
         };
         (placement != Placement::default()).then(|| Box::new(placement))
     }
 }
 
+/// The parameter of a task's own copy rate (`budget::PARAMETER`).
+const RATE: &str = "io_byte_per_second";
+
 /// Parameter `estimated_runtime_seconds` (a number, or a number as text), in milliseconds.
-fn estimated_runtime_ms(parameters: &str) -> Option<i64> {
-    if !parameters.contains("estimated_runtime_seconds") {
-        return None;
-    }
-    let value: serde_json::Value = serde_json::from_str(parameters).ok()?;
-    let seconds = match value.get("estimated_runtime_seconds")? {
+fn estimated_runtime_ms(parameters: Option<&serde_json::Value>) -> Option<i64> {
+    let seconds = match parameters?.get("estimated_runtime_seconds")? {
         serde_json::Value::Number(n) => n.as_f64()?,
         serde_json::Value::String(s) => s.trim().parse().ok()?,
         _ => return None,
     };
     (seconds > 0.0).then(|| (seconds * 1000.0).min(i64::MAX as f64 / 4.0) as i64)
+}
+
+/// The volume servers a task moves data through (see `Placement::servers`).
+fn servers_of(labels: &BTreeMap<String, String>, parameters: Option<&serde_json::Value>) -> Box<[Arc<str>]> {
+    let mut servers: Vec<&str> = ["source_node", "target_node", "server"]
+        .iter()
+        .filter_map(|key| labels.get(*key))
+        .map(String::as_str)
+        .collect();
+    let mut from_parameters: Vec<String> = Vec::new();
+    if let Some(value) = parameters {
+        for key in ["source_server", "target_server"] {
+            if let Some(server) = value.get(key).and_then(serde_json::Value::as_str) {
+                from_parameters.push(server.to_string());
+            }
+        }
+        let bytes = value.get("task_params_pb").and_then(|v| v.get("$bytes")).and_then(serde_json::Value::as_str);
+        if let Some(params) = bytes.and_then(decode_hex).and_then(|b| TaskParams::decode(b.as_slice()).ok()) {
+            from_parameters.extend(params.sources.into_iter().map(|s| s.node));
+            from_parameters.extend(params.targets.into_iter().map(|t| t.node));
+            if let Some(task_params::TaskParams::BalanceParams(balance)) = params.task_params {
+                for spec in balance.moves {
+                    from_parameters.extend([spec.source_node, spec.target_node]);
+                }
+            }
+        }
+    }
+    servers.extend(from_parameters.iter().map(String::as_str));
+    let mut servers: Vec<Arc<str>> = servers.into_iter().filter_map(server_address).collect();
+    servers.sort();
+    servers.dedup();
+    servers.into_boxed_slice()
+}
+
+/// A volume server's `host:port`, from SeaweedFS's `host:port` or
+/// `host:port.grpcPort`; none when empty.
+fn server_address(address: &str) -> Option<Arc<str>> {
+    let address = address.trim();
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let address = match address.rsplit_once('.') {
+        Some((host_port, grpc)) if digits(grpc) && host_port.rsplit_once(':').is_some_and(|(_, p)| digits(p)) => {
+            host_port
+        }
+        _ => address,
+    };
+    (!address.is_empty()).then(|| Arc::from(address))
+}
+
+fn decode_hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
 /// Where a handler runs, or where a task's data lives.
@@ -271,6 +365,42 @@ mod tests {
         assert_eq!(server.place().host.as_deref(), Some("::1"));
         let placement = server.placement.as_deref().unwrap();
         assert_eq!((placement.dedupe_key.as_deref(), placement.estimated_runtime_ms), (None, Some(1_500)));
+    }
+
+    #[test]
+    fn the_volume_servers_a_task_moves_data_through_come_from_labels_parameters_and_task_params() {
+        use crate::proto::worker::{BalanceMoveSpec, BalanceTaskParams, TaskSource, TaskTarget};
+        let labelled = task(&[("source_node", "10.0.0.1:8080"), ("target_node", "10.0.0.2:8080.18080")], "{}");
+        let servers: Vec<&str> = labelled.placement.as_deref().unwrap().servers.iter().map(|s| &**s).collect();
+        assert_eq!(servers, ["10.0.0.1:8080", "10.0.0.2:8080"], "a gRPC port after the port is left out");
+        let params = TaskParams {
+            sources: vec![TaskSource { node: "a:8080".into(), ..Default::default() }],
+            targets: vec![TaskTarget { node: "b:8080".into(), ..Default::default() }],
+            task_params: Some(task_params::TaskParams::BalanceParams(BalanceTaskParams {
+                moves: vec![BalanceMoveSpec {
+                    source_node: "c:8080".into(),
+                    target_node: "a:8080".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let parameters = serde_json::json!({
+            "task_params_pb": {"$bytes": hex(&params.encode_to_vec())},
+            "target_server": "d:8080",
+        });
+        let spec = task(&[], &parameters.to_string());
+        let servers: Vec<&str> = spec.placement.as_deref().unwrap().servers.iter().map(|s| &**s).collect();
+        assert_eq!(servers, ["a:8080", "b:8080", "c:8080", "d:8080"]);
+        let unreadable = task(&[], r#"{"task_params_pb":{"$bytes":"zz"},"source_server":""}"#);
+        assert_eq!(unreadable.placement, None, "nothing readable, no servers");
+        let own = |parameters: &str| task(&[], parameters).own_rate();
+        assert_eq!(
+            [own(r#"{"io_byte_per_second":2000000}"#), own(r#"{"io_byte_per_second":0}"#), own("{}")],
+            [Some(2_000_000), None, None],
+            "a rate of its own, 0 being the server's own"
+        );
     }
 
     #[test]

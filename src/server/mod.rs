@@ -100,6 +100,8 @@ pub struct ServerOptions {
     /// Spans of jobs, attempts and store commits are made for the trace
     /// export (`--otlp-endpoint`), and attempts carry theirs to the workers.
     pub traces: bool,
+    /// How long a wait makes up for one level of priority.
+    pub priority_aging: Duration,
 }
 
 impl Default for ServerOptions {
@@ -134,6 +136,7 @@ impl Default for ServerOptions {
             send_timeout: Duration::from_secs(30),
             advertise_grpc: None,
             traces: false,
+            priority_aging: Duration::from_secs(600),
         }
     }
 }
@@ -199,6 +202,8 @@ pub async fn run(
         // Nothing of a limited type, and nothing on a volume, runs here
         // before the permits duty holds its first permits.
         engine.set_permits(Default::default(), Default::default()).await?;
+        // Nor anything that shares the bandwidth budget.
+        engine.set_budget_permits(Default::default()).await?;
     }
     for _ in 0..options.local_workers {
         let handlers = HandlerRegistry::new(builtin_handlers());
@@ -497,6 +502,7 @@ async fn start_engine(
         fate: fate.clone(),
         notify,
         traces: options.traces,
+        priority_aging: options.priority_aging,
         database_clock: member.is_some(),
         ..Options::default()
     };

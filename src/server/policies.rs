@@ -32,6 +32,8 @@ const DESCRIPTOR_PREFIX: &str = "descriptor/";
 const POLICY_PREFIX: &str = "policy/";
 const WORKER_CONFIG_PREFIX: &str = "worker-config/";
 const ADMIN_CONFIG_PREFIX: &str = "admin-config/";
+/// The bandwidth budget (`budget::Budget` as JSON), when one is set.
+const BUDGET_SETTING: &str = "budget/bandwidth";
 /// `policy set TYPE worker.NAME=VALUE` sets a worker configuration value.
 pub(super) const WORKER_KEY_PREFIX: &str = "worker.";
 /// `policy set TYPE admin.NAME=VALUE` sets an admin configuration value.
@@ -47,6 +49,8 @@ struct Book {
     worker_values: Values,
     /// Admin configuration values an operator set, by job type.
     admin_values: Values,
+    /// The bandwidth budget of the tasks that move data.
+    budget: Option<crate::budget::Budget>,
 }
 
 /// Applies `prefix.NAME=VALUE` changes (`default` removes one) to what is set.
@@ -325,12 +329,69 @@ impl Policies {
         if engine.set_window(Arc::from(job_type), self.window(job_type)).await.is_err() {
             tracing::debug!(job_type, "engine stopped before the windows were set");
         }
+        self.push_budget(engine).await;
     }
 
     /// A job type's windows, as its policy says (`None`: always open);
     /// read once and kept until the book changes.
     pub(crate) fn window(&self, job_type: &str) -> Option<Arc<Window>> {
         self.book.lock().expect("policy lock").window(job_type)
+    }
+
+    /// The bandwidth budget, when one is set.
+    pub(crate) fn budget(&self) -> Option<crate::budget::Budget> {
+        self.book.lock().expect("policy lock").budget
+    }
+
+    /// The job types with a policy or a descriptor whose tasks share the
+    /// budget; those with neither share it by `budget::DEFAULT_TYPES`.
+    pub(crate) fn budgeted_types(&self) -> Vec<String> {
+        let book = self.book.lock().expect("policy lock");
+        let mut types: Vec<String> = book
+            .descriptors
+            .keys()
+            .chain(book.overrides.keys())
+            .map(String::as_str)
+            .chain(crate::budget::DEFAULT_TYPES)
+            .filter(|job_type| effective(&book, job_type).0.uses_bandwidth_budget == 1)
+            .map(str::to_string)
+            .collect();
+        types.sort();
+        types.dedup();
+        types
+    }
+
+    /// Tells the engine the bandwidth budget and which job types share it.
+    pub(crate) async fn push_budget(&self, engine: &EngineHandle) {
+        let (budget, marks) = {
+            let book = self.book.lock().expect("policy lock");
+            let marks = book
+                .descriptors
+                .keys()
+                .chain(book.overrides.keys())
+                .map(|job_type| (Arc::from(job_type.as_str()), effective(&book, job_type).0.uses_bandwidth_budget == 1))
+                .collect();
+            (book.budget, marks)
+        };
+        if engine.set_budget(budget, marks).await.is_err() {
+            tracing::debug!("engine stopped before the budget was set");
+        }
+    }
+
+    /// Sets the bandwidth budget (`None` removes it), with its audit record
+    /// in the same step, and tells the engine.
+    pub(crate) async fn set_budget(
+        &self,
+        budget: Option<crate::budget::Budget>,
+        audit: Option<crate::model::audit::Entry>,
+    ) -> Result<(), engine::Error> {
+        let bytes = budget.map(|b| serde_json::to_vec(&b).expect("a budget serializes"));
+        let mut settings = vec![(BUDGET_SETTING.to_string(), bytes)];
+        settings.extend(audit.map(crate::model::audit::Entry::into_setting));
+        self.engine.put_settings(settings).await?;
+        self.book.lock().expect("policy lock").budget = budget;
+        self.push_budget(&self.engine).await;
+        Ok(())
     }
 }
 
@@ -384,6 +445,13 @@ fn read_book(store: &dyn Store) -> Result<Book, store::Error> {
     for (key, bytes) in store.settings(ADMIN_CONFIG_PREFIX)? {
         if let Ok(values) = serde_json::from_slice(&bytes) {
             book.admin_values.insert(key[ADMIN_CONFIG_PREFIX.len()..].to_string(), values);
+        }
+    }
+    for (key, bytes) in store.settings(BUDGET_SETTING)? {
+        match serde_json::from_slice(&bytes) {
+            Ok(budget) if key == BUDGET_SETTING => book.budget = Some(budget),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(key, error = %e, "skipping an unreadable bandwidth budget"),
         }
     }
     Ok(book)

@@ -32,6 +32,9 @@ struct NoopParameters {
     fail: bool,
     #[serde(default)]
     fail_attempts: u32,
+    /// A share of the bandwidth budget (a policy can make noop share it): taken, unused.
+    #[serde(default, rename = "io_byte_per_second")]
+    _io_byte_per_second: Option<u64>,
 }
 
 /// Does nothing (after `sleep_ms`); fails every attempt with `fail`, or the
@@ -75,6 +78,9 @@ struct ShellParameters {
     env: BTreeMap<String, String>,
     cwd: Option<String>,
     timeout_seconds: Option<u64>,
+    /// Its share of the bandwidth budget, when its policy makes shell share
+    /// it: the command finds it in `JOBCENTER_IO_BYTE_PER_SECOND`.
+    io_byte_per_second: Option<u64>,
 }
 
 /// Runs `command` with `sh -c`, or `argv` directly; exit code 0 succeeds.
@@ -117,6 +123,9 @@ impl Handler for ShellHandler {
                 .kill_on_drop(true);
             if let Some(cwd) = &params.cwd {
                 command.current_dir(cwd);
+            }
+            if let Some(rate) = params.io_byte_per_second {
+                command.env("JOBCENTER_IO_BYTE_PER_SECOND", rate.to_string());
             }
             let mut child = match command.spawn() {
                 Ok(child) => child,

@@ -120,10 +120,14 @@ async fn execute(registry: &Registry, assignment: &Assignment, exec_log: Option<
             output: Vec::new(),
         };
     };
-    let parameters = match serde_json::from_str(&assignment.parameters) {
+    let mut parameters: serde_json::Value = match serde_json::from_str(&assignment.parameters) {
         Ok(value) => value,
         Err(e) => return Outcome::Failed { error: format!("invalid parameters: {e}"), output: Vec::new() },
     };
+    // Its share of the bandwidth budget, as a worker of the stream gets it.
+    if let (Some(rate), Some(parameters)) = (assignment.io_byte_per_second, parameters.as_object_mut()) {
+        parameters.insert(crate::budget::PARAMETER.to_string(), rate.into());
+    }
     let ctx = TaskContext {
         task: assignment.attempt.task,
         job: assignment.attempt.task.job,

@@ -4,8 +4,9 @@
 //! invalid job refused with its problems; a running job canceled from its
 //! page; a job type's policy saved through its form, and a real `weed
 //! worker`'s config form built from its descriptor and saved; a 100,000-task job's
-//! graph folded by level; and the token sign-in, the HttpOnly session cookie
-//! and the refusal of forged cross-site writes.
+//! graph folded by level; the token sign-in, the HttpOnly session cookie
+//! and the refusal of forged cross-site writes; and the capacity page's
+//! bandwidth budget with each running task's share.
 
 use crate::support;
 use crate::support::browser;
@@ -669,5 +670,42 @@ fn the_job_types_list_shows_each_types_window_open_or_closed_and_its_next_change
     browser.wait_for_text(&format!("{noop} .tag"), "closed");
     browser.wait_for_text_containing(r#"table#types tr[data-type="shell"] td.window"#, "always open");
     browser.screenshot("windows");
+    browser.assert_no_uncaught_errors();
+}
+
+#[test]
+fn the_capacity_page_shows_the_bandwidth_budget_and_each_running_tasks_share_live() {
+    let console = start("capacity", &[], 1, &[]);
+    let (browser, server) = (&console.browser, &console.server);
+    server.wait_for_workers(1);
+    console.open("#/capacity", "capacity");
+    browser.wait_for_text_containing("#budget-line", "None: the tasks that move data");
+    browser.wait_for_text_containing("#disks-unavailable", "no SeaweedFS master");
+    assert!(server.cli(&["policy", "set", "shell", "uses_bandwidth_budget=1"]).status.success());
+    let set = server.cli(&["budget", "set", "--cluster", "20MB/s", "--per-server", "15MB/s", "--minimum", "2MB/s"]);
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    browser.wait_for_text(
+        "#budget-line",
+        "20 MB/s over the cluster, 15 MB/s through each volume server; each task starts with at least 2 MB/s. Shared by ec_balance, erasure_coding, shell, volume_balance.",
+    );
+    // Two moves through one volume server: an even split of the cluster's
+    // budget for the first, what is left of the server's for the second.
+    let file = console.dir.path().join("moves.json");
+    let task = |id: &str| json!({"id": id, "job_type": "shell", "parameters": {"command": "sleep 600"}, "labels": {"source_node": "10.0.0.1:8080"}});
+    std::fs::write(&file, json!({"name": "moves", "tasks": [task("a"), task("b")]}).to_string()).unwrap();
+    let id = submit(server, &file, &[]);
+    browser.wait_for(r#"#budget-shares tbody tr[data-key]:nth-of-type(2)"#);
+    for (row, share) in [(1, "10 MB/s"), (2, "5 MB/s")] {
+        let cells = format!("#budget-shares tbody tr:nth-of-type({row})");
+        browser.wait_for_text(&format!("{cells} td:nth-of-type(2)"), share);
+        browser.wait_for_text(&format!("{cells} td:nth-of-type(3)"), "10.0.0.1:8080");
+        let href = browser.attr_now(&format!("{cells} th a"), "href").unwrap_or_default();
+        assert!(href.ends_with(&format!("#/jobs/{id}")), "the share links to its job: {href}");
+    }
+    browser.wait_for_text("#budget-used", "15 MB/s used, 5 MB/s free");
+    browser.wait_for_text("#budget-servers tbody tr td:nth-of-type(2)", "0 MB/s");
+    browser.screenshot("capacity");
+    assert!(server.cli(&["cancel", &id]).status.success());
+    browser.wait_for_text("#budget-shares tbody tr", "No budgeted task runs now.");
     browser.assert_no_uncaught_errors();
 }

@@ -3,7 +3,9 @@
 //! extracted from the binary and compared, message by message and field by
 //! field, with `proto/plugin.proto` compiled by protox; and messages built
 //! from the binary's schema, every field set, go through our generated stream
-//! types and must come out whole.
+//! types and must come out whole. `proto/worker.proto`, the part of
+//! SeaweedFS's task parameters jobcenter reads and writes, is checked field
+//! by field against the `worker.proto` the binary embeds the same way.
 //!
 //! Go's protobuf runtime keeps each `.proto` file's serialized
 //! `FileDescriptorProto` in the binary's data, starting with its name field
@@ -660,4 +662,56 @@ fn every_field_a_weed_worker_can_send_survives_our_stream_types() {
     problems.sort();
     problems.dedup();
     assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
+}
+
+/// `proto/worker.proto` declares the part of SeaweedFS's `worker_pb` that
+/// jobcenter reads and writes (`TaskParams` and the balance parameters a
+/// bandwidth budget sets a rate in): each of its messages and fields is one
+/// of the `worker.proto` the installed `weed` embeds, with the same number,
+/// type and label, oneofs included.
+#[test]
+fn every_field_of_our_worker_schema_is_the_one_weed_embeds() {
+    let weed = weed_schema();
+    let data = std::fs::read(&weed.path).unwrap();
+    let theirs = embedded_descriptor(&data, "worker.proto", "worker_pb").unwrap_or_else(|e| panic!("{e}"));
+    let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto");
+    let set = protox::compile(["worker.proto"], [proto]).unwrap_or_else(|e| panic!("proto/worker.proto: {e}"));
+    let ours = set.file.iter().find(|f| f.name() == "worker.proto").expect("our worker.proto");
+    let mut differences = Vec::new();
+    let mut fields = 0;
+    for message in &ours.message_type {
+        let Some(their_message) = theirs.message_type.iter().find(|m| m.name() == message.name()) else {
+            differences.push(format!("{}: no such message in weed's worker.proto", message.name()));
+            continue;
+        };
+        let oneof = |m: &DescriptorProto, f: &FieldDescriptorProto| {
+            f.oneof_index.map(|i| m.oneof_decl[i as usize].name().to_string())
+        };
+        for field in &message.field {
+            fields += 1;
+            let path = format!("{}.{}", message.name(), field.name());
+            match their_message.field.iter().find(|f| f.name() == field.name()) {
+                None => differences.push(format!("{path}: no such field in weed's")),
+                Some(theirs) => {
+                    let shape = |m, f: &FieldDescriptorProto| {
+                        (f.number(), f.r#type(), f.label(), f.type_name().to_string(), oneof(m, f))
+                    };
+                    if shape(their_message, theirs) != shape(message, field) {
+                        differences.push(format!(
+                            "{path}: weed's {:?}, ours {:?}",
+                            shape(their_message, theirs),
+                            shape(message, field)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(fields > 30, "our worker.proto was read: {fields} fields");
+    assert!(
+        differences.is_empty(),
+        "proto/worker.proto differs from weed {}'s:\n{}",
+        weed.version,
+        differences.join("\n")
+    );
 }

@@ -293,7 +293,7 @@ fn unknown_field_at_job_level() {
     let message = check_syntax(
         r#"{"name": "x", "owner": "storage", "tasks": [{"id": "a", "job_type": "noop"}]}"#,
         "unknown field",
-        "unknown field `owner`, expected `name` or `tasks`",
+        "unknown field `owner`, expected one of `name`, `tasks`, `priority`",
     );
     assert!(message.contains("at line 1 column"), "{message}");
 }
@@ -1056,7 +1056,7 @@ fn unknown_field_in_toml_is_reported() {
     let error = jobfile::parse(text.as_bytes(), Format::Toml, "job.toml", &Limits::default()).unwrap_err();
     assert_eq!(
         error.to_string(),
-        "invalid job job.toml: unknown field: unknown field `owner`, expected `name` or `tasks`"
+        "invalid job job.toml: unknown field: unknown field `owner`, expected one of `name`, `tasks`, `priority`"
     );
 }
 

@@ -7,14 +7,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::super::attempts::{Deadline, Held};
-use super::{Core, Step};
+use super::{Core, Step, SHARE};
 use crate::active::ActiveJob;
+use crate::budget::Share;
 use crate::clock::Timestamp;
-use crate::dispatch::{Assignment, FreeSlots, Place, WorkOrder};
+use crate::dispatch::{Assignment, FreeSlots, Place, Queued, WorkOrder};
 use crate::leader;
 use crate::model::{AttemptId, HandlerId, JobId, Phase, TaskIdx, TaskRef};
 
 /// What taking the next queued task of a type came to.
+// Moved once, from `take_one` to its caller: boxing the assignment would
+// allocate once more for every task dispatched.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Take {
     /// Nothing is queued.
     Empty,
@@ -45,7 +49,50 @@ impl Core {
                 }
             }
         }
-        crate::dispatch::Demand { types: self.dispatch.demand(), resources }
+        let budget = self.budget_asks();
+        crate::dispatch::Demand { types: self.dispatch.demand(), resources, budget }
+    }
+
+    /// What this instance asks of the bandwidth budget's permits: the
+    /// cluster's while budgeted tasks wait or run here, and each volume
+    /// server's that a waiting budgeted task moves data through.
+    fn budget_asks(&self) -> Vec<crate::budget::Ask> {
+        if self.shares.budget().is_none() {
+            return Vec::new();
+        }
+        let mut servers: Vec<Arc<str>> = Vec::new();
+        let mut waiting = false;
+        for job in self.jobs.values() {
+            for (spec, record) in job.spec.tasks.iter().zip(&job.tasks) {
+                if matches!(record.phase, Phase::Ready { .. }) && self.shares.applies_to(&spec.job_type) {
+                    waiting = true;
+                    servers.extend(spec.servers().iter().cloned());
+                }
+            }
+        }
+        servers.sort();
+        servers.dedup();
+        self.shares.asks(waiting, &servers)
+    }
+
+    /// Budgeted tasks that want a share now: those running, this one, and
+    /// those queued that their type's global limit lets start.
+    fn budget_wanting(&self, this_type: &str) -> u32 {
+        let mut wanting = u32::try_from(self.shares.running()).unwrap_or(u32::MAX).saturating_add(1);
+        for job_type in self.dispatch.queued_types() {
+            if !self.shares.applies_to(&job_type) {
+                continue;
+            }
+            let running = self.dispatch.running(&job_type) + u32::from(*job_type == *this_type);
+            let room = self.dispatch.limits(&job_type).map_or(u32::MAX, |l| l.global.saturating_sub(running));
+            wanting = wanting.saturating_add(self.dispatch.queued_of(&job_type).min(room));
+        }
+        wanting
+    }
+
+    /// Whether no task of the type may start for want of budget.
+    fn out_of_budget(&self, job_type: &str) -> bool {
+        self.shares.applies_to(job_type) && self.shares.exhausted()
     }
 
     pub(super) fn queue_ready(&mut self, job: JobId, ready: &[u32], now: Timestamp) {
@@ -55,7 +102,7 @@ impl Core {
             let not_before = active.tasks[idx as usize].not_before();
             self.dispatch.push_ready(
                 spec.job_type.clone(),
-                spec.priority,
+                self.priorities.get(&job).copied().unwrap_or(spec.priority),
                 TaskRef { job, idx: TaskIdx(idx) },
                 not_before,
                 now,
@@ -92,28 +139,39 @@ impl Core {
         }
     }
 
-    /// Hands queued tasks to handlers with free slots, type by type.
+    /// Hands queued tasks to handlers with free slots, the first by rank
+    /// (priority and wait) over every job type first, until no type that
+    /// has tasks queued may start one.
     pub(super) fn dispatch_ready(&mut self, now: Timestamp, step: &mut Step) {
         self.dispatch.promote_due(now);
         self.cooled(now, step);
-        for job_type in self.dispatch.queued_types() {
-            let mut blocked: Vec<(TaskRef, crate::model::Priority)> = Vec::new();
-            loop {
-                let jobs = &self.jobs;
-                let near = || self.dispatch.peek(&job_type).map_or_else(Place::default, |t| place_of(jobs, t));
-                let Some(handler) = self.dispatch.pick_handler(&job_type, near, now) else { break };
-                let running = self.dispatch.starts_running(handler);
-                match self.take_one(&job_type, handler, running, now, step, &mut blocked) {
-                    Take::Empty => break,
-                    Take::Skipped => {}
-                    Take::Assigned(assignment) => {
-                        step.send(self.dispatch.sink(handler), WorkOrder::Execute(assignment));
-                    }
+        let mut types = self.dispatch.queued_types();
+        let mut blocked: Vec<(Arc<str>, Queued)> = Vec::new();
+        while let Some(i) = self.dispatch.first_of(&mut types) {
+            let job_type = types[i].clone();
+            if self.out_of_budget(&job_type) {
+                types.swap_remove(i);
+                continue;
+            }
+            let jobs = &self.jobs;
+            let near = || self.dispatch.peek(&job_type).map_or_else(Place::default, |t| place_of(jobs, t));
+            let Some(handler) = self.dispatch.pick_handler(&job_type, near, now) else {
+                types.swap_remove(i);
+                continue;
+            };
+            let running = self.dispatch.starts_running(handler);
+            match self.take_one(&job_type, handler, running, now, step, &mut blocked) {
+                Take::Empty => {
+                    types.swap_remove(i);
+                }
+                Take::Skipped => {}
+                Take::Assigned(assignment) => {
+                    step.send(self.dispatch.sink(handler), WorkOrder::Execute(assignment));
                 }
             }
-            for (task, priority) in blocked {
-                self.dispatch.push_ready(job_type.clone(), priority, task, None, now);
-            }
+        }
+        for (job_type, queued) in blocked {
+            self.dispatch.requeue(job_type, queued);
         }
     }
 
@@ -126,9 +184,10 @@ impl Core {
         running: bool,
         now: Timestamp,
         step: &mut Step,
-        blocked: &mut Vec<(TaskRef, crate::model::Priority)>,
+        blocked: &mut Vec<(Arc<str>, Queued)>,
     ) -> Take {
-        let Some(task) = self.dispatch.pop(job_type) else { return Take::Empty };
+        let Some(queued) = self.dispatch.pop(job_type) else { return Take::Empty };
+        let task = queued.task;
         let Some(job) = self.jobs.get(&task.job) else { return Take::Skipped };
         let record = &job.tasks[task.idx.index()];
         let Phase::Ready { not_before } = record.phase else { return Take::Skipped };
@@ -137,31 +196,52 @@ impl Core {
         // whatever job or job type that one belongs to.
         let locked_elsewhere = |key: &str| self.resource_permits.as_ref().is_some_and(|held| !held.contains(key));
         if spec.lock().is_some_and(|key| self.attempts.locked(key, now) || locked_elsewhere(key)) {
-            blocked.push((task, spec.priority));
+            blocked.push((job_type.clone(), queued));
             return Take::Skipped;
         }
         if not_before.is_some_and(|at| at > now) {
-            let (job_type, priority) = (spec.job_type.clone(), spec.priority);
-            self.dispatch.push_ready(job_type, priority, task, not_before, now);
+            self.dispatch.push_ready(spec.job_type.clone(), queued.priority, task, not_before, now);
             return Take::Skipped;
         }
+        // A task that shares the bandwidth budget starts only with its share.
+        let offer = match self.shares.applies_to(&spec.job_type) {
+            true => match self.shares.offer(spec.servers(), self.budget_wanting(job_type)) {
+                Some(share) => Some(share),
+                None => {
+                    blocked.push((job_type.clone(), queued));
+                    return Take::Skipped;
+                }
+            },
+            false => None,
+        };
         let Some(job) = self.jobs.get_mut(&task.job) else { return Take::Skipped };
         let attempt = leader::assign(job, task.idx.0, handler, running, now, &mut step.batch);
         let spec = &job.spec.tasks[task.idx.index()];
+        let attempt_id = AttemptId::new(task, attempt);
+        // A task that asks for less itself holds only that.
+        let io_byte_per_second = offer.map(|offer| spec.own_rate().map_or(offer, |own| own.min(offer)));
+        if let Some(bytes_per_second) = io_byte_per_second {
+            let share = Share { bytes_per_second, job_type: spec.job_type.clone(), servers: spec.servers().into() };
+            let stored = serde_json::to_vec(&share).expect("a share serializes");
+            step.batch.settings.push((format!("{SHARE}{attempt_id}"), Some(stored)));
+            self.shares.start(attempt_id, share);
+        }
         let assignment = Assignment {
             released_at: self.released_at.remove(&task),
-            attempt: AttemptId::new(task, attempt),
+            attempt: attempt_id,
             job_name: job.record.name.clone(),
             task_id: spec.id.clone(),
             job_type: spec.job_type.clone(),
             parameters: spec.parameters.clone(),
             labels: spec.labels.clone(),
-            priority: spec.priority,
+            priority: queued.priority,
             execution_timeout_seconds: spec.execution_timeout_seconds,
             lent_by: None,
             traceparent: None,
+            io_byte_per_second,
         };
         self.hold(task, attempt, handler, now);
+        self.dispatch.started(job_type, now);
         Take::Assigned(assignment)
     }
 
@@ -181,7 +261,7 @@ impl Core {
             for (job_type, free) in offer.job_types {
                 let mut free = free.min(left);
                 let mut blocked = Vec::new();
-                while free > 0 && self.dispatch.may_run(&job_type) {
+                while free > 0 && self.dispatch.may_run(&job_type, now) && !self.out_of_budget(&job_type) {
                     match self.take_one(&job_type, offer.handler, false, now, step, &mut blocked) {
                         Take::Empty => break,
                         Take::Skipped => {}
@@ -192,8 +272,8 @@ impl Core {
                         }
                     }
                 }
-                for (task, priority) in blocked {
-                    self.dispatch.push_ready(job_type.clone(), priority, task, None, now);
+                for (job_type, queued) in blocked {
+                    self.dispatch.requeue(job_type, queued);
                 }
             }
         }

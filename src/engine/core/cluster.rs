@@ -12,7 +12,8 @@ use crate::model::{HandlerId, JobId};
 impl Core {
     pub(super) fn apply_cluster(&mut self, command: ClusterCommand, now: Timestamp, step: &mut Step) {
         match command {
-            ClusterCommand::Adopt { jobs, reply } => {
+            ClusterCommand::Adopt { jobs, priorities, reply } => {
+                self.remember_priorities(priorities);
                 let mut adopted = 0;
                 let mut fresh = Vec::with_capacity(jobs.len());
                 for mut stored in jobs.into_iter().filter(|job| !self.jobs.contains_key(&job.record.id)) {
@@ -69,7 +70,7 @@ impl Core {
                 let _ = reply.send(self.permit_demand());
             }
             ClusterCommand::SetPermits { permits, resources } => {
-                self.dispatch.set_permits(permits);
+                self.dispatch.set_permits(permits, now);
                 self.resource_permits = Some(resources);
             }
             ClusterCommand::PeerHandlers { handlers } => {
@@ -107,6 +108,8 @@ impl Core {
                 self.peer_handlers = handlers;
             }
             ClusterCommand::DatabaseTime { offset_ms } => self.set_database_clock(offset_ms, now),
+            ClusterCommand::SetBudgetPermits { held } => self.shares.set_held(held),
+            ClusterCommand::KeepShares { shares } => self.remember(Vec::new(), Vec::new(), shares),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::super::attempts::{Deadline, Ending};
-use super::{Action, Core, Returned, Step, COOLING, HANDLER_NAME};
+use super::{Action, Core, Returned, Step, COOLING, HANDLER_NAME, SHARE};
 use crate::clock::Timestamp;
 use crate::dispatch::WorkOrder;
 use crate::follower::{self, Loss, Outcome, Rejection};
@@ -22,6 +22,9 @@ impl Core {
     pub(super) fn end(&mut self, attempt: AttemptId, ending: Ending, now: Timestamp, step: &mut Step) {
         let Some(ended) = self.attempts.end(attempt, ending, now) else { return };
         self.dispatch.release_slot(ended.handler, &ended.job_type);
+        if self.shares.end(attempt).is_some() {
+            step.batch.settings.push((format!("{SHARE}{attempt}"), None));
+        }
         if let Some((key, until)) = ended.cooling {
             tracing::info!(%attempt, resource = %key, until_ms = until.as_millis(), "an attempt that ended without success keeps its volume locked while its worker may undo it");
             step.batch.settings.push((format!("{COOLING}{key}"), Some(until.as_millis().to_be_bytes().to_vec())));

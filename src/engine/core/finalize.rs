@@ -44,6 +44,9 @@ impl Core {
             step.batch.settings.push(event.into_setting());
         }
         self.jobs.remove(&job);
+        if self.priorities.remove(&job).is_some() {
+            step.batch.settings.push((super::job::priority_key(job), None));
+        }
         self.dispatch.forget_job(job);
         self.released_at.retain(|task, _| task.job != job);
         for waiter in self.waiters.remove(&job).unwrap_or_default() {

@@ -80,8 +80,21 @@ impl Core {
                 step.reply(reply, ());
             }
             JobCommand::SetLimits { job_type, limits } => {
-                self.dispatch.set_limits(job_type.clone(), limits);
+                self.dispatch.set_limits(job_type.clone(), limits, now);
                 self.retime_held(&job_type, limits.execution_timeout_seconds);
+            }
+            JobCommand::SetPriority { job, priority, audit, reply } => {
+                let result = if self.jobs.contains_key(&job) {
+                    self.priorities.insert(job, priority);
+                    self.dispatch.reprioritize(job, priority);
+                    let value = serde_json::to_vec(&priority).expect("a priority serializes");
+                    step.batch.settings.push((priority_key(job), Some(value)));
+                    Ok(())
+                } else {
+                    Err(Error::JobEnded(job))
+                };
+                step.record(audit, &result);
+                step.reply(reply, result);
             }
             JobCommand::SetNotify { routes } => self.options.notify = routes,
             JobCommand::Gate { gated, open, reply } => {
@@ -94,6 +107,12 @@ impl Core {
                 step.reply(reply, applied);
             }
             JobCommand::SetWindow { job_type, window } => self.set_window(job_type, window, now),
+            JobCommand::SetBudget { budget, marks } => self.shares.set(budget, marks),
         }
     }
+}
+
+/// The setting that keeps the priority an operator gave a running job.
+pub(in crate::engine) fn priority_key(job: JobId) -> String {
+    format!("{}{job}", super::PRIORITY_PREFIX)
 }

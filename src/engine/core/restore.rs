@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::super::Orphans;
-use super::{Core, Step, COOLING, HANDLER_NAME};
+use super::{Core, Step, COOLING, HANDLER_NAME, SHARE};
 use crate::active::ActiveJob;
 use crate::clock::Timestamp;
 use crate::follower::Loss;
@@ -13,9 +13,34 @@ use crate::model::{AttemptId, HandlerId, Phase, TaskIdx, TaskRecord, TaskRef};
 use crate::store::StoredJob;
 
 impl Core {
-    /// What the store kept of cooling resources and of the workers of
-    /// handlers without a lease, at start.
-    pub(in crate::engine) fn remember(&mut self, cooling: Vec<(String, Vec<u8>)>, names: Vec<(String, Vec<u8>)>) {
+    /// The priorities operators gave running jobs, from their settings;
+    /// a value this version cannot read is left out.
+    pub(in crate::engine) fn remember_priorities(&mut self, settings: Vec<(String, Vec<u8>)>) {
+        for (key, value) in settings {
+            let job = key.strip_prefix(super::PRIORITY_PREFIX).and_then(|id| id.parse::<crate::model::JobId>().ok());
+            if let (Some(job), Ok(priority)) = (job, serde_json::from_slice(&value)) {
+                self.priorities.insert(job, priority);
+            }
+        }
+    }
+
+    /// What the store kept of cooling resources, of the workers of
+    /// handlers without a lease, and of the shares of the budget, at start.
+    pub(in crate::engine) fn remember(
+        &mut self,
+        cooling: Vec<(String, Vec<u8>)>,
+        names: Vec<(String, Vec<u8>)>,
+        shares: Vec<(String, Vec<u8>)>,
+    ) {
+        for (key, value) in shares {
+            let (Some(Ok(attempt)), Ok(share)) = (
+                key.strip_prefix(SHARE).map(str::parse::<AttemptId>),
+                serde_json::from_slice::<crate::budget::Share>(&value),
+            ) else {
+                continue;
+            };
+            self.kept_shares.insert(attempt, share);
+        }
         for (key, value) in cooling {
             let (Some(resource), Ok(bytes)) = (key.strip_prefix(COOLING), <[u8; 8]>::try_from(value.as_slice())) else {
                 continue;
@@ -29,6 +54,14 @@ impl Core {
                 continue;
             };
             self.names.insert(handler, Arc::from(name));
+        }
+    }
+
+    /// A held attempt restored counts the share of the bandwidth budget
+    /// its worker was given, as the store kept it.
+    fn keep_share(&mut self, attempt: AttemptId) {
+        if let Some(share) = self.kept_shares.remove(&attempt) {
+            self.shares.start(attempt, share);
         }
     }
 
@@ -64,12 +97,16 @@ impl Core {
             for (idx, attempt, handler, assigned_at) in held {
                 let task = TaskRef { job: id, idx: TaskIdx(idx) };
                 self.hold(task, attempt, handler, assigned_at);
+                self.keep_share(AttemptId::new(task, attempt));
                 orphans.push(AttemptId::new(task, attempt));
             }
             if self.jobs.get(&id).is_some_and(ActiveJob::all_ended) {
                 self.finalize(id, now, step);
             }
         }
+        // Those of attempts not held here are another instance's (in a
+        // cluster, the store keeps every instance's).
+        self.kept_shares.clear();
         match self.options.orphans {
             Orphans::Requeue => {
                 let loss = Loss::NotCounted("the admin restarted".into());

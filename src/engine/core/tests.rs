@@ -149,6 +149,7 @@ fn lent_from_elsewhere(attempt: AttemptId) -> Assignment {
         released_at: None,
         lent_by: Some(Arc::from("10.0.0.2:19333")),
         traceparent: None,
+        io_byte_per_second: None,
     }
 }
 
@@ -238,7 +239,7 @@ fn an_attempt_waits_for_its_absent_handler_and_then_runs_again_elsewhere() {
     let (mut core, handler, id) = core_running_a_chain();
     let step = core.turn([away(handler, 1, 10)], at(2));
     assert!(step.batch.is_empty(), "the attempt is still held while its handler may come back");
-    assert_eq!(core.next_wake(), Some(at(12)), "the loop wakes when its time is up");
+    assert_eq!(core.next_wake(at(0)), Some(at(12)), "the loop wakes when its time is up");
     assert!(core.turn([], at(11)).batch.is_empty());
     let step = core.turn([], at(12));
     assert_eq!(written(&step, id), [(0, TaskState::Ready, 1)], "taken back at its time, and ready again");
@@ -257,7 +258,7 @@ fn a_handler_back_in_time_keeps_its_attempt_and_reports_it() {
     core.turn([away(handler, 1, 10)], at(2));
     let (connect, _orders) = connection(handler, 2);
     assert!(core.turn([connect], at(5)).batch.is_empty());
-    assert_eq!(core.next_wake(), None, "nothing is left to take back");
+    assert_eq!(core.next_wake(at(0)), None, "nothing is left to take back");
     assert!(core.turn([], at(20)).batch.is_empty(), "past the time it was given, it still holds its attempt");
     let done = complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() });
     let step = core.turn([done], at(21));
@@ -279,7 +280,7 @@ fn another_instances_vouch_holds_off_the_take_back_until_it_runs_out() {
     };
     core.turn([vouch.into()], at(5));
     assert_eq!(vouched.try_recv().unwrap(), [attempt(id, 0, 1)], "only what the handler holds here is vouched for");
-    assert_eq!(core.next_wake(), Some(at(35)));
+    assert_eq!(core.next_wake(at(0)), Some(at(35)));
     assert!(core.turn([], at(12)).batch.is_empty(), "not taken back at the end of its own wait");
     assert_eq!(written(&core.turn([], at(35)), id), [(0, TaskState::Ready, 1)], "taken back when the vouch runs out");
 }
@@ -394,13 +395,20 @@ fn an_adopted_job_keeps_the_attempt_borrowed_here_and_its_report_completes_it_he
     running.attempt = 1;
     stored.tasks = vec![running, TaskRecord::initial(true, at(0))];
     let (reply, answer) = oneshot::channel();
-    let step = core.turn([ClusterCommand::Adopt { jobs: vec![stored.clone()], reply }.into()], at(3));
+    let step =
+        core.turn([ClusterCommand::Adopt { jobs: vec![stored.clone()], priorities: Vec::new(), reply }.into()], at(3));
     let leader = step.batch.jobs.iter().find(|j| j.id == id).and_then(|j| j.handler);
     assert_eq!(leader, Some(core.options.instance), "the job's record names its new leader");
     assert!(sent(&step).is_empty(), "its running attempt is not sent again");
     assert_eq!(answer_of(step, answer), 1);
     let (reply, answer) = oneshot::channel();
-    assert_eq!(answer_of(core.turn([ClusterCommand::Adopt { jobs: vec![stored], reply }.into()], at(4)), answer), 0);
+    assert_eq!(
+        answer_of(
+            core.turn([ClusterCommand::Adopt { jobs: vec![stored], priorities: Vec::new(), reply }.into()], at(4)),
+            answer
+        ),
+        0
+    );
     let step = core.turn([complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() })], at(5));
     assert_eq!(written(&step, id), [(0, TaskState::Succeeded, 1), (1, TaskState::Running, 1)]);
     assert_eq!(
@@ -527,16 +535,49 @@ fn canceled(step: &Step) -> Vec<AttemptId> {
         .collect()
 }
 
+const MB: u64 = 1_000_000;
+
+/// `n` independent tasks of `job_type`, each on a volume server pair of its own.
+fn of_type(job_type: &str, n: usize) -> Arc<JobSpec> {
+    let tasks: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"id":"t{i}","job_type":"{job_type}","parameters":{{}},"labels":{{"source_node":"s{i}:8080","target_node":"d{i}:8080"}}}}"#
+            )
+        })
+        .collect();
+    let text = format!(r#"{{"name":"moves","tasks":[{}]}}"#, tasks.join(","));
+    Arc::new(jobfile::parse(text.as_bytes(), Format::Json, "test", &Limits::default()).expect("valid"))
+}
+
+fn budget_of(cluster: u64, minimum: u64) -> Command {
+    let budget = crate::budget::Budget { cluster, per_server: None, minimum };
+    JobCommand::SetBudget { budget: Some(budget), marks: Default::default() }.into()
+}
+
+/// The attempts a step sends with the share of the budget each carries.
+fn shares_sent(step: &Step) -> Vec<(AttemptId, Option<u64>)> {
+    step.actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::Send { order: WorkOrder::Execute(assignment), .. } => {
+                Some((assignment.attempt, assignment.io_byte_per_second))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn a_closed_window_holds_ready_tasks_until_it_opens_and_the_loop_sleeps_until_then() {
     let (mut core, _handler, _orders) = core_with_a_handler();
     core.turn([noop_window("Thu 13:00-14:00 UTC", crate::windows::OnClose::Drain, 60)], T0);
     let (id, step) = submit(&mut core, independent(2), at(1));
     assert_eq!(sent(&step), [], "nothing of a closed type is dispatched");
-    assert_eq!(core.next_wake(), Some(at(3600)), "the loop wakes when the window opens, not before");
+    assert_eq!(core.next_wake(at(0)), Some(at(3600)), "the loop wakes when the window opens, not before");
     assert_eq!(sent(&core.turn([], at(3599))), []);
     assert_eq!(sent(&core.turn([], at(3600))), [attempt(id, 0, 1), attempt(id, 1, 1)]);
-    assert_eq!(core.next_wake(), Some(at(7200)), "then when it closes");
+    assert_eq!(core.next_wake(at(0)), Some(at(7200)), "then when it closes");
 }
 
 #[test]
@@ -551,7 +592,7 @@ fn a_window_that_closes_with_cancel_gives_its_attempts_back_uncounted_at_once() 
     let task = &step.batch.tasks.last().expect("written").2;
     assert_eq!((task.failures, task.lost), (0, 0), "no try is spent");
     assert!(task.error.as_deref().is_some_and(|e| e.contains("maintenance window of noop closed")));
-    assert_eq!(core.next_wake(), Some(at(7 * 86_400 - 3600)), "next Thursday at 11:00, nothing sooner");
+    assert_eq!(core.next_wake(at(0)), Some(at(7 * 86_400 - 3600)), "next Thursday at 11:00, nothing sooner");
     let again = core.turn([], at(1801));
     assert!(canceled(&again).is_empty() && sent(&again).is_empty() && again.batch.is_empty());
     // The next window runs them again, as their second attempt.
@@ -565,14 +606,14 @@ fn a_window_that_closes_with_drain_cancels_only_after_its_grace_and_wakes_no_mor
     let (id, _) = submit(&mut core, independent(2), at(1));
     let step = core.turn([], at(1800));
     assert!(canceled(&step).is_empty() && step.batch.is_empty(), "draining");
-    assert_eq!(core.next_wake(), Some(at(1860)), "the drain's grace");
+    assert_eq!(core.next_wake(at(0)), Some(at(1860)), "the drain's grace");
     // One ends on its own within the grace; the other is canceled at its end.
     let done = core.turn([complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() })], at(1830));
     assert_eq!(written(&done, id), [(0, TaskState::Succeeded, 1)]);
     let step = core.turn([], at(1860));
     assert_eq!(canceled(&step), [attempt(id, 1, 1)]);
     assert_eq!(written(&step, id), [(1, TaskState::Ready, 1)]);
-    assert_eq!(core.next_wake(), Some(at(7 * 86_400 - 3600)), "the grace is over: no wake before the next window");
+    assert_eq!(core.next_wake(at(0)), Some(at(7 * 86_400 - 3600)), "the grace is over: no wake before the next window");
     assert!(core.turn([], at(1861)).actions.is_empty());
 }
 
@@ -587,8 +628,94 @@ fn in_a_cluster_windows_wait_for_the_database_clock_and_follow_it() {
     assert_eq!(sent(&step), []);
     // The database's clock is two hours behind: 11:30 there, closed.
     assert_eq!(sent(&core.turn([ClusterCommand::DatabaseTime { offset_ms: -7_200_000 }.into()], at(5400))), []);
-    assert_eq!(core.next_wake(), Some(at(10_800)), "13:00 on the database's clock");
+    assert_eq!(core.next_wake(at(0)), Some(at(10_800)), "13:00 on the database's clock");
     assert_eq!(sent(&core.turn([], at(10_800))), [attempt(id, 0, 1)]);
+}
+
+/// The shares a step's batch keeps (`Some`) or forgets (`None`), by attempt.
+fn shares_kept(step: &Step) -> Vec<(String, Option<u64>)> {
+    let shares = step.batch.settings.iter().filter_map(|(key, value)| {
+        let attempt = key.strip_prefix(super::SHARE)?.to_string();
+        let share = value.as_ref().map(|v| serde_json::from_slice::<crate::budget::Share>(v).unwrap());
+        Some((attempt, share.map(|s| s.bytes_per_second)))
+    });
+    shares.collect()
+}
+
+#[test]
+fn budgeted_tasks_start_with_their_share_kept_in_the_store_and_one_waits_while_too_little_is_free() {
+    let mut core = Core::new(Options::default(), broadcast::channel(16).0);
+    let handler = HandlerId::new();
+    let (connect, _orders) = connection_with_slots(handler, 1, 4);
+    core.turn([connect, budget_of(20 * MB, 8 * MB)], T0);
+    let (id, step) = submit(&mut core, of_type("volume_balance", 3), at(1));
+    // An even split of 20 MB/s over three is under the 8 MB/s minimum: two
+    // start with the minimum, and the third waits for 8 MB/s to be free.
+    assert_eq!(shares_sent(&step), [(attempt(id, 0, 1), Some(8 * MB)), (attempt(id, 1, 1), Some(8 * MB))]);
+    assert_eq!(
+        shares_kept(&step),
+        [(attempt(id, 0, 1).to_string(), Some(8 * MB)), (attempt(id, 1, 1).to_string(), Some(8 * MB))],
+        "each share is written in the step that starts its task"
+    );
+    // A type that does not share the budget is not held back by it.
+    let (noop, step) = submit(&mut core, independent(1), at(2));
+    assert_eq!(shares_sent(&step), [(attempt(noop, 0, 1), None)]);
+    let done = || Outcome::Succeeded { output: Vec::new() };
+    let step = core.turn([complete(attempt(id, 0, 1), handler, done())], at(3));
+    assert_eq!(shares_sent(&step), [(attempt(id, 2, 1), Some(10 * MB))], "half of the budget for each of two");
+    assert_eq!(
+        shares_kept(&step),
+        [(attempt(id, 0, 1).to_string(), None), (attempt(id, 2, 1).to_string(), Some(10 * MB))],
+        "the ended task's share is forgotten in the step that ends it"
+    );
+    let (more, step) = submit(&mut core, of_type("volume_balance", 1), at(4));
+    assert!(sent(&step).is_empty(), "2 MB/s is free, under the minimum");
+    let clear = JobCommand::SetBudget { budget: None, marks: Default::default() };
+    let step = core.turn([clear.into()], at(5));
+    assert_eq!(
+        shares_sent(&step),
+        [(attempt(more, 0, 1), None)],
+        "without a budget nothing waits for one, nor gets a share"
+    );
+}
+
+#[test]
+fn a_policy_marks_a_job_type_as_sharing_the_budget_or_not() {
+    let (mut core, _handler, _orders) = core_with_a_handler();
+    let budget = crate::budget::Budget { cluster: 10 * MB, per_server: None, minimum: MB };
+    let marks = [(Arc::from("noop"), true), (Arc::from("volume_balance"), false)].into_iter().collect();
+    core.turn([JobCommand::SetBudget { budget: Some(budget), marks }.into()], T0);
+    let (noop, step) = submit(&mut core, independent(1), at(1));
+    assert_eq!(shares_sent(&step), [(attempt(noop, 0, 1), Some(10 * MB))]);
+    let (balance, step) = submit(&mut core, of_type("volume_balance", 1), at(2));
+    assert_eq!(shares_sent(&step), [(attempt(balance, 0, 1), None)]);
+}
+
+#[test]
+fn after_a_restart_a_held_attempt_counts_the_share_its_worker_was_given() {
+    let mut core = Core::new(Options::default(), broadcast::channel(16).0);
+    let handler = HandlerId::new();
+    let spec = of_type("volume_balance", 2);
+    let mut stored = StoredJob { record: record(&spec, JobState::Running), spec: spec.clone(), tasks: Vec::new() };
+    let id = stored.record.id;
+    let mut running = TaskRecord::initial(true, at(0));
+    running.set_phase(Phase::Held(Hold { handler, assigned_at: at(0), started_at: Some(at(0)) }), at(0));
+    running.attempt = 1;
+    stored.tasks = vec![running, TaskRecord::initial(true, at(0))];
+    let share = crate::budget::Share {
+        bytes_per_second: 15 * MB,
+        job_type: Arc::from("volume_balance"),
+        servers: vec![Arc::from("s0:8080"), Arc::from("d0:8080")].into(),
+    };
+    let kept = vec![(format!("{}{}", super::SHARE, attempt(id, 0, 1)), serde_json::to_vec(&share).unwrap())];
+    core.remember(Vec::new(), Vec::new(), kept);
+    core.restore(vec![stored], at(1), &mut Step::default());
+    let (connect, _orders) = connection(handler, 1);
+    let step = core.turn([connect, budget_of(20 * MB, 8 * MB)], at(2));
+    assert!(sent(&step).is_empty(), "5 MB/s is free: under the minimum, the second task waits");
+    let step = core.turn([complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() })], at(3));
+    assert_eq!(shares_sent(&step), [(attempt(id, 1, 1), Some(20 * MB))]);
+    assert_eq!(shares_kept(&step)[0], (attempt(id, 0, 1).to_string(), None), "the kept share is forgotten");
 }
 
 #[test]
@@ -603,9 +730,9 @@ fn an_attempt_adopted_while_its_window_is_closed_drains_and_is_canceled() {
     running.attempt = 1;
     stored.tasks = vec![running];
     let (reply, _answer) = oneshot::channel();
-    let step = core.turn([ClusterCommand::Adopt { jobs: vec![stored], reply }.into()], at(10));
+    let step = core.turn([ClusterCommand::Adopt { jobs: vec![stored], priorities: Vec::new(), reply }.into()], at(10));
     assert!(canceled(&step).is_empty(), "it drains first");
-    assert_eq!(core.next_wake(), Some(at(60)), "until the grace's end, counted from the close");
+    assert_eq!(core.next_wake(at(0)), Some(at(60)), "until the grace's end, counted from the close");
     let step = core.turn([], at(60));
     assert_eq!(canceled(&step), [attempt(id, 0, 1)]);
     assert_eq!(written(&step, id), [(0, TaskState::Ready, 1)]);
@@ -618,7 +745,7 @@ fn a_drain_without_bound_lets_what_runs_end_on_its_own() {
     let (id, _) = submit(&mut core, independent(1), at(1));
     let step = core.turn([], at(1800));
     assert!(canceled(&step).is_empty());
-    assert_eq!(core.next_wake(), Some(at(7 * 86_400 - 3600)), "nothing to wake for before the next window");
+    assert_eq!(core.next_wake(at(0)), Some(at(7 * 86_400 - 3600)), "nothing to wake for before the next window");
     assert!(canceled(&core.turn([], at(86_400))).is_empty());
     let done = core.turn([complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() })], at(86_401));
     assert_eq!(written(&done, id), [(0, TaskState::Succeeded, 1)]);

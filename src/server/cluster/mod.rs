@@ -292,6 +292,8 @@ pub(crate) async fn permits(member: Arc<Member>) {
 
 /// A job type's permit key.
 const TYPE_KEY: &str = "type:";
+/// What the bandwidth budget's permit keys start with (`budget::CLUSTER_KEY`, `budget::SERVER_KEY`).
+const BUDGET_KEY: &str = "budget:";
 
 /// What the settlements so far left: per key, what was wanted at each of
 /// the last `WANT_WINDOW`; the slots held; and the keys the database was
@@ -319,6 +321,11 @@ impl Settled {
         // A resource's permit key is the resource itself (`volume:<id>`).
         for (resource, locked) in demand.resources {
             asks.push((resource, 1, 1, u32::from(locked)));
+        }
+        // The bandwidth budget's keys: split evenly between the instances
+        // with budgeted work (each wants every slot).
+        for ask in demand.budget {
+            asks.push((ask.key, ask.capacity, if ask.wants { ask.capacity } else { 0 }, ask.running));
         }
         let asked: BTreeSet<String> = asks.iter().map(|a| a.0.clone()).collect();
         let gone: BTreeSet<String> =
@@ -372,8 +379,16 @@ async fn settle_permits(member: &Member, last: &mut Settled) -> Result<(), store
     last.granted(&requests, &granted);
     let held = &last.held;
     let types = held.iter().filter_map(|(key, n)| key.strip_prefix(TYPE_KEY).map(|t| (Arc::from(t), *n))).collect();
-    let resources = held.keys().filter(|k| !k.starts_with(TYPE_KEY)).cloned().collect();
-    member.engine.set_permits(types, resources).await.map_err(engine_error)
+    let resources = held.keys().filter(|k| !k.starts_with(TYPE_KEY) && !k.starts_with(BUDGET_KEY)).cloned().collect();
+    let budget = crate::budget::Held {
+        cluster: held.get(crate::budget::CLUSTER_KEY).copied().unwrap_or(0),
+        servers: held
+            .iter()
+            .filter_map(|(key, n)| Some((Arc::from(key.strip_prefix(crate::budget::SERVER_KEY)?), *n)))
+            .collect(),
+    };
+    member.engine.set_permits(types, resources).await.map_err(engine_error)?;
+    member.engine.set_budget_permits(budget).await.map_err(engine_error)
 }
 
 /// The loop of a server instance: heartbeat, then its share of the jobs.
@@ -506,6 +521,8 @@ async fn beat(member: &Member) -> Result<(), store::Error> {
         Ok(Err(e)) => tracing::warn!(error = %e, "cannot read the policies again"),
         Err(e) => tracing::warn!(error = %e, "cannot read the policies again"),
     }
+    // And the bandwidth budget.
+    member.policies.push_budget(&member.engine).await;
 
     if led > share {
         let released = member.engine.release(led - share).await.map_err(engine_error)?;
@@ -516,14 +533,21 @@ async fn beat(member: &Member) -> Result<(), store::Error> {
         let store = node.store.clone();
         let up_to = share - led;
         let writing = node.writing.clone().lock_owned().await;
-        let claimed = tokio::task::spawn_blocking(move || {
+        let (claimed, shares) = tokio::task::spawn_blocking(move || {
             let _writing = writing;
-            store.cluster().expect("cluster").claim(up_to, &handlers)
+            let claimed = store.cluster().expect("cluster").claim(up_to, &handlers)?;
+            // The shares of the bandwidth budget their attempts were given.
+            let shares = match claimed.is_empty() {
+                true => Vec::new(),
+                false => store.settings(crate::engine::SHARE_SETTINGS)?,
+            };
+            Ok::<_, store::Error>((claimed, shares))
         })
         .await
         .map_err(|e| store::Error::Io(e.to_string()))??;
         if !claimed.is_empty() {
             let n = claimed.len();
+            member.engine.keep_shares(shares).await.map_err(engine_error)?;
             let adopted = member.engine.adopt(claimed).await.map_err(engine_error)?;
             node.adoptions.fetch_add(1, Ordering::AcqRel);
             node.wake_permits();
@@ -575,7 +599,7 @@ mod tests {
     use crate::store::cluster::PermitRequest;
 
     fn volume(locked: bool) -> Demand {
-        Demand { types: vec![], resources: [("volume:7".to_string(), locked)].into() }
+        Demand { types: vec![], resources: [("volume:7".to_string(), locked)].into(), budget: vec![] }
     }
 
     fn wants(requests: &[PermitRequest]) -> Vec<(&str, u32)> {
@@ -608,6 +632,7 @@ mod tests {
         let noop = |queued, running| Demand {
             types: vec![TypeDemand { job_type: "noop".into(), limit: 2, queued, running }],
             resources: Default::default(),
+            budget: vec![],
         };
         let mut settled = Settled::default();
         let requests = settled.requests(noop(3, 0));

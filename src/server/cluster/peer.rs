@@ -288,6 +288,7 @@ impl PeerService for PeerServiceImpl {
                 labels: a.labels.into_iter().collect(),
                 priority: wire::priority_to_wire(a.priority) as i32,
                 execution_timeout_seconds: a.execution_timeout_seconds,
+                io_byte_per_second: a.io_byte_per_second,
             })
             .collect();
         Ok(Response::new(LendResponse { tasks }))
@@ -666,6 +667,7 @@ impl Lending {
                     released_at: None,
                     lent_by: Some(lender.clone()),
                     traceparent: None,
+                    io_byte_per_second: task.io_byte_per_second,
                 });
             }
             left.retain(|_, o| o.total > 0 && !o.job_types.is_empty());

@@ -521,7 +521,8 @@ impl Scheduler {
             }
         };
         let now = board.clock.now();
-        let proposals: Vec<Proposal> = proposals.iter().map(|p| to_proposal(job_type, p)).collect();
+        let policies = &self.policies;
+        let proposals: Vec<Proposal> = proposals.iter().map(|p| to_proposal(job_type, p, policies)).collect();
         let (kept, mut dropped) = filter(proposals, &active, now);
         let kept = self.place_on_capacity(job_type, kept, &mut dropped).await;
         for d in &dropped {
@@ -748,12 +749,18 @@ fn millis(t: &Option<prost_types::Timestamp>) -> Option<Timestamp> {
     t.as_ref().filter(|t| t.seconds > 0).map(|t| Timestamp(t.seconds * 1000 + i64::from(t.nanos) / 1_000_000))
 }
 
-fn to_proposal(job_type: &str, p: &JobProposal) -> Proposal {
+/// A detector's proposal; one that names no priority takes its job type's policy's.
+fn to_proposal(job_type: &str, p: &JobProposal, policies: &Policies) -> Proposal {
+    let job_type = if p.job_type.is_empty() { job_type.to_string() } else { p.job_type.clone() };
+    let priority = match p.priority {
+        0 => policies.effective(&job_type).0.priority,
+        named => wire::priority_from_wire(named),
+    };
     Proposal {
         proposal_id: p.proposal_id.clone(),
         dedupe_key: p.dedupe_key.clone(),
-        job_type: if p.job_type.is_empty() { job_type.to_string() } else { p.job_type.clone() },
-        priority: wire::priority_from_wire(p.priority),
+        job_type,
+        priority,
         summary: p.summary.clone(),
         parameters: wire::values_to_json(&p.parameters),
         labels: p.labels.clone().into_iter().collect(),

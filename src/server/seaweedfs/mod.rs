@@ -5,6 +5,7 @@
 pub(crate) mod capacity;
 pub(crate) mod context;
 pub mod master;
+pub(crate) mod rate;
 
 use std::sync::Arc;
 use std::time::Duration;

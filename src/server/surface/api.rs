@@ -200,10 +200,13 @@ impl Api {
             return Err(job_too_large(source_name, limits.max_file_bytes));
         }
         let name = if source_name.is_empty() { "the submitted job".to_string() } else { source_name.to_string() };
-        let spec = tokio::task::spawn_blocking(move || jobfile::parse(&content, format, &name, &limits))
-            .await
-            .map_err(|e| Error::Internal(e.to_string()))?
-            .map_err(Error::Rejected)?;
+        let policies = self.policies.clone();
+        let type_priority = move |job_type: &str| policies.effective(job_type).0.priority;
+        let spec =
+            tokio::task::spawn_blocking(move || jobfile::parse_with(&content, format, &name, &limits, &type_priority))
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))?
+                .map_err(Error::Rejected)?;
         let started = std::time::Instant::now();
         let record = record.arg("name", spec.name.as_str()).arg("tasks", spec.len().to_string());
         let id =
@@ -217,8 +220,16 @@ impl Api {
     }
 
     /// A job as stored (or as its leader holds it now).
-    async fn stored(&self, id: JobId) -> Result<StoredJob, Error> {
-        self.engine.job(id).await?.ok_or_else(|| Error::NotFound(format!("no job {id}")))
+    /// A job as stored, its tasks with the priority they are dispatched by
+    /// (one an operator gave the job while it ran, over each task's own).
+    pub(super) async fn stored(&self, id: JobId) -> Result<StoredJob, Error> {
+        let mut stored = self.engine.job(id).await?.ok_or_else(|| Error::NotFound(format!("no job {id}")))?;
+        if let Some(priority) = self.engine.job_priority(id).await? {
+            for task in &mut Arc::make_mut(&mut stored.spec).tasks {
+                task.priority = priority;
+            }
+        }
+        Ok(stored)
     }
 
     /// The tasks in `range` of a job as one part, with the worker behind each handler.
@@ -352,6 +363,40 @@ impl Api {
         }
         self.metrics.observe_api_step(started.elapsed());
         tracing::info!(job.id = %id, "job canceled over the API");
+        Ok(())
+    }
+
+    /// Gives a running job's tasks a priority for `who`; the change and its
+    /// audit record are one step (on the instance leading the job).
+    pub(crate) async fn set_job_priority(&self, who: &Who, id: &str, priority: &str) -> Result<(), Error> {
+        let record = self.trail.begin(who, "job.priority", id).arg("priority", priority);
+        let result = self.set_job_priority_recorded(record.clone(), id, priority).await;
+        self.trail.refused(record, &result).await;
+        result
+    }
+
+    async fn set_job_priority_recorded(&self, record: Record, id: &str, priority: &str) -> Result<(), Error> {
+        let id = parse_job_id(id)?;
+        let level = crate::model::Priority::from_name(priority).ok_or_else(|| {
+            Error::Invalid(format!(
+                "priority: {priority:?} is not a priority; priorities are low, normal, high, critical"
+            ))
+        })?;
+        match self.engine.set_priority_recorded(id, level, Some(record.entry())).await {
+            Err(crate::engine::Error::JobEnded(_)) if self.topology.member().is_some() => {
+                let Some(address) = self.led_by(id).await? else {
+                    return Err(crate::engine::Error::JobEnded(id).into());
+                };
+                let request = api::SetJobPriorityRequest { job_id: id.to_string(), priority: priority.to_string() };
+                let (mut client, request) = self.forward(&address, request).await?;
+                client.set_job_priority(request).await.map_err(|s| status_error(&s))?;
+                self.trail.write(record.arg("led_by", address.as_str())).await;
+                tracing::info!(job.id = %id, priority, leader = address, "job priority set, by the instance leading it");
+                return Ok(());
+            }
+            other => other?,
+        }
+        tracing::info!(job.id = %id, priority, "job priority set over the API");
         Ok(())
     }
 
@@ -594,7 +639,65 @@ impl Api {
             changes,
             error: error.unwrap_or_default(),
             volume_size_limit_bytes: topology.volume_size_limit,
+            budget: Some(self.budget().await?),
         })
+    }
+
+    /// The bandwidth budget and every running budgeted task's share, as
+    /// the store keeps them (in a cluster, every instance's).
+    pub(crate) async fn budget(&self) -> Result<api::Budget, Error> {
+        let job_types = self.policies.budgeted_types();
+        let Some(budget) = self.policies.budget() else {
+            return Ok(api::Budget { job_types, ..api::Budget::default() });
+        };
+        let store = self.engine.store().clone();
+        let stored = tokio::task::spawn_blocking(move || store.settings(engine::SHARE_SETTINGS))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?
+            .map_err(store_error)?;
+        let shares = stored
+            .into_iter()
+            .filter_map(|(key, bytes)| {
+                Some((key.strip_prefix(engine::SHARE_SETTINGS)?.to_string(), serde_json::from_slice(&bytes).ok()?))
+            })
+            .collect();
+        Ok(convert::budget(&crate::budget::View::of(budget, shares), job_types))
+    }
+
+    /// Sets, changes or clears the bandwidth budget for `who`; the change
+    /// and its audit record are one step, and a refused one stores nothing.
+    pub(crate) async fn set_budget(&self, who: &Who, request: &api::SetBudgetRequest) -> Result<api::Budget, Error> {
+        let given = [("cluster", &request.cluster), ("per_server", &request.per_server), ("minimum", &request.minimum)];
+        let mut record = self.trail.begin(who, "budget.set", "bandwidth");
+        for (name, value) in given.iter().filter(|(_, v)| !v.trim().is_empty()) {
+            record = record.arg(name, value.trim());
+        }
+        if request.clear {
+            record = record.arg("clear", "true");
+        }
+        let result = self.change_budget(record.clone(), request).await;
+        self.trail.refused(record, &result).await;
+        result
+    }
+
+    async fn change_budget(&self, record: Record, request: &api::SetBudgetRequest) -> Result<api::Budget, Error> {
+        let budget = if request.clear {
+            if [&request.cluster, &request.per_server, &request.minimum].iter().any(|v| !v.trim().is_empty()) {
+                return Err(Error::Invalid("budget clear: takes no rates (give either clear or the rates)".into()));
+            }
+            None
+        } else {
+            let change = crate::budget::Change {
+                cluster: &request.cluster,
+                per_server: &request.per_server,
+                minimum: &request.minimum,
+            };
+            let budget = crate::budget::Budget::changed(self.policies.budget(), &change);
+            Some(budget.map_err(|e| Error::Invalid(e.to_string()))?)
+        };
+        self.policies.set_budget(budget, Some(record.entry())).await?;
+        tracing::info!(?budget, "bandwidth budget set over the API");
+        self.budget().await
     }
 
     pub(crate) fn runs(&self, job_type: &str) -> api::RunHistory {
@@ -917,6 +1020,16 @@ impl JobService for JobServiceImpl {
         Ok(Response::new(r))
     }
 
+    async fn set_job_priority(
+        &self,
+        request: Request<api::SetJobPriorityRequest>,
+    ) -> Result<Response<api::JobRef>, Status> {
+        let who = who(&request);
+        let r = request.into_inner();
+        self.api.set_job_priority(&who, &r.job_id, &r.priority).await?;
+        Ok(Response::new(api::JobRef { job_id: r.job_id }))
+    }
+
     async fn retry_job(&self, request: Request<api::JobRef>) -> Result<Response<api::JobRef>, Status> {
         let who = who(&request);
         let r = request.into_inner();
@@ -1024,6 +1137,15 @@ impl JobService for JobServiceImpl {
         _request: Request<api::ListWindowsRequest>,
     ) -> Result<Response<api::ListWindowsResponse>, Status> {
         Ok(Response::new(self.api.windows()))
+    }
+
+    async fn get_budget(&self, _request: Request<api::GetBudgetRequest>) -> Result<Response<api::Budget>, Status> {
+        Ok(Response::new(self.api.budget().await?))
+    }
+
+    async fn set_budget(&self, request: Request<api::SetBudgetRequest>) -> Result<Response<api::Budget>, Status> {
+        let who = who(&request);
+        Ok(Response::new(self.api.set_budget(&who, request.get_ref()).await?))
     }
 }
 

@@ -43,8 +43,15 @@ pub(crate) fn part(stored: &StoredJob, range: std::ops::Range<usize>) -> api::Jo
         finished_at_ms: millis(record.finished_at),
         cancel_requested: record.cancel_requested,
         handler: record.handler.map(|h| h.to_string()).unwrap_or_default(),
+        priority: shared_priority(&stored.spec).map(|p| p.as_str().into()).unwrap_or_default(),
         ..base
     }
+}
+
+/// The priority every task of a job has, if they share one.
+pub(super) fn shared_priority(spec: &crate::model::JobSpec) -> Option<crate::model::Priority> {
+    let first = spec.tasks.first()?.priority;
+    spec.tasks.iter().all(|t| t.priority == first).then_some(first)
 }
 
 /// The task at `idx` of a job, as the client API carries it.
@@ -108,8 +115,11 @@ pub(crate) fn policy(job_type: &str, policy: &Policy, sources: &BTreeMap<String,
         worker_config: Default::default(),
         admin_config: Default::default(),
         terms: policy.texts().into_iter().map(|(name, text)| (name.to_string(), text)).collect(),
+        rate_per_minute: policy.rate_per_minute,
+        rate_burst: policy.rate_burst,
         sources: sources.iter().map(|(k, v)| (k.clone(), v.as_str().to_string())).collect(),
         window_grace_seconds: policy.window_grace_seconds,
+        uses_bandwidth_budget: policy.uses_bandwidth_budget,
     }
 }
 
@@ -151,5 +161,33 @@ pub(crate) fn audit_record(record: crate::model::audit::Record) -> api::AuditRec
         target: record.target,
         args: record.args.into_iter().collect(),
         outcome: record.outcome,
+    }
+}
+
+/// The bandwidth budget as the API shows it.
+pub(crate) fn budget(view: &crate::budget::View, job_types: Vec<String>) -> api::Budget {
+    api::Budget {
+        set: true,
+        cluster_bytes_per_second: view.budget.cluster,
+        per_server_bytes_per_second: view.budget.per_server.unwrap_or(0),
+        minimum_bytes_per_second: view.budget.minimum,
+        used_bytes_per_second: view.used,
+        free_bytes_per_second: view.free(),
+        shares: view
+            .shares
+            .iter()
+            .map(|(attempt, share)| api::BudgetShare {
+                attempt: attempt.clone(),
+                job_type: share.job_type.to_string(),
+                bytes_per_second: share.bytes_per_second,
+                servers: share.servers.iter().map(|s| s.to_string()).collect(),
+            })
+            .collect(),
+        servers: view
+            .servers
+            .iter()
+            .map(|(server, used)| api::ServerBudget { server: server.to_string(), used_bytes_per_second: *used })
+            .collect(),
+        job_types,
     }
 }

@@ -200,6 +200,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/jobs", guarded(get(list_jobs).post(submit_job)))
         .route("/api/jobs/{id}", guarded(get(get_job)))
         .route("/api/jobs/{id}/cancel", guarded(post(cancel_job)))
+        .route("/api/jobs/{id}/priority", guarded(post(set_job_priority)))
         .route("/api/jobs/{id}/retry", guarded(post(retry_job)))
         .route("/api/workers", guarded(get(workers)))
         .route("/api/instances", guarded(get(instances)))
@@ -218,6 +219,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/api/openapi.json", guarded(get(openapi)))
         .route("/metrics", guarded(get(metrics)))
         .route("/api/windows", guarded(get(windows)))
+        .route("/api/budget", guarded(get(get_budget).put(set_budget)))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
@@ -405,6 +407,25 @@ async fn cancel_job(State(s): State<AppState>, By(who): By, PathParams(id): Path
     q.taking(&[])?;
     s.api.cancel(&who, &id).await?;
     Ok(Json(json!({ "job_id": id, "canceled": true })).into_response())
+}
+
+async fn set_job_priority(
+    State(s): State<AppState>,
+    By(who): By,
+    PathParams(id): PathParams<String>,
+    q: Params,
+    JsonBody(body): JsonBody<PriorityBody>,
+) -> Reply {
+    q.taking(&[])?;
+    s.api.set_job_priority(&who, &id, &body.priority).await?;
+    Ok(Json(json!({ "job_id": id, "priority": body.priority })).into_response())
+}
+
+/// The body of `POST /api/jobs/{id}/priority`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PriorityBody {
+    priority: String,
 }
 
 async fn retry_job(State(s): State<AppState>, By(who): By, PathParams(id): PathParams<String>, q: Params) -> Reply {
@@ -618,4 +639,40 @@ async fn set_policy(
         changes.into_iter().map(|(k, v)| (k, v.as_str().map(String::from).unwrap_or_else(|| v.to_string()))).collect();
     let policy = s.api.set_policy(&who, &job_type, &changes).await?;
     Ok(Json(policy).into_response())
+}
+
+async fn get_budget(State(s): State<AppState>, q: Params) -> Reply {
+    q.taking(&[])?;
+    Ok(Json(s.api.budget().await?).into_response())
+}
+
+/// Sets, changes or clears the bandwidth budget: `cluster`, `per_server`
+/// and `minimum` (rates as text, or bytes per second as numbers), or `clear`.
+async fn set_budget(
+    State(s): State<AppState>,
+    By(who): By,
+    q: Params,
+    JsonBody(fields): JsonBody<BTreeMap<String, Value>>,
+) -> Reply {
+    q.taking(&[])?;
+    let mut request = crate::proto::api::SetBudgetRequest::default();
+    for (name, value) in fields {
+        let text = || value.as_str().map(String::from).unwrap_or_else(|| value.to_string());
+        match name.as_str() {
+            "cluster" => request.cluster = text(),
+            "per_server" => request.per_server = text(),
+            "minimum" => request.minimum = text(),
+            "clear" => {
+                request.clear = value
+                    .as_bool()
+                    .ok_or_else(|| Error::Invalid(format!("budget clear: must be true or false, not {value}")))?
+            }
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "budget: unknown field {name:?}; fields are cluster, per_server, minimum, clear"
+                )))
+            }
+        }
+    }
+    Ok(Json(s.api.set_budget(&who, &request).await?).into_response())
 }

@@ -19,8 +19,7 @@ fn job_id(text: &str) -> Result<JobId, Error> {
 }
 
 async fn stored(api: &Api, id: &str) -> Result<crate::store::StoredJob, Error> {
-    let id = job_id(id)?;
-    api.engine.job(id).await?.ok_or_else(|| Error::NotFound(format!("no job {id}")))
+    api.stored(job_id(id)?).await
 }
 
 /// A job drawn as a graph: every task's id, job type, state, level (the
@@ -53,6 +52,7 @@ pub(super) async fn graph(api: &Api, id: &str) -> Result<Value, Error> {
         "created_at_ms": record.created_at.as_millis(),
         "finished_at_ms": record.finished_at.map_or(0, |t| t.as_millis()),
         "cancel_requested": record.cancel_requested,
+        "priority": convert::shared_priority(&job.spec).map(|p| p.as_str()),
         "types": types,
         "tasks": { "id": ids, "type": kinds, "state": states, "level": levels, "deps": deps },
         "levels": levels.iter().max().map_or(0, |l| l + 1),

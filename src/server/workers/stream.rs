@@ -586,9 +586,13 @@ impl Session {
 
     fn execute_request(&self, assignment: &Assignment) -> ExecuteJobRequest {
         let job_id = assignment.attempt.to_string();
-        let parameters = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&assignment.parameters)
+        let mut parameters = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&assignment.parameters)
             .map(|map| wire::json_to_values(&map))
             .unwrap_or_default();
+        // A share of the bandwidth budget, where SeaweedFS's workers read it.
+        if let Some(rate) = assignment.io_byte_per_second {
+            crate::server::seaweedfs::rate::apply(&assignment.job_type, rate, &mut parameters);
+        }
         let book = self.sessions.policies.for_dispatch(&assignment.job_type);
         ExecuteJobRequest {
             request_id: format!("exec-{job_id}"),

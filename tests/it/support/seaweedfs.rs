@@ -1143,6 +1143,23 @@ pub mod task_params {
         out
     }
 
+    /// TaskParams{volume_id=2, collection=3, sources=7, targets=8,
+    /// balance_params=11{timeout_seconds=2}}: move `volume_id` from
+    /// `source` to `target`, as a balance detection proposes it.
+    pub fn balance(volume_id: u32, collection: &str, source: &str, target: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        uint(&mut out, 2, u64::from(volume_id));
+        if !collection.is_empty() {
+            bytes(&mut out, 3, collection.as_bytes());
+        }
+        bytes(&mut out, 7, &location(source, volume_id, &[]));
+        bytes(&mut out, 8, &location(target, volume_id, &[]));
+        let mut balance = Vec::new();
+        uint(&mut balance, 2, 600);
+        bytes(&mut out, 11, &balance);
+        out
+    }
+
     pub fn hex(bytes: &[u8]) -> String {
         bytes.iter().map(|b| format!("{b:02x}")).collect()
     }

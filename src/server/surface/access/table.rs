@@ -63,6 +63,7 @@ pub const HTTP: &[(&str, &str, Need)] = &[
     ("GET", "/api/jobs/{id}/events", VIEWER),
     ("POST", "/api/jobs/{id}/cancel", OPERATOR),
     ("POST", "/api/jobs/{id}/retry", OPERATOR),
+    ("POST", "/api/jobs/{id}/priority", OPERATOR),
     ("GET", "/api/job-types", VIEWER),
     ("GET", "/api/job-types/{job_type}", VIEWER),
     ("GET", "/api/workers", VIEWER),
@@ -82,6 +83,8 @@ pub const HTTP: &[(&str, &str, Need)] = &[
     ("GET", "/api/notifications", VIEWER),
     ("GET", "/metrics", VIEWER),
     ("GET", "/api/windows", VIEWER),
+    ("GET", "/api/budget", VIEWER),
+    ("PUT", "/api/budget", OPERATOR),
 ];
 
 /// Every gRPC method: its path (`/package.Service/Method`), need.
@@ -109,6 +112,7 @@ pub const GRPC: &[(&str, Need)] = &[
     ("/jobcenter.v1.JobService/Backup", ADMIN),
     ("/jobcenter.v1.JobService/ListAudit", ADMIN),
     ("/jobcenter.v1.JobService/ListNotifications", VIEWER),
+    ("/jobcenter.v1.JobService/SetJobPriority", OPERATOR_OR_INSTANCE),
     ("/jobcenter.v1.JobService/ListWindows", VIEWER),
     ("/plugin.PluginControlService/WorkerStream", WORKER),
     ("/jobcenter.peer.v1.PeerService/Lend", INSTANCE),
@@ -117,6 +121,8 @@ pub const GRPC: &[(&str, Need)] = &[
     ("/jobcenter.peer.v1.PeerService/Knows", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/DedupeKeys", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/Vouch", INSTANCE),
+    ("/jobcenter.v1.JobService/GetBudget", VIEWER),
+    ("/jobcenter.v1.JobService/SetBudget", OPERATOR),
 ];
 
 /// What an HTTP route needs (`HEAD` as `GET`); admin for a route without a row.
