@@ -626,12 +626,12 @@ fn a_list_too_short_for_a_job_is_a_wrong_length_not_a_syntax_error() {
     let error = jobfile::parse(b"[\"x\"]", Format::Json, "job.json", &Limits::default()).unwrap_err();
     assert_eq!(
         error.to_string(),
-        "invalid job job.json: wrong length: invalid length 1, expected struct JobFile with 2 elements at line 1 column 5"
+        "invalid job job.json: wrong length: invalid length 1, expected struct JobFile with 3 elements at line 1 column 5"
     );
     let error = jobfile::parse(b"- x\n", Format::Yaml, "job.yaml", &Limits::default()).unwrap_err();
     assert_eq!(
         error.to_string(),
-        "invalid job job.yaml: wrong length: invalid length 1, expected struct JobFile with 2 elements"
+        "invalid job job.yaml: wrong length: invalid length 1, expected struct JobFile with 3 elements"
     );
 }
 
