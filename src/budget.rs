@@ -207,7 +207,8 @@ pub(crate) struct Shares {
     budget: Option<Budget>,
     /// Job types marked by their policy; a type not here shares the budget
     /// when it is one of `DEFAULT_TYPES`.
-    marks: HashMap<Arc<str>, bool>,
+    /// A B-tree: a few job types, looked up for every task dispatched.
+    marks: std::collections::BTreeMap<Arc<str>, bool>,
     running: HashMap<AttemptId, Share>,
     used: u64,
     used_by_server: HashMap<Arc<str>, u64>,
@@ -224,7 +225,7 @@ impl Shares {
     /// their shares: a worker reads its rate once, when its task starts.
     pub(crate) fn set(&mut self, budget: Option<Budget>, marks: HashMap<Arc<str>, bool>) {
         self.budget = budget;
-        self.marks = marks;
+        self.marks = marks.into_iter().collect();
     }
 
     /// In a cluster, the slots of the budget's permits held here.

@@ -229,7 +229,7 @@ pub struct Dispatch {
     queues: BTreeMap<Arc<str>, BinaryHeap<Queued>>,
     aging: Aging,
     /// Job types with a rate limit: their tokens.
-    buckets: HashMap<Arc<str>, Bucket>,
+    buckets: BTreeMap<Arc<str>, Bucket>,
     delayed: BTreeSet<(Timestamp, u64, TaskRef)>,
     delayed_meta: BTreeMap<u64, (Arc<str>, Priority)>,
     next_seq: u64,

@@ -149,3 +149,40 @@ async fn a_rate_limit_spaces_the_starts_of_a_job_type_after_its_burst() {
     assert!(starts[4] - starts[0] >= 2_900, "{starts:?}");
     assert!(starts[2] - starts[0] >= 900, "{starts:?}");
 }
+
+/// An instance on the shared database, beating every second.
+fn member(dir: &std::path::Path, name: &str, url: &str) -> Server {
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
+    let args = ["--database-url", url, "--grpc", &grpc, "--cluster-heartbeat", "1s", "--lag-threshold", "4s"];
+    Server::start_wrapped(&[], &dir.join(name), &http, &args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_priority_set_through_any_instance_reaches_the_one_leading_the_job() {
+    use support::postgres::shared as pg;
+    let dir = tempfile::tempdir().unwrap();
+    let database = pg().new_database();
+    let url = pg().url(&database);
+    let a = member(dir.path(), "a", &url);
+    let b = member(dir.path(), "b", &url);
+    let both = wait_until(Duration::from_secs(20), || {
+        let instances = a.cli_json(&["instances", "--json"]);
+        (instances.as_array().unwrap().iter().filter(|i| i["status"] == "active").count() == 2).then_some(())
+    });
+    assert!(both.is_some(), "two instances did not register");
+    // No worker: the job waits, led by a.
+    let id = a.submit_file(dir.path(), "waits.json", &job("waits", "noop", None, 2, 10));
+    let output = b.cli(&["job", &id, "--priority", "critical"]);
+    assert!(output.status.success(), "through b: {}", String::from_utf8_lossy(&output.stderr));
+    for server in [&a, &b] {
+        assert_eq!(server.cli_json(&["job", &id, "--json"])["priority"], "critical");
+    }
+    let records = b.cli_json(&["audit", "--json"]);
+    let change = records.as_array().unwrap().iter().find(|r| r["action"] == "job.priority").cloned();
+    let change = change.unwrap_or_else(|| panic!("no job.priority record: {records}"));
+    assert_eq!(change["outcome"], "ok", "{change}");
+    let _worker = start_worker(&b, "late", &["--job-types", "noop"], None);
+    let ended = wait_ended(&b, &id);
+    assert_eq!(ended["state"], "succeeded");
+}
