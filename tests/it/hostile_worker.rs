@@ -281,12 +281,15 @@ async fn malformed_messages_are_refused_naming_the_rule() {
             "config_schema_response \"schema-1\" answers no request this session sent",
         ),
     ];
+    // These workers declare a job type nothing is submitted for: a noop task
+    // of the real job given to one of them would be taken back when its
+    // stream is refused and run a second time.
     for (body, code, rule) in cases {
-        let mut raw = Raw::hello(&server, hello(&["noop"], false)).await;
+        let mut raw = Raw::hello(&server, hello(&["idle"], false)).await;
         raw.tx.send(message(body)).await.expect("open");
         refused(&raw.ended_with().await, code, rule);
     }
-    let mut raw = Raw::hello(&server, hello(&["noop"], false)).await;
+    let mut raw = Raw::hello(&server, hello(&["idle"], false)).await;
     raw.tx.send(WorkerToAdminMessage::default()).await.expect("open");
     refused(&raw.ended_with().await, Code::InvalidArgument, "a message with no body");
     // The descriptor nobody asked for was not kept.
