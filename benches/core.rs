@@ -164,10 +164,16 @@ async fn transitions(dir: &Path) -> serde_json::Value {
     let n = 100_000;
     // BENCH_TERMS=1: the same under windows, a rate limit, a budget (of
     // other job types; `budgeted`: of noop) and priorities cycling by task.
+    // BENCH_TERMS=plain, what to compare them with: the concurrency limits
+    // every job type of a server has, and a priority named on every task,
+    // all `normal` (the same job file but for the names).
     let terms = std::env::var("BENCH_TERMS").ok();
     let mut text = layered(n, 100, 3, "");
     if terms.is_some() {
-        let names = ["low", "normal", "high", "critical"];
+        let names = match terms.as_deref() {
+            Some("plain") => ["normal"; 4],
+            _ => ["low", "normal", "high", "critical"],
+        };
         let mut parts = text.split(r#""job_type":"noop""#);
         let mut out = parts.next().unwrap_or_default().to_string();
         for (i, part) in parts.enumerate() {
@@ -178,8 +184,10 @@ async fn transitions(dir: &Path) -> serde_json::Value {
     }
     let spec = parse(&text);
     let engine = engine(dir).await;
-    if let Some(terms) = &terms {
-        engine.set_bench_terms("noop", terms == "budgeted").await.unwrap();
+    match terms.as_deref() {
+        None => {}
+        Some("plain") => engine.set_bench_limits("noop", false).await.unwrap(),
+        Some(terms) => engine.set_bench_terms("noop", terms == "budgeted").await.unwrap(),
     }
     LocalExecutor::start(engine.clone(), Registry::new(builtin_handlers()), 1024, None).await.unwrap();
     let commits = Arc::new(std::sync::Mutex::new((0u64, Duration::ZERO, Duration::ZERO)));

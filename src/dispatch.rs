@@ -464,9 +464,9 @@ impl Dispatch {
 
     /// Of the given job types, the one whose next task goes first by rank;
     /// types with nothing queued are dropped from the list.
-    pub fn first_of(&self, types: &mut Vec<Arc<str>>) -> Option<usize> {
-        types.retain(|t| self.queues.get(t).is_some_and(|q| !q.is_empty()));
-        (0..types.len()).max_by_key(|&i| self.queues[&types[i]].peek())
+    pub fn first_of<T: AsRef<str>>(&self, types: &mut Vec<T>) -> Option<usize> {
+        types.retain(|t| self.queues.get(t.as_ref()).is_some_and(|q| !q.is_empty()));
+        (0..types.len()).max_by_key(|&i| self.queues[types[i].as_ref()].peek())
     }
 
     /// Job types with queued tasks.

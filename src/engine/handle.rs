@@ -319,16 +319,22 @@ impl EngineHandle {
     /// bandwidth budget of its own (`budgeted`) or of other types.
     #[cfg(any(test, feature = "testsuite"))]
     pub async fn set_bench_terms(&self, job_type: &str, budgeted: bool) -> Result<(), Error> {
-        let job_type: Arc<str> = Arc::from(job_type);
         let calendar = crate::windows::parse_windows("Mon-Sun 00:00-24:00 UTC").expect("a window of every day");
         let window = crate::windows::Window { calendar, on_close: crate::windows::OnClose::Drain, grace_seconds: 60 };
-        self.set_window(job_type.clone(), Some(Arc::new(window))).await?;
+        self.set_window(Arc::from(job_type), Some(Arc::new(window))).await?;
         let budget = crate::budget::Budget { cluster: 1 << 50, per_server: None, minimum: 1 };
-        self.set_budget(Some(budget), [(job_type.clone(), budgeted)].into()).await?;
-        let rate = crate::rate::Rate { per_minute: u32::MAX, burst: u32::MAX };
-        let limits =
-            TypeLimits { global: 1 << 30, per_worker: 1 << 30, execution_timeout_seconds: None, rate: Some(rate) };
-        self.set_limits(job_type, limits).await
+        self.set_budget(Some(budget), [(Arc::from(job_type), budgeted)].into()).await?;
+        self.set_bench_limits(job_type, true).await
+    }
+
+    /// For the benchmarks: concurrency limits on `job_type` no run reaches,
+    /// as a server gives every job type its workers declare, with a rate
+    /// limit no run reaches either (`rate`) or none.
+    #[cfg(any(test, feature = "testsuite"))]
+    pub async fn set_bench_limits(&self, job_type: &str, rate: bool) -> Result<(), Error> {
+        let rate = rate.then_some(crate::rate::Rate { per_minute: u32::MAX, burst: u32::MAX });
+        let limits = TypeLimits { global: 1 << 30, per_worker: 1 << 30, execution_timeout_seconds: None, rate };
+        self.set_limits(Arc::from(job_type), limits).await
     }
 
     /// The bandwidth budget (or none), and the job types whose policy says

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::core::{Command, Core, Step};
-use crate::clock::Clock;
+use crate::clock::{Clock, Timestamp};
 
 pub(super) async fn run(
     mut core: Core,
@@ -19,16 +19,28 @@ pub(super) async fn run(
 ) {
     let max = core.most_commands_per_turn();
     let mut received: Vec<Command> = Vec::with_capacity(max);
+    // One timer, set again only when the next deadline moves: a turn that
+    // leaves it where it was registers and drops nothing.
+    let timer = tokio::time::sleep(std::time::Duration::ZERO);
+    tokio::pin!(timer);
+    let mut armed: Option<Timestamp> = None;
     loop {
         let first = match core.next_wake(clock.now()) {
             Some(at) => {
-                let wait = std::time::Duration::from_millis(at.millis_since(clock.now()));
+                if armed != Some(at) {
+                    let wait = std::time::Duration::from_millis(at.millis_since(clock.now()));
+                    timer.as_mut().reset(tokio::time::Instant::now() + wait);
+                    armed = Some(at);
+                }
                 tokio::select! {
                     command = commands.recv() => match command {
                         Some(command) => Some(command),
                         None => break,
                     },
-                    () = tokio::time::sleep(wait) => None,
+                    () = &mut timer => {
+                        armed = None;
+                        None
+                    }
                     () = stop.cancelled() => break,
                 }
             }

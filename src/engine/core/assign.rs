@@ -15,6 +15,20 @@ use crate::dispatch::{Assignment, FreeSlots, Place, Queued, WorkOrder};
 use crate::leader;
 use crate::model::{AttemptId, HandlerId, JobId, Phase, TaskIdx, TaskRef};
 
+/// A job type with tasks queued, as one pass of dispatch sees it: whether
+/// its tasks share the bandwidth budget is looked up once a pass, not once
+/// a task.
+pub(super) struct Candidate {
+    job_type: Arc<str>,
+    budgeted: bool,
+}
+
+impl AsRef<str> for Candidate {
+    fn as_ref(&self) -> &str {
+        &self.job_type
+    }
+}
+
 /// What taking the next queued task of a type came to.
 // Moved once, from `take_one` to its caller: boxing the assignment would
 // allocate once more for every task dispatched.
@@ -90,9 +104,14 @@ impl Core {
         wanting
     }
 
+    /// A job type as dispatch sees it in this pass.
+    fn candidate(&self, job_type: Arc<str>) -> Candidate {
+        Candidate { budgeted: self.shares.applies_to(&job_type), job_type }
+    }
+
     /// Whether no task of the type may start for want of budget.
-    fn out_of_budget(&self, job_type: &str) -> bool {
-        self.shares.applies_to(job_type) && self.shares.exhausted()
+    fn out_of_budget(&self, of: &Candidate) -> bool {
+        of.budgeted && self.shares.exhausted()
     }
 
     pub(super) fn queue_ready(&mut self, job: JobId, ready: &[u32], now: Timestamp) {
@@ -145,22 +164,22 @@ impl Core {
     pub(super) fn dispatch_ready(&mut self, now: Timestamp, step: &mut Step) {
         self.dispatch.promote_due(now);
         self.cooled(now, step);
-        let mut types = self.dispatch.queued_types();
+        let mut types: Vec<Candidate> = self.dispatch.queued_types().into_iter().map(|t| self.candidate(t)).collect();
         let mut blocked: Vec<(Arc<str>, Queued)> = Vec::new();
         while let Some(i) = self.dispatch.first_of(&mut types) {
-            let job_type = types[i].clone();
-            if self.out_of_budget(&job_type) {
+            let of = &types[i];
+            if self.out_of_budget(of) {
                 types.swap_remove(i);
                 continue;
             }
             let jobs = &self.jobs;
-            let near = || self.dispatch.peek(&job_type).map_or_else(Place::default, |t| place_of(jobs, t));
-            let Some(handler) = self.dispatch.pick_handler(&job_type, near, now) else {
+            let near = || self.dispatch.peek(&of.job_type).map_or_else(Place::default, |t| place_of(jobs, t));
+            let Some(handler) = self.dispatch.pick_handler(&of.job_type, near, now) else {
                 types.swap_remove(i);
                 continue;
             };
             let running = self.dispatch.starts_running(handler);
-            match self.take_one(&job_type, handler, running, now, step, &mut blocked) {
+            match self.take_one(&types[i], handler, running, now, step, &mut blocked) {
                 Take::Empty => {
                     types.swap_remove(i);
                 }
@@ -179,13 +198,14 @@ impl Core {
     /// (held, and written in the step), unless it may not run now.
     pub(super) fn take_one(
         &mut self,
-        job_type: &Arc<str>,
+        of: &Candidate,
         handler: HandlerId,
         running: bool,
         now: Timestamp,
         step: &mut Step,
         blocked: &mut Vec<(Arc<str>, Queued)>,
     ) -> Take {
+        let job_type = &of.job_type;
         let Some(queued) = self.dispatch.pop(job_type) else { return Take::Empty };
         let task = queued.task;
         let Some(job) = self.jobs.get(&task.job) else { return Take::Skipped };
@@ -204,7 +224,7 @@ impl Core {
             return Take::Skipped;
         }
         // A task that shares the bandwidth budget starts only with its share.
-        let offer = match self.shares.applies_to(&spec.job_type) {
+        let offer = match of.budgeted {
             true => match self.shares.offer(spec.servers(), self.budget_wanting(job_type)) {
                 Some(share) => Some(share),
                 None => {
@@ -261,8 +281,9 @@ impl Core {
             for (job_type, free) in offer.job_types {
                 let mut free = free.min(left);
                 let mut blocked = Vec::new();
-                while free > 0 && self.dispatch.may_run(&job_type, now) && !self.out_of_budget(&job_type) {
-                    match self.take_one(&job_type, offer.handler, false, now, step, &mut blocked) {
+                let of = self.candidate(job_type);
+                while free > 0 && self.dispatch.may_run(&of.job_type, now) && !self.out_of_budget(&of) {
+                    match self.take_one(&of, offer.handler, false, now, step, &mut blocked) {
                         Take::Empty => break,
                         Take::Skipped => {}
                         Take::Assigned(assignment) => {

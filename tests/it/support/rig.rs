@@ -246,6 +246,7 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         if std::env::var_os("JOBCENTER_TEST_KEEP").is_some() {
             let kept = std::path::PathBuf::from("/tmp/kept").join(self.dir.path().file_name().unwrap());
+            let _ = std::fs::create_dir_all("/tmp/kept");
             let _ = std::process::Command::new("cp").arg("-r").arg(self.dir.path()).arg(&kept).status();
         }
     }
