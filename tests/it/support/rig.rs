@@ -302,8 +302,46 @@ impl Cluster {
             for task in last["tasks"].as_array().into_iter().flatten() {
                 *states.entry(task["state"].as_str().unwrap_or("?").to_string()).or_default() += 1;
             }
-            panic!("job {job} did not end within {limit:?}: {} with tasks {states:?}", last["state"])
+            panic!(
+                "job {job} did not end within {limit:?}: {} with tasks {states:?}\n{}",
+                last["state"],
+                self.what_holds(&last)
+            )
         })
+    }
+
+    /// For a job that did not end: its tasks under way (at most five), and
+    /// what each instance's log says of them.
+    fn what_holds(&self, job: &serde_json::Value) -> String {
+        let waiting = ["pending", "succeeded", "failed", "upstream_failed", "canceled"];
+        let under_way: Vec<&serde_json::Value> = job["tasks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| !waiting.contains(&t["state"].as_str().unwrap_or("")))
+            .take(5)
+            .collect();
+        let logs: Vec<String> =
+            self.admins.iter().map(|a| plain(&std::fs::read_to_string(&a.log).unwrap_or_default())).collect();
+        let mut said = String::new();
+        for task in under_way {
+            said.push_str(&format!("task under way: {task}\n"));
+            let Some(id) = task["id"].as_str() else { continue };
+            for (i, log) in logs.iter().enumerate() {
+                let lines: Vec<&str> =
+                    log.lines().filter(|l| l.contains(&format!("={id} ")) || l.ends_with(&format!("={id}"))).collect();
+                for line in &lines[lines.len().saturating_sub(15)..] {
+                    said.push_str(&format!("a{i}: {line}\n"));
+                }
+            }
+        }
+        for (i, log) in logs.iter().enumerate() {
+            let lines: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ") || l.contains(" ERROR ")).collect();
+            for line in &lines[lines.len().saturating_sub(20)..] {
+                said.push_str(&format!("a{i}: {line}\n"));
+            }
+        }
+        said
     }
 
     pub fn ready(&self, i: usize) -> bool {
@@ -346,4 +384,23 @@ pub fn each_task_succeeded_once(log: &Path, job: &str, n: usize) -> std::collect
         assert_eq!(*successes, 1, "task {task} succeeded {successes} times: {events:?}");
     }
     counts
+}
+
+/// A log's text without its terminal colours.
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // An escape runs to its final letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
