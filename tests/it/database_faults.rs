@@ -137,7 +137,7 @@ fn the_database_restarted_fast_then_at_once_under_a_10000_task_job_loses_nothing
     let mut back = Vec::new();
     for (n, mode) in [pg_common::Shutdown::Fast, pg_common::Shutdown::Immediate].into_iter().enumerate() {
         wait_until(Duration::from_secs(120), || (exec_events(&rig.log, &id).len() >= 4_000 * (n + 1)).then_some(()))
-            .expect("the job makes progress");
+            .unwrap_or_else(|| panic!("the job makes no progress: {}", rig.stalled(&id)));
         rig.database.stop(mode);
         std::thread::sleep(Duration::from_secs(1));
         rig.database.start_again();
@@ -161,7 +161,7 @@ fn a_primary_replaced_by_a_promoted_replica_at_another_address_loses_nothing_and
     let id = submit(&rig.admins[0], rig.dir.path(), &job.text);
     let submitter = Submitter::start(&rig);
     wait_until(Duration::from_secs(120), || (exec_events(&rig.log, &id).len() >= 3_000).then_some(()))
-        .expect("the job makes progress");
+        .unwrap_or_else(|| panic!("the job makes no progress: {}", rig.stalled(&id)));
     rig.database.stop(pg_common::Shutdown::Immediate);
     let replica = rig.replica.as_ref().unwrap();
     replica.promote();
@@ -190,7 +190,7 @@ fn postgres_out_of_connections_acknowledges_nothing_and_the_job_resumes() {
     let job = layered_job(&mut Rng(0xc0_77ec), "connections", 2_000, 100, &Work::Sleep { from: 1, spread: 10 });
     let id = submit(&rig.admins[0], rig.dir.path(), &job.text);
     wait_until(Duration::from_secs(60), || (exec_events(&rig.log, &id).len() >= 400).then_some(()))
-        .expect("the job makes progress");
+        .unwrap_or_else(|| panic!("the job makes no progress: {}", rig.stalled(&id)));
     // Others take every connection the instance's role could have: its
     // connections are cut, and its new ones wait long enough at the link
     // for the others to take the slots they leave.

@@ -310,6 +310,18 @@ impl Cluster {
         })
     }
 
+    /// A job that makes no progress, as the first instance to answer
+    /// reports it, with what holds it (`what_holds`).
+    pub fn stalled(&self, job: &str) -> String {
+        for admin in &self.admins {
+            let output = admin.cli(&["job", job, "--json"]);
+            if let Ok(answer) = serde_json::from_slice::<serde_json::Value>(&output.stdout) {
+                return format!("job {job} is {}\n{}", answer["state"], self.what_holds(&answer));
+            }
+        }
+        format!("no instance answers for job {job}")
+    }
+
     /// For a job that did not end: its tasks under way (at most five), and
     /// what each instance's log says of them.
     fn what_holds(&self, job: &serde_json::Value) -> String {
