@@ -77,20 +77,22 @@ impl Submitter {
     }
 }
 
-/// Waits until every instance answers `/readyz` with 200; how long it took.
-/// Connections the database still takes from clients that are not superusers.
+/// Connections the database still takes from clients that are not
+/// superusers. The session that asks is not counted: it ends with the
+/// question, and the slot it held is free again.
 fn free_connections(rig: &Cluster) -> i64 {
     rig.database
         .psql(
             "postgres",
             "SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int \
-             - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
+             - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid())",
         )
         .trim()
         .parse()
         .unwrap()
 }
 
+/// Waits until every instance answers `/readyz` with 200; how long it took.
 fn all_ready(rig: &Cluster, limit: Duration) -> Duration {
     let from = Instant::now();
     wait_until(limit, || {
