@@ -68,8 +68,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// Log lines to stderr, filtered by `JOBCENTER_LOG`; with an export, the
-/// spans at `traces::TARGET` go to it, and never to the log lines.
+/// Log lines to stderr, filtered by `JOBCENTER_LOG`, in colour only on a
+/// terminal (a log file gets no escape codes); with an export, the spans at
+/// `traces::TARGET` go to it, and never to the log lines.
 fn set_up_logging(format: LogFormat, export: Option<&Export>) {
     use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_from_env("JOBCENTER_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
@@ -77,7 +78,8 @@ fn set_up_logging(format: LogFormat, export: Option<&Export>) {
         Ok(spans_off) => filter.add_directive(spans_off),
         Err(_) => filter,
     };
-    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let on_terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(on_terminal);
     let lines = match format {
         LogFormat::Json => lines.json().boxed(),
         LogFormat::Text => lines.boxed(),

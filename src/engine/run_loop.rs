@@ -25,32 +25,25 @@ pub(super) async fn run(
     tokio::pin!(timer);
     let mut armed: Option<Timestamp> = None;
     loop {
-        let first = match core.next_wake(clock.now()) {
-            Some(at) => {
-                if armed != Some(at) {
-                    let wait = std::time::Duration::from_millis(at.millis_since(clock.now()));
-                    timer.as_mut().reset(tokio::time::Instant::now() + wait);
-                    armed = Some(at);
-                }
-                tokio::select! {
-                    command = commands.recv() => match command {
-                        Some(command) => Some(command),
-                        None => break,
-                    },
-                    () = &mut timer => {
-                        armed = None;
-                        None
-                    }
-                    () = stop.cancelled() => break,
-                }
+        match core.next_wake(clock.now()) {
+            Some(at) if armed != Some(at) => {
+                let wait = std::time::Duration::from_millis(at.millis_since(clock.now()));
+                timer.as_mut().reset(tokio::time::Instant::now() + wait);
+                armed = Some(at);
             }
-            None => tokio::select! {
-                command = commands.recv() => match command {
-                    Some(command) => Some(command),
-                    None => break,
-                },
-                () = stop.cancelled() => break,
+            Some(_) => {}
+            None => armed = None,
+        }
+        let first = tokio::select! {
+            command = commands.recv() => match command {
+                Some(command) => Some(command),
+                None => break,
             },
+            () = &mut timer, if armed.is_some() => {
+                armed = None;
+                None
+            }
+            () = stop.cancelled() => break,
         };
         received.extend(first);
         while received.len() < max {

@@ -179,7 +179,7 @@ impl Core {
                 continue;
             };
             let running = self.dispatch.starts_running(handler);
-            match self.take_one(&types[i], handler, running, now, step, &mut blocked) {
+            match self.take_one(of, handler, running, now, step, &mut blocked) {
                 Take::Empty => {
                     types.swap_remove(i);
                 }

@@ -334,25 +334,15 @@ impl Cluster {
             .take(5)
             .collect();
         let logs: Vec<String> =
-            self.admins.iter().map(|a| plain(&std::fs::read_to_string(&a.log).unwrap_or_default())).collect();
+            self.admins.iter().map(|a| std::fs::read_to_string(&a.log).unwrap_or_default()).collect();
         let mut said = String::new();
         for task in under_way {
             said.push_str(&format!("task under way: {task}\n"));
             let Some(id) = task["id"].as_str() else { continue };
-            for (i, log) in logs.iter().enumerate() {
-                let lines: Vec<&str> =
-                    log.lines().filter(|l| l.contains(&format!("={id} ")) || l.ends_with(&format!("={id}"))).collect();
-                for line in &lines[lines.len().saturating_sub(15)..] {
-                    said.push_str(&format!("a{i}: {line}\n"));
-                }
-            }
+            let (within, at_end) = (format!("={id} "), format!("={id}"));
+            tails(&logs, |l| l.contains(&within) || l.ends_with(&at_end), 15, &mut said);
         }
-        for (i, log) in logs.iter().enumerate() {
-            let lines: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ") || l.contains(" ERROR ")).collect();
-            for line in &lines[lines.len().saturating_sub(20)..] {
-                said.push_str(&format!("a{i}: {line}\n"));
-            }
-        }
+        tails(&logs, |l| l.contains(" WARN ") || l.contains(" ERROR "), 20, &mut said);
         said
     }
 
@@ -398,21 +388,13 @@ pub fn each_task_succeeded_once(log: &Path, job: &str, n: usize) -> std::collect
     counts
 }
 
-/// A log's text without its terminal colours.
-fn plain(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // An escape runs to its final letter.
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
+/// The last `n` lines of each instance's log that `pick` picks, each
+/// named by its instance.
+fn tails(logs: &[String], pick: impl Fn(&str) -> bool, n: usize, said: &mut String) {
+    for (i, log) in logs.iter().enumerate() {
+        let lines: Vec<&str> = log.lines().filter(|l| pick(l)).collect();
+        for line in &lines[lines.len().saturating_sub(n)..] {
+            said.push_str(&format!("a{i}: {line}\n"));
         }
     }
-    out
 }
