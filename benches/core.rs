@@ -336,7 +336,7 @@ async fn floor(dir: &Path) -> serde_json::Value {
     let mut latencies = Vec::new();
     for _ in 0..3000 {
         let started = Instant::now();
-        client.list_workers(jobcenter::proto::api::ListWorkersRequest {}).await.unwrap();
+        client.list_workers(jobcenter::proto::api::ListWorkersRequest::default()).await.unwrap();
         latencies.push(started.elapsed().as_secs_f64() * 1000.0);
     }
     let round_trip_ms = median(latencies[1000..].to_vec());

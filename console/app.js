@@ -895,20 +895,48 @@
 
   // --------------------------------------------------------------- workers
 
+  // Workers a page of the Workers page shows.
+  const WORKERS_PAGE = 100;
+
   function renderWorkers(scope) {
     const { head, notice, updated } = pageHead("Workers");
     const body = h("tbody");
     const table = h("div", { class: "table-wrap" }, h("table", { id: "workers" },
       headRow(["Worker", "Handler", "Last heartbeat", "Execution slots", "Detection slots",
         "Job types", "Runs now", "Version", "Connected"]), body));
-    append(pageEl, head, notice, table);
-    keepLoading(scope, 2000, async () => {
-      const data = await scope.api("GET", "/api/workers");
-      const workers = (data.workers || []).slice().sort((a, b) => a.worker_id.localeCompare(b.worker_id));
+    // A page of the workers at a time, in the order of their ids: an
+    // admin may hold thousands.
+    const view = { offset: 0, total: 0, asked: 0 };
+    const prev = h("button", { type: "button", id: "workers-prev", disabled: true }, "← Previous");
+    const next = h("button", { type: "button", id: "workers-next", disabled: true }, "Next →");
+    const pageInfo = h("span", { class: "muted", id: "workers-page" });
+    const load = async () => {
+      const asked = ++view.asked;
+      const data = await scope.api("GET", `/api/workers?offset=${view.offset}&limit=${WORKERS_PAGE}`);
+      if (asked !== view.asked) return;
+      const workers = data.workers || [];
+      view.total = data.total || 0;
+      if (view.offset > 0 && view.offset >= view.total) {
+        view.offset = Math.max(0, Math.floor((view.total - 1) / WORKERS_PAGE) * WORKERS_PAGE);
+        return load();
+      }
       const rows = workers.map(workerRow);
       replaceKeepingFocus(body, rows.length ? rows : [emptyRow(9, "No worker is connected.")]);
+      prev.disabled = view.offset === 0;
+      next.disabled = view.offset + workers.length >= view.total;
+      pageInfo.textContent = workers.length
+        ? `${view.offset + 1}–${view.offset + workers.length} of ${view.total} worker${view.total === 1 ? "" : "s"}`
+        : "";
       touch(updated);
-    }, notice);
+    };
+    const turn = (by) => {
+      view.offset = Math.max(0, view.offset + by * WORKERS_PAGE);
+      load().catch(() => {});
+    };
+    prev.addEventListener("click", () => turn(-1));
+    next.addEventListener("click", () => turn(1));
+    append(pageEl, head, notice, table, h("div", { class: "pager" }, prev, pageInfo, next));
+    keepLoading(scope, 2000, load, notice);
   }
 
   function workerRow(w) {

@@ -181,7 +181,8 @@ async fn bench(
     loop {
         let mut connected = 0;
         for http in &https {
-            connected += wire::http_get_json(http, "/api/workers").await?["workers"].as_array().map_or(0, Vec::len);
+            connected +=
+                wire::http_get_json(http, "/api/workers?limit=1").await?["total"].as_u64().unwrap_or(0) as usize;
         }
         if connected as u32 >= args.workers {
             break;

@@ -458,7 +458,16 @@ pub(super) async fn workers(args: WorkersArgs) -> anyhow::Result<ExitCode> {
         return super::watch::tables::live(&args.connection, super::watch::tables::Source::Workers, args.count).await;
     }
     let mut client = args.connection.connect().await?;
-    let workers = client.list_workers(api::ListWorkersRequest {}).await.map_err(status_error)?.into_inner().workers;
+    let mut workers = Vec::new();
+    loop {
+        let request = api::ListWorkersRequest { offset: u32::try_from(workers.len())?, limit: 5_000 };
+        let page = client.list_workers(request).await.map_err(status_error)?.into_inner();
+        let last = page.workers.is_empty() || workers.len() + page.workers.len() >= page.total as usize;
+        workers.extend(page.workers);
+        if last {
+            break;
+        }
+    }
     if args.json {
         println!("{}", serde_json::to_string(&workers)?);
         return Ok(ExitCode::SUCCESS);

@@ -114,6 +114,11 @@ pub struct ServerArgs {
     /// Attempts a task may lose with its worker before it fails.
     #[arg(long, default_value_t = 3)]
     pub lost_attempt_limit: u32,
+    /// Workers connected at once; more are refused until one leaves. Each
+    /// takes a file descriptor: the server raises its own limit of open
+    /// files to the system's hard limit at start.
+    #[arg(long, default_value_t = 16_384)]
+    pub max_workers: usize,
     /// With several admins on one database: the gRPC address the other
     /// instances reach this one at, when it is not the one it listens on
     /// (a proxy, a load balancer or NAT in between).
@@ -273,6 +278,7 @@ pub(super) async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         peer_tls,
         free_credential_failures: args.free_credential_failures,
         lost_attempt_limit: args.lost_attempt_limit,
+        max_workers: args.max_workers,
         tls: args.tls.config()?,
         silence_timeout: args.silence_timeout,
         recovery_interval: args.recovery_interval,

@@ -122,7 +122,7 @@ impl Default for ServerOptions {
             max_request_bytes: 64 * 1024 * 1024,
             max_worker_message_bytes: 16 * 1024 * 1024,
             lost_attempt_limit: 3,
-            max_workers: 4096,
+            max_workers: 16_384,
             tls: None,
             silence_timeout: Duration::from_secs(300),
             recovery_interval: Duration::from_secs(60),
@@ -180,6 +180,7 @@ pub async fn run(
     grpc: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    surface::descriptors::raise_limit(options.max_workers);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let grpc_addr: SocketAddr = grpc.local_addr()?;
     let http_addr: SocketAddr = http.local_addr()?;
@@ -234,9 +235,16 @@ pub async fn run(
         // Small messages (an acknowledgement, then a work order) must not wait
         // for each other's TCP acknowledgement: no Nagle on the worker streams.
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc)
-                .with_nodelay(Some(true))
-                .map(move |stream| stream.map(|stream| surface::stall::Bounded::new(stream, options.send_timeout))),
+            // An accept that fails (out of descriptors) is said and waited
+            // out here: tonic would try again at once, and spin.
+            tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true)).then(
+                move |accepted| async move {
+                    if let Err(e) = &accepted {
+                        surface::descriptors::accept_failed(e, "grpc").await;
+                    }
+                    accepted.map(|stream| surface::stall::Bounded::new(stream, options.send_timeout))
+                },
+            ),
             closing.clone().cancelled_owned(),
         );
     let http = surface::stall::HttpListener { listener: http, limit: options.send_timeout };
@@ -348,6 +356,7 @@ fn keep_duties(parts: &Parts, loops: Loops) {
         let access = parts.access.clone();
         duties.keep("credentials", Stage::Intake, move || access.clone().reloads());
     }
+    duties.keep("file descriptors", Stage::Intake, || surface::descriptors::watch(Duration::from_secs(10)));
     duties.keep("recovery", Stage::Intake, move || recovery.clone().checks());
     duties.keep("retention", Stage::Intake, move || pruner.clone().prunes());
     if seaweedfs.has_masters() {

@@ -758,3 +758,24 @@ fn a_schedule_is_listed_with_its_next_run_and_paused_resumed_and_run_from_its_pa
     browser.screenshot("run-now");
     browser.assert_no_uncaught_errors();
 }
+
+#[test]
+fn the_workers_page_shows_a_hundred_workers_at_a_time() {
+    let console = start("workers-pages", &[], 0, &[]);
+    let (browser, server) = (&console.browser, &console.server);
+    let _fleet = support::fleet::Fleet::connect(&server.grpc, 105);
+    console.open("#/workers", "workers");
+    browser.wait_for_text("#workers-page", "1–100 of 105 workers");
+    assert_eq!(browser.count("table#workers tbody tr"), 100);
+    assert_eq!(browser.prop_now("#workers-prev", "disabled").as_deref(), Some("true"));
+    browser.click("#workers-next");
+    browser.wait_for_text("#workers-page", "101–105 of 105 workers");
+    assert_eq!(browser.count("table#workers tbody tr"), 5);
+    // In the order of their ids, as strings: fleet-99 is on the second page.
+    browser.wait_for(r#"table#workers tr[data-worker="fleet-99"]"#);
+    assert_eq!(browser.prop_now("#workers-next", "disabled").as_deref(), Some("true"));
+    browser.click("#workers-prev");
+    browser.wait_for_text("#workers-page", "1–100 of 105 workers");
+    browser.screenshot("workers-pages");
+    browser.assert_no_uncaught_errors();
+}

@@ -628,3 +628,40 @@ fn a_path_parameter_that_is_not_utf8_is_a_json_400_naming_it() {
     let console = raw_http::request(address, "GET", file, &[], None);
     assert_eq!((console.status, console.body.as_str()), (404, "no such file\n"));
 }
+
+#[test]
+fn workers_are_listed_a_page_at_a_time_in_the_order_of_their_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let _fleet = support::fleet::Fleet::connect(&server.grpc, 7);
+    let address = &server.http;
+    let ids = |page: &Value| -> Vec<String> {
+        page["workers"].as_array().unwrap().iter().map(|w| w["worker_id"].as_str().unwrap().to_string()).collect()
+    };
+    let (status, first) = json(address, "GET", "/api/workers?limit=3", None);
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(
+        (ids(&first), &first["total"], &first["offset"]),
+        (vec!["fleet-0".into(), "fleet-1".into(), "fleet-2".into()], &json!(7), &json!(0))
+    );
+    let (_, last) = json(address, "GET", "/api/workers?offset=6&limit=3", None);
+    assert_eq!((ids(&last), &last["total"]), (vec!["fleet-6".to_string()], &json!(7)));
+    let (_, all) = json(address, "GET", "/api/workers", None);
+    assert_eq!(ids(&all).len(), 7, "a page of 500 when the request names no limit");
+    let (_, beyond) = json(address, "GET", "/api/workers?offset=9", None);
+    assert_eq!((ids(&beyond).len(), &beyond["total"]), (0, &json!(7)));
+
+    let (status, refused) = json(address, "GET", "/api/workers?limit=5001", None);
+    assert_eq!(status, 400);
+    assert_eq!(refused["error"], "limit 5001: a page holds at most 5000 workers; page on with offset", "{refused}");
+    let (status, refused) = json(address, "GET", "/api/workers?offset=-1", None);
+    assert_eq!(status, 400);
+    assert!(
+        refused["error"].as_str().unwrap().starts_with("query parameter offset: \"-1\" is not a whole number"),
+        "{refused}"
+    );
+
+    // The client reads every page.
+    let listed = server.workers();
+    assert_eq!(listed.len(), 7, "{listed:?}");
+}

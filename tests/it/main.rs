@@ -19,6 +19,7 @@ mod cluster;
 mod cluster_kill;
 mod console;
 mod database_faults;
+mod descriptors;
 mod durability;
 mod engine;
 mod follower_rules;

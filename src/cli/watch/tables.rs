@@ -138,9 +138,9 @@ async fn fetch(connection: &Connection, source: &Source, now_ms: i64) -> anyhow:
             };
             jobs_table(&client.list_jobs(request).await.map_err(status)?.into_inner().jobs, now_ms)
         }
-        Source::Workers => {
-            workers_table(&client.list_workers(api::ListWorkersRequest {}).await.map_err(status)?.into_inner().workers)
-        }
+        Source::Workers => workers_table(
+            &client.list_workers(api::ListWorkersRequest::default()).await.map_err(status)?.into_inner().workers,
+        ),
     })
 }
 

@@ -29,6 +29,10 @@ use crate::server::workers::registry::Registry;
 use crate::store::{JobFilter, StoredJob};
 use crate::wire;
 
+/// Workers in a page when the request names no limit, and the most a page holds.
+pub(crate) const WORKERS_PAGE: u32 = 500;
+pub(crate) const MAX_WORKERS_PAGE: u32 = 5_000;
+
 /// The most one unary answer carries (the clients' decoding limit).
 const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 
@@ -418,8 +422,20 @@ impl Api {
         result
     }
 
-    pub(crate) fn workers(&self) -> Vec<api::Worker> {
-        self.registry.workers().iter().map(|w| w.to_api()).collect()
+    /// A page of the connected workers in the order of their ids, and how
+    /// many are connected.
+    pub(crate) fn workers(&self, offset: u32, limit: u32) -> Result<(Vec<api::Worker>, u32), Error> {
+        let limit = match limit {
+            0 => WORKERS_PAGE,
+            over if over > MAX_WORKERS_PAGE => {
+                return Err(Error::Invalid(format!(
+                    "limit {over}: a page holds at most {MAX_WORKERS_PAGE} workers; page on with offset"
+                )))
+            }
+            limit => limit,
+        };
+        let (page, total) = self.registry.page(offset as usize, limit as usize);
+        Ok((page.iter().map(|w| w.to_api()).collect(), u32::try_from(total).unwrap_or(u32::MAX)))
     }
 
     /// The instances sharing this one's database; this one alone otherwise.
@@ -1041,9 +1057,11 @@ impl JobService for JobServiceImpl {
 
     async fn list_workers(
         &self,
-        _request: Request<api::ListWorkersRequest>,
+        request: Request<api::ListWorkersRequest>,
     ) -> Result<Response<api::ListWorkersResponse>, Status> {
-        Ok(Response::new(api::ListWorkersResponse { workers: self.api.workers() }))
+        let r = request.into_inner();
+        let (workers, total) = self.api.workers(r.offset, r.limit)?;
+        Ok(Response::new(api::ListWorkersResponse { workers, total }))
     }
 
     async fn get_policy(&self, request: Request<api::PolicyRef>) -> Result<Response<api::Policy>, Status> {

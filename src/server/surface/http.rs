@@ -164,15 +164,22 @@ async fn guard(State(state): State<AppState>, mut request: Request, next: Next) 
     }
 }
 
-/// Ready while the store takes writes: a server whose database is away
-/// acknowledges nothing and says so here.
-async fn readyz(State(state): State<AppState>) -> (axum::http::StatusCode, &'static str) {
+/// Ready while the store takes writes and connections are accepted: a
+/// server whose database is away acknowledges nothing, and one out of file
+/// descriptors takes no new connection, and each says so here; one whose
+/// descriptors near the limit is ready and says that too.
+async fn readyz(State(state): State<AppState>) -> (axum::http::StatusCode, String) {
+    let unavailable = axum::http::StatusCode::SERVICE_UNAVAILABLE;
     if state.topology.is_fenced() {
-        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not ready: this instance cannot reach its database\n")
-    } else if state.engine.is_ready() {
-        (axum::http::StatusCode::OK, "ready\n")
-    } else {
-        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not ready: the store is unavailable\n")
+        return (unavailable, "not ready: this instance cannot reach its database\n".into());
+    }
+    if !state.engine.is_ready() {
+        return (unavailable, "not ready: the store is unavailable\n".into());
+    }
+    match tokio::task::spawn_blocking(super::descriptors::readiness).await {
+        Ok(Err(out)) => (unavailable, format!("not ready: {out}\n")),
+        Ok(Ok(Some(near))) => (axum::http::StatusCode::OK, format!("ready; {near}\n")),
+        _ => (axum::http::StatusCode::OK, "ready\n".into()),
     }
 }
 
@@ -544,8 +551,9 @@ async fn set_scheduler_paused(State(s): State<AppState>, By(who): By, q: Params,
     Ok(Json(json!({ "paused": paused, "changed": changed })).into_response())
 }
 
-async fn workers(State(s): State<AppState>) -> Reply {
-    Ok(Json(views::workers(&s.api).await?).into_response())
+async fn workers(State(s): State<AppState>, q: Params) -> Reply {
+    let q = q.taking(&["offset", "limit"])?;
+    Ok(Json(views::workers(&s.api, q.count("offset")?, q.count("limit")?).await?).into_response())
 }
 
 /// Whether this browser is signed in: its session's anti-forgery token,

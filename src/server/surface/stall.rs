@@ -124,10 +124,7 @@ impl axum::serve::Listener for HttpListener {
                 }
                 // Out of descriptors, or a connection reset before it was
                 // taken: wait a little rather than spin.
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot accept an HTTP connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+                Err(e) => super::descriptors::accept_failed(&e, "http").await,
             }
         }
     }

@@ -87,11 +87,14 @@ pub(super) async fn running(api: &Api) -> Result<HashMap<String, Vec<Value>>, Er
     Ok(by_handler)
 }
 
-/// The workers, each with what it runs now.
-pub(super) async fn workers(api: &Api) -> Result<Value, Error> {
-    let mut running = running(api).await?;
-    let workers: Vec<Value> = api
-        .workers()
+/// A page of the workers, each with what it runs now.
+pub(super) async fn workers(api: &Api, offset: u32, limit: u32) -> Result<Value, Error> {
+    let (page, total) = api.workers(offset, limit)?;
+    let mut running = match page.is_empty() {
+        true => HashMap::new(),
+        false => running(api).await?,
+    };
+    let workers: Vec<Value> = page
         .into_iter()
         .map(|w| {
             let now = running.remove(&w.handler).unwrap_or_default();
@@ -100,7 +103,7 @@ pub(super) async fn workers(api: &Api) -> Result<Value, Error> {
             value
         })
         .collect();
-    Ok(json!({ "workers": workers }))
+    Ok(json!({ "workers": workers, "total": total, "offset": offset }))
 }
 
 /// What the console's first page shows.
@@ -110,16 +113,13 @@ pub(super) async fn overview(api: &Api) -> Result<Value, Error> {
     for job in api.engine.list(JobFilter::default()).await? {
         *by_state.entry(job.state.as_str()).or_default() += 1;
     }
-    let workers = api.workers();
-    let slots = |f: fn(&crate::proto::api::Worker) -> i32| workers.iter().map(|w| i64::from(f(w))).sum::<i64>();
-    let total = slots(|w| w.execution_slots_total);
-    let used = slots(|w| w.execution_slots_used);
-    let running: u64 = workers.iter().map(|w| u64::from(w.held_attempts)).sum();
+    let totals = api.registry.totals();
+    let (total, used, running) = (totals.execution_slots_total, totals.execution_slots_used, totals.running);
     let recovery = api.recovery.last().map(|(at_ms, findings)| json!({ "at_ms": at_ms, "findings": findings }));
     Ok(json!({
         "jobs_by_state": by_state,
         "tasks_running": running,
-        "workers": workers.len(),
+        "workers": totals.workers,
         "execution_slots_total": total,
         "execution_slots_free": (total - used).max(0),
         "instances": api.instances().await?,

@@ -112,6 +112,16 @@ impl WorkerEntry {
     }
 }
 
+/// Every connected worker's slots and attempts, summed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Totals {
+    pub workers: usize,
+    pub execution_slots_total: i64,
+    pub execution_slots_used: i64,
+    /// Attempts the workers run, as their last heartbeats said.
+    pub running: u64,
+}
+
 /// A session's registration: dropping it does nothing; `stop` ends the session.
 pub struct Registration {
     pub session: u64,
@@ -232,6 +242,28 @@ impl Registry {
         } else {
             false
         }
+    }
+
+    /// A page of the workers in the order of their ids (then handlers),
+    /// and how many are connected: only the page is copied.
+    pub fn page(&self, offset: usize, limit: usize) -> (Vec<WorkerEntry>, usize) {
+        let guard = self.inner.lock().expect("registry lock");
+        let mut all: Vec<&WorkerEntry> = guard.1.values().collect();
+        let total = all.len();
+        all.sort_unstable_by(|a, b| (&a.worker_id, a.handler).cmp(&(&b.worker_id, b.handler)));
+        (all.into_iter().skip(offset).take(limit).cloned().collect(), total)
+    }
+
+    /// The slots and attempts of every connected worker, summed.
+    pub fn totals(&self) -> Totals {
+        let guard = self.inner.lock().expect("registry lock");
+        let mut totals = Totals { workers: guard.1.len(), ..Totals::default() };
+        for entry in guard.1.values() {
+            totals.execution_slots_total += i64::from(entry.execution_slots_total);
+            totals.execution_slots_used += i64::from(entry.execution_slots_used);
+            totals.running += u64::from(entry.running_work);
+        }
+        totals
     }
 
     pub fn workers(&self) -> Vec<WorkerEntry> {

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod fleet;
 pub mod layered;
 pub mod net;
 pub mod postgres;

@@ -13,6 +13,8 @@ pub use crate::model::Place;
 use crate::model::{AttemptId, HandlerId, JobId, Priority, TaskRef};
 use crate::rate::{Bucket, Rate};
 
+mod open;
+
 /// A unit of work sent to a handler.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WorkOrder {
@@ -86,6 +88,10 @@ const RECENT_MS: i64 = 10 * 60 * 1000;
 /// the noise of the round trip, and spreading them is worth more.)
 const AS_FAST: f64 = 1.25;
 const AS_FAST_MS: f64 = 20.0;
+/// A pick looks at this many of the least loaded handlers with a slot free
+/// for the task's type, beside those that take any type and this many on
+/// the task's host or in its rack.
+const LOOK: usize = 32;
 
 /// Free slots of one handler, for work led by another instance: the slots
 /// it may take now over all job types, and by each type it executes that
@@ -150,6 +156,11 @@ impl Slot {
         let used = held.and_then(|h| h.by_type.get(job_type)).copied().unwrap_or(0);
         cap.saturating_sub(used).min(self.free(held))
     }
+}
+
+/// A handler's load: the attempts it holds per thousand of its slots.
+fn load(held: Option<&HeldSlots>, slot: &Slot) -> u64 {
+    u64::from(held.map_or(0, |h| h.total)) * 1000 / u64::from(slot.capacity().max(1))
 }
 
 /// A ready task in its type's queue, ranked by when it became ready less
@@ -249,19 +260,28 @@ pub struct Dispatch {
     speeds: HashMap<HandlerId, BTreeMap<Arc<str>, Speed>>,
     /// Job types outside their maintenance window: none is dispatched.
     closed: std::collections::HashSet<Arc<str>>,
+    /// Who a pick looks at: kept as each handler's free slots change.
+    open: open::Open,
 }
 
 impl Dispatch {
     /// Adds a handler, or replaces its session; the attempts it already
     /// holds (kept across a disconnect or a restart) occupy its slots.
     pub fn add_handler(&mut self, spec: HandlerSpec) {
-        self.handlers.insert(spec.handler, Slot { spec, reported_total: None, elsewhere: 0 });
+        let handler = spec.handler;
+        if let Some(before) = self.handlers.remove(&handler) {
+            self.open.leave(handler, &before.spec.place);
+        }
+        self.open.join(handler, &spec.place, spec.job_types.is_none());
+        self.handlers.insert(handler, Slot { spec, reported_total: None, elsewhere: 0 });
+        self.restand(handler);
     }
 
     /// The handler's own count of its slots, from its heartbeat.
     pub fn report_slots(&mut self, handler: HandlerId, total: u32) {
         if let Some(slot) = self.handlers.get_mut(&handler) {
             slot.reported_total = Some(total);
+            self.restand(handler);
         }
     }
 
@@ -269,12 +289,40 @@ impl Dispatch {
     pub fn report_elsewhere(&mut self, handler: HandlerId, running: u32) {
         if let Some(slot) = self.handlers.get_mut(&handler) {
             slot.elsewhere = running;
+            self.restand(handler);
         }
     }
 
+    /// Puts a handler where it now stands among those a pick looks at:
+    /// called whenever its slots, what it holds or its types' limits change.
+    fn restand(&mut self, handler: HandlerId) {
+        let Dispatch { handlers, held, limits, open, .. } = self;
+        let Some((slot, types)) = handlers.get(&handler).and_then(|s| Some((s, s.spec.job_types.as_ref()?))) else {
+            return open.stand(handler, 0, std::iter::empty());
+        };
+        let held = held.get(&handler);
+        let load = load(held, slot);
+        let free = types.iter().map(|t| {
+            let per_worker = limits.get(t).map_or(u32::MAX, |l| l.per_worker);
+            (t.clone(), slot.free_for(t, per_worker, held))
+        });
+        open.stand(handler, load, free);
+    }
+
     pub fn set_limits(&mut self, job_type: Arc<str>, limits: TypeLimits, now: Timestamp) {
-        self.limits.insert(job_type.clone(), limits);
+        let per_worker = self.limits.insert(job_type.clone(), limits).map(|l| l.per_worker);
         self.rebucket(&job_type, now);
+        if per_worker != Some(limits.per_worker) {
+            let declaring: Vec<HandlerId> = self
+                .handlers
+                .iter()
+                .filter(|(_, slot)| slot.spec.job_types.as_ref().is_some_and(|types| types.contains(&job_type)))
+                .map(|(id, _)| *id)
+                .collect();
+            for handler in declaring {
+                self.restand(handler);
+            }
+        }
     }
 
     /// The bucket of a type's rate, or of the part of it this instance
@@ -358,7 +406,9 @@ impl Dispatch {
     pub fn remove_handler(&mut self, handler: HandlerId, session: Option<u64>) -> bool {
         match self.handlers.get(&handler) {
             Some(slot) if session.is_none_or(|s| s == slot.spec.session) => {
+                let place = slot.spec.place.clone();
                 self.handlers.remove(&handler);
+                self.open.leave(handler, &place);
                 true
             }
             _ => false,
@@ -527,7 +577,10 @@ impl Dispatch {
     /// global and per-worker limits: among those with a free slot, the
     /// fastest lately for the type (a handler not measured lately counts as
     /// fast, so it is tried), then the least loaded, then the one nearest
-    /// the task's data (`near`), then the one with most free slots.
+    /// the task's data (`near`), then the one with most free slots. With
+    /// more than `LOOK` handlers free for the type, it looks at the `LOOK`
+    /// least loaded and at up to `LOOK` on the data's host or rack (and
+    /// those that take any type): the fastest is the fastest of those.
     pub fn pick_handler(&self, job_type: &str, near: impl FnOnce() -> Place, now: Timestamp) -> Option<HandlerId> {
         if !self.gate_open && self.gated.contains(job_type) || self.is_closed(job_type) {
             return None;
@@ -537,31 +590,36 @@ impl Dispatch {
             return None;
         }
         let per_worker = limits.map(|l| l.per_worker).unwrap_or(u32::MAX);
-        let candidates = || {
-            self.handlers
-                .iter()
-                .filter(|(_, slot)| slot.accepts(job_type))
-                .map(|(id, slot)| (id, slot, slot.free_for(job_type, per_worker, self.held.get(id))))
-                .filter(|(_, _, free)| *free > 0)
+        let fits = |id: HandlerId| {
+            let slot = self.handlers.get(&id).filter(|slot| slot.accepts(job_type))?;
+            let free = slot.free_for(job_type, per_worker, self.held.get(&id));
+            (free > 0).then_some((id, slot, free))
         };
+        let least_loaded = || self.open.least_loaded(job_type).take(LOOK).chain(self.open.any()).filter_map(fits);
         // Two passes, no allocation: dispatch runs this for every task.
         let (mut count, mut best) = (0usize, f64::INFINITY);
-        for (id, _, _) in candidates() {
+        for (id, _, _) in least_loaded() {
             count += 1;
-            best = self.recent(id, job_type, now).map_or(best, |ms| best.min(ms));
+            best = self.recent(&id, job_type, now).map_or(best, |ms| best.min(ms));
         }
-        if count <= 1 {
-            return candidates().next().map(|(id, _, _)| *id);
+        let more = self.open.free_for(job_type) > LOOK;
+        if count <= 1 && !more {
+            return least_loaded().next().map(|(id, _, _)| id);
         }
         let near = near();
-        candidates()
+        let beside = || self.open.beside(&near).filter_map(fits).take(if more { LOOK } else { 0 });
+        for (id, _, _) in beside() {
+            best = self.recent(&id, job_type, now).map_or(best, |ms| best.min(ms));
+        }
+        least_loaded()
+            .chain(beside())
             .min_by_key(|(id, slot, free)| {
                 let slower =
                     self.recent(id, job_type, now).is_some_and(|ms| ms > best * AS_FAST && ms > best + AS_FAST_MS);
-                let load = u64::from(self.held_by(**id)) * 1000 / u64::from(slot.capacity().max(1));
-                (slower, load, slot.spec.place.distance(&near), std::cmp::Reverse(*free))
+                let load = load(self.held.get(id), slot);
+                (slower, load, slot.spec.place.distance(&near), std::cmp::Reverse(*free), *id)
             })
-            .map(|(id, _, _)| *id)
+            .map(|(id, _, _)| id)
     }
 
     /// The task at the head of a job type's queue.
@@ -586,6 +644,7 @@ impl Dispatch {
         held.total += 1;
         *held.by_type.entry(job_type.clone()).or_default() += 1;
         *self.running.entry(job_type.clone()).or_default() += 1;
+        self.restand(handler);
     }
 
     /// The attempt ended (or was taken back): its slot is free again.
@@ -600,6 +659,7 @@ impl Dispatch {
         if let Some(running) = self.running.get_mut(job_type) {
             *running = running.saturating_sub(1);
         }
+        self.restand(handler);
     }
 
     /// Attempts a handler holds now, connected or not.
@@ -1081,5 +1141,175 @@ mod tests {
         );
         d.started("vacuum", Timestamp(30_000));
         assert_eq!(d.next_wake(Timestamp(30_000)), Some(Timestamp(60_000)), "two a minute here, of six");
+    }
+
+    /// What the order of those a pick looks at should be, computed afresh.
+    fn fresh_standings(d: &Dispatch) -> BTreeMap<HandlerId, Vec<(Arc<str>, open::Standing)>> {
+        let mut all = BTreeMap::new();
+        for (id, slot) in &d.handlers {
+            let Some(types) = &slot.spec.job_types else { continue };
+            let held = d.held.get(id);
+            let mut entries: Vec<_> = types
+                .iter()
+                .filter_map(|t| {
+                    let per_worker = d.limits.get(t).map_or(u32::MAX, |l| l.per_worker);
+                    let free = slot.free_for(t, per_worker, held);
+                    (free > 0).then(|| (t.clone(), (load(held, slot), std::cmp::Reverse(free), *id)))
+                })
+                .collect();
+            entries.sort();
+            entries.dedup();
+            if !entries.is_empty() {
+                all.insert(*id, entries);
+            }
+        }
+        all
+    }
+
+    /// The pick as it would be made looking at every handler.
+    fn pick_among_all(d: &Dispatch, job_type: &str, near: &Place, now: Timestamp) -> Option<HandlerId> {
+        if !d.may_run(job_type, now) {
+            return None;
+        }
+        let per_worker = d.limits.get(job_type).map_or(u32::MAX, |l| l.per_worker);
+        let candidates: Vec<(HandlerId, &Slot, u32)> = d
+            .handlers
+            .iter()
+            .filter(|(_, slot)| slot.accepts(job_type))
+            .map(|(id, slot)| (*id, slot, slot.free_for(job_type, per_worker, d.held.get(id))))
+            .filter(|(_, _, free)| *free > 0)
+            .collect();
+        let best = candidates.iter().filter_map(|(id, _, _)| d.recent(id, job_type, now)).fold(f64::INFINITY, f64::min);
+        candidates
+            .iter()
+            .min_by_key(|(id, slot, free)| {
+                let slower =
+                    d.recent(id, job_type, now).is_some_and(|ms| ms > best * AS_FAST && ms > best + AS_FAST_MS);
+                (slower, load(d.held.get(id), slot), slot.spec.place.distance(near), std::cmp::Reverse(*free), *id)
+            })
+            .map(|(id, _, _)| *id)
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Join { n: usize, types: Vec<usize>, capacity: u32, per_type: Option<u32>, host: Option<usize> },
+        Leave(usize),
+        Take(usize, usize),
+        Release(usize, usize),
+        Reported(usize, u32),
+        Elsewhere(usize, u32),
+        PerWorker(usize, u32),
+        Took(usize, usize, i64),
+    }
+
+    const TYPES: [&str; 3] = ["vacuum", "balance", "ec"];
+
+    fn op(handlers: usize) -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        let h = 0..handlers;
+        prop_oneof![
+            (
+                h.clone(),
+                proptest::collection::vec(0..3usize, 0..3),
+                1..4u32,
+                proptest::option::of(1..3u32),
+                proptest::option::of(0..4usize)
+            )
+                .prop_map(|(n, types, capacity, per_type, host)| Op::Join {
+                    n,
+                    types,
+                    capacity,
+                    per_type,
+                    host
+                }),
+            h.clone().prop_map(Op::Leave),
+            (h.clone(), 0..3usize).prop_map(|(n, t)| Op::Take(n, t)),
+            (h.clone(), 0..3usize).prop_map(|(n, t)| Op::Release(n, t)),
+            (h.clone(), 0..4u32).prop_map(|(n, total)| Op::Reported(n, total)),
+            (h.clone(), 0..2u32).prop_map(|(n, running)| Op::Elsewhere(n, running)),
+            (0..3usize, 1..4u32).prop_map(|(t, per_worker)| Op::PerWorker(t, per_worker)),
+            (h, 0..3usize, 1..400i64).prop_map(|(n, t, ms)| Op::Took(n, t, ms)),
+        ]
+    }
+
+    /// Applies the operations to a dispatch table of `handlers` possible handlers.
+    fn apply(ops: &[Op], handlers: usize) -> (Dispatch, Vec<HandlerId>) {
+        let mut d = Dispatch::default();
+        let ids: Vec<HandlerId> = (0..handlers).map(|_| HandlerId::new()).collect();
+        let types: Vec<Arc<str>> = TYPES.iter().map(|t| Arc::from(*t)).collect();
+        let now = Timestamp(1_000_000);
+        for op in ops {
+            match op.clone() {
+                Op::Join { n, types: declared, capacity, per_type, host } => {
+                    let (sink, _rx) = tokio::sync::mpsc::unbounded_channel();
+                    let job_types: Vec<Arc<str>> = declared.iter().map(|t| types[*t].clone()).collect();
+                    let type_capacity =
+                        per_type.map(|c| job_types.iter().map(|t| (t.clone(), c)).collect()).unwrap_or_default();
+                    let place = Place {
+                        host: host.map(|h| Arc::from(format!("host{h}"))),
+                        rack: host.map(|h| Arc::from(format!("rack{}", h % 2))),
+                    };
+                    let any = declared.is_empty() && capacity == 1;
+                    d.add_handler(HandlerSpec {
+                        handler: ids[n],
+                        job_types: (!any).then_some(job_types),
+                        capacity,
+                        type_capacity,
+                        starts_running: true,
+                        session: 0,
+                        sink,
+                        place,
+                    });
+                }
+                Op::Leave(n) => {
+                    d.remove_handler(ids[n], None);
+                }
+                Op::Take(n, t) => d.take_slot(ids[n], &types[t]),
+                Op::Release(n, t) => d.release_slot(ids[n], &types[t]),
+                Op::Reported(n, total) => d.report_slots(ids[n], total),
+                Op::Elsewhere(n, running) => d.report_elsewhere(ids[n], running),
+                Op::PerWorker(t, per_worker) => {
+                    let limits = TypeLimits { global: 1000, per_worker, execution_timeout_seconds: None, rate: None };
+                    d.set_limits(types[t].clone(), limits, now);
+                }
+                Op::Took(n, t, ms) => d.record_duration(ids[n], &types[t], ms, now),
+            }
+        }
+        (d, ids)
+    }
+
+    proptest::proptest! {
+        /// Whatever happened to the handlers, the order a pick looks
+        /// through is as computed afresh, and with no more handlers than a
+        /// pick looks at, it picks as if it looked at every one.
+        #[test]
+        fn a_pick_among_few_handlers_is_the_pick_among_all(ops in proptest::collection::vec(op(8), 0..60), host in proptest::option::of(0..4usize)) {
+            let (d, _) = apply(&ops, 8);
+            proptest::prop_assert_eq!(d.open.standings(), fresh_standings(&d));
+            let near = Place { host: host.map(|h| Arc::from(format!("host{h}"))), rack: host.map(|h| Arc::from(format!("rack{}", h % 2))) };
+            for job_type in TYPES {
+                let now = Timestamp(1_000_000);
+                proptest::prop_assert_eq!(d.pick_handler(job_type, || near.clone(), now), pick_among_all(&d, job_type, &near, now));
+            }
+        }
+
+        /// Among many handlers a pick finds one whenever one has a slot
+        /// free, never one without, and prefers the least loaded.
+        #[test]
+        fn a_pick_among_many_handlers_takes_a_free_one(ops in proptest::collection::vec(op(120), 100..400)) {
+            let (d, _) = apply(&ops, 120);
+            proptest::prop_assert_eq!(d.open.standings(), fresh_standings(&d));
+            let now = Timestamp(1_000_000);
+            for job_type in TYPES {
+                let picked = d.pick_handler(job_type, Place::default, now);
+                let among_all = pick_among_all(&d, job_type, &Place::default(), now);
+                proptest::prop_assert_eq!(picked.is_some(), among_all.is_some());
+                if let Some(id) = picked {
+                    let slot = &d.handlers[&id];
+                    let per_worker = d.limits.get(job_type).map_or(u32::MAX, |l| l.per_worker);
+                    proptest::prop_assert!(slot.accepts(job_type) && slot.free_for(job_type, per_worker, d.held.get(&id)) > 0);
+                }
+            }
+        }
     }
 }
