@@ -2,7 +2,9 @@
 //! loopback run one job; prints one JSON line of throughput, dispatch
 //! latency and the server's peak memory. With `--database-url` and
 //! `--instances M`, M servers share the database as one cluster, the
-//! workers spread over them; the job is submitted to the first.
+//! workers spread over them; the job is submitted to the first. With
+//! `--jobs N`, N copies of the job are submitted at once, copy k to
+//! instance k mod M, and the figures are over all of them.
 #![allow(clippy::print_stdout)]
 
 use std::io::{BufRead, BufReader};
@@ -47,6 +49,10 @@ pub struct BenchArgs {
     /// connects to instance n mod M (and knows them all).
     #[arg(long, default_value_t = 1, requires = "database_url")]
     pub instances: u32,
+    /// Copies of the job submitted at once (copy k to instance k mod M);
+    /// throughput is over all of them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub jobs: u32,
 }
 
 struct Children(Vec<Child>);
@@ -150,16 +156,15 @@ async fn bench(
     let mut children = Children(Vec::new());
     let mut https = Vec::new();
     let mut server_pids = Vec::new();
-    let mut grpc = String::new();
-    for n in 0..args.instances.max(1) {
+    let mut grpc_addresses = Vec::new();
+    for _ in 0..args.instances.max(1) {
         let (server, http, address) = start_server(&exe, &store_args)?;
         server_pids.push(server.id());
         children.0.push(server);
         https.push(http);
-        if n == 0 {
-            grpc = address;
-        }
+        grpc_addresses.push(address);
     }
+    let grpc = grpc_addresses[0].clone();
     let http = https[0].clone();
     for n in 0..args.workers {
         let k = n as usize % https.len();
@@ -203,17 +208,32 @@ async fn bench(
     }
     let transactions_before = transactions(scratch).await;
 
+    let mut clients = vec![client];
+    for address in grpc_addresses.iter().skip(1) {
+        let channel = Channel::from_shared(format!("http://{address}"))?.connect().await?;
+        clients.push(JobServiceClient::new(channel).max_encoding_message_size(512 * 1024 * 1024));
+    }
     let started = Instant::now();
-    let chunks = super::client::submit_chunks(content, format, &args.file.display().to_string());
-    let job_id = client
-        .submit_job_stream(tokio_stream::iter(chunks))
-        .await
-        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
-        .into_inner()
-        .job_id;
-    let ended = client.wait_job(api::JobRef { job_id }).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?;
-    let ended = ended.into_inner();
-    let (state, tasks) = (ended.state, ended.tasks as usize);
+    let runs = (0..args.jobs).map(|k| {
+        let mut client = clients[k as usize % clients.len()].clone();
+        let chunks = super::client::submit_chunks(content.clone(), format, &args.file.display().to_string());
+        async move {
+            let job_id = client
+                .submit_job_stream(tokio_stream::iter(chunks))
+                .await
+                .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+                .into_inner()
+                .job_id;
+            let ended = client.wait_job(api::JobRef { job_id }).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+            anyhow::Ok(ended.into_inner())
+        }
+    });
+    let ended = all_at_once(runs).await?;
+    let state = match ended.iter().find(|e| e.state != "succeeded") {
+        Some(other) => other.state.clone(),
+        None => "succeeded".to_string(),
+    };
+    let tasks: usize = ended.iter().map(|e| e.tasks as usize).sum();
     let makespan = started.elapsed().as_secs_f64();
     let stats = wire::http_get_json(&http, "/api/stats").await?;
     let result = serde_json::json!({
@@ -228,6 +248,7 @@ async fn bench(
         "server_peak_rss_mb": server_pids.iter().map(|pid| peak_rss_mib(*pid)).fold(0.0, f64::max),
         "store": if scratch.is_some() { "postgres" } else { "sled" },
         "instances": https.len(),
+        "jobs": args.jobs,
     });
     drop(children);
     // A server's sessions report their statistics when they end.
@@ -250,4 +271,19 @@ async fn bench(
     }
     println!("{result}");
     Ok(if state == "succeeded" { ExitCode::SUCCESS } else { ExitCode::from(super::EXIT_JOB_FAILED) })
+}
+
+/// Runs the futures at once; their outputs in order, or the first error.
+async fn all_at_once<T>(
+    runs: impl Iterator<Item = impl std::future::Future<Output = anyhow::Result<T>> + Send + 'static>,
+) -> anyhow::Result<Vec<T>>
+where
+    T: Send + 'static,
+{
+    let tasks: Vec<_> = runs.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        out.push(task.await??);
+    }
+    Ok(out)
 }
