@@ -76,6 +76,15 @@ fn peak_rss_mib(pid: u32) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// CPU seconds (user and system) the process has used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let ticks = |n: usize| fields.get(n).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime, in ticks of 1/100 s (USER_HZ).
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn start_server(exe: &Path, store: &[String]) -> anyhow::Result<(Child, String, String)> {
     let mut child = Command::new(exe)
         .arg("server")
@@ -213,6 +222,7 @@ async fn bench(
         let channel = Channel::from_shared(format!("http://{address}"))?.connect().await?;
         clients.push(JobServiceClient::new(channel).max_encoding_message_size(512 * 1024 * 1024));
     }
+    let cpu_before: Vec<f64> = server_pids.iter().map(|pid| cpu_seconds(*pid)).collect();
     let started = Instant::now();
     let runs = (0..args.jobs).map(|k| {
         let mut client = clients[k as usize % clients.len()].clone();
@@ -224,7 +234,8 @@ async fn bench(
                 .map_err(|s| anyhow::anyhow!("{}", s.message()))?
                 .into_inner()
                 .job_id;
-            let ended = client.wait_job(api::JobRef { job_id }).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+            let ended =
+                client.wait_job(api::JobRef { job_id }).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?;
             anyhow::Ok(ended.into_inner())
         }
     });
@@ -249,6 +260,8 @@ async fn bench(
         "store": if scratch.is_some() { "postgres" } else { "sled" },
         "instances": https.len(),
         "jobs": args.jobs,
+        // Each instance's CPU over the run, the first (the leader of a single job) first.
+        "server_cpu_s": server_pids.iter().zip(&cpu_before).map(|(pid, before)| cpu_seconds(*pid) - before).collect::<Vec<f64>>(),
     });
     drop(children);
     // A server's sessions report their statistics when they end.

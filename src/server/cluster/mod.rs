@@ -12,6 +12,7 @@
 //! The calls between instances (lending, reports to a job's leader,
 //! vouching for attempts) are in `peer`.
 
+mod outbox;
 pub(crate) mod peer;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -25,8 +25,8 @@ use crate::model::{AttemptId, HandlerId, JobId};
 use crate::proto::peer::{
     peer_report, peer_service_client::PeerServiceClient, peer_service_server::PeerService, DedupeKeysRequest,
     DedupeKeysResponse, KnowsRequest, KnowsResponse, LendRequest, LendResponse, LentTask, PeerCancel,
-    PeerCancelResponse, PeerGiveUp, PeerOutcome, PeerProgress, PeerReport, PeerReportResponse, VouchRequest,
-    VouchResponse,
+    PeerCancelResponse, PeerGiveUp, PeerOutcome, PeerProgress, PeerReport, PeerReportResponse, PeerReportResponses,
+    PeerReports, VouchRequest, VouchResponse,
 };
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, CancelRequest, WorkKind};
 use crate::server::duties::Duties;
@@ -67,6 +67,8 @@ struct Links {
     /// Where the handlers tasks were lent to are connected: the borrower's
     /// gRPC address, and when it last offered the handler.
     handler_at: Mutex<HashMap<HandlerId, (Arc<str>, std::time::Instant)>>,
+    /// Reports waiting for a call to their job's leader.
+    outbox: super::outbox::Outbox,
 }
 
 impl Peers {
@@ -109,7 +111,11 @@ impl Peers {
             .collect()
     }
 
-    fn client(&self, address: &str) -> Option<PeerServiceClient<Channel>> {
+    pub(super) fn outbox(&self) -> &super::outbox::Outbox {
+        &self.links.outbox
+    }
+
+    pub(super) fn client(&self, address: &str) -> Option<PeerServiceClient<Channel>> {
         let mut clients = self.links.clients.lock().expect("peer clients lock");
         if let Some(client) = clients.get(address) {
             return Some(client.clone());
@@ -138,7 +144,7 @@ impl Peers {
         self.links.wake.notify_one();
     }
 
-    fn request<T>(&self, message: T) -> Request<T> {
+    pub(super) fn request<T>(&self, message: T) -> Request<T> {
         self.request_within(message, CALL_TIMEOUT)
     }
 
@@ -360,24 +366,49 @@ impl PeerService for PeerServiceImpl {
     }
 
     async fn report(&self, request: Request<PeerReport>) -> Result<Response<PeerReportResponse>, Status> {
-        let report = request.into_inner();
-        let handler = handler_of(&report.handler)?;
-        let attempt = report
-            .attempt_id
-            .parse::<AttemptId>()
-            .map_err(|e| Status::invalid_argument(format!("peer: bad attempt id: {e}")))?;
-        let result = apply_here(&self.engine, handler, attempt, report.kind).await.map_err(engine_status)?;
-        let response = match result {
-            Ok(()) => PeerReportResponse { applied: true, refusal: String::new(), not_led_here: false },
-            Err(Rejection::JobEnded { job } | Rejection::UnknownJob { job }) if !ended(&self.engine, job).await => {
-                PeerReportResponse { applied: false, refusal: String::new(), not_led_here: true }
-            }
-            Err(rejection) => {
-                PeerReportResponse { applied: false, refusal: rejection.to_string(), not_led_here: false }
-            }
-        };
-        Ok(Response::new(response))
+        Ok(Response::new(answer(self.engine.clone(), request.into_inner()).await?))
     }
+
+    async fn reports(&self, request: Request<PeerReports>) -> Result<Response<PeerReportResponses>, Status> {
+        // All at once: the engine applies those that arrive together in one
+        // step and makes them durable in one commit.
+        let reports = request.into_inner().reports;
+        if reports.len() > super::outbox::MOST_REPORTS {
+            return Err(Status::invalid_argument(format!(
+                "peer: {} reports in one call, the most one takes is {}",
+                reports.len(),
+                super::outbox::MOST_REPORTS
+            )));
+        }
+        let mut answers = tokio::task::JoinSet::new();
+        for (n, report) in reports.into_iter().enumerate() {
+            let engine = self.engine.clone();
+            answers.spawn(async move { (n, answer(engine, report).await) });
+        }
+        let mut responses = vec![PeerReportResponse::default(); answers.len()];
+        while let Some(joined) = answers.join_next().await {
+            let (n, response) = joined.map_err(|e| Status::internal(format!("peer: {e}")))?;
+            responses[n] = response?;
+        }
+        Ok(Response::new(PeerReportResponses { responses }))
+    }
+}
+
+/// Applies a report from another instance here, and says how it went.
+async fn answer(engine: EngineHandle, report: PeerReport) -> Result<PeerReportResponse, Status> {
+    let handler = handler_of(&report.handler)?;
+    let attempt = report
+        .attempt_id
+        .parse::<AttemptId>()
+        .map_err(|e| Status::invalid_argument(format!("peer: bad attempt id: {e}")))?;
+    let result = apply_here(&engine, handler, attempt, report.kind).await.map_err(engine_status)?;
+    Ok(match result {
+        Ok(()) => PeerReportResponse { applied: true, refusal: String::new(), not_led_here: false },
+        Err(Rejection::JobEnded { job } | Rejection::UnknownJob { job }) if !ended(&engine, job).await => {
+            PeerReportResponse { applied: false, refusal: String::new(), not_led_here: true }
+        }
+        Err(rejection) => PeerReportResponse { applied: false, refusal: rejection.to_string(), not_led_here: false },
+    })
 }
 
 /// Applies a report to this instance's engine.
@@ -538,11 +569,7 @@ impl Reports {
             };
             let message =
                 PeerReport { handler: handler.to_string(), attempt_id: attempt.to_string(), kind: Some(kind.clone()) };
-            let response = match peers.client(&target) {
-                Some(mut client) => client.report(peers.request(message)).await,
-                None => Err(Status::invalid_argument("bad address")),
-            };
-            match response.map(Response::into_inner) {
+            match peers.report(&target, message).await {
                 Ok(r) if r.applied => {
                     peers.links.leaders.lock().expect("leaders lock").insert(task.job, target);
                     return Some(Settled::Applied);

@@ -26,7 +26,7 @@ use jobcenter::jobfile::{self, Format, Limits};
 use jobcenter::model::{AttemptId, HandlerId, JobId, JobOrigin, JobSpec, TaskIdx, TaskRecord, TaskRef, TaskState};
 use jobcenter::proto::peer::{
     peer_report, peer_service_server::PeerService, DedupeKeysRequest, DedupeKeysResponse, KnowsRequest, KnowsResponse,
-    LendRequest, LendResponse, PeerCancel, PeerCancelResponse, PeerGiveUp, PeerReport, PeerReportResponse,
+    LendRequest, LendResponse, PeerCancel, PeerCancelResponse, PeerGiveUp, PeerReport, PeerReportResponse, PeerReports,
 };
 use jobcenter::server::fuzzing::Admin;
 use jobcenter::server::ServerOptions;
@@ -181,7 +181,16 @@ impl Harness {
                 Call::Report(mut report) => {
                     frame::with_job(&mut report.attempt_id, &job_text);
                     let sent = report.clone();
-                    let result = service.report(Request::new(report)).await;
+                    // Every other report goes alone in a `Reports` call, which
+                    // must answer it as `Report` does.
+                    let result = match sent.attempt_id.len() % 2 {
+                        0 => service.report(Request::new(report)).await,
+                        _ => service.reports(Request::new(PeerReports { reports: vec![report] })).await.and_then(|r| {
+                            let mut responses = r.into_inner().responses;
+                            assert_eq!(responses.len(), 1, "one answer to one report");
+                            Ok(tonic::Response::new(responses.remove(0)))
+                        }),
+                    };
                     let after = self.tasks(job).await;
                     self.check_report(job, &sent, result, &before, &after, &mut holders);
                 }
