@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use prost::Message;
 
+use crate::dispatch::TypeLimits;
 use crate::engine::{self, EngineHandle};
 use crate::policy::{self, Overrides, Policy, Source};
 use crate::proto::plugin::{AdminRuntimeConfig, ConfigValue, JobTypeDescriptor};
@@ -119,6 +120,32 @@ struct Locked {
     /// Changes made to the book so far: a refresh that read the store
     /// before a change here does not put the book from before it back.
     changes: u64,
+    /// What the engine was last told: each job type's limits and windows,
+    /// and the budget with the types that share it. Telling it the same
+    /// again is skipped (every worker's hello asks for its types).
+    told: BTreeMap<String, (TypeLimits, Option<Arc<Window>>)>,
+    told_budget: Option<Told>,
+}
+
+/// The budget and its marks, as the engine was last told them.
+type Told = (Option<crate::budget::Budget>, std::collections::HashMap<Arc<str>, bool>);
+
+impl Locked {
+    /// Whether the engine was last told these limits and windows of the
+    /// type; if not, they are noted as told.
+    fn tell(&mut self, job_type: &str, limits: TypeLimits, window: &Option<Arc<Window>>) -> bool {
+        let same = self.told.get(job_type).is_some_and(|(l, w)| {
+            *l == limits
+                && match (w, window) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (a, b) => a.is_none() && b.is_none(),
+                }
+        });
+        if !same {
+            self.told.insert(job_type.to_string(), (limits, window.clone()));
+        }
+        !same
+    }
 }
 
 impl Locked {
@@ -322,12 +349,20 @@ impl Policies {
 
     /// Tells the engine the dispatch limits of a job type, and its windows.
     pub(crate) async fn push_limits(&self, engine: &EngineHandle, job_type: &str) {
-        let (policy, _) = self.effective(job_type);
-        if engine.set_limits(Arc::from(job_type), policy.limits()).await.is_err() {
-            tracing::debug!(job_type, "engine stopped before the limits were set");
-        }
-        if engine.set_window(Arc::from(job_type), self.window(job_type)).await.is_err() {
-            tracing::debug!(job_type, "engine stopped before the windows were set");
+        let (limits, window, tell) = {
+            let mut locked = self.book.lock().expect("policy lock");
+            let limits = effective(&locked, job_type).0.limits();
+            let window = locked.window(job_type);
+            let tell = locked.tell(job_type, limits, &window);
+            (limits, window, tell)
+        };
+        if tell {
+            if engine.set_limits(Arc::from(job_type), limits).await.is_err() {
+                tracing::debug!(job_type, "engine stopped before the limits were set");
+            }
+            if engine.set_window(Arc::from(job_type), window).await.is_err() {
+                tracing::debug!(job_type, "engine stopped before the windows were set");
+            }
         }
         self.push_budget(engine).await;
     }
@@ -364,14 +399,21 @@ impl Policies {
     /// Tells the engine the bandwidth budget and which job types share it.
     pub(crate) async fn push_budget(&self, engine: &EngineHandle) {
         let (budget, marks) = {
-            let book = self.book.lock().expect("policy lock");
-            let marks = book
+            let mut locked = self.book.lock().expect("policy lock");
+            let marks: std::collections::HashMap<Arc<str>, bool> = locked
                 .descriptors
                 .keys()
-                .chain(book.overrides.keys())
-                .map(|job_type| (Arc::from(job_type.as_str()), effective(&book, job_type).0.uses_bandwidth_budget == 1))
+                .chain(locked.overrides.keys())
+                .map(|job_type| {
+                    (Arc::from(job_type.as_str()), effective(&locked, job_type).0.uses_bandwidth_budget == 1)
+                })
                 .collect();
-            (book.budget, marks)
+            let told = (locked.budget, marks);
+            if locked.told_budget.as_ref() == Some(&told) {
+                return;
+            }
+            locked.told_budget = Some(told.clone());
+            told
         };
         if engine.set_budget(budget, marks).await.is_err() {
             tracing::debug!("engine stopped before the budget was set");

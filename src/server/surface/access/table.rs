@@ -128,6 +128,7 @@ pub const GRPC: &[(&str, Need)] = &[
     ("/plugin.PluginControlService/WorkerStream", WORKER),
     ("/jobcenter.peer.v1.PeerService/Lend", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/Report", INSTANCE),
+    ("/jobcenter.peer.v1.PeerService/Reports", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/Cancel", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/Knows", INSTANCE),
     ("/jobcenter.peer.v1.PeerService/DedupeKeys", INSTANCE),
