@@ -260,8 +260,12 @@ pub struct Dispatch {
     speeds: HashMap<HandlerId, BTreeMap<Arc<str>, Speed>>,
     /// Job types outside their maintenance window: none is dispatched.
     closed: std::collections::HashSet<Arc<str>>,
-    /// Who a pick looks at: kept as each handler's free slots change.
-    open: open::Open,
+    /// Who a pick looks at, kept as each handler's free slots change, once
+    /// there are more handlers than a pick looks at; `None` while a pick
+    /// looks at every handler, which costs less than keeping it.
+    open: Option<open::Open>,
+    /// From how many handlers `open` is kept: `LOOK` but in tests.
+    index_from: Option<usize>,
 }
 
 impl Dispatch {
@@ -269,12 +273,37 @@ impl Dispatch {
     /// holds (kept across a disconnect or a restart) occupy its slots.
     pub fn add_handler(&mut self, spec: HandlerSpec) {
         let handler = spec.handler;
-        if let Some(before) = self.handlers.remove(&handler) {
-            self.open.leave(handler, &before.spec.place);
+        let before = self.handlers.remove(&handler);
+        if let Some(open) = &mut self.open {
+            if let Some(before) = &before {
+                open.leave(handler, &before.spec.place);
+            }
+            open.join(handler, &spec.place, spec.job_types.is_none());
         }
-        self.open.join(handler, &spec.place, spec.job_types.is_none());
         self.handlers.insert(handler, Slot { spec, reported_total: None, elsewhere: 0 });
         self.restand(handler);
+        self.reindex();
+    }
+
+    /// Keeps `open` from more handlers than `index_from` on, and drops it
+    /// once they are half as many again.
+    fn reindex(&mut self) {
+        let (n, from) = (self.handlers.len(), self.index_from.unwrap_or(LOOK));
+        match &self.open {
+            None if n > from => {
+                let mut open = open::Open::default();
+                for (id, slot) in &self.handlers {
+                    open.join(*id, &slot.spec.place, slot.spec.job_types.is_none());
+                }
+                self.open = Some(open);
+                let ids: Vec<HandlerId> = self.handlers.keys().copied().collect();
+                for id in ids {
+                    self.restand(id);
+                }
+            }
+            Some(_) if n <= from / 2 => self.open = None,
+            _ => {}
+        }
     }
 
     /// The handler's own count of its slots, from its heartbeat.
@@ -296,7 +325,7 @@ impl Dispatch {
     /// Puts a handler where it now stands among those a pick looks at:
     /// called whenever its slots, what it holds or its types' limits change.
     fn restand(&mut self, handler: HandlerId) {
-        let Dispatch { handlers, held, limits, open, .. } = self;
+        let Dispatch { handlers, held, limits, open: Some(open), .. } = self else { return };
         let Some((slot, types)) = handlers.get(&handler).and_then(|s| Some((s, s.spec.job_types.as_ref()?))) else {
             return open.stand(handler, 0, std::iter::empty());
         };
@@ -408,7 +437,10 @@ impl Dispatch {
             Some(slot) if session.is_none_or(|s| s == slot.spec.session) => {
                 let place = slot.spec.place.clone();
                 self.handlers.remove(&handler);
-                self.open.leave(handler, &place);
+                if let Some(open) = &mut self.open {
+                    open.leave(handler, &place);
+                }
+                self.reindex();
                 true
             }
             _ => false,
@@ -595,24 +627,52 @@ impl Dispatch {
             let free = slot.free_for(job_type, per_worker, self.held.get(&id));
             (free > 0).then_some((id, slot, free))
         };
-        let least_loaded = || self.open.least_loaded(job_type).take(LOOK).chain(self.open.any()).filter_map(fits);
-        // Two passes, no allocation: dispatch runs this for every task.
+        match &self.open {
+            None => {
+                self.pick_among(job_type, || self.handlers.keys().copied().filter_map(fits), |_| Vec::new(), near, now)
+            }
+            Some(open) => {
+                let more = open.free_for(job_type) > LOOK;
+                let least_loaded = || open.least_loaded(job_type).take(LOOK).chain(open.any()).filter_map(fits);
+                let beside = |near: &Place| match more {
+                    true => open.beside(near).filter_map(fits).take(LOOK).collect(),
+                    false => Vec::new(),
+                };
+                self.pick_among(job_type, least_loaded, beside, near, now)
+            }
+        }
+    }
+
+    /// The pick among the handlers `looked` gives, and, when there is a
+    /// choice, those `beside` the task's data gives.
+    fn pick_among<'a, I>(
+        &'a self,
+        job_type: &str,
+        looked: impl Fn() -> I,
+        beside: impl FnOnce(&Place) -> Vec<(HandlerId, &'a Slot, u32)>,
+        near: impl FnOnce() -> Place,
+        now: Timestamp,
+    ) -> Option<HandlerId>
+    where
+        I: Iterator<Item = (HandlerId, &'a Slot, u32)>,
+    {
+        // Two passes, no allocation among few handlers: dispatch runs this for every task.
         let (mut count, mut best) = (0usize, f64::INFINITY);
-        for (id, _, _) in least_loaded() {
+        for (id, _, _) in looked() {
             count += 1;
             best = self.recent(&id, job_type, now).map_or(best, |ms| best.min(ms));
         }
-        let more = self.open.free_for(job_type) > LOOK;
-        if count <= 1 && !more {
-            return least_loaded().next().map(|(id, _, _)| id);
+        let near = (count > 1).then(near);
+        let beside = near.as_ref().map(beside).unwrap_or_default();
+        if count + beside.len() <= 1 {
+            return looked().next().map(|(id, _, _)| id);
         }
-        let near = near();
-        let beside = || self.open.beside(&near).filter_map(fits).take(if more { LOOK } else { 0 });
-        for (id, _, _) in beside() {
-            best = self.recent(&id, job_type, now).map_or(best, |ms| best.min(ms));
+        for (id, _, _) in &beside {
+            best = self.recent(id, job_type, now).map_or(best, |ms| best.min(ms));
         }
-        least_loaded()
-            .chain(beside())
+        let near = near.unwrap_or_default();
+        looked()
+            .chain(beside)
             .min_by_key(|(id, slot, free)| {
                 let slower =
                     self.recent(id, job_type, now).is_some_and(|ms| ms > best * AS_FAST && ms > best + AS_FAST_MS);
@@ -1232,9 +1292,11 @@ mod tests {
         ]
     }
 
-    /// Applies the operations to a dispatch table of `handlers` possible handlers.
-    fn apply(ops: &[Op], handlers: usize) -> (Dispatch, Vec<HandlerId>) {
-        let mut d = Dispatch::default();
+    /// Applies the operations to a dispatch table of `handlers` possible
+    /// handlers, which keeps its index of who a pick looks at from
+    /// `index_from` handlers on (`None`: as it does outside the tests).
+    fn apply(ops: &[Op], handlers: usize, index_from: Option<usize>) -> (Dispatch, Vec<HandlerId>) {
+        let mut d = Dispatch { index_from, ..Dispatch::default() };
         let ids: Vec<HandlerId> = (0..handlers).map(|_| HandlerId::new()).collect();
         let types: Vec<Arc<str>> = TYPES.iter().map(|t| Arc::from(*t)).collect();
         let now = Timestamp(1_000_000);
@@ -1284,12 +1346,18 @@ mod tests {
         /// pick looks at, it picks as if it looked at every one.
         #[test]
         fn a_pick_among_few_handlers_is_the_pick_among_all(ops in proptest::collection::vec(op(8), 0..60), host in proptest::option::of(0..4usize)) {
-            let (d, _) = apply(&ops, 8);
-            proptest::prop_assert_eq!(d.open.standings(), fresh_standings(&d));
             let near = Place { host: host.map(|h| Arc::from(format!("host{h}"))), rack: host.map(|h| Arc::from(format!("rack{}", h % 2))) };
-            for job_type in TYPES {
-                let now = Timestamp(1_000_000);
-                proptest::prop_assert_eq!(d.pick_handler(job_type, || near.clone(), now), pick_among_all(&d, job_type, &near, now));
+            // Kept from the first handler on, and as outside the tests (never, among 8).
+            for index_from in [Some(0), None] {
+                let (d, _) = apply(&ops, 8, index_from);
+                proptest::prop_assert_eq!(d.open.is_some(), index_from.is_some() && !d.handlers.is_empty());
+                if let Some(open) = &d.open {
+                    proptest::prop_assert_eq!(open.standings(), fresh_standings(&d));
+                }
+                for job_type in TYPES {
+                    let now = Timestamp(1_000_000);
+                    proptest::prop_assert_eq!(d.pick_handler(job_type, || near.clone(), now), pick_among_all(&d, job_type, &near, now));
+                }
             }
         }
 
@@ -1297,8 +1365,10 @@ mod tests {
         /// free, never one without, and prefers the least loaded.
         #[test]
         fn a_pick_among_many_handlers_takes_a_free_one(ops in proptest::collection::vec(op(120), 100..400)) {
-            let (d, _) = apply(&ops, 120);
-            proptest::prop_assert_eq!(d.open.standings(), fresh_standings(&d));
+            let (d, _) = apply(&ops, 120, Some(8));
+            if let Some(open) = &d.open {
+                proptest::prop_assert_eq!(open.standings(), fresh_standings(&d));
+            }
             let now = Timestamp(1_000_000);
             for job_type in TYPES {
                 let picked = d.pick_handler(job_type, Place::default, now);
