@@ -341,7 +341,7 @@ impl Dispatch {
     pub fn set_limits(&mut self, job_type: Arc<str>, limits: TypeLimits, now: Timestamp) {
         let per_worker = self.limits.insert(job_type.clone(), limits).map(|l| l.per_worker);
         self.rebucket(&job_type, now);
-        if per_worker != Some(limits.per_worker) {
+        if self.open.is_some() && per_worker != Some(limits.per_worker) {
             let declaring: Vec<HandlerId> = self
                 .handlers
                 .iter()

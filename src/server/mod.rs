@@ -570,7 +570,7 @@ impl Handles {
     ) -> Handles {
         let duties = duties::Duties::new(fate);
         let token = options.peer_token.as_deref().or(options.token.as_deref());
-        let peers = cluster::peer::Peers::new(token, options.peer_tls.clone());
+        let peers = cluster::peer::Peers::new(token, options.peer_tls.clone(), duties.clone());
         let board = duties::scheduler::Board::new(engine.clone(), clock.clone(), duties.clone());
         let reports =
             cluster::peer::Reports { topology: topology.clone(), peers: peers.clone(), engine: engine.clone() };

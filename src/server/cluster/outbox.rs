@@ -46,10 +46,11 @@ impl Peers {
             !std::mem::replace(&mut waiting.sending, true)
         };
         if start {
-            // Its own task: the calls go on whether or not this report's
-            // sender still waits for its answer.
+            // A duty of its own: the calls go on whether or not this
+            // report's sender still waits for its answer, and end with the
+            // server's other duties.
             let (peers, target) = (self.clone(), target.clone());
-            tokio::spawn(async move { peers.send_waiting(target).await });
+            self.duties().spawn(async move { peers.send_waiting(target).await });
         }
         answered.await.unwrap_or_else(|_| Err(Status::unavailable("peer: the call carrying the report stopped")))
     }
@@ -95,11 +96,13 @@ impl Peers {
                 // An instance of a version without `Reports` takes them one by one.
                 Err(status) if status.code() == Code::Unimplemented => {
                     for (report, answer) in reports.into_iter().zip(answers) {
-                        let Some(mut client) = self.client(&target) else { continue };
-                        let request = self.request(report);
-                        tokio::spawn(async move {
-                            let _ = answer.send(client.report(request).await.map(tonic::Response::into_inner));
-                        });
+                        let answered = match self.client(&target) {
+                            Some(mut client) => {
+                                client.report(self.request(report)).await.map(tonic::Response::into_inner)
+                            }
+                            None => Err(Status::invalid_argument("peer: bad address")),
+                        };
+                        let _ = answer.send(answered);
                     }
                 }
                 Err(status) => answers.into_iter().for_each(|a| drop(a.send(Err(status.clone())))),
@@ -109,7 +112,8 @@ impl Peers {
 }
 
 /// Marks the leader as having no call under way when the sending task ends
-/// before it ran out of reports (it panicked, or the runtime stopped).
+/// before it ran out of reports (it panicked, or the server is stopping),
+/// says so, and answers the reports still waiting.
 struct Sending<'a> {
     peers: &'a Peers,
     target: &'a Arc<str>,
@@ -123,6 +127,10 @@ impl Drop for Sending<'_> {
         }
         let mut leaders = self.peers.outbox().leaders.lock().expect("outbox lock");
         if let Some(waiting) = leaders.get_mut(self.target) {
+            tracing::warn!(
+                leader = %self.target, waiting = waiting.reports.len(),
+                "the calls carrying reports to a job's leader ended early; their senders try again"
+            );
             waiting.sending = false;
             // Their callers learn it and try again.
             for (_, answer) in waiting.reports.drain(..) {

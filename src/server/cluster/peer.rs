@@ -55,6 +55,8 @@ pub(crate) struct Peers {
     /// TLS to the others when they serve it: the CA that signed their
     /// certificates, and this instance's own to present.
     tls: Option<crate::tls::ClientTls>,
+    /// Where the calls carrying reports run: stopped with the server's duties.
+    duties: Duties,
 }
 
 #[derive(Default)]
@@ -74,9 +76,13 @@ struct Links {
 impl Peers {
     /// Links to be made as they are needed, each call carrying `token`,
     /// over TLS when `tls` is given.
-    pub(crate) fn new(token: Option<&str>, tls: Option<crate::tls::ClientTls>) -> Peers {
+    pub(crate) fn new(token: Option<&str>, tls: Option<crate::tls::ClientTls>, duties: Duties) -> Peers {
         let bearer = token.and_then(|t| format!("Bearer {}", t.trim()).parse().ok());
-        Peers { links: Arc::default(), bearer, tls }
+        Peers { links: Arc::default(), bearer, tls, duties }
+    }
+
+    pub(super) fn duties(&self) -> &Duties {
+        &self.duties
     }
 
     /// Where another instance's gRPC port is reached, over TLS when the
