@@ -7,7 +7,9 @@
 //!
 //! `cargo bench --bench core` runs every scenario RUNS times, each in a fresh
 //! child process (so peak RSS is the scenario's own), and prints the median.
-//! `cargo bench --bench core -- SCENARIO` runs one scenario once.
+//! `cargo bench --bench core -- SCENARIO` runs one scenario once;
+//! `cargo bench --bench core -- job-file PATH` writes the job of
+//! `transitions` to PATH, for `BENCH_JOB_FILE=PATH` to read.
 #![allow(clippy::print_stdout)]
 
 use std::path::Path;
@@ -168,7 +170,12 @@ async fn transitions(dir: &Path) -> serde_json::Value {
     // every job type of a server has, and a priority named on every task,
     // all `normal` (the same job file but for the names).
     let terms = std::env::var("BENCH_TERMS").ok();
-    let mut text = layered(n, 100, 3, "");
+    // BENCH_JOB_FILE=PATH: the job text as `core -- job-file PATH` wrote it,
+    // so that a count of instructions leaves out making it.
+    let mut text = match std::env::var_os("BENCH_JOB_FILE") {
+        Some(path) => std::fs::read_to_string(path).expect("BENCH_JOB_FILE"),
+        None => layered(n, 100, 3, ""),
+    };
     if terms.is_some() {
         let names = match terms.as_deref() {
             Some("plain") => ["normal"; 4],
@@ -182,8 +189,11 @@ async fn transitions(dir: &Path) -> serde_json::Value {
         }
         text = out;
     }
-    let spec = parse(&text);
+    // The engine starts first: what a count of instructions made with
+    // `--zero-before=jobcenter::jobfile::parse_with` leaves out is the
+    // process's and the store's start.
     let engine = engine(dir).await;
+    let spec = parse(&text);
     match terms.as_deref() {
         None => {}
         Some("plain") => engine.set_bench_limits("noop", false).await.unwrap(),
@@ -433,6 +443,11 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    if let [mode, path] = &args[..] {
+        assert_eq!(mode, "job-file", "usage: core [SCENARIO | job-file PATH]");
+        std::fs::write(path, layered(100_000, 100, 3, "")).unwrap();
+        return;
+    }
     if let Some(name) = args.first() {
         run_one(name);
         return;

@@ -299,6 +299,18 @@ fn some_priority_by_name<'de, D: serde::Deserializer<'de>>(deserializer: D) -> R
 /// job type's (from the type's policy).
 pub type TypePriority<'a> = &'a (dyn Fn(&str) -> Priority + Sync);
 
+/// What identifies a job file's bytes (`JobSpec::fingerprint`): their BLAKE3.
+pub fn fingerprint(bytes: &[u8]) -> [u8; 32] {
+    blake3::hash(bytes).into()
+}
+
+/// The fingerprint of a job stored before fingerprints were BLAKE3: the
+/// bytes' SHA-256, which `jobcenter run` looks for when it finds no job by
+/// `fingerprint`, so that it resumes a job an older release started.
+pub fn fingerprint_before_blake3(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
 /// Reads and validates a job file; the format follows the extension.
 pub fn read_file(path: &Path, limits: &Limits) -> Result<JobSpec, Error> {
     let source_name = path.display().to_string();
@@ -335,7 +347,7 @@ pub fn parse_with(
             Problem::FileTooLarge { bytes: bytes.len() as u64, limit: limits.max_file_bytes },
         ));
     }
-    let fingerprint: [u8; 32] = Sha256::digest(bytes).into();
+    let fingerprint = fingerprint(bytes);
     let file = match format {
         Format::Json => {
             if let Some((line, column)) = too_deep_at(bytes) {
@@ -550,9 +562,7 @@ fn validate(
     let index_of = index_ids(&file.tasks, limits, &mut problems)?;
     let parent_lists = parent_lists(&file.tasks, &index_of, &mut problems)?;
     drop(index_of);
-    let priority =
-        |task: Option<Priority>, job_type: &str| task.or(file.priority).unwrap_or_else(|| type_priority(job_type));
-    let tasks = task_specs(file.tasks, limits, &priority, &mut problems)?;
+    let tasks = task_specs(file.tasks, file.priority, limits, type_priority, &mut problems)?;
     // The graph is looked at only once nothing else is wrong.
     if !problems.is_empty() {
         return Err(problems);
@@ -657,14 +667,16 @@ fn task_parents(
 }
 
 /// Each task's job type, parameters and labels, and the `TaskSpec` of each
-/// task without a problem; the tasks share one copy of each job type.
+/// task without a problem; the tasks share one copy of each job type, and
+/// a job type's priority is asked for once.
 fn task_specs(
     tasks: Vec<TaskFile>,
+    job_priority: Option<Priority>,
     limits: &Limits,
-    priority: &dyn Fn(Option<Priority>, &str) -> Priority,
+    type_priority: TypePriority<'_>,
     problems: &mut Vec<Problem>,
 ) -> Result<Vec<TaskSpec>, Vec<Problem>> {
-    let mut job_types: HashMap<String, Arc<str>> = HashMap::new();
+    let mut job_types: HashMap<String, (Arc<str>, Priority)> = HashMap::new();
     let mut specs = Vec::with_capacity(tasks.len());
     for task in tasks {
         let task_problems_before = problems.len();
@@ -675,14 +687,19 @@ fn task_specs(
         if problems.len() > task_problems_before {
             continue;
         }
-        let job_type =
-            job_types.entry(task.job_type.clone()).or_insert_with(|| Arc::from(task.job_type.as_str())).clone();
+        let (job_type, of_type) = match job_types.get(task.job_type.as_str()) {
+            Some((shared, of_type)) => (shared.clone(), *of_type),
+            None => {
+                let known = (Arc::from(task.job_type.as_str()), type_priority(&task.job_type));
+                job_types.entry(task.job_type.clone()).or_insert(known).clone()
+            }
+        };
         specs.push(TaskSpec {
             placement: Placement::of(&labels, &parameters),
             id: task.id.into_boxed_str(),
             job_type,
             parameters,
-            priority: priority(task.priority, &task.job_type),
+            priority: task.priority.or(job_priority).unwrap_or(of_type),
             labels,
             retry_limit: task.retry_limit,
             retry_backoff_seconds: task.retry_backoff_seconds,

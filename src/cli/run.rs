@@ -99,12 +99,20 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(path) => Some(ExecLog::open(path).with_context(|| format!("opening {}", path.display()))?),
         None => None,
     };
-    let fingerprint = spec.fingerprint;
-    let resumable = engine
-        .list(JobFilter { fingerprint: Some(fingerprint), limit: Some(1), ..JobFilter::default() })
-        .await?
-        .into_iter()
-        .find(|job| !job.state.is_terminal());
+    let unfinished = |fingerprint| {
+        let engine = engine.clone();
+        async move {
+            let newest =
+                engine.list(JobFilter { fingerprint: Some(fingerprint), limit: Some(1), ..JobFilter::default() });
+            Ok::<_, anyhow::Error>(newest.await?.into_iter().find(|job| !job.state.is_terminal()))
+        }
+    };
+    let mut resumable = unfinished(spec.fingerprint).await?;
+    if resumable.is_none() {
+        // A job an older release started carries the file's SHA-256.
+        let bytes = tokio::fs::read(&args.file).await.with_context(|| format!("reading {}", args.file.display()))?;
+        resumable = unfinished(jobfile::fingerprint_before_blake3(&bytes)).await?;
+    }
     let job = match resumable {
         Some(job) => {
             eprintln!("resuming job {} ({})", job.id, job.name);

@@ -3,7 +3,9 @@
 //! A pure table: the engine asks it and applies its answers.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -386,8 +388,8 @@ impl Dispatch {
 
     /// In a cluster, the slots of each type's global limit held here: a
     /// type's tasks are dispatched only within them.
-    pub fn set_permits(&mut self, permits: HashMap<Arc<str>, u32>, now: Timestamp) {
-        self.permits = Some(permits);
+    pub fn set_permits(&mut self, permits: std::collections::HashMap<Arc<str>, u32>, now: Timestamp) {
+        self.permits = Some(permits.into_iter().collect());
         let rated: Vec<Arc<str>> = self.buckets.keys().cloned().collect();
         for job_type in rated {
             self.rebucket(&job_type, now);
@@ -995,15 +997,15 @@ mod tests {
             TypeLimits { global: 5, per_worker: 10, execution_timeout_seconds: None, rate: None },
             Timestamp(0),
         );
-        d.set_permits(HashMap::new(), Timestamp(0));
+        d.set_permits(std::collections::HashMap::new(), Timestamp(0));
         assert!(d.pick_handler("vacuum", Place::default, Timestamp(0)).is_none(), "no permit held: nothing runs");
         assert!(!d.may_run("vacuum", Timestamp(0)));
-        d.set_permits(HashMap::from([(vacuum.clone(), 2)]), Timestamp(0));
+        d.set_permits(std::collections::HashMap::from([(vacuum.clone(), 2)]), Timestamp(0));
         while let Some(h) = d.pick_handler("vacuum", Place::default, Timestamp(0)) {
             d.take_slot(h, &vacuum);
         }
         assert_eq!(d.running("vacuum"), 2, "two permits held");
-        d.set_permits(HashMap::from([(vacuum.clone(), 9)]), Timestamp(0));
+        d.set_permits(std::collections::HashMap::from([(vacuum.clone(), 9)]), Timestamp(0));
         while let Some(h) = d.pick_handler("vacuum", Place::default, Timestamp(0)) {
             d.take_slot(h, &vacuum);
         }
@@ -1188,7 +1190,7 @@ mod tests {
         assert_eq!(d.next_wake(Timestamp(0)), Some(Timestamp(30_000)), "two a minute: the next in 30 s");
         assert_eq!(d.pick_handler("vacuum", Place::default, Timestamp(30_000)), Some(h));
         // In a cluster, an instance with a third of the type's permits starts a third of its rate.
-        d.set_permits(HashMap::from([(t.clone(), 3)]), Timestamp(30_000));
+        d.set_permits(std::collections::HashMap::from([(t.clone(), 3)]), Timestamp(30_000));
         d.set_limits(
             t.clone(),
             TypeLimits {

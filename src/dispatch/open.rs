@@ -4,7 +4,9 @@
 //! pick then costs about the same with ten thousand handlers as with ten.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use crate::model::{HandlerId, Place};

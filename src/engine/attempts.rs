@@ -13,7 +13,9 @@
 //! (the slot to free, and how long its volume stays locked after a failure).
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
+
+use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,11 +101,11 @@ pub(super) struct Ledger {
     /// Volumes an attempt that ended without success keeps locked until then.
     cooling: HashMap<String, Timestamp>,
     /// How long a failed attempt of each job type keeps its volume locked.
-    rollback_windows: HashMap<String, Duration>,
+    rollback_windows: std::collections::HashMap<String, Duration>,
 }
 
 impl Ledger {
-    pub(super) fn new(rollback_windows: HashMap<String, Duration>) -> Ledger {
+    pub(super) fn new(rollback_windows: std::collections::HashMap<String, Duration>) -> Ledger {
         Ledger { rollback_windows, ..Ledger::default() }
     }
 
@@ -424,7 +426,8 @@ mod tests {
 
     #[test]
     fn a_failure_keeps_its_volume_locked_for_its_types_rollback_window() {
-        let mut ledger = Ledger::new(HashMap::from([("vacuum".to_string(), Duration::from_millis(100))]));
+        let mut ledger =
+            Ledger::new(std::collections::HashMap::from([("vacuum".to_string(), Duration::from_millis(100))]));
         ledger.hold(task(1), held(1, Some("volume:7"), None));
         let ended = ledger.end(AttemptId::new(task(1), 1), Ending::Unsuccessful, Timestamp(1000)).unwrap();
         assert_eq!(ended.cooling, Some(("volume:7".to_string(), Timestamp(1100))));
@@ -445,12 +448,12 @@ mod tests {
         let mut ledger = Ledger::default();
         let attempt = AttemptId::new(task(4), 2);
         ledger.borrow(attempt, handler(2), Arc::from("balance"));
-        assert_eq!(ledger.borrowed_of(&HashSet::from([task(4).job])), vec![attempt]);
+        assert_eq!(ledger.borrowed_of(&HashSet::from_iter([task(4).job])), vec![attempt]);
         assert!(!ledger.holds(handler(2), attempt), "borrowed is not held");
         assert_eq!(ledger.end(AttemptId::new(task(4), 1), Ending::Settled, Timestamp(0)), None);
         let ended = ledger.end(attempt, Ending::Settled, Timestamp(0));
         assert_eq!(ended, Some(Ended { handler: handler(2), job_type: Arc::from("balance"), cooling: None }));
-        assert!(ledger.borrowed_of(&HashSet::from([task(4).job])).is_empty());
+        assert!(ledger.borrowed_of(&HashSet::from_iter([task(4).job])).is_empty());
     }
 
     #[test]

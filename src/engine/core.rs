@@ -3,7 +3,7 @@
 //! defers its effects (replies, work orders, events) until the committer
 //! has made that step durable.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -145,7 +145,7 @@ pub(super) enum JobCommand {
     /// whether they share it.
     SetBudget {
         budget: Option<crate::budget::Budget>,
-        marks: HashMap<Arc<str>, bool>,
+        marks: std::collections::HashMap<Arc<str>, bool>,
     },
     /// A submit with settings written in its step (a schedule's last run
     /// and the audit record of the request that asked for it).
@@ -215,7 +215,7 @@ pub(super) enum HandlerCommand {
     },
     Reconcile {
         handler: HandlerId,
-        running: HashSet<AttemptId>,
+        running: std::collections::HashSet<AttemptId>,
         dropped_before: Option<Timestamp>,
         reply: Reply<super::Reconciled>,
     },
@@ -265,9 +265,9 @@ pub(super) enum ClusterCommand {
     PermitDemand { reply: oneshot::Sender<crate::dispatch::Demand> },
     /// The slots of each type's global limit this instance holds, and the
     /// resources (volumes) it holds the cluster's lock of.
-    SetPermits { permits: HashMap<Arc<str>, u32>, resources: HashSet<String> },
+    SetPermits { permits: std::collections::HashMap<Arc<str>, u32>, resources: std::collections::HashSet<String> },
     /// The handlers connected to the other live instances now.
-    PeerHandlers { handlers: HashSet<HandlerId> },
+    PeerHandlers { handlers: std::collections::HashSet<HandlerId> },
     /// The database's clock is this far ahead of the engine's (ms), as a
     /// heartbeat measured it: windows follow the database's clock.
     DatabaseTime { offset_ms: i64 },
@@ -284,7 +284,7 @@ pub(super) enum Query {
         reply: Reply<(Vec<recovery::JobSnapshot>, Vec<HandlerId>)>,
     },
     ActiveDedupeKeys {
-        reply: Reply<HashSet<String>>,
+        reply: Reply<std::collections::HashSet<String>>,
     },
     Get {
         job: JobId,
@@ -396,14 +396,14 @@ pub(super) struct Core {
     /// When the completion that made each queued task ready reached the server.
     released_at: HashMap<TaskRef, std::time::Instant>,
     /// Handlers connected to the other live instances: alive, though not here.
-    peer_handlers: HashSet<HandlerId>,
+    peer_handlers: std::collections::HashSet<HandlerId>,
     /// The worker (its id) of each handler without a lease that holds or
     /// held attempts: such a worker drops its work with its stream, so when
     /// it comes back, under another handler, what its old one holds is over.
     names: HashMap<HandlerId, Arc<str>>,
     /// In a cluster: the resources (volumes) whose lock this instance holds;
     /// a task on another resource waits.
-    resource_permits: Option<HashSet<String>>,
+    resource_permits: Option<std::collections::HashSet<String>>,
     /// Whether a job has tasks on a resource, as first looked up.
     resource_jobs: HashMap<JobId, bool>,
     /// Removals of ended jobs taken (each numbered), and how many of them
@@ -434,10 +434,10 @@ impl Core {
             options,
             jobs: HashMap::new(),
             dispatch,
-            waiters: HashMap::new(),
+            waiters: Waiters::new(),
             events,
             released_at: HashMap::new(),
-            peer_handlers: HashSet::new(),
+            peer_handlers: std::collections::HashSet::new(),
             names: HashMap::new(),
             resource_permits: None,
             resource_jobs: HashMap::new(),

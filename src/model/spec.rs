@@ -282,7 +282,8 @@ pub struct JobSpec {
     pub name: String,
     pub tasks: Vec<TaskSpec>,
     pub dag: Dag,
-    /// SHA-256 of the source the job was read from; lets `jobcenter run` resume its own job.
+    /// BLAKE3 of the source the job was read from (`jobfile::fingerprint`);
+    /// lets `jobcenter run` resume its own job.
     pub fingerprint: [u8; 32],
 }
 

@@ -1,7 +1,7 @@
 //! The in-process executor: joins the engine as one handler with N slots
 //! and runs each assignment with the registered handler for its job type.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};

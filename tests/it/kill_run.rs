@@ -674,3 +674,45 @@ fn killed_run(store: &[String]) {
          the test needs {MIN_KILLS}"
     );
 }
+
+/// A job that a release from before BLAKE3 fingerprints started in a data
+/// directory carries its file's SHA-256: `jobcenter run` of the same file
+/// resumes it rather than starting the file again, and finishes it.
+#[test]
+fn a_run_resumes_a_job_whose_fingerprint_is_the_files_sha256() {
+    use sha2::Digest;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (file, data_dir) = (dir.path().join("job.json"), dir.path().join("data"));
+    let text = r#"{"name": "older", "tasks": [
+        {"id": "a", "job_type": "noop"},
+        {"id": "b", "job_type": "noop", "depends_on": ["a"]}]}"#;
+    std::fs::write(&file, text).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let stored = runtime.block_on(async {
+        let store = std::sync::Arc::new(jobcenter::store::SledStore::open(&data_dir).unwrap());
+        let engine = jobcenter::engine::Engine::start(
+            store,
+            std::sync::Arc::new(jobcenter::clock::SystemClock),
+            jobcenter::engine::Options::default(),
+        )
+        .await
+        .unwrap();
+        let mut spec = jobcenter::jobfile::read_file(&file, &jobcenter::jobfile::Limits::default()).unwrap();
+        assert_ne!(
+            spec.fingerprint,
+            <[u8; 32]>::from(sha2::Sha256::digest(text)),
+            "the fingerprint is no longer SHA-256"
+        );
+        spec.fingerprint = sha2::Sha256::digest(text).into();
+        let id = engine.submit(spec, jobcenter::model::JobOrigin::User).await.unwrap();
+        engine.close().await;
+        id
+    });
+    drop(runtime);
+    let mut command = Command::new(crate::support::binary());
+    command.arg("run").arg(&file).arg("--data-dir").arg(&data_dir);
+    let output = crate::support::run_with_timeout(command, PROCESS_TIMEOUT);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the run failed: {stderr}");
+    assert_eq!(job_line(&stderr), Some(JobLine::Resuming(stored.to_string())), "{stderr}");
+}

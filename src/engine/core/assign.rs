@@ -3,7 +3,7 @@
 //! instance's, attempts borrowed from another instance, and what this
 //! instance asks of the cluster's permits.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use super::super::attempts::{Deadline, Held};

@@ -1,7 +1,7 @@
 //! The steps of work between instances on one store: jobs adopted and
 //! released, slots reserved, attempts lent and borrowed, permits.
 
-use std::collections::HashSet;
+use foldhash::HashSet;
 
 use super::super::attempts::Ending;
 use super::super::Orphans;
