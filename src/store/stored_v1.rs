@@ -49,13 +49,23 @@ fn running_spec() -> Arc<JobSpec> {
         {"id":"t7","job_type":"noop","parameters":{}},
         {"id":"t8","job_type":"noop","parameters":{}}
     ]}"#;
-    Arc::new(jobfile::parse(text.as_bytes(), Format::Json, "fixture.json", &Limits::default()).expect("valid"))
+    written_then(
+        jobfile::parse(text.as_bytes(), Format::Json, "fixture.json", &Limits::default()).expect("valid"),
+        text,
+    )
+}
+
+/// The spec as it was stored: these fixtures were written when a job's
+/// fingerprint was its file's SHA-256.
+fn written_then(mut spec: JobSpec, text: &str) -> Arc<JobSpec> {
+    spec.fingerprint = jobfile::fingerprint_before_blake3(text.as_bytes());
+    Arc::new(spec)
 }
 
 fn ended_spec() -> Arc<JobSpec> {
     let text =
         r#"{"name":"fixture ended","tasks":[{"id":"vacuum-7","job_type":"vacuum","parameters":{"volume_id":7}}]}"#;
-    Arc::new(jobfile::parse(text.as_bytes(), Format::Json, "ended.json", &Limits::default()).expect("valid"))
+    written_then(jobfile::parse(text.as_bytes(), Format::Json, "ended.json", &Limits::default()).expect("valid"), text)
 }
 
 fn job(id: [u8; 16], spec: &JobSpec, state: JobState, origin: JobOrigin) -> JobRecord {
