@@ -90,9 +90,10 @@ pub fn lease_of(metadata: &HashMap<String, String>) -> Result<Option<Duration>, 
 
 /// An outcome's acknowledgement, as `request_id`.
 pub fn outcome_ack(attempt: &str, refused: Option<&str>) -> String {
+    // Joined rather than formatted: one is sent for every report.
     match refused {
-        None => format!("{OUTCOME_ACK}/{attempt}/applied"),
-        Some(reason) => format!("{OUTCOME_ACK}/{attempt}/refused/{reason}"),
+        None => [OUTCOME_ACK, "/", attempt, "/applied"].concat(),
+        Some(reason) => [OUTCOME_ACK, "/", attempt, "/refused/", reason].concat(),
     }
 }
 

@@ -105,10 +105,7 @@ fn run(
         while let Ok(step) = steps.try_recv() {
             pending.push(step);
         }
-        let mut batch = Batch::default();
-        for step in &mut pending {
-            batch.append(std::mem::take(&mut step.batch));
-        }
+        let batch = Batch::concat(pending.iter_mut().map(|step| std::mem::take(&mut step.batch)));
         if !batch.is_empty() {
             let commit = spans.as_mut().map(|spans| {
                 spans.observe(&batch);

@@ -145,6 +145,24 @@ impl Batch {
             && self.removed.is_empty()
     }
 
+    /// The batches as one, in order: the first one's lists, grown once to
+    /// hold the others', rather than doubling as each is added.
+    pub fn concat(batches: impl IntoIterator<Item = Batch>) -> Batch {
+        let mut batches = batches.into_iter();
+        let Some(mut all) = batches.next() else { return Batch::default() };
+        let rest: Vec<Batch> = batches.collect();
+        all.new_jobs.reserve(rest.iter().map(|b| b.new_jobs.len()).sum());
+        all.jobs.reserve(rest.iter().map(|b| b.jobs.len()).sum());
+        all.tasks.reserve(rest.iter().map(|b| b.tasks.len()).sum());
+        all.settings.reserve(rest.iter().map(|b| b.settings.len()).sum());
+        all.released.reserve(rest.iter().map(|b| b.released.len()).sum());
+        all.removed.reserve(rest.iter().map(|b| b.removed.len()).sum());
+        for batch in rest {
+            all.append(batch);
+        }
+        all
+    }
+
     pub fn append(&mut self, other: Batch) {
         self.new_jobs.extend(other.new_jobs);
         self.jobs.extend(other.jobs);

@@ -643,3 +643,26 @@ fn sled_task_groups_rewritten_piecemeal_read_back_whole() {
     let store = reopen(&path);
     assert_eq!(store.get_job(job.id).unwrap().unwrap().tasks, expected);
 }
+
+fn batch_of(tasks: std::ops::Range<u32>, setting: &str) -> Batch {
+    let job = JobId(uuid::Uuid::from_u128(7));
+    Batch {
+        tasks: tasks.map(|i| (job, TaskIdx(i), TaskRecord::initial(i % 2 == 0, Timestamp(i64::from(i))))).collect(),
+        settings: vec![(setting.to_string(), Some(vec![1]))],
+        released: vec![job],
+        ..Batch::default()
+    }
+}
+
+#[test]
+fn batches_concatenated_are_the_batches_appended_in_turn() {
+    let parts = || vec![batch_of(0..3, "a"), Batch::default(), batch_of(3..40, "b"), batch_of(40..41, "a")];
+    let mut appended = Batch::default();
+    for part in parts() {
+        appended.append(part);
+    }
+    let all = Batch::concat(parts());
+    assert_eq!(format!("{all:?}"), format!("{appended:?}"));
+    assert_eq!(all.tasks.len(), 41);
+    assert!(Batch::concat(Vec::new()).is_empty());
+}
