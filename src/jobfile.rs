@@ -688,10 +688,11 @@ fn task_specs(
             continue;
         }
         let (job_type, of_type) = match job_types.get(task.job_type.as_str()) {
-            Some((shared, of_type)) => (shared.clone(), *of_type),
+            Some(known) => known.clone(),
             None => {
                 let known = (Arc::from(task.job_type.as_str()), type_priority(&task.job_type));
-                job_types.entry(task.job_type.clone()).or_insert(known).clone()
+                job_types.insert(task.job_type.clone(), known.clone());
+                known
             }
         };
         specs.push(TaskSpec {

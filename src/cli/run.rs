@@ -14,7 +14,7 @@ use super::{EXIT_JOB_FAILED, EXIT_USAGE};
 use crate::clock::SystemClock;
 use crate::engine::{Engine, EngineHandle, Options, Orphans};
 use crate::jobfile::{self, Limits};
-use crate::model::{JobId, JobOrigin, JobSpec, JobState, TaskState};
+use crate::model::{JobId, JobOrigin, JobRecord, JobSpec, JobState, TaskState};
 use crate::store::JobFilter;
 use crate::worker::{builtin_handlers, ExecLog, LocalExecutor, Registry};
 
@@ -65,6 +65,12 @@ pub(super) async fn validate(file: &Path) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The newest job of this fingerprint, if it has not ended.
+async fn unfinished(engine: &EngineHandle, fingerprint: [u8; 32]) -> anyhow::Result<Option<JobRecord>> {
+    let newest = engine.list(JobFilter { fingerprint: Some(fingerprint), limit: Some(1), ..JobFilter::default() });
+    Ok(newest.await?.into_iter().find(|job| !job.state.is_terminal()))
+}
+
 pub(super) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let spec = match read_job_file(&args.file).await {
         Ok(spec) => spec,
@@ -99,19 +105,11 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(path) => Some(ExecLog::open(path).with_context(|| format!("opening {}", path.display()))?),
         None => None,
     };
-    let unfinished = |fingerprint| {
-        let engine = engine.clone();
-        async move {
-            let newest =
-                engine.list(JobFilter { fingerprint: Some(fingerprint), limit: Some(1), ..JobFilter::default() });
-            Ok::<_, anyhow::Error>(newest.await?.into_iter().find(|job| !job.state.is_terminal()))
-        }
-    };
-    let mut resumable = unfinished(spec.fingerprint).await?;
+    let mut resumable = unfinished(&engine, spec.fingerprint).await?;
     if resumable.is_none() {
         // A job an older release started carries the file's SHA-256.
         let bytes = tokio::fs::read(&args.file).await.with_context(|| format!("reading {}", args.file.display()))?;
-        resumable = unfinished(jobfile::fingerprint_before_blake3(&bytes)).await?;
+        resumable = unfinished(&engine, jobfile::fingerprint_before_blake3(&bytes)).await?;
     }
     let job = match resumable {
         Some(job) => {

@@ -4,10 +4,9 @@
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
-
-use foldhash::HashMap;
 use std::sync::Arc;
 
+use foldhash::HashMap;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::clock::Timestamp;

@@ -5,9 +5,9 @@
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use foldhash::HashMap;
-use std::sync::Arc;
 
 use crate::model::{HandlerId, Place};
 

@@ -14,10 +14,10 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::BTreeSet;
-
-use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
+
+use foldhash::{HashMap, HashSet};
 
 use crate::clock::Timestamp;
 use crate::model::{AttemptId, HandlerId, JobId, TaskRef};

@@ -3,7 +3,7 @@
 //! defers its effects (replies, work orders, events) until the committer
 //! has made that step durable.
 
-use foldhash::{HashMap, HashMapExt};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -145,7 +145,7 @@ pub(super) enum JobCommand {
     /// whether they share it.
     SetBudget {
         budget: Option<crate::budget::Budget>,
-        marks: std::collections::HashMap<Arc<str>, bool>,
+        marks: HashMap<Arc<str>, bool>,
     },
     /// A submit with settings written in its step (a schedule's last run
     /// and the audit record of the request that asked for it).
@@ -215,7 +215,7 @@ pub(super) enum HandlerCommand {
     },
     Reconcile {
         handler: HandlerId,
-        running: std::collections::HashSet<AttemptId>,
+        running: HashSet<AttemptId>,
         dropped_before: Option<Timestamp>,
         reply: Reply<super::Reconciled>,
     },
@@ -265,9 +265,9 @@ pub(super) enum ClusterCommand {
     PermitDemand { reply: oneshot::Sender<crate::dispatch::Demand> },
     /// The slots of each type's global limit this instance holds, and the
     /// resources (volumes) it holds the cluster's lock of.
-    SetPermits { permits: std::collections::HashMap<Arc<str>, u32>, resources: std::collections::HashSet<String> },
+    SetPermits { permits: HashMap<Arc<str>, u32>, resources: HashSet<String> },
     /// The handlers connected to the other live instances now.
-    PeerHandlers { handlers: std::collections::HashSet<HandlerId> },
+    PeerHandlers { handlers: HashSet<HandlerId> },
     /// The database's clock is this far ahead of the engine's (ms), as a
     /// heartbeat measured it: windows follow the database's clock.
     DatabaseTime { offset_ms: i64 },
@@ -284,7 +284,7 @@ pub(super) enum Query {
         reply: Reply<(Vec<recovery::JobSnapshot>, Vec<HandlerId>)>,
     },
     ActiveDedupeKeys {
-        reply: Reply<std::collections::HashSet<String>>,
+        reply: Reply<HashSet<String>>,
     },
     Get {
         job: JobId,
@@ -387,41 +387,41 @@ impl Step {
 /// attempts and the waiters.
 pub(super) struct Core {
     options: Options,
-    jobs: HashMap<JobId, ActiveJob>,
+    jobs: foldhash::HashMap<JobId, ActiveJob>,
     dispatch: Dispatch,
     /// Every attempt known here: held, borrowed, or waiting for an absent handler.
     attempts: Ledger,
     waiters: Waiters,
     events: broadcast::Sender<Event>,
     /// When the completion that made each queued task ready reached the server.
-    released_at: HashMap<TaskRef, std::time::Instant>,
+    released_at: foldhash::HashMap<TaskRef, std::time::Instant>,
     /// Handlers connected to the other live instances: alive, though not here.
-    peer_handlers: std::collections::HashSet<HandlerId>,
+    peer_handlers: HashSet<HandlerId>,
     /// The worker (its id) of each handler without a lease that holds or
     /// held attempts: such a worker drops its work with its stream, so when
     /// it comes back, under another handler, what its old one holds is over.
-    names: HashMap<HandlerId, Arc<str>>,
+    names: foldhash::HashMap<HandlerId, Arc<str>>,
     /// In a cluster: the resources (volumes) whose lock this instance holds;
     /// a task on another resource waits.
-    resource_permits: Option<std::collections::HashSet<String>>,
+    resource_permits: Option<HashSet<String>>,
     /// Whether a job has tasks on a resource, as first looked up.
-    resource_jobs: HashMap<JobId, bool>,
+    resource_jobs: foldhash::HashMap<JobId, bool>,
     /// Removals of ended jobs taken (each numbered), and how many of them
     /// are durable, so that a retry never brings back a job being removed.
     removals: u64,
     removals_durable: Arc<std::sync::atomic::AtomicU64>,
     /// Jobs of removals not known to be durable yet, with the removal's number.
-    removing: HashMap<JobId, u64>,
+    removing: foldhash::HashMap<JobId, u64>,
     /// Jobs an operator gave a priority while they ran: every task of the
     /// job takes it (kept in the settings until the job ends).
-    priorities: HashMap<JobId, crate::model::Priority>,
+    priorities: foldhash::HashMap<JobId, crate::model::Priority>,
     /// The maintenance windows of the job types that have some.
     windows: windows::Windows,
     /// The bandwidth budget and the shares of the budgeted attempts held here.
     shares: crate::budget::Shares,
     /// The shares the store kept of attempts held before a restart, until
     /// their attempts are restored.
-    kept_shares: HashMap<AttemptId, crate::budget::Share>,
+    kept_shares: foldhash::HashMap<AttemptId, crate::budget::Share>,
 }
 
 impl Core {
@@ -432,22 +432,22 @@ impl Core {
         Core {
             attempts: Ledger::new(options.rollback_windows.clone()),
             options,
-            jobs: HashMap::new(),
+            jobs: foldhash::HashMap::default(),
             dispatch,
-            waiters: Waiters::new(),
+            waiters: HashMap::new(),
             events,
-            released_at: HashMap::new(),
-            peer_handlers: std::collections::HashSet::new(),
-            names: HashMap::new(),
+            released_at: foldhash::HashMap::default(),
+            peer_handlers: HashSet::new(),
+            names: foldhash::HashMap::default(),
             resource_permits: None,
-            resource_jobs: HashMap::new(),
+            resource_jobs: foldhash::HashMap::default(),
             removals: 0,
             removals_durable: Arc::default(),
-            removing: HashMap::new(),
-            priorities: HashMap::new(),
+            removing: foldhash::HashMap::default(),
+            priorities: foldhash::HashMap::default(),
             windows,
             shares: crate::budget::Shares::default(),
-            kept_shares: HashMap::new(),
+            kept_shares: foldhash::HashMap::default(),
         }
     }
 

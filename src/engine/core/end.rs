@@ -2,6 +2,7 @@
 //! loss (its handler gone, away too long, or back without it), a timeout,
 //! a job failed whole, and a reconnected handler's reconciliation.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::super::attempts::{Deadline, Ending};
@@ -207,7 +208,7 @@ impl Core {
     pub(super) fn reconcile(
         &mut self,
         handler: HandlerId,
-        running: &std::collections::HashSet<AttemptId>,
+        running: &HashSet<AttemptId>,
         dropped_before: Option<Timestamp>,
         now: Timestamp,
         step: &mut Step,
