@@ -216,6 +216,9 @@ pub(super) enum HandlerCommand {
     Reconcile {
         handler: HandlerId,
         running: HashSet<AttemptId>,
+        /// Attempts whose outcome the handler's session received and sent
+        /// on to their job's leader, not settled yet: never dropped.
+        reported: HashSet<AttemptId>,
         dropped_before: Option<Timestamp>,
         reply: Reply<super::Reconciled>,
     },

@@ -359,17 +359,19 @@ impl EngineHandle {
     }
 
     /// The attempts a handler runs now. With `dropped_before` (its first
-    /// report after connecting), those it was given before then and no
-    /// longer runs are lost, uncounted. The command takes its place among the
+    /// report after connecting), those it was given before then, no longer
+    /// runs and did not report on (`reported`, outcomes sent on to another
+    /// instance) are lost, uncounted. The command takes its place among the
     /// handler's other reports at once; the answer comes once it is durable.
     pub async fn reconcile(
         &self,
         handler: HandlerId,
         running: HashSet<AttemptId>,
+        reported: HashSet<AttemptId>,
         dropped_before: Option<Timestamp>,
     ) -> Result<oneshot::Receiver<Reconciled>, Error> {
         let (reply, answer) = oneshot::channel();
-        self.send(HandlerCommand::Reconcile { handler, running, dropped_before, reply }.into()).await?;
+        self.send(HandlerCommand::Reconcile { handler, running, reported, dropped_before, reply }.into()).await?;
         Ok(answer)
     }
 

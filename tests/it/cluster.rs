@@ -436,6 +436,72 @@ fn the_leader_of_a_running_job_dies_and_its_job_ends_as_the_model_says_on_worker
     eprintln!("the job ended {:.1} s after its leader's SIGKILL", ended_after.as_secs_f64());
 }
 
+/// A job is led by an instance once the database says so, and by its engine
+/// only once the job is loaded there. An outcome that reaches the instance
+/// in between is sent again until the job is loaded, not refused: refused,
+/// its worker would forget it, and the attempt, held and known to no
+/// session, would be taken back and run again. The window is held open here
+/// by writing the owner by hand while the job's leader is paused, and
+/// closed by setting the job free for the instance to adopt.
+#[test]
+fn an_outcome_reaching_the_instance_that_is_taking_over_its_job_is_kept_until_the_job_is_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = pg().new_database();
+    let url = pg().url(&database);
+    let pace = ["--recovery-interval", "2s", "--delivery-grace", "2s"];
+    let mut a = start_with(dir.path(), "a", &url, &[], &pace);
+    let b = start_with(dir.path(), "b", &url, &[], &pace);
+    wait_until(Duration::from_secs(20), || (active(&b).len() == 2).then_some(()))
+        .unwrap_or_else(|| panic!("2 instances did not register: {:?}", instances(&b)));
+    let log = dir.path().join("exec.log");
+    let admins = format!("{},{}", a.http, b.http);
+    let _worker = support::start_worker(&a, "w", &["--admin", &admins, "--lease", "4s"], Some(&log));
+    a.wait_for_workers(1);
+    let tasks = r#"{"name":"two","tasks":[{"id":"x","job_type":"noop","parameters":{"sleep_ms":1500}},{"id":"y","job_type":"noop","parameters":{"sleep_ms":1500}}]}"#;
+    let file = dir.path().join("two.json");
+    std::fs::write(&file, tasks).unwrap();
+    let output = a.cli(&["submit", file.to_str().unwrap()]);
+    let id = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    wait_until(Duration::from_secs(20), || (support::exec_events(&log, &id).len() == 2).then_some(()))
+        .unwrap_or_else(|| panic!("the tasks did not start: {:?}", support::exec_events(&log, &id)));
+
+    // a is paused while its worker runs both tasks: their outcomes reach no
+    // one who answers, and the worker goes to b with them. The database
+    // names b the job's leader, though b's engine has not loaded it.
+    let pid = a.process.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let b_id = my_id(&b);
+    pg().psql(&database, &format!("UPDATE jobcenter.jobs SET owner = '{b_id}' WHERE id = '{id}'"));
+    let refusals = |idx: u32| {
+        let needle = format!("task.idx={idx} ");
+        let text = std::fs::read_to_string(&b.log).unwrap_or_default();
+        text.lines().filter(|l| l.contains("completion rejected") && l.contains(&needle)).count()
+    };
+    // Each outcome came through b's worker session, then through b as the
+    // job's leader, at least once.
+    wait_until(Duration::from_secs(30), || (refusals(0) >= 2 && refusals(1) >= 2).then_some(())).unwrap_or_else(|| {
+        panic!("the outcomes did not reach b as the job's leader: {}", support::exec_events(&log, &id).len())
+    });
+
+    // The job is set free; b adopts it and its worker's outcomes end it.
+    pg().psql(&database, &format!("UPDATE jobcenter.jobs SET owner = NULL WHERE id = '{id}'"));
+    let job = wait_until(Duration::from_secs(30), || {
+        let job = b.cli_json(&["job", &id, "--json"]);
+        (job["state"] == "succeeded").then_some(job)
+    })
+    .unwrap_or_else(|| panic!("the job did not end: {}", b.cli_json(&["job", &id, "--json"])));
+    a.process.kill();
+    let events = support::exec_events(&log, &id);
+    for task in ["x", "y"] {
+        let runs: Vec<_> = events.iter().filter(|(t, _, _)| t == task).collect();
+        assert_eq!(
+            runs,
+            [&(task.to_string(), 1, "start".to_string()), &(task.to_string(), 1, "succeeded".to_string())],
+            "{task} ran once, and its one outcome ended it: {job}"
+        );
+    }
+}
+
 #[test]
 fn an_attempt_its_dying_leader_made_durable_and_never_handed_over_runs_a_delivery_grace_after_the_takeover() {
     let dir = tempfile::tempdir().unwrap();

@@ -335,6 +335,10 @@ fn instances_killed_over_and_over_still_finish_a_10000_task_job_exactly() {
 fn ended_exactly(job: &layered::Layered, done: &serde_json::Value, log: &std::path::Path, id: &str) {
     job.assert_as_modelled(done);
     let events = exec_events(log, id);
+    let twice = job.succeeded_more_than_once(&events);
+    if !twice.is_empty() {
+        explain(log, id, &twice);
+    }
     job.assert_each_succeeded_once(&events);
     job.assert_orderly_executions(done, &events);
     let (reruns, total) = job.reruns(&events);
@@ -345,4 +349,25 @@ fn ended_exactly(job: &layered::Layered, done: &serde_json::Value, log: &std::pa
         &reruns[..reruns.len().min(5)]
     );
     assert!(reruns.is_empty(), "the kills made tasks run again: {reruns:?}");
+}
+
+/// Prints what each instance's log says of `tasks` (by task id, index or
+/// attempt id), so that a failure shows how a task came to run again.
+fn explain(exec_log: &std::path::Path, job: &str, tasks: &[String]) {
+    let dir = exec_log.parent().expect("the rig's directory");
+    for name in ["a", "b", "c"] {
+        let text = std::fs::read_to_string(dir.join(format!("{name}.server.log"))).unwrap_or_default();
+        for task in tasks {
+            let idx = &task[1..];
+            let needles = [
+                format!("task.id=\"{task}\""),
+                format!("task.idx={idx} "),
+                format!("{job}.{idx}."),
+                format!(" {task} "),
+            ];
+            for line in text.lines().filter(|l| needles.iter().any(|n| l.contains(n.as_str()))) {
+                eprintln!("{name}: {line}");
+            }
+        }
+    }
 }

@@ -379,7 +379,8 @@ async fn a_restart_keeps_held_attempts_with_their_volume_and_their_deadline(subj
     let engine = start(subject.open().await, KEEP).await;
     let mut back = manual_as(&engine, worker.handler, 2, 1).await;
     let running = HashSet::from([a.attempt]);
-    let reconciled = engine.reconcile(worker.handler, running, Some(now())).await.unwrap().await.unwrap();
+    let reconciled =
+        engine.reconcile(worker.handler, running, HashSet::new(), Some(now())).await.unwrap().await.unwrap();
     assert_eq!(reconciled, Reconciled { adopted: 1, dropped: 0, not_held: vec![] });
     back.none_within(300).await;
     // The deadline, two seconds after the assignment, still holds: the worker is told to stop.
@@ -413,7 +414,8 @@ async fn a_worker_back_within_its_wait_keeps_its_attempts(subject: Subject) {
     other.none_within(200).await;
     let _back = manual_as(&engine, worker.handler, 2, 1).await;
     let running = HashSet::from([a.attempt, b.attempt]);
-    let reconciled = engine.reconcile(worker.handler, running, Some(now())).await.unwrap().await.unwrap();
+    let reconciled =
+        engine.reconcile(worker.handler, running, HashSet::new(), Some(now())).await.unwrap().await.unwrap();
     assert_eq!(reconciled.adopted, 2);
     other.none_within(800).await;
     for held in [&a, &b] {
@@ -441,7 +443,7 @@ async fn attempts_of_a_worker_that_does_not_come_back_are_lost_and_counted(subje
     // Its first worker comes back after all: it must stop what it runs.
     let _late = manual_as(&engine, gone.handler, 1, 1).await;
     let running = HashSet::from([a.attempt]);
-    let reconciled = engine.reconcile(gone.handler, running, Some(now())).await.unwrap().await.unwrap();
+    let reconciled = engine.reconcile(gone.handler, running, HashSet::new(), Some(now())).await.unwrap().await.unwrap();
     assert_eq!(reconciled.not_held, vec![a.attempt]);
     assert!(matches!(
         engine.complete(a.attempt, gone.handler, ok()).await.unwrap(),
@@ -461,7 +463,8 @@ async fn a_worker_that_no_longer_runs_an_attempt_gives_it_back_uncounted(subject
     engine.disconnected(worker.handler, 0, Some(Duration::from_secs(30)), "the stream broke").await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     let mut back = manual_as(&engine, worker.handler, 1, 1).await;
-    let reconciled = engine.reconcile(worker.handler, HashSet::new(), Some(now())).await.unwrap().await.unwrap();
+    let reconciled =
+        engine.reconcile(worker.handler, HashSet::new(), HashSet::new(), Some(now())).await.unwrap().await.unwrap();
     assert_eq!(reconciled.dropped, 1);
     let WorkOrder::Execute(again) = back.next().await else { panic!("expected the task again") };
     assert_eq!(again.attempt.number, 2);

@@ -201,14 +201,17 @@ impl Core {
     }
 
     /// A (re)connected handler says what it runs. On its first report
-    /// (`dropped_before` set), attempts it was given before then and no
-    /// longer runs are lost, uncounted (a worker that drops its work with its
+    /// (`dropped_before` set), attempts it was given before then, no longer
+    /// runs and did not report on (`reported`: an outcome on its way to
+    /// another instance, which may lead the job here by the time it comes
+    /// back) are lost, uncounted (a worker that drops its work with its
     /// stream). Attempts it runs that it does not hold are returned, so that
     /// it is told to stop them: they were taken back while it was away.
     pub(super) fn reconcile(
         &mut self,
         handler: HandlerId,
         running: &HashSet<AttemptId>,
+        reported: &HashSet<AttemptId>,
         dropped_before: Option<Timestamp>,
         now: Timestamp,
         step: &mut Step,
@@ -225,7 +228,8 @@ impl Core {
             for attempt in self.attempts.of_handler(handler) {
                 let task = attempt.task;
                 let assigned_at = self.jobs.get(&task.job).and_then(|j| j.tasks[task.idx.index()].assigned_at());
-                if !running.contains(&attempt) && assigned_at.is_some_and(|at| at < before) {
+                let carried = running.contains(&attempt) || reported.contains(&attempt);
+                if !carried && assigned_at.is_some_and(|at| at < before) {
                     reconciled.dropped += 1;
                     self.lose_attempt(attempt, &Loss::NotCounted("its worker no longer runs it".into()), now, step);
                 }

@@ -41,8 +41,8 @@ impl Core {
             }
             HandlerCommand::HandlerSlots { handler, total } => self.dispatch.report_slots(handler, total),
             HandlerCommand::HandlerElsewhere { handler, running } => self.dispatch.report_elsewhere(handler, running),
-            HandlerCommand::Reconcile { handler, running, dropped_before, reply } => {
-                let reconciled = self.reconcile(handler, &running, dropped_before, now, step);
+            HandlerCommand::Reconcile { handler, running, reported, dropped_before, reply } => {
+                let reconciled = self.reconcile(handler, &running, &reported, dropped_before, now, step);
                 step.reply(reply, reconciled);
             }
             HandlerCommand::Holds { handler, attempts, reply } => {

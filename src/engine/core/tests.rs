@@ -332,7 +332,13 @@ fn a_reconnected_handler_keeps_what_it_runs_loses_what_it_dropped_and_hears_of_w
     let stranger = attempt(JobId::new(), 0, 1);
     let (reply, answer) = oneshot::channel();
     let running = [attempt(id, 0, 1), stranger].into_iter().collect();
-    let reconcile = HandlerCommand::Reconcile { handler, running, dropped_before: Some(at(3)), reply };
+    let reconcile = HandlerCommand::Reconcile {
+        handler,
+        running,
+        reported: Default::default(),
+        dropped_before: Some(at(3)),
+        reply,
+    };
     let step = core.turn([reconcile.into()], at(5));
     assert_eq!(written(&step, id), [(1, TaskState::Running, 2)], "what it dropped runs again, here, at once");
     assert_eq!(sent(&step), [attempt(id, 1, 2)]);
@@ -340,12 +346,47 @@ fn a_reconnected_handler_keeps_what_it_runs_loses_what_it_dropped_and_hears_of_w
     assert_eq!((reconciled.adopted, reconciled.dropped, reconciled.not_held), (1, 1, vec![stranger]));
     // Only what it was given before the time it names is dropped.
     let (reply, answer) = oneshot::channel();
-    let reconcile =
-        HandlerCommand::Reconcile { handler, running: Default::default(), dropped_before: Some(at(5)), reply };
+    let reconcile = HandlerCommand::Reconcile {
+        handler,
+        running: Default::default(),
+        reported: Default::default(),
+        dropped_before: Some(at(5)),
+        reply,
+    };
     let step = core.turn([reconcile.into()], at(6));
     assert_eq!(written(&step, id), [(0, TaskState::Running, 2)]);
     let reconciled = answer_of(step, answer);
     assert_eq!((reconciled.adopted, reconciled.dropped, reconciled.not_held), (0, 1, vec![]));
+}
+
+/// In a cluster, a worker that moved here reports an outcome on a job led
+/// elsewhere (sent on to its leader), and this instance adopts the job before
+/// the worker's first heartbeat: the attempt it reported on is not dropped,
+/// for the outcome on its way settles it.
+#[test]
+fn a_first_heartbeat_does_not_drop_an_attempt_whose_outcome_is_on_its_way() {
+    let (mut core, handler, _orders) = core_with_a_handler();
+    let (id, step) = submit(&mut core, independent(2), at(1));
+    assert_eq!(sent(&step), [attempt(id, 0, 1), attempt(id, 1, 1)]);
+    let (reply, answer) = oneshot::channel();
+    let reconcile = HandlerCommand::Reconcile {
+        handler,
+        running: Default::default(),
+        reported: [attempt(id, 0, 1)].into_iter().collect(),
+        dropped_before: Some(at(3)),
+        reply,
+    };
+    let step = core.turn([reconcile.into()], at(5));
+    assert_eq!(
+        written(&step, id),
+        [(1, TaskState::Running, 2)],
+        "only what it neither runs nor reported on runs again"
+    );
+    let reconciled = answer_of(step, answer);
+    assert_eq!((reconciled.adopted, reconciled.dropped), (0, 1));
+    let done = complete(attempt(id, 0, 1), handler, Outcome::Succeeded { output: Vec::new() });
+    let step = core.turn([done], at(6));
+    assert_eq!(written(&step, id), [(0, TaskState::Succeeded, 1)], "the outcome that came back is applied");
 }
 
 #[test]

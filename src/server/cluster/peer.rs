@@ -407,13 +407,28 @@ async fn answer(engine: EngineHandle, report: PeerReport) -> Result<PeerReportRe
         .attempt_id
         .parse::<AttemptId>()
         .map_err(|e| Status::invalid_argument(format!("peer: bad attempt id: {e}")))?;
-    let result = apply_here(&engine, handler, attempt, report.kind).await.map_err(engine_status)?;
-    Ok(match result {
-        Ok(()) => PeerReportResponse { applied: true, refusal: String::new(), not_led_here: false },
-        Err(Rejection::JobEnded { job } | Rejection::UnknownJob { job }) if !ended(&engine, job).await => {
-            PeerReportResponse { applied: false, refusal: String::new(), not_led_here: true }
-        }
-        Err(rejection) => PeerReportResponse { applied: false, refusal: rejection.to_string(), not_led_here: false },
+    Ok(match settle_here(&engine, handler, attempt, report.kind).await.map_err(engine_status)? {
+        Some(Settled::Applied) => PeerReportResponse { applied: true, refusal: String::new(), not_led_here: false },
+        Some(Settled::Refused(refusal)) => PeerReportResponse { applied: false, refusal, not_led_here: false },
+        None => PeerReportResponse { applied: false, refusal: String::new(), not_led_here: true },
+    })
+}
+
+/// Applies a report to this instance's engine, and says what that settled:
+/// nothing (`None`) when the engine does not hold the job although the
+/// database says it has not ended. The job is then led elsewhere, or by
+/// nobody, or led here and not loaded yet (an adoption under way): refused,
+/// the worker would forget an outcome nobody applied. It is sent again.
+async fn settle_here(
+    engine: &EngineHandle,
+    handler: HandlerId,
+    attempt: AttemptId,
+    kind: Option<peer_report::Kind>,
+) -> Result<Option<Settled>, crate::engine::Error> {
+    Ok(match apply_here(engine, handler, attempt, kind).await? {
+        Ok(()) => Some(Settled::Applied),
+        Err(Rejection::JobEnded { job } | Rejection::UnknownJob { job }) if !ended(engine, job).await => None,
+        Err(rejection) => Some(Settled::Refused(rejection.to_string())),
     })
 }
 
@@ -452,6 +467,16 @@ async fn apply_here(
         }
         None => Ok(Ok(())),
     }
+}
+
+/// Waits before a report is tried again; false, without waiting, once its
+/// patience has run out.
+async fn pause(deadline: tokio::time::Instant, pauses: &mut Backoff) -> bool {
+    if tokio::time::Instant::now() >= deadline {
+        return false;
+    }
+    tokio::time::sleep(pauses.next_pause()).await;
+    true
 }
 
 /// Whether the job has ended, as the database says (unsure counts as not).
@@ -553,19 +578,22 @@ impl Reports {
                     }
                     Some(Some(w)) => match w.owner {
                         Some(owner) if owner.id == node.id => {
-                            // It is led here now.
-                            let result = apply_here(&self.engine, handler, attempt, Some(kind.clone())).await.ok()?;
-                            return Some(match result {
-                                Ok(()) => Settled::Applied,
-                                Err(rejection) => Settled::Refused(rejection.to_string()),
-                            });
+                            // It is led here now, or will be once its adoption is loaded.
+                            if let Some(settled) =
+                                settle_here(&self.engine, handler, attempt, Some(kind.clone())).await.ok()?
+                            {
+                                return Some(settled);
+                            }
+                            if !pause(deadline, &mut pauses).await {
+                                return None;
+                            }
+                            continue;
                         }
                         Some(owner) => Arc::from(owner.grpc_address.as_str()),
                         None => {
-                            if tokio::time::Instant::now() >= deadline {
+                            if !pause(deadline, &mut pauses).await {
                                 return None;
                             }
-                            tokio::time::sleep(pauses.next_pause()).await;
                             continue;
                         }
                     },
@@ -592,10 +620,9 @@ impl Reports {
             }
             // The job moved, or its leader is away: ask the database who leads it.
             peers.links.leaders.lock().expect("leaders lock").remove(&task.job);
-            if tokio::time::Instant::now() >= deadline {
+            if !pause(deadline, &mut pauses).await {
                 return None;
             }
-            tokio::time::sleep(pauses.next_pause()).await;
         }
     }
 }

@@ -44,6 +44,11 @@ impl Known {
         self.running = running;
     }
 
+    /// What was sent on this session or reported on it, not settled yet.
+    pub fn in_flight(&self) -> HashSet<AttemptId> {
+        self.in_flight.clone()
+    }
+
     /// Whether the session knows the attempt; `None` before its first heartbeat.
     pub fn knows(&self, attempt: AttemptId) -> Option<bool> {
         self.heard.then(|| self.in_flight.contains(&attempt) || self.running.contains(&attempt))

@@ -3,7 +3,7 @@
 //! cancel requests, and turns progress, completions and heartbeats back into
 //! engine calls. When the stream ends, every attempt the worker held is lost.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -553,11 +553,12 @@ impl Session {
                 if let (Some(cover), None) = (&self.cover, &assignment.lent_by) {
                     cover.sent(assignment.attempt);
                 }
+                // Known from before it leaves: the worker may run it, and even
+                // report on it, before this task is polled again. Unsent, the
+                // session ends, and what it knows with it.
+                self.note(assignment.attempt);
                 let sent =
                     self.send(message(request_id, admin_to_worker_message::Body::ExecuteJobRequest(request))).await;
-                if sent {
-                    self.note(assignment.attempt);
-                }
                 if let Some(released_at) = assignment.released_at {
                     self.sessions.stats.record_dispatch(released_at.elapsed());
                 }
@@ -784,7 +785,15 @@ impl Session {
         self.reconciled_at = Some(tokio::time::Instant::now());
         let running = heartbeat.running_work.iter().filter_map(|w| w.work_id.parse::<AttemptId>().ok()).collect();
         let dropped_before = first.then_some(self.connected_at);
-        let Ok(answer) = self.sessions.engine.reconcile(self.handler, running, dropped_before).await else { return };
+        // Outcomes this session sent on to a job's leader may come back here,
+        // should the job be adopted meanwhile: what they report on is not dropped.
+        let reported = match (&self.known, first) {
+            (Some(known), true) => known.lock().expect("known lock").in_flight(),
+            _ => HashSet::new(),
+        };
+        let Ok(answer) = self.sessions.engine.reconcile(self.handler, running, reported, dropped_before).await else {
+            return;
+        };
         let sessions = self.sessions.clone();
         let outbound = self.outbound.clone();
         let (handler, worker_id) = (self.handler, self.hello.worker_id.clone());

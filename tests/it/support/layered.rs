@@ -134,16 +134,22 @@ impl Layered {
         assert_eq!(done["state"], expected_job);
     }
 
-    /// Panics if a task succeeded on more than one execution.
-    pub fn assert_each_succeeded_once(&self, events: &[(String, u32, String)]) {
+    /// The tasks that succeeded on more than one execution.
+    pub fn succeeded_more_than_once(&self, events: &[(String, u32, String)]) -> Vec<String> {
         let mut succeeded: BTreeMap<&str, usize> = BTreeMap::new();
         for (task, _, event) in events {
             if event == "succeeded" {
                 *succeeded.entry(task.as_str()).or_default() += 1;
             }
         }
-        let twice: Vec<_> = succeeded.iter().filter(|(_, n)| **n > 1).collect();
-        assert!(twice.is_empty(), "tasks that succeeded more than once: {twice:?}");
+        succeeded.into_iter().filter(|(_, n)| *n > 1).map(|(task, _)| task.to_string()).collect()
+    }
+
+    /// Panics if a task succeeded on more than one execution.
+    pub fn assert_each_succeeded_once(&self, events: &[(String, u32, String)]) {
+        let twice = self.succeeded_more_than_once(events);
+        let their_events: Vec<_> = events.iter().filter(|(t, _, _)| twice.contains(t)).collect();
+        assert!(twice.is_empty(), "tasks that succeeded more than once: {twice:?}; their executions: {their_events:?}");
     }
 
     /// Panics if an attempt started twice or past the task's final attempt, a
