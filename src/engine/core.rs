@@ -222,12 +222,13 @@ pub(super) enum HandlerCommand {
         dropped_before: Option<Timestamp>,
         reply: Reply<super::Reconciled>,
     },
-    /// Which of these attempts the handler holds here (read from memory:
-    /// an attempt a worker runs was durable before it was sent).
+    /// Which of these attempts the handler holds here, and which are of
+    /// jobs not led here (read from memory: an attempt a worker runs was
+    /// durable before it was sent).
     Holds {
         handler: HandlerId,
         attempts: Vec<AttemptId>,
-        reply: Reply<Vec<AttemptId>>,
+        reply: Reply<super::Holdings>,
     },
     /// A worker without a lease (it drops its work with its stream)
     /// connected as `handler`: the attempts any other handler of the same

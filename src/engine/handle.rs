@@ -29,9 +29,21 @@ pub struct Reconciled {
     pub adopted: usize,
     /// Attempts it held and no longer runs: lost, uncounted.
     pub dropped: usize,
-    /// Attempts it runs that it does not hold (taken back while it was away,
-    /// or never given): it must stop them.
+    /// Attempts of jobs led here that it runs and does not hold (taken
+    /// back while it was away, or never given): it must stop them.
     pub not_held: Vec<AttemptId>,
+    /// Attempts it runs of jobs not led here: another instance's, or of a
+    /// job ended, or of one being adopted here and not loaded yet.
+    pub not_led_here: Vec<AttemptId>,
+}
+
+/// Of the attempts a handler runs: those it holds here, and those of jobs
+/// not led here (by another instance, or adopted and not loaded yet). Any
+/// other was taken back.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Holdings {
+    pub held: Vec<AttemptId>,
+    pub not_led_here: Vec<AttemptId>,
 }
 
 /// A cheap, cloneable handle to a running engine.
@@ -559,8 +571,8 @@ impl EngineHandle {
         self.call(|reply| HandlerCommand::Returned { handler, name, reply }.into()).await
     }
 
-    /// Which of these attempts the handler holds here.
-    pub async fn holds(&self, handler: HandlerId, attempts: Vec<AttemptId>) -> Result<Vec<AttemptId>, Error> {
+    /// Of these attempts, which the handler holds here and which are of jobs not led here.
+    pub async fn holds(&self, handler: HandlerId, attempts: Vec<AttemptId>) -> Result<Holdings, Error> {
         self.call(|reply| HandlerCommand::Holds { handler, attempts, reply }.into()).await
     }
 

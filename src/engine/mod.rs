@@ -33,7 +33,7 @@ pub use self::committer::{CommitObserver, Endings};
 pub use self::core::Returned;
 /// The settings that keep each running budgeted attempt's share of the bandwidth budget.
 pub(crate) use self::core::SHARE as SHARE_SETTINGS;
-pub use self::handle::{Answer, EngineHandle, Reconciled};
+pub use self::handle::{Answer, EngineHandle, Holdings, Reconciled};
 use crate::clock::{Clock, Timestamp};
 use crate::model::{HandlerId, JobId, JobRecord, JobState, StateCounts, TaskState};
 use crate::store::{self, Store};

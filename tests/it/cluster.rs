@@ -437,69 +437,114 @@ fn the_leader_of_a_running_job_dies_and_its_job_ends_as_the_model_says_on_worker
 }
 
 /// A job is led by an instance once the database says so, and by its engine
-/// only once the job is loaded there. An outcome that reaches the instance
-/// in between is sent again until the job is loaded, not refused: refused,
-/// its worker would forget it, and the attempt, held and known to no
-/// session, would be taken back and run again. The window is held open here
-/// by writing the owner by hand while the job's leader is paused, and
-/// closed by setting the job free for the instance to adopt.
+/// only once the job is loaded there: an adoption under way. Held open here
+/// by writing the owner by hand while the job's leader is paused, and closed
+/// by setting the job free for the instance to adopt.
+struct Takeover {
+    dir: tempfile::TempDir,
+    database: String,
+    a: Server,
+    b: Server,
+    id: String,
+    log: std::path::PathBuf,
+    _worker: support::Process,
+}
+
+impl Takeover {
+    /// Instances a and b; a worker of a (`lease`, b its next address) runs
+    /// both tasks of a job a leads, each sleeping `sleep_ms`; then a is
+    /// paused, and the database names b the job's leader.
+    fn open(lease: &str, sleep_ms: u64) -> Takeover {
+        let dir = tempfile::tempdir().unwrap();
+        let database = pg().new_database();
+        let url = pg().url(&database);
+        let pace = ["--recovery-interval", "2s", "--delivery-grace", "2s", "--heartbeat", "1s"];
+        let a = start_with(dir.path(), "a", &url, &[], &pace);
+        let b = start_with(dir.path(), "b", &url, &[], &pace);
+        wait_until(Duration::from_secs(20), || (active(&b).len() == 2).then_some(()))
+            .unwrap_or_else(|| panic!("2 instances did not register: {:?}", instances(&b)));
+        let log = dir.path().join("exec.log");
+        let admins = format!("{},{}", a.http, b.http);
+        let worker = support::start_worker(&a, "w", &["--admin", &admins, "--lease", lease], Some(&log));
+        a.wait_for_workers(1);
+        let task = |id: &str| format!(r#"{{"id":"{id}","job_type":"noop","parameters":{{"sleep_ms":{sleep_ms}}}}}"#);
+        let file = dir.path().join("two.json");
+        std::fs::write(&file, format!(r#"{{"name":"two","tasks":[{},{}]}}"#, task("x"), task("y"))).unwrap();
+        let output = a.cli(&["submit", file.to_str().unwrap()]);
+        let id = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        wait_until(Duration::from_secs(20), || (support::exec_events(&log, &id).len() == 2).then_some(()))
+            .unwrap_or_else(|| panic!("the tasks did not start: {:?}", support::exec_events(&log, &id)));
+        let pid = a.process.child.id().to_string();
+        assert!(std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+        let b_id = my_id(&b);
+        pg().psql(&database, &format!("UPDATE jobcenter.jobs SET owner = '{b_id}' WHERE id = '{id}'"));
+        Takeover { dir, database, a, b, id, log, _worker: worker }
+    }
+
+    /// The job is set free: b adopts it.
+    fn set_free(&self) {
+        pg().psql(&self.database, &format!("UPDATE jobcenter.jobs SET owner = NULL WHERE id = '{}'", self.id));
+    }
+
+    /// The job ended succeeded on b, each task run once by its first attempt.
+    fn ends_with_each_task_run_once(mut self) {
+        let job = wait_until(Duration::from_secs(40), || {
+            let job = self.b.cli_json(&["job", &self.id, "--json"]);
+            (job["state"] == "succeeded").then_some(job)
+        })
+        .unwrap_or_else(|| panic!("the job did not end: {}", self.b.cli_json(&["job", &self.id, "--json"])));
+        self.a.process.kill();
+        let events = support::exec_events(&self.log, &self.id);
+        for task in ["x", "y"] {
+            let runs: Vec<_> = events.iter().filter(|(t, _, _)| t == task).collect();
+            assert_eq!(
+                runs,
+                [&(task.to_string(), 1, "start".to_string()), &(task.to_string(), 1, "succeeded".to_string())],
+                "{task} ran once, and its one outcome ended it: {job}"
+            );
+        }
+        drop(self.dir);
+    }
+}
+
+/// An outcome that reaches the instance taking over its job is sent again
+/// until the job is loaded, not refused: refused, its worker would forget
+/// it, and the attempt, held and known to no session, would be taken back
+/// and run again.
 #[test]
 fn an_outcome_reaching_the_instance_that_is_taking_over_its_job_is_kept_until_the_job_is_loaded() {
-    let dir = tempfile::tempdir().unwrap();
-    let database = pg().new_database();
-    let url = pg().url(&database);
-    let pace = ["--recovery-interval", "2s", "--delivery-grace", "2s"];
-    let mut a = start_with(dir.path(), "a", &url, &[], &pace);
-    let b = start_with(dir.path(), "b", &url, &[], &pace);
-    wait_until(Duration::from_secs(20), || (active(&b).len() == 2).then_some(()))
-        .unwrap_or_else(|| panic!("2 instances did not register: {:?}", instances(&b)));
-    let log = dir.path().join("exec.log");
-    let admins = format!("{},{}", a.http, b.http);
-    let _worker = support::start_worker(&a, "w", &["--admin", &admins, "--lease", "4s"], Some(&log));
-    a.wait_for_workers(1);
-    let tasks = r#"{"name":"two","tasks":[{"id":"x","job_type":"noop","parameters":{"sleep_ms":1500}},{"id":"y","job_type":"noop","parameters":{"sleep_ms":1500}}]}"#;
-    let file = dir.path().join("two.json");
-    std::fs::write(&file, tasks).unwrap();
-    let output = a.cli(&["submit", file.to_str().unwrap()]);
-    let id = String::from_utf8_lossy(&output.stdout).trim().to_string();
-    wait_until(Duration::from_secs(20), || (support::exec_events(&log, &id).len() == 2).then_some(()))
-        .unwrap_or_else(|| panic!("the tasks did not start: {:?}", support::exec_events(&log, &id)));
-
-    // a is paused while its worker runs both tasks: their outcomes reach no
-    // one who answers, and the worker goes to b with them. The database
-    // names b the job's leader, though b's engine has not loaded it.
-    let pid = a.process.child.id().to_string();
-    assert!(std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
-    let b_id = my_id(&b);
-    pg().psql(&database, &format!("UPDATE jobcenter.jobs SET owner = '{b_id}' WHERE id = '{id}'"));
+    // The worker's outcomes reach nobody who answers; after half its lease
+    // without a word it goes to b with them.
+    let takeover = Takeover::open("4s", 1500);
     let refusals = |idx: u32| {
         let needle = format!("task.idx={idx} ");
-        let text = std::fs::read_to_string(&b.log).unwrap_or_default();
+        let text = std::fs::read_to_string(&takeover.b.log).unwrap_or_default();
         text.lines().filter(|l| l.contains("completion rejected") && l.contains(&needle)).count()
     };
     // Each outcome came through b's worker session, then through b as the
     // job's leader, at least once.
-    wait_until(Duration::from_secs(30), || (refusals(0) >= 2 && refusals(1) >= 2).then_some(())).unwrap_or_else(|| {
-        panic!("the outcomes did not reach b as the job's leader: {}", support::exec_events(&log, &id).len())
-    });
+    wait_until(Duration::from_secs(30), || (refusals(0) >= 2 && refusals(1) >= 2).then_some(()))
+        .unwrap_or_else(|| panic!("the outcomes did not reach b as the job's leader"));
+    takeover.set_free();
+    takeover.ends_with_each_task_run_once();
+}
 
-    // The job is set free; b adopts it and its worker's outcomes end it.
-    pg().psql(&database, &format!("UPDATE jobcenter.jobs SET owner = NULL WHERE id = '{id}'"));
-    let job = wait_until(Duration::from_secs(30), || {
-        let job = b.cli_json(&["job", &id, "--json"]);
-        (job["state"] == "succeeded").then_some(job)
-    })
-    .unwrap_or_else(|| panic!("the job did not end: {}", b.cli_json(&["job", &id, "--json"])));
-    a.process.kill();
-    let events = support::exec_events(&log, &id);
-    for task in ["x", "y"] {
-        let runs: Vec<_> = events.iter().filter(|(t, _, _)| t == task).collect();
-        assert_eq!(
-            runs,
-            [&(task.to_string(), 1, "start".to_string()), &(task.to_string(), 1, "succeeded".to_string())],
-            "{task} ran once, and its one outcome ended it: {job}"
-        );
-    }
+/// A worker that moved to the instance taking over its job keeps running
+/// its attempts: the instance neither cancels them (as if it had taken
+/// them back) nor lets them lose their lease, and adopts them once loaded.
+#[test]
+fn attempts_running_on_a_worker_that_moved_to_the_instance_taking_over_their_job_run_on() {
+    // The worker heartbeats every second; after 7 s without a word it goes
+    // to b, its tasks still running, and its lease (14 s) not run out.
+    let takeover = Takeover::open("14s", 12_000);
+    wait_until(Duration::from_secs(20), || (takeover.b.workers().len() == 1).then_some(()))
+        .unwrap_or_else(|| panic!("the worker did not move to b"));
+    // b has had its worker's heartbeats: what runs there is not b's yet.
+    std::thread::sleep(Duration::from_millis(1500));
+    let canceled = std::fs::read_to_string(&takeover.b.log).unwrap_or_default();
+    assert!(!canceled.contains("canceling it"), "b canceled attempts it was taking over");
+    takeover.set_free();
+    takeover.ends_with_each_task_run_once();
 }
 
 #[test]

@@ -381,7 +381,7 @@ async fn a_restart_keeps_held_attempts_with_their_volume_and_their_deadline(subj
     let running = HashSet::from([a.attempt]);
     let reconciled =
         engine.reconcile(worker.handler, running, HashSet::new(), Some(now())).await.unwrap().await.unwrap();
-    assert_eq!(reconciled, Reconciled { adopted: 1, dropped: 0, not_held: vec![] });
+    assert_eq!(reconciled, Reconciled { adopted: 1, dropped: 0, not_held: vec![], not_led_here: vec![] });
     back.none_within(300).await;
     // The deadline, two seconds after the assignment, still holds: the worker is told to stop.
     let WorkOrder::Cancel { attempt } = back.next().await else { panic!("expected a cancel") };

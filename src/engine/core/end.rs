@@ -200,6 +200,20 @@ impl Core {
         attempts.into_iter().filter(|a| self.attempts.holds(handler, *a)).collect()
     }
 
+    /// Of these attempts, those the handler holds here and those of jobs
+    /// not led here; any other was taken back.
+    pub(super) fn holdings(&self, handler: HandlerId, attempts: Vec<AttemptId>) -> crate::engine::Holdings {
+        let mut holdings = crate::engine::Holdings::default();
+        for attempt in attempts {
+            if self.attempts.holds(handler, attempt) {
+                holdings.held.push(attempt);
+            } else if !self.jobs.contains_key(&attempt.task.job) {
+                holdings.not_led_here.push(attempt);
+            }
+        }
+        holdings
+    }
+
     /// A (re)connected handler says what it runs. On its first report
     /// (`dropped_before` set), attempts it was given before then, no longer
     /// runs and did not report on (`reported`: an outcome on its way to
@@ -220,8 +234,10 @@ impl Core {
         for &attempt in running {
             if self.attempts.holds(handler, attempt) {
                 reconciled.adopted += 1;
-            } else {
+            } else if self.jobs.contains_key(&attempt.task.job) {
                 reconciled.not_held.push(attempt);
+            } else {
+                reconciled.not_led_here.push(attempt);
             }
         }
         if let Some(before) = dropped_before {

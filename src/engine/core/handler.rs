@@ -46,7 +46,7 @@ impl Core {
                 step.reply(reply, reconciled);
             }
             HandlerCommand::Holds { handler, attempts, reply } => {
-                let _ = reply.send(self.held_by(handler, attempts));
+                let _ = reply.send(self.holdings(handler, attempts));
             }
             HandlerCommand::Returned { handler, name, reply } => {
                 let returned = self.returned(handler, name, now, step);

@@ -330,8 +330,9 @@ fn a_reconnected_handler_keeps_what_it_runs_loses_what_it_dropped_and_hears_of_w
     let (id, step) = submit(&mut core, independent(2), at(1));
     assert_eq!(sent(&step), [attempt(id, 0, 1), attempt(id, 1, 1)]);
     let stranger = attempt(JobId::new(), 0, 1);
+    let taken_back = attempt(id, 0, 9);
     let (reply, answer) = oneshot::channel();
-    let running = [attempt(id, 0, 1), stranger].into_iter().collect();
+    let running = [attempt(id, 0, 1), stranger, taken_back].into_iter().collect();
     let reconcile = HandlerCommand::Reconcile {
         handler,
         running,
@@ -343,7 +344,9 @@ fn a_reconnected_handler_keeps_what_it_runs_loses_what_it_dropped_and_hears_of_w
     assert_eq!(written(&step, id), [(1, TaskState::Running, 2)], "what it dropped runs again, here, at once");
     assert_eq!(sent(&step), [attempt(id, 1, 2)]);
     let reconciled = answer_of(step, answer);
-    assert_eq!((reconciled.adopted, reconciled.dropped, reconciled.not_held), (1, 1, vec![stranger]));
+    assert_eq!((reconciled.adopted, reconciled.dropped), (1, 1));
+    assert_eq!(reconciled.not_held, [taken_back], "an attempt of a job led here that it does not hold");
+    assert_eq!(reconciled.not_led_here, [stranger], "an attempt of a job not led here");
     // Only what it was given before the time it names is dropped.
     let (reply, answer) = oneshot::channel();
     let reconcile = HandlerCommand::Reconcile {

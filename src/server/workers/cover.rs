@@ -123,19 +123,27 @@ impl Cover {
     }
 
     /// One round: which of the latest heartbeat's attempts are held here;
-    /// for the others, their leaders' vouches (or that nobody leads their
-    /// job); what nobody covers is canceled. Then the latest heartbeat is
-    /// renewed if it is covered now.
+    /// for those of jobs led elsewhere, their leaders' vouches (or that
+    /// nobody leads their job); what nobody covers is canceled. Then the
+    /// latest heartbeat is renewed if it is covered now.
     async fn ask(self) {
         let running: Vec<Attempt> = {
             let state = self.inner.lock().expect("cover lock");
             state.latest.as_ref().map(|(_, running)| running.iter().copied().collect()).unwrap_or_default()
         };
-        let held: HashSet<Attempt> =
-            self.sessions.engine.holds(self.handler, running.clone()).await.unwrap_or_default().into_iter().collect();
-        let foreign: Vec<Attempt> = running.iter().copied().filter(|a| !held.contains(a)).collect();
+        let Ok(holdings) = self.sessions.engine.holds(self.handler, running.clone()).await else {
+            // The engine stopped: the session ends with it.
+            self.inner.lock().expect("cover lock").asking = false;
+            return;
+        };
+        let held: HashSet<Attempt> = holdings.held.iter().copied().collect();
+        let foreign: HashSet<Attempt> = holdings.not_led_here.iter().copied().collect();
         let mut vouched = Vec::new();
-        let mut cancel = Vec::new();
+        let mut cancel: Vec<(Attempt, &str)> = running
+            .iter()
+            .filter(|a| !held.contains(a) && !foreign.contains(a))
+            .map(|a| (*a, "it was taken back while the worker was away"))
+            .collect();
         if let Some(node) = self.sessions.topology.member() {
             let mut by_leader: BTreeMap<String, Vec<Attempt>> = BTreeMap::new();
             for attempt in foreign {
@@ -146,9 +154,9 @@ impl Cover {
                     Some(None) => cancel.push((attempt, "its job does not exist")),
                     Some(Some(w)) if w.state.is_terminal() => cancel.push((attempt, "its job has ended")),
                     Some(Some(w)) => match w.owner {
-                        Some(owner) if owner.id == node.id => {
-                            cancel.push((attempt, "it was taken back while the worker was away"))
-                        }
+                        // Led here, and its job not loaded yet (adopted a
+                        // moment ago): asked again next time.
+                        Some(owner) if owner.id == node.id => {}
                         Some(owner) => by_leader.entry(owner.grpc_address).or_default().push(attempt),
                         None => {
                             let valid = peer::vouch_validity(self.sessions.settings.orphan_grace, self.lease);

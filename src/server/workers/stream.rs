@@ -805,10 +805,13 @@ impl Session {
                     "worker's running work reconciled"
                 );
             }
-            for attempt in reconciled.not_held {
-                if keep_foreign(&sessions, attempt.task.job).await {
-                    continue;
+            let mut stop = reconciled.not_held;
+            for attempt in reconciled.not_led_here {
+                if !keep_foreign(&sessions, attempt.task.job).await {
+                    stop.push(attempt);
                 }
+            }
+            for attempt in stop {
                 tracing::warn!(worker.id = %worker_id, %handler, %attempt, "the worker runs an attempt it does not hold: canceling it");
                 let cancel = CancelRequest {
                     target_id: attempt.to_string(),
@@ -1044,20 +1047,18 @@ fn acknowledge(outbound: &Outbound, attempt_id: &str, refusal: Option<&str>) {
 /// a job led elsewhere (or about to be), so the worker must keep it.
 async fn keep_foreign(sessions: &WorkerSessions, job: crate::model::JobId) -> bool {
     match &sessions.topology {
-        Topology::Member(node) => led_elsewhere(node, sessions.engine.store().clone(), job).await,
+        Topology::Member(_) => not_ended(sessions.engine.store().clone(), job).await,
         Topology::Alone => false,
     }
 }
 
-/// Whether `job` has not ended and this instance does not lead it.
-async fn led_elsewhere(
-    node: &crate::server::cluster::Node,
-    store: Arc<dyn crate::store::Store>,
-    job: crate::model::JobId,
-) -> bool {
+/// Whether `job`, which this instance's engine does not lead, has not
+/// ended: it is led by another instance, or by nobody yet, or by this one
+/// and not loaded yet (adopted a moment ago, or released a moment ago).
+async fn not_ended(store: Arc<dyn crate::store::Store>, job: crate::model::JobId) -> bool {
     let whereabouts = tokio::task::spawn_blocking(move || store.cluster().map(|c| c.whereabouts(job))).await;
     match whereabouts {
-        Ok(Some(Ok(Some(w)))) => !w.state.is_terminal() && w.owner.is_none_or(|owner| owner.id != node.id),
+        Ok(Some(Ok(Some(w)))) => !w.state.is_terminal(),
         // Unsure (the database away): keep the attempt rather than cancel it.
         Ok(Some(Err(_))) | Err(_) => true,
         _ => false,
