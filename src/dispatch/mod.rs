@@ -395,9 +395,13 @@ impl Dispatch {
         }
     }
 
-    /// What each job type with a global limit asks of it now.
-    pub fn demand(&self) -> Vec<TypeDemand> {
-        self.limits
+    /// What each job type with a global limit asks of it now. In a
+    /// cluster, the slots held of each stop at what runs until the next
+    /// `set_permits`: the settlement this demand is for may give the others
+    /// back, and none of them may start an attempt meanwhile.
+    pub fn demand(&mut self) -> Vec<TypeDemand> {
+        let demand: Vec<TypeDemand> = self
+            .limits
             .iter()
             .map(|(t, l)| TypeDemand {
                 job_type: t.clone(),
@@ -405,7 +409,15 @@ impl Dispatch {
                 queued: self.queues.get(t).map_or(0, |q| q.len() as u32),
                 running: self.running(t),
             })
-            .collect()
+            .collect();
+        if let Some(permits) = self.permits.as_mut() {
+            for asked in &demand {
+                if let Some(held) = permits.get_mut(&asked.job_type) {
+                    *held = (*held).min(asked.running);
+                }
+            }
+        }
+        demand
     }
 
     /// Whether the type is at its global limit, past the slots of it held
@@ -1011,6 +1023,39 @@ mod tests {
         assert_eq!(d.running("vacuum"), 5, "never past the global limit itself");
         let demand = d.demand();
         assert_eq!(demand, vec![TypeDemand { job_type: vacuum, limit: 5, queued: 0, running: 5 }]);
+    }
+
+    /// The settlement of permits reads what runs, then gives back in the
+    /// store what is held above it: in between, no attempt may start on a
+    /// slot it is giving back, which another instance may take at once.
+    #[test]
+    fn once_its_demand_is_read_a_type_starts_nothing_more_until_its_permits_are_settled() {
+        let mut d = Dispatch::default();
+        let (sink, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let noop: Arc<str> = Arc::from("noop");
+        let handler = HandlerId::new();
+        d.add_handler(HandlerSpec {
+            handler,
+            job_types: None,
+            capacity: 10,
+            type_capacity: BTreeMap::new(),
+            starts_running: false,
+            session: 0,
+            sink,
+            place: Place::default(),
+        });
+        d.set_limits(
+            noop.clone(),
+            TypeLimits { global: 2, per_worker: 10, execution_timeout_seconds: None, rate: None },
+            Timestamp(0),
+        );
+        d.set_permits(std::collections::HashMap::from([(noop.clone(), 2)]), Timestamp(0));
+        let h = d.pick_handler("noop", Place::default, Timestamp(0)).expect("a permit held");
+        d.take_slot(h, &noop);
+        assert_eq!(d.demand(), vec![TypeDemand { job_type: noop.clone(), limit: 2, queued: 0, running: 1 }]);
+        assert!(d.pick_handler("noop", Place::default, Timestamp(0)).is_none(), "the other slot may be given back");
+        d.set_permits(std::collections::HashMap::from([(noop.clone(), 2)]), Timestamp(0));
+        assert!(d.pick_handler("noop", Place::default, Timestamp(0)).is_some(), "kept: it starts again");
     }
 
     #[test]

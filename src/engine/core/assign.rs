@@ -63,6 +63,11 @@ impl Core {
                 }
             }
         }
+        // Until the settlement is written, a volume wanted for nothing may be
+        // given back: nothing starts on it meanwhile.
+        if let Some(held) = self.resource_permits.as_mut() {
+            held.retain(|key| resources.contains_key(key));
+        }
         let budget = self.budget_asks();
         crate::dispatch::Demand { types: self.dispatch.demand(), resources, budget }
     }
