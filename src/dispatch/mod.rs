@@ -1031,19 +1031,8 @@ mod tests {
     #[test]
     fn once_its_demand_is_read_a_type_starts_nothing_more_until_its_permits_are_settled() {
         let mut d = Dispatch::default();
-        let (sink, _rx) = tokio::sync::mpsc::unbounded_channel();
         let noop: Arc<str> = Arc::from("noop");
-        let handler = HandlerId::new();
-        d.add_handler(HandlerSpec {
-            handler,
-            job_types: None,
-            capacity: 10,
-            type_capacity: BTreeMap::new(),
-            starts_running: false,
-            session: 0,
-            sink,
-            place: Place::default(),
-        });
+        handler_at(&mut d, 10, None);
         d.set_limits(
             noop.clone(),
             TypeLimits { global: 2, per_worker: 10, execution_timeout_seconds: None, rate: None },
