@@ -200,15 +200,26 @@ impl Core {
         attempts.into_iter().filter(|a| self.attempts.holds(handler, *a)).collect()
     }
 
+    /// What an attempt a handler runs is here.
+    fn holding(&self, handler: HandlerId, attempt: AttemptId) -> Holding {
+        if self.attempts.holds(handler, attempt) {
+            Holding::Held
+        } else if self.jobs.contains_key(&attempt.task.job) {
+            Holding::TakenBack
+        } else {
+            Holding::NotLedHere
+        }
+    }
+
     /// Of these attempts, those the handler holds here and those of jobs
     /// not led here; any other was taken back.
     pub(super) fn holdings(&self, handler: HandlerId, attempts: Vec<AttemptId>) -> crate::engine::Holdings {
         let mut holdings = crate::engine::Holdings::default();
         for attempt in attempts {
-            if self.attempts.holds(handler, attempt) {
-                holdings.held.push(attempt);
-            } else if !self.jobs.contains_key(&attempt.task.job) {
-                holdings.not_led_here.push(attempt);
+            match self.holding(handler, attempt) {
+                Holding::Held => holdings.held.push(attempt),
+                Holding::NotLedHere => holdings.not_led_here.push(attempt),
+                Holding::TakenBack => {}
             }
         }
         holdings
@@ -219,8 +230,9 @@ impl Core {
     /// runs and did not report on (`reported`: an outcome on its way to
     /// another instance, which may lead the job here by the time it comes
     /// back) are lost, uncounted (a worker that drops its work with its
-    /// stream). Attempts it runs that it does not hold are returned, so that
-    /// it is told to stop them: they were taken back while it was away.
+    /// stream). Attempts it runs of jobs led here that it does not hold are
+    /// returned, so that it is told to stop them: they were taken back while
+    /// it was away; those of jobs not led here are returned apart.
     pub(super) fn reconcile(
         &mut self,
         handler: HandlerId,
@@ -232,12 +244,10 @@ impl Core {
     ) -> crate::engine::Reconciled {
         let mut reconciled = crate::engine::Reconciled::default();
         for &attempt in running {
-            if self.attempts.holds(handler, attempt) {
-                reconciled.adopted += 1;
-            } else if self.jobs.contains_key(&attempt.task.job) {
-                reconciled.not_held.push(attempt);
-            } else {
-                reconciled.not_led_here.push(attempt);
+            match self.holding(handler, attempt) {
+                Holding::Held => reconciled.adopted += 1,
+                Holding::TakenBack => reconciled.not_held.push(attempt),
+                Holding::NotLedHere => reconciled.not_led_here.push(attempt),
             }
         }
         if let Some(before) = dropped_before {
@@ -253,4 +263,15 @@ impl Core {
         }
         reconciled
     }
+}
+
+/// What an attempt a handler runs is to this engine.
+enum Holding {
+    /// The handler holds it here.
+    Held,
+    /// Its job is led here, and the handler does not hold it.
+    TakenBack,
+    /// Its job is not led here (another instance's, ended, or adopted and
+    /// not loaded yet).
+    NotLedHere,
 }

@@ -484,7 +484,12 @@ async fn ended(engine: &EngineHandle, job: JobId) -> bool {
     matches!(whereabouts(engine, job).await, Some(Some(w)) if w.state.is_terminal())
 }
 
-async fn whereabouts(engine: &EngineHandle, job: JobId) -> Option<Option<crate::store::cluster::Whereabouts>> {
+/// Where the database says `job` is: `None` when it cannot tell now,
+/// `Some(None)` when there is no such job.
+pub(crate) async fn whereabouts(
+    engine: &EngineHandle,
+    job: JobId,
+) -> Option<Option<crate::store::cluster::Whereabouts>> {
     let store = engine.store().clone();
     tokio::task::spawn_blocking(move || store.cluster().map(|c| c.whereabouts(job)))
         .await

@@ -19,7 +19,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::stream::WorkerSessions;
-use crate::engine::EngineHandle;
 use crate::model::{AttemptId, HandlerId};
 use crate::proto::plugin::{admin_to_worker_message, AdminToWorkerMessage, CancelRequest, WorkKind};
 use crate::server::cluster::peer;
@@ -148,7 +147,7 @@ impl Cover {
             let mut by_leader: BTreeMap<String, Vec<Attempt>> = BTreeMap::new();
             for attempt in foreign {
                 let asked_at = Instant::now();
-                match whereabouts(&self.sessions.engine, attempt.task.job).await {
+                match peer::whereabouts(&self.sessions.engine, attempt.task.job).await {
                     // The database cannot tell now: asked again next time.
                     None => {}
                     Some(None) => cancel.push((attempt, "its job does not exist")),
@@ -221,16 +220,5 @@ impl Cover {
             self.renew(number);
         }
         self.tell_elsewhere(elsewhere);
-    }
-}
-
-async fn whereabouts(
-    engine: &EngineHandle,
-    job: crate::model::JobId,
-) -> Option<Option<crate::store::cluster::Whereabouts>> {
-    let store = engine.store().clone();
-    match tokio::task::spawn_blocking(move || store.cluster().map(|c| c.whereabouts(job))).await {
-        Ok(Some(Ok(found))) => Some(found),
-        _ => None,
     }
 }

@@ -1047,7 +1047,7 @@ fn acknowledge(outbound: &Outbound, attempt_id: &str, refusal: Option<&str>) {
 /// a job led elsewhere (or about to be), so the worker must keep it.
 async fn keep_foreign(sessions: &WorkerSessions, job: crate::model::JobId) -> bool {
     match &sessions.topology {
-        Topology::Member(_) => not_ended(sessions.engine.store().clone(), job).await,
+        Topology::Member(_) => not_ended(&sessions.engine, job).await,
         Topology::Alone => false,
     }
 }
@@ -1055,13 +1055,12 @@ async fn keep_foreign(sessions: &WorkerSessions, job: crate::model::JobId) -> bo
 /// Whether `job`, which this instance's engine does not lead, has not
 /// ended: it is led by another instance, or by nobody yet, or by this one
 /// and not loaded yet (adopted a moment ago, or released a moment ago).
-async fn not_ended(store: Arc<dyn crate::store::Store>, job: crate::model::JobId) -> bool {
-    let whereabouts = tokio::task::spawn_blocking(move || store.cluster().map(|c| c.whereabouts(job))).await;
-    match whereabouts {
-        Ok(Some(Ok(Some(w)))) => !w.state.is_terminal(),
+async fn not_ended(engine: &crate::engine::EngineHandle, job: crate::model::JobId) -> bool {
+    match crate::server::cluster::peer::whereabouts(engine, job).await {
+        Some(Some(w)) => !w.state.is_terminal(),
         // Unsure (the database away): keep the attempt rather than cancel it.
-        Ok(Some(Err(_))) | Err(_) => true,
-        _ => false,
+        None => true,
+        Some(None) => false,
     }
 }
 
