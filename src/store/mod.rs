@@ -31,7 +31,7 @@ use std::sync::Arc;
 use crate::model::{JobId, JobOrigin, JobRecord, JobSpec, JobState, TaskIdx, TaskRecord};
 
 pub use self::memory::MemoryStore;
-pub use self::postgres::{PasswordSources, PgStore, ScratchDatabase, TlsMode};
+pub use self::postgres::{PasswordSources, PgStore, ScratchDatabase, ServerAddress, TlsMode};
 pub use self::sled::SledStore;
 
 /// Opens the embedded default store in a data directory.

@@ -3,7 +3,8 @@
 //! and leaves nothing half-created; TLS to the database; PostgreSQL
 //! restarted (fast, then immediate) under a running 2,000-task job loses no
 //! acknowledged work and runs nothing twice; export and import move
-//! everything between a sled directory and a database.
+//! everything between a sled directory and a database; the bench counts the
+//! round trips a job takes to its database.
 
 use crate::support;
 use crate::support::postgres as pg;
@@ -395,4 +396,34 @@ fn a_write_refused_for_good_stops_the_server_with_74_and_acknowledges_nothing() 
     assert!(log.contains("jobcenter: store write failed:") && log.contains("no_more_jobs"), "{log}");
     let names = cluster.psql(&database, "SELECT string_agg(id::text || ' ' || name, ',') FROM jobcenter.jobs");
     assert_eq!(names.trim(), format!("{kept} kept"), "only the acknowledged job is stored");
+}
+
+/// `jobcenter bench --count-round-trips` counts on the wire between the
+/// instance and its database: a chain commits each step before the next is
+/// dispatched, so it takes at least one round trip a step, and a step costs
+/// no second one.
+#[test]
+fn the_bench_counts_the_round_trips_a_chain_takes_to_its_database() {
+    let cluster = pg::shared();
+    let steps = 150;
+    let tasks: Vec<serde_json::Value> = (0..steps)
+        .map(|i| {
+            let after: Vec<String> = if i == 0 { vec![] } else { vec![format!("t{}", i - 1)] };
+            serde_json::json!({ "id": format!("t{i}"), "job_type": "noop", "parameters": {}, "depends_on": after })
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("chain.json");
+    std::fs::write(&file, serde_json::json!({ "name": "chain", "tasks": tasks }).to_string()).unwrap();
+    let url = cluster.url("postgres");
+    let mut command = Command::new(binary());
+    command.arg("bench").arg(&file).args(["--workers", "1", "--database-url", &url, "--count-round-trips"]);
+    let output = run_with_timeout(command, Duration::from_secs(120));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "bench failed: {stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let result: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
+    assert_eq!(result["tasks"], steps, "{result}");
+    let per_task = result["db_round_trips_per_task"].as_f64().expect("round trips counted");
+    assert!((1.0..2.0).contains(&per_task), "{per_task} round trips a step: {result}");
+    assert!(result["db_transactions_per_task"].as_f64().unwrap() >= 1.0, "{result}");
 }

@@ -202,6 +202,52 @@ fn block_on<T: Send>(runtime: &tokio::runtime::Runtime, future: impl std::future
     }
 }
 
+/// Where a database server listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServerAddress {
+    Tcp(String, u16),
+    /// The socket file itself (`DIR/.s.PGSQL.PORT`).
+    Unix(std::path::PathBuf),
+}
+
+/// `url` with `127.0.0.1:port` as its server: its user, password (`user`
+/// and `password` when it names none), database and settings kept, its
+/// hosts and ports dropped.
+fn url_via(url: &str, user: &str, password: Option<&[u8]>, port: u16) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, database) = base.split_once('/').unwrap_or((base, ""));
+    let mut userinfo = authority.rsplit_once('@').map(|(userinfo, _)| userinfo.to_string());
+    if userinfo.as_deref().is_none_or(|u| !u.contains(':')) {
+        if let Some(password) = password {
+            let user = userinfo.unwrap_or_else(|| percent_encode(user.as_bytes()));
+            userinfo = Some(format!("{user}:{}", percent_encode(password)));
+        }
+    }
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| {
+            !pair.is_empty() && !["host", "hostaddr", "port"].contains(&pair.split('=').next().unwrap_or(""))
+        })
+        .collect();
+    let userinfo = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+    let mut url = format!("postgres://{userinfo}127.0.0.1:{port}/{database}");
+    if !kept.is_empty() {
+        url = format!("{url}?{}", kept.join("&"));
+    }
+    url
+}
+
+fn percent_encode(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|&b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => char::from(b).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// A fresh database beside the one `url` names, dropped again by `drop`:
 /// for benchmarks, which must not write into a database that holds data.
 pub struct ScratchDatabase {
@@ -236,6 +282,33 @@ impl ScratchDatabase {
     /// The scratch database's URL (with the password the original URL had).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Where the database server listens, as the URL names it: each host
+    /// with its port, a Unix socket as the file the server listens on.
+    pub fn server_addresses(&self) -> Vec<ServerAddress> {
+        let config = &self.admin.config;
+        let ports = config.get_ports();
+        config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, host)| {
+                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                match host {
+                    tokio_postgres::config::Host::Tcp(name) => ServerAddress::Tcp(name.clone(), port),
+                    tokio_postgres::config::Host::Unix(dir) => {
+                        ServerAddress::Unix(dir.join(format!(".s.PGSQL.{port}")))
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// The scratch database's URL with `127.0.0.1:port` as its server (a
+    /// relay in front of it), its password and other settings kept.
+    pub fn url_via(&self, port: u16) -> String {
+        url_via(&self.url, &self.admin.user, self.admin.config.get_password(), port)
     }
 
     /// Its size on disk, in bytes.
@@ -991,5 +1064,17 @@ mod tests {
         assert_eq!(merged.tasks[0].2, "running");
         assert_eq!(merged.settings, vec![("a".to_string(), None), ("b".to_string(), Some(vec![2]))]);
         assert_eq!(chunks(45_000).collect::<Vec<_>>(), vec![0..20_000, 20_000..40_000, 40_000..45_000]);
+    }
+
+    #[test]
+    fn a_url_through_a_relay_keeps_everything_but_the_server() {
+        let via = |url: &str, password: Option<&[u8]>| super::url_via(url, "me", password, 7000);
+        assert_eq!(
+            via("postgres://u:p%40ss@db.example:5433/jobs?sslmode=require&host=/run/pg&port=5434", None),
+            "postgres://u:p%40ss@127.0.0.1:7000/jobs?sslmode=require"
+        );
+        assert_eq!(via("postgresql://u@db/jobs", Some(b"s e/c")), "postgres://u:s%20e%2Fc@127.0.0.1:7000/jobs");
+        assert_eq!(via("postgres:///jobs?host=/tmp/pg", Some(b"pw")), "postgres://me:pw@127.0.0.1:7000/jobs");
+        assert_eq!(via("postgres://db/jobs", None), "postgres://127.0.0.1:7000/jobs");
     }
 }

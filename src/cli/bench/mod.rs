@@ -7,6 +7,8 @@
 //! instance k mod M, and the figures are over all of them.
 #![allow(clippy::print_stdout)]
 
+mod relay;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -53,6 +55,11 @@ pub struct BenchArgs {
     /// throughput is over all of them.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub jobs: u32,
+    /// With --database-url: the instances reach the database through a relay
+    /// in this process that counts round trips (`db_round_trips_per_task`);
+    /// each costs two more loopback hops, so time the run without it.
+    #[arg(long, requires = "database_url")]
+    pub count_round_trips: bool,
 }
 
 struct Children(Vec<Child>);
@@ -158,9 +165,14 @@ async fn bench(
     scratch: &Option<std::sync::Arc<ScratchDatabase>>,
 ) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe()?;
-    let store_args: Vec<String> = match scratch {
-        Some(scratch) => vec!["--database-url".into(), scratch.url().to_string()],
-        None => vec!["--data-dir".into(), data_dir.display().to_string()],
+    let relay = match scratch {
+        Some(scratch) if args.count_round_trips => Some(relay::Relay::start(scratch.server_addresses()).await?),
+        _ => None,
+    };
+    let store_args: Vec<String> = match (scratch, &relay) {
+        (Some(scratch), Some(relay)) => vec!["--database-url".into(), scratch.url_via(relay.port)],
+        (Some(scratch), None) => vec!["--database-url".into(), scratch.url().to_string()],
+        (None, _) => vec!["--data-dir".into(), data_dir.display().to_string()],
     };
     let mut children = Children(Vec::new());
     let mut https = Vec::new();
@@ -216,6 +228,7 @@ async fn bench(
         client.set_budget(request).await.map_err(|s| anyhow::anyhow!("--budget {cluster}: {}", s.message()))?;
     }
     let transactions_before = transactions(scratch).await;
+    let round_trips_before = relay.as_ref().map(relay::Relay::round_trips);
 
     let mut clients = vec![client];
     for address in grpc_addresses.iter().skip(1) {
@@ -264,6 +277,7 @@ async fn bench(
         "server_cpu_s": server_pids.iter().zip(&cpu_before).map(|(pid, before)| cpu_seconds(*pid) - before).collect::<Vec<f64>>(),
     });
     drop(children);
+    let round_trips = relay.as_ref().zip(round_trips_before).map(|(relay, before)| relay.round_trips() - before);
     // A server's sessions report their statistics when they end.
     let transactions_after = match scratch {
         Some(_) => {
@@ -277,6 +291,11 @@ async fn bench(
         // Every transaction in the database over the run, heartbeats and
         // the client's reads included, per task.
         result["db_transactions_per_task"] = serde_json::json!((after - before) as f64 / tasks.max(1) as f64);
+    }
+    if let Some(round_trips) = round_trips {
+        // Every round trip between the instances and the database over the
+        // run, heartbeats and leases included, per task.
+        result["db_round_trips_per_task"] = serde_json::json!(round_trips as f64 / tasks.max(1) as f64);
     }
     if let Some(scratch) = scratch.clone() {
         let size = tokio::task::spawn_blocking(move || scratch.size()).await??;
