@@ -454,7 +454,7 @@ fn a_console_session_is_served_by_every_instance_and_ends_at_all_of_them() {
     let peer = dir.path().join("peer.token");
     std::fs::write(&peer, add(&file, "peer", "instance")).unwrap();
     let start = |name: &str| {
-        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let free = crate::support::free_port;
         let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
         let args = [
             "--database-url",

@@ -19,11 +19,7 @@ use crate::support::postgres as pg;
 use std::time::{Duration, Instant};
 
 use layered::{layered_job, Rng, Work};
-use support::{exec_events, start_worker, wait_until, Server};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use support::{exec_events, free_port, start_worker, wait_until, Server};
 
 #[test]
 fn the_admin_killed_over_and_over_still_finishes_the_job_exactly() {

@@ -11,11 +11,7 @@ use crate::support::proxy;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::{exec_events, start_worker, wait_until, Process, Server};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use support::{exec_events, free_port, start_worker, wait_until, Process, Server};
 
 /// A server on fixed loopback ports, so that workers find it again after a restart.
 struct Admin {

@@ -215,7 +215,7 @@ fn every_instance_on_one_database_reads_the_one_trail() {
     let dir = tempfile::tempdir().unwrap();
     let token = token_file(dir.path(), "admin", "an-admin-token-of-this-test");
     let start = |name: &str| {
-        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let free = crate::support::free_port;
         let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
         let args = ["--database-url", &url, "--grpc", &grpc, "--token-file", &token, "--peer-token-file", &token];
         Server::start_on(&dir.path().join(name), &http, &args)

@@ -481,7 +481,7 @@ fn two_balance_moves_under_a_20_mb_s_budget_copy_no_faster_than_it_allows_and_ru
 
 /// An admin of a cluster on `url`: beats every second, dead after 4 s of silence.
 fn cluster_instance(dir: &Path, name: &str, url: &str) -> Server {
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let free = crate::support::free_port;
     let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
     let args = ["--database-url", url, "--grpc", &grpc, "--cluster-heartbeat", "1s", "--lag-threshold", "4s"];
     Server::start_on(&dir.join(name), &http, &args)

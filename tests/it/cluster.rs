@@ -30,7 +30,7 @@ fn start(dir: &std::path::Path, name: &str, url: &str, wrapper: &[&str]) -> Serv
 
 /// `start` with more options for the server.
 fn start_with(dir: &std::path::Path, name: &str, url: &str, wrapper: &[&str], more: &[&str]) -> Server {
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let free = crate::support::free_port;
     let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
     let mut args = vec!["--database-url", url, "--grpc", &grpc, "--cluster-heartbeat", "1s", "--lag-threshold", "4s"];
     args.extend_from_slice(more);

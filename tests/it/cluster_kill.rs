@@ -32,7 +32,7 @@ struct Place {
 
 impl Place {
     fn new(name: &str) -> Place {
-        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let free = crate::support::free_port;
         Place { name: name.into(), http: format!("127.0.0.1:{}", free()), grpc: free().to_string() }
     }
 

@@ -218,7 +218,7 @@ fn an_endpoint_that_does_not_answer_slows_no_job_and_shows_its_error() {
     let dir = tempfile::tempdir().unwrap();
     // Connections are taken by the kernel but nobody reads or answers them.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
-    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let closed = crate::support::free_port();
     let notify = write(
         dir.path(),
         "notify.yaml",
@@ -352,7 +352,7 @@ fn on_one_database_an_instance_lost_is_told_once_by_the_instance_that_delivers()
     );
     let notify = write(dir.path(), "notify.toml", &file);
     let start = |name: &str| {
-        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let free = crate::support::free_port;
         let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
         let args = [
             "--database-url",

@@ -38,7 +38,7 @@ fn a_database_that_cannot_be_used_is_refused_in_one_line() {
     let cluster = pg::shared();
     let password = cluster.password().to_string();
 
-    let nothing_there = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let nothing_there = crate::support::free_port();
     let url = format!("postgres://jobcenter:{password}@127.0.0.1:{nothing_there}/jobs");
     let line = refused(&url, &password);
     assert!(

@@ -152,7 +152,7 @@ async fn a_rate_limit_spaces_the_starts_of_a_job_type_after_its_burst() {
 
 /// An instance on the shared database, beating every second.
 fn member(dir: &std::path::Path, name: &str, url: &str) -> Server {
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let free = crate::support::free_port;
     let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
     let args = ["--database-url", url, "--grpc", &grpc, "--cluster-heartbeat", "1s", "--lag-threshold", "4s"];
     Server::start_wrapped(&[], &dir.join(name), &http, &args)

@@ -1453,7 +1453,7 @@ fn a_weed_worker_back_after_an_admin_restart_settles_its_encode_and_no_encode_st
     let started = Instant::now();
     let cluster = Cluster::start(ClusterOptions { volume_servers: 5, ..ClusterOptions::default() });
     let dir = tempfile::tempdir().unwrap();
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let free = crate::support::free_port;
     let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
     let master = cluster.master_address();
     let args = ["--master", master.as_str(), "--grpc", grpc.as_str(), "--orphan-grace", "30s"];

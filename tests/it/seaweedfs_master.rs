@@ -12,15 +12,6 @@ use std::time::Duration;
 use jobcenter::proto::master::{seaweed_client::SeaweedClient, GetAdminLockStatusRequest, ReleaseAdminTokenRequest};
 use support::{wait_until, Process, Server};
 
-fn free_port() -> u16 {
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return port;
-        }
-    }
-}
-
 fn spawn(args: &[String], dir: &std::path::Path, name: &str) -> Process {
     let child = Command::new("weed")
         .args(args)
@@ -34,7 +25,8 @@ fn spawn(args: &[String], dir: &std::path::Path, name: &str) -> Process {
 
 /// A SeaweedFS master on free ports, and a client of its gRPC port.
 fn start_master(dir: &std::path::Path) -> (Process, SeaweedClient<tonic::transport::Channel>, u16) {
-    let port = free_port();
+    // The master listens for gRPC on its port + 10,000, as weed does.
+    let port = crate::support::seaweedfs::free_port_pair();
     let mdir = dir.join("master");
     std::fs::create_dir_all(&mdir).unwrap();
     let process = spawn(

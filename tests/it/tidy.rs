@@ -278,3 +278,20 @@ fn the_store_test_suite_is_not_in_the_shipped_library() {
     let default = manifest.lines().find(|l| l.starts_with("default = ")).expect("Cargo.toml: no default features");
     assert!(!default.contains("testsuite"), "Cargo.toml: the shipped build must not turn on testsuite: {default}");
 }
+
+/// A port a test picks for a process to bind later comes from
+/// `support::free_port`, not from the kernel's ephemeral ports, which any
+/// connection may take before the process binds it.
+#[test]
+fn a_port_picked_for_a_process_comes_from_the_tests_own_range() {
+    let mut files = Vec::new();
+    rust_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it"), &mut files);
+    let picked = ["bind(\"127.0.0.1:0\")", ".local_addr().unwrap().port()"].concat();
+    let picked = picked.replacen(")", ").unwrap()", 1);
+    let offenders: Vec<String> = files
+        .iter()
+        .filter(|path| std::fs::read_to_string(path).unwrap_or_default().contains(&picked))
+        .map(|path| path.display().to_string())
+        .collect();
+    assert!(offenders.is_empty(), "ports picked from the ephemeral range (use support::free_port): {offenders:?}");
+}

@@ -273,7 +273,7 @@ fn three_instances_with_tls_everywhere_lend_tasks_to_each_other() {
     let rules = "\n[[certificate]]\nsan = \"localhost\"\nrole = \"instance\"\n\n[[certificate]]\nsan = \"worker\"\nrole = \"worker\"\n";
     let file = std::fs::read_to_string(&credentials).unwrap();
     std::fs::write(&credentials, format!("{file}{rules}")).unwrap();
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let free = crate::support::free_port;
     let start = |name: &str| {
         let (http, grpc) = (format!("127.0.0.1:{}", free()), free().to_string());
         let args = [

@@ -208,7 +208,7 @@ fn a_job_s_spans_reach_the_endpoint_and_the_worker_s_join_its_attempts() {
 #[test]
 fn an_endpoint_where_nothing_listens_slows_nothing() {
     // A port just free: nothing listens there, and connecting is refused.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = crate::support::free_port();
     jobs_go_on_and_the_server_stops_promptly(&format!("http://127.0.0.1:{port}"));
 }
 

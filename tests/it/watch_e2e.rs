@@ -263,18 +263,11 @@ fn piped_it_prints_one_line_per_transition_and_a_summary() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("no job"), "{}", String::from_utf8_lossy(&output.stderr));
 }
 
-/// Two free loopback ports.
-fn free_ports() -> (u16, u16) {
-    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    (a.local_addr().unwrap().port(), b.local_addr().unwrap().port())
-}
-
 #[test]
 fn the_watch_survives_a_server_restart() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (http_port, grpc_port) = free_ports();
+    let (http_port, grpc_port) = (crate::support::free_port(), crate::support::free_port());
     let http = format!("127.0.0.1:{http_port}");
     let grpc = grpc_port.to_string();
     let extra = ["--grpc", grpc.as_str(), "--local-workers", "1", "--orphan-grace", "1s"];

@@ -72,7 +72,7 @@ impl Driver {
         let mut failures = Vec::new();
         // A port found free may be taken before chromedriver binds it: try a few.
         for _ in 0..3 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let port = super::free_port();
             let log_file = std::fs::File::create(&log).expect("create the chromedriver log");
             let child = {
                 use std::os::unix::process::CommandExt;

@@ -20,6 +20,27 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// A loopback port free now, for a process the test starts to bind (again
+/// on the same address after a restart, if need be). It comes from 28,000 to
+/// 29,999, below the kernel's ephemeral ports (32,768 and up here), so that
+/// no connection's own port and no bind to port 0 takes it meanwhile; the
+/// PostgreSQL (25,000) and SeaweedFS (20,000 and 30,000) ports of these tests
+/// lie beside it, and one counter keeps the tests of this process apart.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const BASE: u16 = 28_000;
+    const SPAN: u32 = 2_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(151) % SPAN;
+    for _ in 0..SPAN {
+        let port = BASE + ((start + NEXT.fetch_add(1, Ordering::SeqCst)) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {BASE}..{}", u32::from(BASE) + SPAN);
+}
+
 pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_jobcenter")
 }
