@@ -65,6 +65,15 @@ impl Format {
             _ => Format::Json,
         }
     }
+
+    /// Its name as the submit API takes it (`json`, `toml`, `yaml`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Json => "json",
+            Format::Toml => "toml",
+            Format::Yaml => "yaml",
+        }
+    }
 }
 
 /// One broken rule, with the place it is broken.

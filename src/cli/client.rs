@@ -130,11 +130,7 @@ pub struct SubmitArgs {
 
 pub(super) async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let content = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let format = match Format::from_path(&args.file) {
-        Format::Json => "json",
-        Format::Toml => "toml",
-        Format::Yaml => "yaml",
-    };
+    let format = Format::from_path(&args.file).name();
     let mut client = args.connection.connect().await?;
     let chunks = submit_chunks(content, format, &args.file.display().to_string());
     let job_id = match client.submit_job_stream(tokio_stream::iter(chunks)).await {

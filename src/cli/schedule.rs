@@ -109,11 +109,7 @@ pub(super) async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
             json,
         } => {
             let job_file = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
-            let format = match Format::from_path(&file) {
-                Format::Json => "json",
-                Format::Toml => "toml",
-                Format::Yaml => "yaml",
-            };
+            let format = Format::from_path(&file).name();
             let request = api::AddScheduleRequest {
                 name,
                 calendar,

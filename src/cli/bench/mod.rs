@@ -127,11 +127,7 @@ async fn transactions(scratch: &Option<std::sync::Arc<ScratchDatabase>>) -> Opti
 
 pub(super) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let content = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let format = match Format::from_path(&args.file) {
-        Format::Json => "json",
-        Format::Toml => "toml",
-        Format::Yaml => "yaml",
-    };
+    let format = Format::from_path(&args.file).name();
     let (data_dir, temporary) = match &args.data_dir {
         Some(dir) => (dir.clone(), false),
         None => (std::env::temp_dir().join(format!("jobcenter-bench-{}", uuid::Uuid::new_v4())), true),

@@ -17,8 +17,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Duplex for T {}
 pub(super) struct Relay {
     pub(super) port: u16,
     round_trips: Arc<AtomicU64>,
-    /// The accepting task; its connections end with it.
-    accepting: tokio::task::JoinHandle<()>,
+    /// The accepting task, stopped when the relay is dropped; its
+    /// connections end with it.
+    _accepting: tokio_util::task::AbortOnDropHandle<()>,
 }
 
 impl Relay {
@@ -31,7 +32,12 @@ impl Relay {
         let counted = round_trips.clone();
         let accepting = tokio::spawn(async move {
             let mut connections = JoinSet::new();
-            while let Ok((client, _)) = listener.accept().await {
+            loop {
+                let client = match listener.accept().await {
+                    Ok((client, _)) => client,
+                    // The instances' next connections fail, and the bench with them.
+                    Err(e) => return tracing::warn!(error = %e, "the database relay stopped accepting"),
+                };
                 let server = server.clone();
                 let counted = counted.clone();
                 connections.spawn(async move {
@@ -42,18 +48,12 @@ impl Relay {
                 while connections.try_join_next().is_some() {}
             }
         });
-        Ok(Relay { port, round_trips, accepting })
+        Ok(Relay { port, round_trips, _accepting: tokio_util::task::AbortOnDropHandle::new(accepting) })
     }
 
     /// Round trips counted so far, over every connection.
     pub(super) fn round_trips(&self) -> u64 {
         self.round_trips.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.accepting.abort();
     }
 }
 
