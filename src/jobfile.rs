@@ -3,6 +3,7 @@
 //! Validation collects every problem it can name (up to a bound) so that a
 //! user fixes a file in one pass; nothing is stored for a rejected job.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::Read;
@@ -240,11 +241,14 @@ impl Error {
     }
 }
 
+/// A job file as read: the names in it are borrowed from the text where
+/// they need no unescaping.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct JobFile {
+struct JobFile<'a> {
     name: String,
-    tasks: Vec<TaskFile>,
+    #[serde(borrow)]
+    tasks: Vec<TaskFile<'a>>,
     /// The priority of each task that names none.
     #[serde(default, deserialize_with = "some_priority_by_name")]
     priority: Option<Priority>,
@@ -252,13 +256,15 @@ struct JobFile {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct TaskFile {
-    id: String,
-    job_type: String,
-    #[serde(default)]
-    parameters: Option<Box<RawValue>>,
-    #[serde(default)]
-    depends_on: Vec<String>,
+struct TaskFile<'a> {
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+    #[serde(borrow)]
+    job_type: Cow<'a, str>,
+    #[serde(default, borrow)]
+    parameters: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    depends_on: Vec<Name<'a>>,
     #[serde(default, deserialize_with = "some_priority_by_name")]
     priority: Option<Priority>,
     #[serde(default)]
@@ -270,6 +276,10 @@ struct TaskFile {
     #[serde(default)]
     execution_timeout_seconds: Option<u64>,
 }
+
+/// A task's id where the file names one, borrowed from the text if it can be.
+#[derive(Deserialize)]
+struct Name<'a>(#[serde(borrow)] Cow<'a, str>);
 
 fn default_backoff() -> u64 {
     5
@@ -357,29 +367,55 @@ pub fn parse_with(
         ));
     }
     let fingerprint = fingerprint(bytes);
+    // The JSON a TOML or YAML file reads as, which the file read borrows from.
+    let json: Vec<u8>;
     let file = match format {
         Format::Json => {
-            if let Some((line, column)) = too_deep_at(bytes) {
-                return Err(Error::one(source_name, Problem::TooDeep { line, column }));
-            }
-            serde_json::from_slice::<JobFile>(bytes).map_err(|e| Error::one(source_name, syntax(&e.to_string())))?
+            let read =
+                utf8(bytes).and_then(|text| serde_json::from_str::<JobFile>(text).map_err(|e| syntax(&e.to_string())));
+            deep_enough_to_check(read, bytes, |line, column| Problem::TooDeep { line, column })
+                .map_err(|p| Error::one(source_name, p))?
         }
         Format::Toml | Format::Yaml => {
             let value = parse_other(bytes, format).map_err(|p| Error::one(source_name, p))?;
-            let json = serde_json::to_vec(&value).map_err(|e| Error::one(source_name, syntax(&e.to_string())))?;
-            if too_deep_at(&json).is_some() {
-                return Err(Error::one(source_name, Problem::TooDeep { line: 0, column: 0 }));
-            }
-            serde_json::from_slice::<JobFile>(&json)
-                .map_err(|e| Error::one(source_name, syntax(&strip_position(&e))))?
+            json = serde_json::to_vec(&value).map_err(|e| Error::one(source_name, syntax(&e.to_string())))?;
+            let read = serde_json::from_slice::<JobFile>(&json).map_err(|e| syntax(&strip_position(&e)));
+            deep_enough_to_check(read, &json, |_, _| Problem::TooDeep { line: 0, column: 0 })
+                .map_err(|p| Error::one(source_name, p))?
         }
     };
     validate(file, fingerprint, limits, type_priority)
         .map_err(|problems| Error { source_name: source_name.to_string(), problems })
 }
 
-fn parse_other(bytes: &[u8], format: Format) -> Result<serde_json::Value, Problem> {
-    let text = std::str::from_utf8(bytes).map_err(|e| {
+/// A file read as a job, unless it nests deeper than `MAX_DOCUMENT_DEPTH`
+/// (`too_deep` of the place where it first does): that problem comes first.
+/// The text is scanned for it only when depth can be why the read failed
+/// (the reader itself stops at 128 levels), or when a task's parameters or
+/// labels could take it that deep: nothing else in a job file nests.
+fn deep_enough_to_check<'a>(
+    read: Result<JobFile<'a>, Problem>,
+    json: &[u8],
+    too_deep: impl FnOnce(usize, usize) -> Problem,
+) -> Result<JobFile<'a>, Problem> {
+    // A task's parameters open 4 levels deep, and a value d levels deep is
+    // 2d bytes at least.
+    let may_nest = |task: &TaskFile<'_>| {
+        task.parameters.is_some_and(|raw| raw.get().len() > 2 * (MAX_DOCUMENT_DEPTH - 4))
+            || task.labels.values().any(|v| v.is_array() || v.is_object())
+    };
+    match read {
+        Ok(file) if !file.tasks.iter().any(may_nest) => Ok(file),
+        read => match too_deep_at(json) {
+            Some((line, column)) => Err(too_deep(line, column)),
+            None => read,
+        },
+    }
+}
+
+/// The file's text, or where its first byte that is not UTF-8 lies.
+fn utf8(bytes: &[u8]) -> Result<&str, Problem> {
+    std::str::from_utf8(bytes).map_err(|e| {
         // Up to the invalid byte, the text is valid.
         let valid = std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default();
         let (line, column) = place(valid, valid.len());
@@ -387,7 +423,11 @@ fn parse_other(bytes: &[u8], format: Format) -> Result<serde_json::Value, Proble
             rule: "syntax",
             message: format!("not UTF-8: an invalid byte at line {line} column {column}"),
         }
-    })?;
+    })
+}
+
+fn parse_other(bytes: &[u8], format: Format) -> Result<serde_json::Value, Problem> {
+    let text = utf8(bytes)?;
     match format {
         Format::Toml => toml::from_str::<serde_json::Value>(text).map_err(|e| toml_syntax(text, &e)),
         _ => serde_yaml_ng::from_str::<serde_json::Value>(text).map_err(|e| {
@@ -620,9 +660,9 @@ fn index_ids<'a>(
     let mut index_of: HashMap<&str, u32> = HashMap::with_capacity(tasks.len());
     for (index, task) in tasks.iter().enumerate() {
         check_id(&task.id, index, limits, problems);
-        if let Some(first) = index_of.insert(task.id.as_str(), index as u32) {
-            problems.push(Problem::DuplicateId { id: task.id.clone(), first: first as usize, second: index });
-            index_of.insert(task.id.as_str(), first);
+        if let Some(first) = index_of.insert(&task.id, index as u32) {
+            problems.push(Problem::DuplicateId { id: task.id.to_string(), first: first as usize, second: index });
+            index_of.insert(&task.id, first);
         }
         enough(problems)?;
     }
@@ -650,15 +690,14 @@ fn task_parents(
     problems: &mut Vec<Problem>,
 ) -> Result<Vec<u32>, Vec<Problem>> {
     let mut parents = Vec::with_capacity(task.depends_on.len());
-    for dependency in &task.depends_on {
+    for Name(dependency) in &task.depends_on {
         if *dependency == task.id {
-            problems.push(Problem::SelfDependency { task: task.id.clone() });
+            problems.push(Problem::SelfDependency { task: task.id.to_string() });
         } else {
-            match index_of.get(dependency.as_str()) {
+            match index_of.get(&**dependency) {
                 Some(&p) => parents.push(p),
-                None => {
-                    problems.push(Problem::UnknownDependency { task: task.id.clone(), dependency: dependency.clone() })
-                }
+                None => problems
+                    .push(Problem::UnknownDependency { task: task.id.to_string(), dependency: dependency.to_string() }),
             }
         }
         enough(problems)?;
@@ -668,7 +707,10 @@ fn task_parents(
     let mut repeated = parents.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]).collect::<Vec<u32>>();
     repeated.dedup();
     for p in repeated {
-        problems.push(Problem::DuplicateDependency { task: task.id.clone(), dependency: tasks[p as usize].id.clone() });
+        problems.push(Problem::DuplicateDependency {
+            task: task.id.to_string(),
+            dependency: tasks[p as usize].id.to_string(),
+        });
         enough(problems)?;
     }
     parents.dedup();
@@ -696,17 +738,17 @@ fn task_specs(
         if problems.len() > task_problems_before {
             continue;
         }
-        let (job_type, of_type) = match job_types.get(task.job_type.as_str()) {
+        let (job_type, of_type) = match job_types.get(&*task.job_type) {
             Some(known) => known.clone(),
             None => {
-                let known = (Arc::from(task.job_type.as_str()), type_priority(&task.job_type));
-                job_types.insert(task.job_type.clone(), known.clone());
+                let known = (Arc::from(&*task.job_type), type_priority(&task.job_type));
+                job_types.insert(task.job_type.to_string(), known.clone());
                 known
             }
         };
         specs.push(TaskSpec {
             placement: Placement::of(&labels, &parameters),
-            id: task.id.into_boxed_str(),
+            id: task.id.into(),
             job_type,
             parameters,
             priority: task.priority.or(job_priority).unwrap_or(of_type),
@@ -739,7 +781,7 @@ fn check_job_type(task: &str, job_type: &str, problems: &mut Vec<Problem>) {
 /// A task's parameters as written (`{}` when it has none): an object, within
 /// the limits of size and depth, that a reader takes.
 fn task_parameters(
-    parameters: Option<Box<RawValue>>,
+    parameters: Option<&RawValue>,
     task: &str,
     limits: &Limits,
     problems: &mut Vec<Problem>,
@@ -770,7 +812,7 @@ fn task_parameters(
                     problems.push(Problem::ParametersUnreadable { task: task.to_string(), reason: strip_position(&e) });
                 }
             }
-            Box::<str>::from(raw)
+            Box::<str>::from(raw.get())
         }
     }
 }

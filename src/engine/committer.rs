@@ -157,6 +157,7 @@ fn perform(action: Action, events: &broadcast::Sender<Event>) {
             let _ = to.send((handler, order));
         }
         Action::Reply(reply) => reply(),
+        Action::Answer(answer, result) => answer(result),
         Action::Event(event) => {
             let _ = events.send(event);
         }
@@ -167,15 +168,23 @@ fn perform(action: Action, events: &broadcast::Sender<Event>) {
 /// leaving their other actions in order.
 fn send_orders(steps: &mut [Step], events: &broadcast::Sender<Event>, spans: Option<&Spans>) {
     for step in steps {
-        for mut action in std::mem::take(&mut step.actions) {
-            if let (Some(spans), Action::Send { order: WorkOrder::Execute(assignment), .. }) = (spans, &mut action) {
-                assignment.traceparent = spans.traceparent(assignment.attempt);
-            }
-            match action {
-                Action::Send { .. } | Action::Foreign { .. } => perform(action, events),
-                other => step.actions.push(other),
-            }
-        }
+        // Collected in place: the actions kept reuse the list's allocation.
+        step.actions = std::mem::take(&mut step.actions)
+            .into_iter()
+            .filter_map(|mut action| {
+                if let (Some(spans), Action::Send { order: WorkOrder::Execute(assignment), .. }) = (spans, &mut action)
+                {
+                    assignment.traceparent = spans.traceparent(assignment.attempt);
+                }
+                match action {
+                    Action::Send { .. } | Action::Foreign { .. } => {
+                        perform(action, events);
+                        None
+                    }
+                    other => Some(other),
+                }
+            })
+            .collect();
     }
 }
 

@@ -348,9 +348,18 @@ pub struct Returned {
 
 /// Work that may only happen after the iteration's batch is durable.
 pub(super) enum Action {
-    Send { sink: Sink, order: WorkOrder },
-    Foreign { to: super::ForeignOrders, handler: HandlerId, order: WorkOrder },
+    Send {
+        sink: Sink,
+        order: WorkOrder,
+    },
+    Foreign {
+        to: super::ForeignOrders,
+        handler: HandlerId,
+        order: WorkOrder,
+    },
     Reply(Box<dyn FnOnce() + Send>),
+    /// A report's answer, told the result of its step.
+    Answer(Answer, Result<(), Rejection>),
     Event(Event),
 }
 
@@ -376,7 +385,7 @@ impl Step {
 
     fn answer(&mut self, answer: Option<Answer>, result: Result<(), Rejection>) {
         if let Some(answer) = answer {
-            self.actions.push(Action::Reply(Box::new(move || answer(result))));
+            self.actions.push(Action::Answer(answer, result));
         }
     }
 
@@ -474,7 +483,14 @@ impl Core {
     /// arrived, ends what has run out and hands ready tasks to handlers. The
     /// step it returns is made durable before anything in it takes effect.
     pub(super) fn turn(&mut self, commands: impl IntoIterator<Item = Command>, now: Timestamp) -> Step {
+        let commands = commands.into_iter();
+        // Most commands are reports, and a report writes three task records
+        // (one ends, its child is released, then started) and two actions
+        // (the answer, the work order): the step's lists are grown once.
+        let reports = commands.size_hint().0;
         let mut step = Step::default();
+        step.batch.tasks.reserve(3 * reports);
+        step.actions.reserve(2 * reports);
         for command in commands {
             self.apply(command, now, &mut step);
         }

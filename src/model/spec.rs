@@ -154,11 +154,12 @@ impl Placement {
     pub fn of(labels: &BTreeMap<String, String>, parameters: &str) -> Option<Box<Placement>> {
         // Parameters are read only when they name what a placement takes.
         let named = ["estimated_runtime_seconds", "_server", "task_params_pb", RATE];
-        let json = named
-            .iter()
-            .any(|name| parameters.contains(name))
+        let json = (parameters.len() > 2 && named.iter().any(|name| parameters.contains(name)))
             .then(|| serde_json::from_str::<serde_json::Value>(parameters).ok())
             .flatten();
+        if labels.is_empty() && json.is_none() {
+            return None;
+        }
         let text = |key: &str| labels.get(key).filter(|v| !v.is_empty()).map(|v| Box::<str>::from(v.as_str()));
         let placement = Placement {
             lock: labels.get("volume_id").map(|v| format!("volume:{v}").into_boxed_str()),

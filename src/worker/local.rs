@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
-use super::{Registry, TaskContext};
+use super::{Handler, Registry, TaskContext};
 use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
 use crate::engine::{self, EngineHandle};
 use crate::follower::Outcome;
@@ -28,10 +28,6 @@ impl ExecLog {
     pub fn open(path: &Path) -> std::io::Result<ExecLog> {
         let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
         Ok(ExecLog { file: Arc::new(Mutex::new(file)) })
-    }
-
-    fn record(&self, assignment: &Assignment, event: &str) {
-        self.record_event(assignment.attempt.task.job, &assignment.task_id, assignment.attempt.number, event);
     }
 
     /// Appends `JOB_ID TASK_ID ATTEMPT EVENT`, for executors other than this module's.
@@ -89,14 +85,18 @@ async fn run(
             WorkOrder::Execute(assignment) => {
                 let key = assignment.attempt;
                 let engine = engine.clone();
-                let registry = registry.clone();
+                let found = registry.get(&assignment.job_type).cloned();
                 let exec_log = exec_log.clone();
                 let running_for_task = running.clone();
-                let join = tokio::spawn(async move {
-                    let outcome = execute(&registry, &assignment, exec_log.as_ref()).await;
+                // Boxed: the task's future is large (the handler's, its
+                // timeout, the report's send), and tokio moves a future it
+                // spawns, and the stage it leaves, by value more than once.
+                let join = tokio::spawn(Box::pin(async move {
+                    let task_id = assignment.task_id.clone();
+                    let outcome = execute(found, assignment, exec_log.as_ref()).await;
                     running_for_task.lock().expect("running lock").remove(&key);
-                    report(&engine, handler, &assignment, outcome).await;
-                });
+                    report(&engine, handler, key, &task_id, outcome).await;
+                }));
                 running.lock().expect("running lock").insert(key, join.abort_handle());
             }
             WorkOrder::Cancel { attempt } => {
@@ -113,8 +113,9 @@ async fn run(
     }
 }
 
-async fn execute(registry: &Registry, assignment: &Assignment, exec_log: Option<&ExecLog>) -> Outcome {
-    let Some(handler) = registry.get(&assignment.job_type) else {
+/// Runs `assignment` with `found`, the handler of its job type if there is one.
+async fn execute(found: Option<Arc<dyn Handler>>, assignment: Assignment, exec_log: Option<&ExecLog>) -> Outcome {
+    let Some(handler) = found else {
         return Outcome::Failed {
             error: format!("no handler for job type {:?}", assignment.job_type),
             output: Vec::new(),
@@ -128,42 +129,46 @@ async fn execute(registry: &Registry, assignment: &Assignment, exec_log: Option<
     if let (Some(rate), Some(parameters)) = (assignment.io_byte_per_second, parameters.as_object_mut()) {
         parameters.insert(crate::budget::PARAMETER.to_string(), rate.into());
     }
+    let attempt = assignment.attempt;
+    let timeout = assignment.execution_timeout_seconds;
     let ctx = TaskContext {
-        task: assignment.attempt.task,
-        job: assignment.attempt.task.job,
-        job_name: assignment.job_name.clone(),
-        task_id: assignment.task_id.clone(),
-        job_type: assignment.job_type.clone(),
-        attempt: assignment.attempt.number,
+        task: attempt.task,
+        job: attempt.task.job,
+        job_name: assignment.job_name,
+        task_id: assignment.task_id,
+        job_type: assignment.job_type,
+        attempt: attempt.number,
         parameters,
-        labels: assignment.labels.clone(),
+        labels: assignment.labels,
     };
-    if let Some(log) = exec_log {
-        log.record(assignment, "start");
-    }
+    // The log names the task after the handler has taken its context.
+    let logged = exec_log.map(|log| {
+        log.record_event(attempt.task.job, &ctx.task_id, attempt.number, "start");
+        (log, ctx.task_id.clone())
+    });
     let future = handler.execute(ctx);
-    let outcome = match assignment.execution_timeout_seconds {
+    let outcome = match timeout {
         Some(seconds) => match tokio::time::timeout(Duration::from_secs(seconds), future).await {
             Ok(outcome) => outcome,
             Err(_) => Outcome::Failed { error: format!("execution timed out after {seconds} s"), output: Vec::new() },
         },
         None => future.await,
     };
-    if let Some(log) = exec_log {
+    if let Some((log, task_id)) = logged {
         let event = match &outcome {
             Outcome::Succeeded { .. } => "succeeded",
             Outcome::Failed { .. } => "failed",
             Outcome::Canceled { .. } => "canceled",
         };
-        log.record(assignment, event);
+        log.record_event(attempt.task.job, &task_id, attempt.number, event);
     }
     outcome
 }
 
-async fn report(engine: &EngineHandle, handler: HandlerId, assignment: &Assignment, outcome: Outcome) {
-    match engine.complete(assignment.attempt, handler, outcome).await {
+async fn report(engine: &EngineHandle, handler: HandlerId, attempt: AttemptId, task_id: &str, outcome: Outcome) {
+    match engine.complete(attempt, handler, outcome).await {
         Ok(Ok(())) => {}
-        Ok(Err(rejection)) => tracing::warn!(task.id = %assignment.task_id, %rejection, "completion refused"),
+        Ok(Err(rejection)) => tracing::warn!(task.id = %task_id, %rejection, "completion refused"),
         Err(e) => tracing::debug!(error = %e, "engine gone before the completion"),
     }
 }

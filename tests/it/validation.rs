@@ -532,6 +532,35 @@ fn document_nested_a_million_levels_is_too_deep_without_recursing() {
     assert_eq!(problem, Problem::TooDeep { line: 1, column: 101 });
 }
 
+#[test]
+fn labels_nested_past_the_document_limit_are_too_deep() {
+    // The job, the task list, the task and its labels make four levels.
+    let labels_of = |arrays: usize| {
+        format!(
+            r#"{{"name": "x", "tasks": [{{"id": "a", "job_type": "noop", "labels": {{"k": {}{}}}}}]}}"#,
+            "[".repeat(arrays),
+            "]".repeat(arrays)
+        )
+    };
+    let text = labels_of(97);
+    let (problem, _) = only_problem(&text);
+    let first_past = text.match_indices(['{', '[']).nth(100).map(|(at, _)| at + 1).unwrap();
+    assert_eq!(problem, Problem::TooDeep { line: 1, column: first_past });
+    // One level less is read, and the label refused for what it is.
+    let (problem, _) = only_problem(&labels_of(96));
+    assert!(matches!(problem, Problem::BadLabel { .. }), "{problem:?}");
+}
+
+#[test]
+fn a_json_file_that_is_not_utf8_is_refused_naming_the_place() {
+    let error = jobfile::parse(b"{\"name\": \"x\",\n \"tasks\": [\"\xff\"]}", Format::Json, "job", &Limits::default())
+        .unwrap_err();
+    assert_eq!(
+        error.problems,
+        vec![Problem::Syntax { rule: "syntax", message: "not UTF-8: an invalid byte at line 2 column 13".into() }]
+    );
+}
+
 /// A YAML job whose parameters hold `arrays` nested arrays, on line 5.
 fn yaml_of_arrays(arrays: usize) -> String {
     format!(

@@ -106,8 +106,10 @@ fn written(step: &Step, job: JobId) -> Vec<(u32, TaskState, u32)> {
 /// Gives the step's replies, as the committer does once the step is durable.
 fn made_durable(step: Step) {
     for action in step.actions {
-        if let Action::Reply(reply) = action {
-            reply();
+        match action {
+            Action::Reply(reply) => reply(),
+            Action::Answer(answer, result) => answer(result),
+            _ => {}
         }
     }
 }
