@@ -69,6 +69,71 @@ impl Serialize for TaskRecord {
     }
 }
 
+impl TaskRecord {
+    /// Appends the bytes postcard gives for this record (its stored form,
+    /// `TaskRecordV1`), written field by field: the store encodes a record
+    /// for every step, and this skips serde's calls for each field.
+    pub fn encode_stored(&self, out: &mut Vec<u8>) {
+        fn varint(out: &mut Vec<u8>, mut value: u64) {
+            while value >= 0x80 {
+                out.push(value as u8 | 0x80);
+                value >>= 7;
+            }
+            out.push(value as u8);
+        }
+        // An i64 is zigzagged first, as postcard does.
+        fn time(out: &mut Vec<u8>, at: Timestamp) {
+            varint(out, ((at.0 << 1) ^ (at.0 >> 63)) as u64);
+        }
+        fn some_time(out: &mut Vec<u8>, at: Option<Timestamp>) {
+            match at {
+                None => out.push(0),
+                Some(at) => {
+                    out.push(1);
+                    time(out, at);
+                }
+            }
+        }
+        fn text(out: &mut Vec<u8>, text: &str) {
+            varint(out, text.len() as u64);
+            out.extend_from_slice(text.as_bytes());
+        }
+        // A unit variant is its index, as declared.
+        varint(out, self.state() as u64);
+        varint(out, u64::from(self.attempt));
+        varint(out, u64::from(self.failures));
+        varint(out, u64::from(self.lost));
+        match self.handler() {
+            None => out.push(0),
+            Some(handler) => {
+                out.push(1);
+                let bytes = handler.0.as_bytes();
+                varint(out, bytes.len() as u64);
+                out.extend_from_slice(bytes);
+            }
+        }
+        time(out, self.created_at);
+        some_time(out, self.assigned_at());
+        some_time(out, self.started_at());
+        time(out, self.updated_at);
+        some_time(out, self.finished_at());
+        some_time(out, self.not_before());
+        match &self.error {
+            None => out.push(0),
+            Some(error) => {
+                out.push(1);
+                text(out, error);
+            }
+        }
+        varint(out, self.output.len() as u64);
+        for line in self.output.iter() {
+            text(out, line);
+        }
+        out.extend_from_slice(&self.progress_percent.to_le_bytes());
+        text(out, &self.stage);
+    }
+}
+
 impl From<TaskRecordV1> for TaskRecord {
     fn from(stored: TaskRecordV1) -> TaskRecord {
         let last =
@@ -166,6 +231,41 @@ mod tests {
         let json: TaskRecordV1 = serde_json::from_value(serde_json::to_value(task).unwrap()).expect("exported too");
         assert_eq!(json, stored, "an export holds the stored form");
         stored
+    }
+
+    proptest::proptest! {
+        /// A record written field by field is the bytes postcard gives for
+        /// it, whatever its phase, counts, times, error, output and stage.
+        #[test]
+        fn a_record_encoded_by_hand_is_what_postcard_encodes(
+            phase in 0..14usize,
+            counts in proptest::array::uniform3(proptest::num::u32::ANY),
+            times in proptest::array::uniform5(proptest::num::i64::ANY),
+            error in proptest::option::of(".{0,200}"),
+            output in proptest::collection::vec(".{0,40}", 0..4),
+            progress in proptest::num::f32::ANY,
+            stage in ".{0,20}",
+        ) {
+            let mut task = every_phase().swap_remove(phase);
+            (task.attempt, task.failures, task.lost) = (counts[0], counts[1], counts[2]);
+            (task.created_at, task.updated_at) = (Timestamp(times[0]), Timestamp(times[1]));
+            match &mut task.phase {
+                Phase::Held(hold) => {
+                    hold.assigned_at = Timestamp(times[2]);
+                    hold.started_at = hold.started_at.map(|_| Timestamp(times[3]));
+                }
+                Phase::Ended { at, .. } => *at = Timestamp(times[4]),
+                Phase::Ready { not_before } => *not_before = not_before.map(|_| Timestamp(times[4])),
+                Phase::Pending => {}
+            }
+            task.last_attempt.assigned_at = task.last_attempt.assigned_at.map(|_| Timestamp(times[2]));
+            task.error = error.map(|e| Arc::from(e.as_str()));
+            task.output = output.iter().map(|line| Arc::from(line.as_str())).collect();
+            (task.progress_percent, task.stage) = (progress, Arc::from(stage.as_str()));
+            let mut by_hand = vec![7];
+            task.encode_stored(&mut by_hand);
+            proptest::prop_assert_eq!(&by_hand[1..], &postcard::to_allocvec(&task).unwrap()[..]);
+        }
     }
 
     #[test]

@@ -18,6 +18,14 @@ struct StoredTaskSpec {
     parents: Vec<u32>,
 }
 
+/// A `StoredTaskSpec` as it is written: the same bytes, borrowed from the
+/// job's spec rather than copied out of it.
+#[derive(Serialize)]
+struct StoredTaskSpecRef<'a> {
+    spec: &'a TaskSpec,
+    parents: &'a [u32],
+}
+
 #[derive(Serialize, Deserialize)]
 struct SpecHeader {
     name: String,
@@ -43,16 +51,16 @@ pub(super) fn split_task_key(key: &[u8]) -> Option<(JobId, u32)> {
 /// The spec as (key suffix, value) pairs: chunk `u32::MAX` is the header.
 pub(super) fn encode_spec(spec: &JobSpec) -> Vec<(u32, Vec<u8>)> {
     let mut chunks = Vec::new();
-    let mut current: Vec<StoredTaskSpec> = Vec::new();
+    let mut current: Vec<StoredTaskSpecRef<'_>> = Vec::new();
     let mut current_bytes = 0usize;
-    let flush = |current: &mut Vec<StoredTaskSpec>, chunks: &mut Vec<(u32, Vec<u8>)>| {
+    let flush = |current: &mut Vec<StoredTaskSpecRef<'_>>, chunks: &mut Vec<(u32, Vec<u8>)>| {
         let number = chunks.len() as u32;
         chunks.push((number, encode(current)));
         current.clear();
     };
     for (idx, task) in spec.tasks.iter().enumerate() {
         current_bytes += task.parameters.len() + task.id.len() + 16;
-        current.push(StoredTaskSpec { spec: task.clone(), parents: spec.dag.parents(idx as u32).to_vec() });
+        current.push(StoredTaskSpecRef { spec: task, parents: spec.dag.parents(idx as u32) });
         if current_bytes >= SPEC_CHUNK_BYTES {
             flush(&mut current, &mut chunks);
             current_bytes = 0;
@@ -113,6 +121,24 @@ pub(super) fn decode_job(bytes: &[u8]) -> Result<JobRecord, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_task_spec_borrowed_is_written_as_one_owned() {
+        let spec = crate::jobfile::parse(
+            br#"{"name": "x", "tasks": [{"id": "a", "job_type": "noop", "parameters": {"k": 1}, "labels": {"server": "s:8080"}},
+                {"id": "b", "job_type": "vacuum", "depends_on": ["a"], "priority": "high", "retry_limit": 2}]}"#,
+            crate::jobfile::Format::Json,
+            "x",
+            &Default::default(),
+        )
+        .unwrap();
+        for (idx, task) in spec.tasks.iter().enumerate() {
+            let parents = spec.dag.parents(idx as u32);
+            let owned = StoredTaskSpec { spec: task.clone(), parents: parents.to_vec() };
+            assert_eq!(encode(&StoredTaskSpecRef { spec: task, parents }), encode(&owned));
+        }
+        assert_eq!(decode_spec(&encode_spec(&spec).into_iter().map(|(_, v)| v).collect::<Vec<_>>()).unwrap(), spec);
+    }
 
     #[test]
     fn a_header_claiming_more_tasks_than_its_chunks_hold_is_refused_without_allocating_for_them() {

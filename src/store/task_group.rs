@@ -95,7 +95,7 @@ pub(super) fn encode(old: &[(u8, Old<'_>)], changed: &BTreeMap<u8, &TaskRecord>)
         let start = out.len();
         match record {
             Old::Bytes(bytes) => out.extend_from_slice(bytes),
-            Old::Record(task) => out = postcard::to_extend(task, out).expect("postcard encodes plain data"),
+            Old::Record(task) => task.encode_stored(&mut out),
         }
         spans.push((at, start as u32, out.len() as u32));
     }

@@ -393,14 +393,11 @@ fn merge(batches: &[Batch]) -> Merged {
             put_job(&mut merged, record);
         }
         for (job, idx, task) in &batch.tasks {
-            let row = (
-                job.0,
-                idx.0 as i32,
-                task.state().as_str(),
-                task.attempt as i32,
-                task.handler().map(|h| h.0),
-                encode(task),
-            );
+            let row = (job.0, idx.0 as i32, task.state().as_str(), task.attempt as i32, task.handler().map(|h| h.0), {
+                let mut bytes = Vec::with_capacity(48);
+                task.encode_stored(&mut bytes);
+                bytes
+            });
             match tasks.get(&(*job, idx.0)) {
                 Some(&at) => merged.tasks[at] = row,
                 None => {
