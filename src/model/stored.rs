@@ -74,50 +74,37 @@ impl TaskRecord {
     /// `TaskRecordV1`), written field by field: the store encodes a record
     /// for every step, and this skips serde's calls for each field.
     pub fn encode_stored(&self, out: &mut Vec<u8>) {
-        fn varint(out: &mut Vec<u8>, mut value: u64) {
-            while value >= 0x80 {
-                out.push(value as u8 | 0x80);
-                value >>= 7;
-            }
-            out.push(value as u8);
-        }
-        // An i64 is zigzagged first, as postcard does.
-        fn time(out: &mut Vec<u8>, at: Timestamp) {
-            varint(out, ((at.0 << 1) ^ (at.0 >> 63)) as u64);
-        }
-        fn some_time(out: &mut Vec<u8>, at: Option<Timestamp>) {
-            match at {
-                None => out.push(0),
-                Some(at) => {
-                    out.push(1);
-                    time(out, at);
-                }
+        // The fields of bounded size are put together on the stack and
+        // appended at once: at most 1 + 3 * 5 + 18 + 5 * 11 bytes.
+        let mut fixed = Fixed { bytes: [0; 96], len: 0 };
+        // A unit variant is its index, as declared.
+        fixed.varint(self.state() as u64);
+        fixed.varint(u64::from(self.attempt));
+        fixed.varint(u64::from(self.failures));
+        fixed.varint(u64::from(self.lost));
+        match self.handler() {
+            None => fixed.byte(0),
+            Some(handler) => {
+                fixed.byte(1);
+                let bytes = handler.0.as_bytes();
+                fixed.varint(bytes.len() as u64);
+                fixed.bytes[fixed.len..fixed.len + bytes.len()].copy_from_slice(bytes);
+                fixed.len += bytes.len();
             }
         }
+        fixed.time(self.created_at);
+        fixed.some_time(self.assigned_at());
+        fixed.some_time(self.started_at());
+        fixed.time(self.updated_at);
+        fixed.some_time(self.finished_at());
+        fixed.some_time(self.not_before());
+        out.extend_from_slice(&fixed.bytes[..fixed.len]);
         fn text(out: &mut Vec<u8>, text: &str) {
-            varint(out, text.len() as u64);
+            let mut length = Fixed { bytes: [0; 96], len: 0 };
+            length.varint(text.len() as u64);
+            out.extend_from_slice(&length.bytes[..length.len]);
             out.extend_from_slice(text.as_bytes());
         }
-        // A unit variant is its index, as declared.
-        varint(out, self.state() as u64);
-        varint(out, u64::from(self.attempt));
-        varint(out, u64::from(self.failures));
-        varint(out, u64::from(self.lost));
-        match self.handler() {
-            None => out.push(0),
-            Some(handler) => {
-                out.push(1);
-                let bytes = handler.0.as_bytes();
-                varint(out, bytes.len() as u64);
-                out.extend_from_slice(bytes);
-            }
-        }
-        time(out, self.created_at);
-        some_time(out, self.assigned_at());
-        some_time(out, self.started_at());
-        time(out, self.updated_at);
-        some_time(out, self.finished_at());
-        some_time(out, self.not_before());
         match &self.error {
             None => out.push(0),
             Some(error) => {
@@ -125,12 +112,50 @@ impl TaskRecord {
                 text(out, error);
             }
         }
-        varint(out, self.output.len() as u64);
+        let mut lines = Fixed { bytes: [0; 96], len: 0 };
+        lines.varint(self.output.len() as u64);
+        out.extend_from_slice(&lines.bytes[..lines.len]);
         for line in self.output.iter() {
             text(out, line);
         }
         out.extend_from_slice(&self.progress_percent.to_le_bytes());
         text(out, &self.stage);
+    }
+}
+
+/// Bytes of a record put together before they are appended, as postcard
+/// writes them: integers as LEB128 varints, an `i64` zigzagged first.
+struct Fixed {
+    bytes: [u8; 96],
+    len: usize,
+}
+
+impl Fixed {
+    fn byte(&mut self, byte: u8) {
+        self.bytes[self.len] = byte;
+        self.len += 1;
+    }
+
+    fn varint(&mut self, mut value: u64) {
+        while value >= 0x80 {
+            self.byte(value as u8 | 0x80);
+            value >>= 7;
+        }
+        self.byte(value as u8);
+    }
+
+    fn time(&mut self, at: Timestamp) {
+        self.varint(((at.0 << 1) ^ (at.0 >> 63)) as u64);
+    }
+
+    fn some_time(&mut self, at: Option<Timestamp>) {
+        match at {
+            None => self.byte(0),
+            Some(at) => {
+                self.byte(1);
+                self.time(at);
+            }
+        }
     }
 }
 

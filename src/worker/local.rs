@@ -80,6 +80,8 @@ async fn run(
     exec_log: Option<ExecLog>,
 ) {
     let running: Running = Arc::default();
+    // Shared by the tasks: one count rather than a clone of each of its parts.
+    let engine = Arc::new(engine);
     while let Some(order) = orders.recv().await {
         match order {
             WorkOrder::Execute(assignment) => {
