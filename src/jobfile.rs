@@ -373,14 +373,14 @@ pub fn parse_with(
         Format::Json => {
             let read =
                 utf8(bytes).and_then(|text| serde_json::from_str::<JobFile>(text).map_err(|e| syntax(&e.to_string())));
-            deep_enough_to_check(read, bytes, |line, column| Problem::TooDeep { line, column })
+            unless_too_deep(read, bytes, |line, column| Problem::TooDeep { line, column })
                 .map_err(|p| Error::one(source_name, p))?
         }
         Format::Toml | Format::Yaml => {
             let value = parse_other(bytes, format).map_err(|p| Error::one(source_name, p))?;
             json = serde_json::to_vec(&value).map_err(|e| Error::one(source_name, syntax(&e.to_string())))?;
             let read = serde_json::from_slice::<JobFile>(&json).map_err(|e| syntax(&strip_position(&e)));
-            deep_enough_to_check(read, &json, |_, _| Problem::TooDeep { line: 0, column: 0 })
+            unless_too_deep(read, &json, |_, _| Problem::TooDeep { line: 0, column: 0 })
                 .map_err(|p| Error::one(source_name, p))?
         }
     };
@@ -393,7 +393,7 @@ pub fn parse_with(
 /// The text is scanned for it only when depth can be why the read failed
 /// (the reader itself stops at 128 levels), or when a task's parameters or
 /// labels could take it that deep: nothing else in a job file nests.
-fn deep_enough_to_check<'a>(
+fn unless_too_deep<'a>(
     read: Result<JobFile<'a>, Problem>,
     json: &[u8],
     too_deep: impl FnOnce(usize, usize) -> Problem,

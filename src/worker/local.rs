@@ -30,7 +30,7 @@ impl ExecLog {
         Ok(ExecLog { file: Arc::new(Mutex::new(file)) })
     }
 
-    /// Appends `JOB_ID TASK_ID ATTEMPT EVENT`, for executors other than this module's.
+    /// Appends `JOB_ID TASK_ID ATTEMPT EVENT`.
     pub(crate) fn record_event(&self, job: JobId, task_id: &str, attempt: u32, event: &str) {
         let line = format!("{job} {task_id} {attempt} {event}\n");
         let mut file = self.file.lock().expect("exec log lock");
