@@ -183,16 +183,16 @@ impl EngineHandle {
     /// Reports an attempt's outcome without waiting for the step: `answer`,
     /// if given, is told once the step is durable or the report refused (a
     /// refusal is logged either way). `received` is when the report reached
-    /// the server.
+    /// the server, for a worker of another process.
     pub async fn report(
         &self,
         attempt: AttemptId,
         handler: HandlerId,
         outcome: Outcome,
-        received: std::time::Instant,
+        received: Option<std::time::Instant>,
         answer: Option<Answer>,
     ) -> Result<(), Error> {
-        self.send(ReportCommand::Complete { attempt, handler, outcome, received: Some(received), answer }.into()).await
+        self.send(ReportCommand::Complete { attempt, handler, outcome, received, answer }.into()).await
     }
 
     /// The handler gave an attempt up without an outcome: at capacity

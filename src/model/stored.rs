@@ -76,7 +76,7 @@ impl TaskRecord {
     pub fn encode_stored(&self, out: &mut Vec<u8>) {
         // The fields of bounded size are put together on the stack and
         // appended at once: at most 1 + 3 * 5 + 18 + 5 * 11 bytes.
-        let mut fixed = Fixed { bytes: [0; 96], len: 0 };
+        let mut fixed = Fixed::default();
         // A unit variant is its index, as declared.
         fixed.varint(self.state() as u64);
         fixed.varint(u64::from(self.attempt));
@@ -98,11 +98,9 @@ impl TaskRecord {
         fixed.time(self.updated_at);
         fixed.some_time(self.finished_at());
         fixed.some_time(self.not_before());
-        out.extend_from_slice(&fixed.bytes[..fixed.len]);
+        fixed.append_to(out);
         fn text(out: &mut Vec<u8>, text: &str) {
-            let mut length = Fixed { bytes: [0; 96], len: 0 };
-            length.varint(text.len() as u64);
-            out.extend_from_slice(&length.bytes[..length.len]);
+            Fixed::append_varint(out, text.len() as u64);
             out.extend_from_slice(text.as_bytes());
         }
         match &self.error {
@@ -112,9 +110,7 @@ impl TaskRecord {
                 text(out, error);
             }
         }
-        let mut lines = Fixed { bytes: [0; 96], len: 0 };
-        lines.varint(self.output.len() as u64);
-        out.extend_from_slice(&lines.bytes[..lines.len]);
+        Fixed::append_varint(out, self.output.len() as u64);
         for line in self.output.iter() {
             text(out, line);
         }
@@ -130,7 +126,23 @@ struct Fixed {
     len: usize,
 }
 
+impl Default for Fixed {
+    fn default() -> Fixed {
+        Fixed { bytes: [0; 96], len: 0 }
+    }
+}
+
 impl Fixed {
+    fn append_to(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.bytes[..self.len]);
+    }
+
+    fn append_varint(out: &mut Vec<u8>, value: u64) {
+        let mut fixed = Fixed::default();
+        fixed.varint(value);
+        fixed.append_to(out);
+    }
+
     fn byte(&mut self, byte: u8) {
         self.bytes[self.len] = byte;
         self.len += 1;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::task::AbortHandle;
+use tokio::task::{AbortHandle, JoinSet};
 
 use super::{Handler, Registry, TaskContext};
 use crate::dispatch::{Assignment, HandlerSpec, WorkOrder};
@@ -65,13 +65,20 @@ impl LocalExecutor {
                 place: Default::default(),
             })
             .await?;
+        // Its owner is the engine: the loop ends when the engine drops the
+        // handler's sink or takes no more reports, and its tasks end with
+        // it. It holds no lock and nothing in it panics; a handler's panic
+        // is its task's, heard by the loop and reported as a failure.
         tokio::spawn(run(engine, registry, handler, orders, exec_log));
         Ok(handler)
     }
 }
 
-type Running = Arc<Mutex<HashMap<AttemptId, AbortHandle>>>;
-
+/// Runs the engine's orders until it drops its sink. Each attempt runs as
+/// a task of one `JoinSet`, which this loop owns: the loop hears each one
+/// end (a panic is reported as a failure) and reports its outcome without
+/// waiting for the step, and when the loop ends the set aborts what still
+/// runs.
 async fn run(
     engine: EngineHandle,
     registry: Registry,
@@ -79,38 +86,56 @@ async fn run(
     mut orders: mpsc::UnboundedReceiver<WorkOrder>,
     exec_log: Option<ExecLog>,
 ) {
-    let running: Running = Arc::default();
-    // Shared by the tasks: one count rather than a clone of each of its parts.
-    let engine = Arc::new(engine);
-    while let Some(order) = orders.recv().await {
-        match order {
-            WorkOrder::Execute(assignment) => {
-                let key = assignment.attempt;
-                let engine = engine.clone();
-                let found = registry.get(&assignment.job_type).cloned();
-                let exec_log = exec_log.clone();
-                let running_for_task = running.clone();
-                // Boxed: the task's future is large (the handler's, its
-                // timeout, the report's send), and tokio moves a future it
-                // spawns, and the stage it leaves, by value more than once.
-                let join = tokio::spawn(Box::pin(async move {
-                    let task_id = assignment.task_id.clone();
-                    let outcome = execute(found, assignment, exec_log.as_ref()).await;
-                    running_for_task.lock().expect("running lock").remove(&key);
-                    report(&engine, handler, key, &task_id, outcome).await;
-                }));
-                running.lock().expect("running lock").insert(key, join.abort_handle());
-            }
-            WorkOrder::Cancel { attempt } => {
-                let aborted = running.lock().expect("running lock").remove(&attempt);
-                if let Some(abort) = aborted {
-                    abort.abort();
-                    let outcome = Outcome::Canceled { reason: "canceled with its job".into() };
-                    if let Ok(Err(rejection)) = engine.complete(attempt, handler, outcome).await {
-                        tracing::debug!(%rejection, "cancel report refused");
-                    }
+    let mut tasks: JoinSet<(AttemptId, Outcome)> = JoinSet::new();
+    // The attempts running, and the task of each: one canceled is removed
+    // here first, and its task's end is then no one's to report.
+    let mut running: HashMap<AttemptId, AbortHandle> = HashMap::default();
+    loop {
+        let ended = tokio::select! {
+            order = orders.recv() => match order {
+                Some(WorkOrder::Execute(assignment)) => {
+                    let attempt = assignment.attempt;
+                    let found = registry.get(&assignment.job_type).cloned();
+                    let exec_log = exec_log.clone();
+                    // Boxed: the future is large (the handler's, its
+                    // timeout), and tokio moves a future it spawns, and the
+                    // stage it leaves, by value more than once.
+                    let task = tasks.spawn(Box::pin(async move {
+                        (attempt, execute(found, assignment, exec_log.as_ref()).await)
+                    }));
+                    running.insert(attempt, task);
+                    continue;
                 }
-            }
+                Some(WorkOrder::Cancel { attempt }) => match running.remove(&attempt) {
+                    Some(task) => {
+                        task.abort();
+                        (attempt, Outcome::Canceled { reason: "canceled with its job".into() })
+                    }
+                    None => continue,
+                },
+                None => break,
+            },
+            Some(joined) = tasks.join_next() => match joined {
+                Ok((attempt, outcome)) if running.remove(&attempt).is_some() => (attempt, outcome),
+                Ok(_) => continue,
+                Err(e) => {
+                    let Some(attempt) = running.iter().find(|(_, task)| task.id() == e.id()).map(|(a, _)| *a) else {
+                        continue;
+                    };
+                    running.remove(&attempt);
+                    let error = match e.is_panic() {
+                        true => "the handler panicked",
+                        false => "the execution was aborted",
+                    };
+                    (attempt, Outcome::Failed { error: error.into(), output: Vec::new() })
+                }
+            },
+        };
+        let (attempt, outcome) = ended;
+        // A refusal is logged by the engine.
+        if let Err(e) = engine.report(attempt, handler, outcome, None, None).await {
+            tracing::debug!(error = %e, "engine gone before the completion");
+            break;
         }
     }
 }
@@ -165,12 +190,4 @@ async fn execute(found: Option<Arc<dyn Handler>>, assignment: Assignment, exec_l
         log.record_event(attempt.task.job, &task_id, attempt.number, event);
     }
     outcome
-}
-
-async fn report(engine: &EngineHandle, handler: HandlerId, attempt: AttemptId, task_id: &str, outcome: Outcome) {
-    match engine.complete(attempt, handler, outcome).await {
-        Ok(Ok(())) => {}
-        Ok(Err(rejection)) => tracing::warn!(task.id = %task_id, %rejection, "completion refused"),
-        Err(e) => tracing::debug!(error = %e, "engine gone before the completion"),
-    }
 }

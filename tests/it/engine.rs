@@ -303,6 +303,60 @@ async fn executor_runs_many_jobs_and_retry_reruns_the_failed_part(subject: Subje
     assert!(matches!(engine.retry(jobs[1]).await, Err(Error::NothingToRetry { .. })));
 }
 
+/// A handler that panics on its task, and one that never ends.
+struct Panics;
+
+impl jobcenter::worker::Handler for Panics {
+    fn job_type(&self) -> &'static str {
+        "panics"
+    }
+
+    fn execute(&self, _ctx: jobcenter::worker::TaskContext) -> jobcenter::worker::BoxFuture {
+        Box::pin(async { panic!("a handler's bug") })
+    }
+}
+
+struct Hangs;
+
+impl jobcenter::worker::Handler for Hangs {
+    fn job_type(&self) -> &'static str {
+        "hangs"
+    }
+
+    fn execute(&self, _ctx: jobcenter::worker::TaskContext) -> jobcenter::worker::BoxFuture {
+        Box::pin(std::future::pending())
+    }
+}
+
+async fn executor_reports_a_panicking_handler_as_failed_and_a_canceled_task_as_canceled(subject: Subject) {
+    let engine = start(subject.open().await, KEEP).await;
+    LocalExecutor::start(engine.clone(), Registry::new(vec![Arc::new(Panics), Arc::new(Hangs)]), 4, None)
+        .await
+        .unwrap();
+    let panics = spec(
+        r#"{"name":"p","tasks":[{"id":"a","job_type":"panics"},{"id":"b","job_type":"panics","depends_on":["a"]}]}"#,
+    );
+    let job = engine.submit(panics, JobOrigin::User).await.unwrap();
+    let record = tokio::time::timeout(Duration::from_secs(30), engine.wait(job)).await.unwrap().unwrap();
+    assert_eq!(record.state, JobState::Failed);
+    let stored = engine.job(job).await.unwrap().unwrap();
+    assert_eq!(stored.tasks[0].state(), TaskState::Failed);
+    assert_eq!(stored.tasks[0].error.as_deref(), Some("the handler panicked"));
+    assert_eq!(stored.tasks[1].state(), TaskState::UpstreamFailed);
+    let hangs =
+        engine.submit(spec(r#"{"name":"h","tasks":[{"id":"a","job_type":"hangs"}]}"#), JobOrigin::User).await.unwrap();
+    for _ in 0..300 {
+        if engine.job(hangs).await.unwrap().unwrap().tasks[0].state() == TaskState::Running {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    engine.cancel(hangs).await.unwrap();
+    let record = tokio::time::timeout(Duration::from_secs(30), engine.wait(hangs)).await.unwrap().unwrap();
+    assert_eq!(record.state, JobState::Canceled);
+    assert_eq!(engine.job(hangs).await.unwrap().unwrap().tasks[0].state(), TaskState::Canceled);
+}
+
 async fn restart_requeues_orphaned_attempts_as_new_attempts(subject: Subject) {
     let job = {
         let engine = start(subject.open().await, Orphans::Requeue).await;
@@ -587,6 +641,7 @@ on_every_store!(
     a_report_on_a_task_the_job_does_not_have_is_refused,
     cancel_stops_running_work_and_ends_the_job_canceled,
     executor_runs_many_jobs_and_retry_reruns_the_failed_part,
+    executor_reports_a_panicking_handler_as_failed_and_a_canceled_task_as_canceled,
     restart_requeues_orphaned_attempts_as_new_attempts,
     tasks_on_the_same_volume_never_run_at_once_across_jobs,
     a_restart_keeps_held_attempts_with_their_volume_and_their_deadline,

@@ -954,7 +954,7 @@ impl Session {
         };
         // The engine logs a refusal; the stream goes on with the next message
         // while the step is written, and the acknowledgement follows it.
-        if let Err(e) = engine.report(attempt, self.handler, outcome, received, answer).await {
+        if let Err(e) = engine.report(attempt, self.handler, outcome, Some(received), answer).await {
             tracing::debug!(error = %e, "engine stopped before a completion");
         }
         Ok(())
