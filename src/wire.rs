@@ -46,6 +46,17 @@ pub const LEASE_METADATA: &str = "jobcenter.lease_ms";
 /// heartbeat arrived: a renewal held up on the way never stretches the
 /// worker's lease past the admin's count.
 pub const LEASE_RENEWAL: &str = "jobcenter.lease";
+/// Heartbeat metadata a worker with a lease sets, while the lease binds
+/// (it runs executions under it), to how many milliseconds of it are left
+/// as it sends: what an admin that cannot tell yet whether an attempt is
+/// covered may take to find out.
+pub const LEASE_LEFT_METADATA: &str = "jobcenter.lease_left_ms";
+
+/// The lease a heartbeat says is left, if it says.
+pub fn lease_left_of(metadata: &HashMap<String, String>) -> Option<Duration> {
+    metadata.get(LEASE_LEFT_METADATA)?.trim().parse().ok().map(Duration::from_millis)
+}
+
 /// Heartbeat metadata a worker with a lease sets to the heartbeat's number
 /// in its session (1, 2, ...), which the renewal names.
 pub const HEARTBEAT_METADATA: &str = "jobcenter.heartbeat";

@@ -34,7 +34,7 @@ use crate::server::workers::registry::Registry;
 use crate::wire;
 
 /// How long one call to another instance may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 /// The most any call on a link to another instance may take.
 const LINK_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often an instance with idle slots asks the others for work, when

@@ -10,7 +10,10 @@
 //! leads (its leader died, no other has adopted it yet) covers its attempts
 //! for a bounded time too: the instance that adopts it waits the orphan
 //! grace before it takes them back. An attempt nobody vouches for is
-//! canceled on the worker, so that the lease can be renewed for the rest.
+//! canceled on the worker, so that the lease can be renewed for the rest;
+//! when its leader cannot be reached (it may have just died, its job not
+//! yet adopted), it is asked again while the lease the worker says it has
+//! left allows, and canceled only then.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -26,6 +29,10 @@ use crate::wire;
 
 type Attempt = AttemptId;
 type Outbound = tokio::sync::mpsc::Sender<Result<AdminToWorkerMessage, tonic::Status>>;
+
+/// How long a round waits before it asks a leader that could not be
+/// reached again.
+const UNREACHED_PAUSE: Duration = Duration::from_millis(500);
 
 /// One leased worker's session: what covers the attempts its worker runs.
 #[derive(Clone)]
@@ -49,6 +56,8 @@ struct State {
     asking: bool,
     /// How many listed attempts are not held here, as last told the engine.
     elsewhere: u32,
+    /// When the worker's lease ends, as its latest heartbeat said.
+    lease_ends: Option<Instant>,
 }
 
 impl State {
@@ -78,13 +87,15 @@ impl Cover {
         self.inner.lock().expect("cover lock").own.insert(attempt);
     }
 
-    /// Heartbeat `number` lists `running` (attempts lent here left out):
-    /// renews the lease as of it if every one is covered, and asks about
-    /// the others (or about a vouch running out) meanwhile.
-    pub(super) fn heartbeat(&self, number: u64, running: HashSet<Attempt>) {
+    /// Heartbeat `number` lists `running` (attempts lent here left out)
+    /// and says how long the worker's lease has left: renews the lease as
+    /// of it if every one is covered, and asks about the others (or about a
+    /// vouch running out) meanwhile.
+    pub(super) fn heartbeat(&self, number: u64, running: HashSet<Attempt>, lease_left: Option<Duration>) {
         let now = Instant::now();
         let (covered, ask, elsewhere) = {
             let mut state = self.inner.lock().expect("cover lock");
+            state.lease_ends = lease_left.map(|left| now + left);
             state.vouched.retain(|attempt, _| running.contains(attempt));
             let covered = state.covers(&running, now);
             // A vouch is asked again once half of it is spent.
@@ -115,6 +126,77 @@ impl Cover {
         }
     }
 
+    /// For attempts of jobs led elsewhere: their leaders' vouches, or that
+    /// nobody leads their job (a vouch bounded by the orphan grace), or why
+    /// each is canceled. Returns the attempts whose leader could not be
+    /// reached.
+    async fn ask_leaders(
+        &self,
+        attempts: &[Attempt],
+        vouched: &mut Vec<(Attempt, Instant)>,
+        cancel: &mut Vec<(Attempt, &'static str)>,
+    ) -> Vec<Attempt> {
+        let Some(node) = self.sessions.topology.member() else { return Vec::new() };
+        let mut by_leader: BTreeMap<String, Vec<Attempt>> = BTreeMap::new();
+        for &attempt in attempts {
+            let asked_at = Instant::now();
+            match peer::whereabouts(&self.sessions.engine, attempt.task.job).await {
+                // The database cannot tell now: asked again next time.
+                None => {}
+                Some(None) => cancel.push((attempt, "its job does not exist")),
+                Some(Some(w)) if w.state.is_terminal() => cancel.push((attempt, "its job has ended")),
+                Some(Some(w)) => match w.owner {
+                    // Led here, and its job not loaded yet (adopted a
+                    // moment ago): asked again next time.
+                    Some(owner) if owner.id == node.id => {}
+                    Some(owner) => by_leader.entry(owner.grpc_address).or_default().push(attempt),
+                    None => {
+                        let valid = peer::vouch_validity(self.sessions.settings.orphan_grace, self.lease);
+                        vouched.push((attempt, asked_at + valid));
+                    }
+                },
+            }
+        }
+        let mut unreached = Vec::new();
+        for (address, attempts) in by_leader {
+            let asked_at = Instant::now();
+            match self.sessions.peers.vouch_at(&address, self.handler, &attempts, self.lease).await {
+                Ok((held_there, valid)) => {
+                    for attempt in attempts {
+                        if held_there.contains(&attempt) {
+                            vouched.push((attempt, asked_at + valid));
+                        } else {
+                            cancel.push((attempt, "its job's leader no longer holds it for this worker"));
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(leader = %address, handler = %self.handler, error = %e, "the leader of attempts a worker runs here did not vouch for them");
+                    unreached.extend(attempts);
+                }
+            }
+        }
+        unreached
+    }
+
+    /// How long the worker's lease has left, as its latest heartbeat said.
+    fn lease_left(&self) -> Option<Duration> {
+        let state = self.inner.lock().expect("cover lock");
+        state.lease_ends.map(|ends| ends.saturating_duration_since(Instant::now()))
+    }
+
+    /// What a cancel needs before the lease ends: to reach the worker, the
+    /// execution to stop, the heartbeat without it, and its renewal.
+    fn cancel_margin(&self) -> Duration {
+        (self.lease / 4).max(Duration::from_secs(1))
+    }
+
+    /// The attempts the latest heartbeat lists.
+    fn still_running(&self) -> HashSet<Attempt> {
+        let state = self.inner.lock().expect("cover lock");
+        state.latest.as_ref().map(|(_, running)| running.clone()).unwrap_or_default()
+    }
+
     fn renew(&self, number: u64) {
         let renewal = AdminToWorkerMessage { request_id: wire::lease_renewal(number), sent_at: None, body: None };
         // A full queue loses this renewal; the next heartbeat brings another.
@@ -143,44 +225,24 @@ impl Cover {
             .filter(|a| !held.contains(a) && !foreign.contains(a))
             .map(|a| (*a, "it was taken back while the worker was away"))
             .collect();
-        if let Some(node) = self.sessions.topology.member() {
-            let mut by_leader: BTreeMap<String, Vec<Attempt>> = BTreeMap::new();
-            for attempt in foreign {
-                let asked_at = Instant::now();
-                match peer::whereabouts(&self.sessions.engine, attempt.task.job).await {
-                    // The database cannot tell now: asked again next time.
-                    None => {}
-                    Some(None) => cancel.push((attempt, "its job does not exist")),
-                    Some(Some(w)) if w.state.is_terminal() => cancel.push((attempt, "its job has ended")),
-                    Some(Some(w)) => match w.owner {
-                        // Led here, and its job not loaded yet (adopted a
-                        // moment ago): asked again next time.
-                        Some(owner) if owner.id == node.id => {}
-                        Some(owner) => by_leader.entry(owner.grpc_address).or_default().push(attempt),
-                        None => {
-                            let valid = peer::vouch_validity(self.sessions.settings.orphan_grace, self.lease);
-                            vouched.push((attempt, asked_at + valid));
-                        }
-                    },
+        if self.sessions.topology.member().is_some() {
+            let mut asking: Vec<Attempt> = foreign.into_iter().collect();
+            loop {
+                let unreached = self.ask_leaders(&asking, &mut vouched, &mut cancel).await;
+                if unreached.is_empty() {
+                    break;
                 }
-            }
-            for (address, attempts) in by_leader {
-                let asked_at = Instant::now();
-                match self.sessions.peers.vouch_at(&address, self.handler, &attempts, self.lease).await {
-                    Ok((held_there, valid)) => {
-                        for attempt in attempts {
-                            if held_there.contains(&attempt) {
-                                vouched.push((attempt, asked_at + valid));
-                            } else {
-                                cancel.push((attempt, "its job's leader no longer holds it for this worker"));
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(leader = %address, handler = %self.handler, error = %e, "the leader of attempts a worker runs here did not vouch for them: they are canceled on the worker");
-                        cancel.extend(attempts.into_iter().map(|a| (a, "its job's leader could not be reached")));
-                    }
+                // A leader that cannot be reached may be dead, its job about
+                // to be adopted: asked again while the worker's lease leaves
+                // room for one more try and for the cancel after it.
+                let left = self.lease_left();
+                if left.is_none_or(|left| left < self.cancel_margin() + peer::CALL_TIMEOUT + UNREACHED_PAUSE) {
+                    cancel.extend(unreached.into_iter().map(|a| (a, "its job's leader could not be reached")));
+                    break;
                 }
+                tokio::time::sleep(UNREACHED_PAUSE).await;
+                let still = self.still_running();
+                asking = unreached.into_iter().filter(|a| still.contains(a)).collect();
             }
         } else {
             cancel.extend(foreign.into_iter().map(|a| (a, "it was taken back while the worker was away")));

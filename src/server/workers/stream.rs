@@ -657,7 +657,7 @@ impl Session {
                             .collect()
                     };
                     match number {
-                        Some(number) => cover.heartbeat(number, running),
+                        Some(number) => cover.heartbeat(number, running, wire::lease_left_of(&heartbeat.metadata)),
                         None => {
                             self.send(message(wire::LEASE_RENEWAL.into(), None)).await;
                         }

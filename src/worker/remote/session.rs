@@ -171,6 +171,10 @@ impl Session<'_> {
         let mut heartbeat =
             heartbeat_message(&self.worker.options.worker_id, &self.work.executions, self.worker.options.max_detect);
         heartbeat.metadata.insert(wire::HEARTBEAT_METADATA.into(), number.to_string());
+        if let Some(ends) = self.work.lease_deadline() {
+            let left = ends.saturating_duration_since(Instant::now()).as_millis();
+            heartbeat.metadata.insert(wire::LEASE_LEFT_METADATA.into(), left.to_string());
+        }
         if self.sent_beats.len() >= BEATS_KEPT {
             self.sent_beats.pop_front();
         }

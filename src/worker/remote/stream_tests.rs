@@ -306,3 +306,36 @@ async fn a_renewal_held_up_on_the_way_renews_only_as_of_the_heartbeat_it_answers
     );
     stop_worker(stop, worker).await;
 }
+
+#[tokio::test]
+async fn a_heartbeat_says_how_much_of_the_lease_is_left_while_it_binds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (admin, mut sessions) = start_fake_admin().await;
+    let lease = Duration::from_secs(4);
+    let (stop, worker) = start_worker(RemoteWorkerOptions { lease, ..options_for(admin, 1) });
+    let mut session = next_session(&mut sessions).await;
+    session.hello().await;
+    session.send("", accepted_hello()).await;
+    let renewing = session.renew().await;
+    let idle = session.heartbeat().await;
+    assert_eq!(wire::lease_left_of(&idle.metadata), None, "nothing runs: the lease binds nothing");
+    // Renewals stop before anything runs: from here what is left only shrinks.
+    renewing.abort();
+    let pid_file = dir.path().join("pid");
+    let command = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    let long = AttemptId::new(TaskRef { job: JobId::new(), idx: TaskIdx(0) }, 1).to_string();
+    session.execute("r1", spec(&long, "shell", serde_json::json!({"command": command})), 0).await;
+    session.started("r1", &long).await;
+    wait_for_file(&pid_file).await;
+    let mut said = Vec::new();
+    // (The worker gives the session up half a lease after the last renewal.)
+    while said.len() < 2 {
+        let heartbeat = session.heartbeat_where(|h| !h.running_work.is_empty()).await;
+        said.push(
+            wire::lease_left_of(&heartbeat.metadata).expect("a heartbeat under a binding lease says what is left"),
+        );
+    }
+    assert!(said[0] <= lease, "{said:?} left of a lease of {lease:?}");
+    assert!(said[1] < said[0], "what is left did not shrink without a renewal: {said:?}");
+    stop_worker(stop, worker).await;
+}
