@@ -77,6 +77,11 @@ pub fn parse_lease_renewal(request_id: &str) -> Option<u64> {
 pub const OUTCOME_ACK: &str = "jobcenter.outcome";
 /// The error of an execution that a worker gave back because it is stopping.
 pub const STOPPING: &str = "given back: the worker is stopping";
+/// The reason of the cancel an admin sends for an attempt a worker runs
+/// that nothing covers there (`server/workers/cover.rs`), so that the rest
+/// of the worker's lease can be renewed; and the error of the execution so
+/// canceled. The attempt is given back, not failed: the task runs again.
+pub const UNCOVERED: &str = "given back: the worker's lease could not be renewed with it";
 /// The error of an execution that a worker gave up when its lease ran out.
 pub const LEASE_EXPIRED: &str = "abandoned: the worker reached no admin within its lease";
 

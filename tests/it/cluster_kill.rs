@@ -7,7 +7,8 @@
 //! finishes the job, keeps the recovery check running, and a client waiting
 //! through `--admin A,B,C` follows the job to its end. A worker that
 //! reaches another instance while its dead leader is still listed as live
-//! keeps its attempts. The soak (`--ignored`) kills instances over and
+//! keeps its attempts, or, with a lease too short to wait, gives them back
+//! to run again rather than fail them. The soak (`--ignored`) kills instances over and
 //! over: `JOBCENTER_CLUSTER_KILLS=N` (default 100) kills spread over 3
 //! instances, each started again at once under a new id.
 
@@ -294,27 +295,24 @@ fn with_two_of_three_instances_dead_the_survivor_finishes_and_recovers_and_a_wai
     );
 }
 
-/// The instance leading a job dies while its only worker runs the job's
-/// attempts, and the database lists it as live until past the moment the
-/// worker reaches the other instance (the lag threshold outlasts the
-/// worker's reconnect delay). The other instance cannot reach the dead
-/// leader to have the attempts vouched for: it asks again while the lease
-/// the worker says it has left allows, and adopts the job meanwhile, rather
-/// than cancel them. No task runs twice.
-#[test]
-fn a_worker_that_reaches_another_instance_before_its_dead_leader_is_noticed_keeps_its_attempts() {
+/// The instance leading a job dies while its only worker, of lease
+/// `lease`, runs the job's four 16 s attempts, and the database lists it as
+/// live until past the moment the worker reaches the other instance (the
+/// lag threshold, 9 s, outlasts the worker's reconnect). Returns the job as
+/// it ended and the executions' events.
+fn dead_leader_still_listed(lease: &str) -> (serde_json::Value, Vec<(String, u32, String)>) {
     let dir = tempfile::tempdir().unwrap();
     let database = pg().new_database();
     let url = pg().url(&database);
     let places: Vec<Place> = ["a", "b"].iter().map(|n| Place::new(n)).collect();
-    // The worker's lease of 30 s is taken back after 37.5 s: the orphan grace is longer.
+    // A worker's lease of up to 30 s is taken back after 37.5 s: the orphan grace is longer.
     let timing = ["--lag-threshold", "9s", "--orphan-grace", "45s"];
     let mut servers: Vec<Server> = places.iter().map(|p| p.start_with(dir.path(), &url, &timing)).collect();
     wait_until(Duration::from_secs(20), || (active_ids(&database).len() == 2).then_some(()))
         .unwrap_or_else(|| panic!("2 instances did not register: {:?}", active_ids(&database)));
     let log = dir.path().join("exec.log");
     let admins = format!("{},{}", places[0].http, places[1].http);
-    let args = ["--admin", &admins, "--max-execute", "4", "--lease", "30s"];
+    let args = ["--admin", &admins, "--max-execute", "4", "--lease", lease];
     let _worker = start_worker(&servers[0], "w0", &args, Some(&log));
     wait_until(Duration::from_secs(30), || (servers[0].workers().len() == 1).then_some(()))
         .expect("the worker connected to the first instance");
@@ -335,25 +333,52 @@ fn a_worker_that_reaches_another_instance_before_its_dead_leader_is_noticed_keep
     let moved = wait_until(Duration::from_secs(20), || (survivor.workers().len() == 1).then(|| killed.elapsed()))
         .expect("the worker reached the other instance");
     let listed = active_ids(&database).iter().any(|(_, id)| *id == leader);
+    assert!(
+        listed,
+        "the dead leader was no longer listed when the worker moved {moved:?} after the kill: the case is not made"
+    );
     let done = wait_until(Duration::from_secs(90), || {
         let job = survivor.cli_json(&["job", &id, "--json"]);
         matches!(job["state"].as_str(), Some("succeeded" | "failed")).then_some(job)
     })
     .unwrap_or_else(|| panic!("the job did not end: {:?}", exec_events(&log, &id)));
+    eprintln!(
+        "lease {lease}: the worker reached the other instance {moved:?} after the kill, its dead leader still listed; \
+         the job ended {:?} after the kill",
+        killed.elapsed()
+    );
+    servers.truncate(0);
+    (done, exec_events(&log, &id))
+}
+
+/// With a lease long enough, the other instance asks the dead leader again
+/// while the lease the worker says it has left allows, and adopts the job
+/// meanwhile, rather than cancel the attempts: no task runs twice.
+#[test]
+fn a_worker_that_reaches_another_instance_before_its_dead_leader_is_noticed_keeps_its_attempts() {
+    let (done, events) = dead_leader_still_listed("30s");
     assert_eq!(done["state"], "succeeded", "{done}");
-    let events = exec_events(&log, &id);
     for task in 0..4 {
         let starts = events.iter().filter(|(t, _, e)| *t == format!("t{task}") && e == "start").count();
         assert_eq!(starts, 1, "task t{task} started {starts} times: {events:?}");
     }
-    eprintln!(
-        "the worker reached the other instance {moved:?} after the kill, its dead leader {} listed as live then; \
-         the job ended {:?} after the kill",
-        if listed { "still" } else { "no longer" },
-        killed.elapsed()
-    );
-    assert!(listed, "the dead leader was no longer listed when the worker moved: the case is not made");
-    servers.truncate(0);
+}
+
+/// With a lease too short to wait for the adoption, the attempts are
+/// canceled on the worker so that its lease can be renewed: each is given
+/// back, not failed, and runs again once the job is adopted.
+#[test]
+fn attempts_canceled_because_their_dead_leader_cannot_vouch_are_given_back_not_failed() {
+    let (done, events) = dead_leader_still_listed("8s");
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let mut twice = 0;
+    for task in 0..4 {
+        let task = format!("t{task}");
+        let succeeded = events.iter().filter(|(t, _, e)| *t == task && e == "succeeded").count();
+        assert_eq!(succeeded, 1, "task {task} succeeded {succeeded} times: {events:?}");
+        twice += usize::from(events.iter().filter(|(t, _, e)| *t == task && e == "start").count() > 1);
+    }
+    assert!(twice > 0, "no attempt was canceled and run again: the case is not made: {events:?}");
 }
 
 #[test]

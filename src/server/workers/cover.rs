@@ -253,7 +253,7 @@ impl Cover {
             let cancel = CancelRequest {
                 target_id: target_id.clone(),
                 target_kind: WorkKind::Execution as i32,
-                reason: format!("canceled: {why}"),
+                reason: wire::UNCOVERED.into(),
                 force: true,
             };
             let message = AdminToWorkerMessage {

@@ -901,6 +901,7 @@ impl Session {
             wire::AT_CAPACITY => Some(Loss::NotCounted("the worker was at capacity".into())),
             wire::STOPPING => Some(Loss::NotCounted(wire::STOPPING.into())),
             wire::LEASE_EXPIRED => Some(Loss::WithWorker(format!("lost with its worker: {}", wire::LEASE_EXPIRED))),
+            wire::UNCOVERED => Some(Loss::NotCounted(wire::UNCOVERED.into())),
             _ => None,
         };
         if let Some(loss) = given_up {

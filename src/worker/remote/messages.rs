@@ -170,6 +170,8 @@ pub(super) fn job_completed(
     let (success, error_message, summary, output) = match outcome {
         Outcome::Succeeded { output } => (true, String::new(), "succeeded".to_string(), output),
         Outcome::Failed { error, output } => (false, error.clone(), format!("failed: {error}"), output),
+        // A give-back the admin asked for is reported in its own words.
+        Outcome::Canceled { reason } if reason == wire::UNCOVERED => (false, reason.clone(), reason, Vec::new()),
         Outcome::Canceled { reason } => {
             let error = format!("canceled: {reason}");
             (false, error.clone(), error, Vec::new())

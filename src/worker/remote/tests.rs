@@ -155,6 +155,10 @@ fn completions_carry_outcome_and_output() {
         job_completed("r".into(), "j".into(), "noop".into(), Outcome::Canceled { reason: "stop".into() }, now);
     assert_eq!((canceled.success, canceled.error_message.as_str()), (false, "canceled: stop"));
     assert!(output_lines(&canceled).is_empty());
+    // A cancel that gives the attempt back is reported in the admin's words.
+    let given_back = Outcome::Canceled { reason: wire::UNCOVERED.into() };
+    let given_back = job_completed("r".into(), "j".into(), "noop".into(), given_back, now);
+    assert_eq!((given_back.success, given_back.error_message.as_str()), (false, wire::UNCOVERED));
 
     let refused = refusal("r".into(), "j".into(), "noop".into(), wire::AT_CAPACITY.into(), now);
     assert_eq!((refused.success, refused.error_message.as_str()), (false, "executor is at capacity"));
