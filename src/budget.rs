@@ -209,7 +209,7 @@ pub(crate) struct Shares {
     /// when it is one of `DEFAULT_TYPES`.
     /// A B-tree: a few job types, looked up for every task dispatched.
     marks: std::collections::BTreeMap<Arc<str>, bool>,
-    running: HashMap<AttemptId, Share>,
+    running: foldhash::HashMap<AttemptId, Share>,
     used: u64,
     used_by_server: HashMap<Arc<str>, u64>,
     /// In a cluster, the part of the budget held here; `None` alone.
@@ -291,6 +291,9 @@ impl Shares {
 
     /// A budgeted task ended: its share is free again.
     pub(crate) fn end(&mut self, attempt: AttemptId) -> Option<Share> {
+        if self.running.is_empty() {
+            return None;
+        }
         let share = self.running.remove(&attempt)?;
         self.used = self.used.saturating_sub(share.bytes_per_second);
         for server in share.servers.iter() {

@@ -728,6 +728,8 @@ fn task_specs(
     problems: &mut Vec<Problem>,
 ) -> Result<Vec<TaskSpec>, Vec<Problem>> {
     let mut job_types: HashMap<String, (Arc<str>, Priority)> = HashMap::new();
+    // Tasks of one type tend to come together: the last one is looked at first.
+    let mut last: Option<(Arc<str>, Priority)> = None;
     let mut specs = Vec::with_capacity(tasks.len());
     for task in tasks {
         let task_problems_before = problems.len();
@@ -738,14 +740,18 @@ fn task_specs(
         if problems.len() > task_problems_before {
             continue;
         }
-        let (job_type, of_type) = match job_types.get(&*task.job_type) {
-            Some(known) => known.clone(),
-            None => {
-                let known = (Arc::from(&*task.job_type), type_priority(&task.job_type));
-                job_types.insert(task.job_type.to_string(), known.clone());
-                known
-            }
+        let (job_type, of_type) = match &last {
+            Some(known) if *known.0 == *task.job_type => known.clone(),
+            _ => match job_types.get(&*task.job_type) {
+                Some(known) => known.clone(),
+                None => {
+                    let known = (Arc::from(&*task.job_type), type_priority(&task.job_type));
+                    job_types.insert(task.job_type.to_string(), known.clone());
+                    known
+                }
+            },
         };
+        last = Some((job_type.clone(), of_type));
         specs.push(TaskSpec {
             placement: Placement::of(&labels, &parameters),
             id: task.id.into(),
@@ -806,7 +812,7 @@ fn task_parameters(
                         depth,
                         limit: limits.max_parameter_depth,
                     });
-                } else if let Err(e) = serde_json::from_str::<serde_json::Value>(text) {
+                } else if let Err(e) = serde_json::from_str::<Readable>(text) {
                     // Kept as written, yet a reader must take them: a
                     // number beyond a double's range is refused here.
                     problems.push(Problem::ParametersUnreadable { task: task.to_string(), reason: strip_position(&e) });
@@ -814,6 +820,59 @@ fn task_parameters(
             }
             Box::<str>::from(raw.get())
         }
+    }
+}
+
+/// JSON a reader takes, read through and kept nowhere: numbers are read as
+/// a reader reads them (one beyond a double's range is refused), and
+/// nothing is allocated for what is read.
+struct Readable;
+
+impl<'de> serde::Deserialize<'de> for Readable {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Readable, D::Error> {
+        deserializer.deserialize_any(Readable)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Readable {
+    type Value = Readable;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+
+    fn visit_unit<E>(self) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Readable, A::Error> {
+        while seq.next_element::<Readable>()?.is_some() {}
+        Ok(Readable)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Readable, A::Error> {
+        while map.next_entry::<Readable, Readable>()?.is_some() {}
+        Ok(Readable)
     }
 }
 

@@ -250,7 +250,7 @@ pub struct Dispatch {
     running: BTreeMap<Arc<str>, u32>,
     held: BTreeMap<HandlerId, HeldSlots>,
     /// Every task in a queue or waiting there for its backoff.
-    queued: std::collections::HashSet<TaskRef>,
+    queued: foldhash::HashSet<TaskRef>,
     /// Job types that run only while the gate is open (the cluster lock is held).
     gated: std::collections::HashSet<Arc<str>>,
     gate_open: bool,

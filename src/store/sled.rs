@@ -1134,6 +1134,7 @@ impl Store for SledStore {
                 continue;
             }
             removed += (key(JOB, id).len() + bytes.len()) as u64;
+            state.recent_groups.forget(id);
             writes.remove(&key(JOB, id)[..]);
             writes.remove(&key(ACTIVE, id)[..]);
             for space in [SPEC, TASK] {
@@ -1176,31 +1177,38 @@ impl Store for SledStore {
             let offset = (idx.0 % TASKS_PER_GROUP) as u8;
             groups.entry((*job, idx.0 / TASKS_PER_GROUP)).or_default().insert(offset, task);
         }
-        // Taken out for the loop; an error leaves nothing remembered.
+        // Taken out until the keys are written: an error leaves nothing
+        // remembered.
         let mut recent = std::mem::take(&mut state.recent_groups);
         for ((job, group), changed) in groups {
             let group_key = key_with(TASK, job, group);
-            let stored = self.read_written(&state, &generation, TreeName::Data, &group_key)?;
-            let encoded = match &stored {
-                None => task_group::encode(&[], &changed),
-                Some(bytes) => match recent.get(job, group, bytes) {
-                    Some(known) => task_group::encode(&known.records(), &changed),
-                    None => {
-                        let decoded: Group = codec::decode(bytes, "task records").map_err(|d| self.corrupt(d))?;
+            let (encoded, stored_len) = match recent.get(job, group) {
+                Some(known) => {
+                    debug_assert_eq!(
+                        self.read_written(&state, &generation, TreeName::Data, &group_key)?.as_deref(),
+                        Some(&known.bytes[..]),
+                        "a remembered group is what is stored"
+                    );
+                    (task_group::encode(&known.records(), &changed), Some(known.bytes.len()))
+                }
+                None => match self.read_written(&state, &generation, TreeName::Data, &group_key)? {
+                    None => (task_group::encode(&[], &changed), None),
+                    Some(bytes) => {
+                        let decoded: Group = codec::decode(&bytes, "task records").map_err(|d| self.corrupt(d))?;
                         let old: Vec<(u8, Old)> = decoded.iter().map(|(at, task)| (*at, Old::Record(task))).collect();
-                        task_group::encode(&old, &changed)
+                        (task_group::encode(&old, &changed), Some(bytes.len()))
                     }
                 },
             };
-            added += match &stored {
-                Some(bytes) => encoded.bytes.len().saturating_sub(bytes.len()) as u64,
+            added += match stored_len {
+                Some(len) => encoded.bytes.len().saturating_sub(len) as u64,
                 None => (group_key.len() + encoded.bytes.len()) as u64,
             };
             writes.insert(&group_key[..], &encoded.bytes[..]);
             recent.put(job, group, encoded);
         }
-        state.recent_groups = recent;
         self.apply(&mut state, &generation, TreeName::Data, writes)?;
+        state.recent_groups = recent;
         self.added.fetch_add(added, Ordering::Relaxed);
         self.removed.fetch_add(removed, Ordering::Relaxed);
         let mut settings = Writes::new(&state);

@@ -3,10 +3,9 @@
 //! (offset in the group, record). A group written again is spliced: the
 //! records that did not change keep their bytes and only the changed ones
 //! are encoded, giving byte for byte what encoding the merged group whole
-//! gives. Where each record lies is remembered for the groups written
-//! last, so that a group a step touches again is neither decoded nor
-//! encoded whole; what is remembered is used only while the stored value is
-//! exactly the one it describes.
+//! gives. The value and where each record lies in it are remembered for
+//! the groups written last, so that a group a step touches again is neither
+//! read, decoded nor encoded whole.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -40,16 +39,24 @@ impl Encoded {
     }
 }
 
-/// The layouts of the groups written last, by job and group number.
+/// The groups written last, by job and group number: each one's value as
+/// stored, and its layout. Every write of a group passes through here, and
+/// a removed job's groups are forgotten, so what is remembered is what is
+/// stored.
 #[derive(Default)]
 pub(super) struct Recent {
     groups: HashMap<(JobId, u32), Encoded>,
 }
 
 impl Recent {
-    /// The remembered layout of a group whose stored value is `stored`.
-    pub(super) fn get(&self, job: JobId, group: u32, stored: &[u8]) -> Option<&Encoded> {
-        self.groups.get(&(job, group)).filter(|known| known.bytes[..] == *stored)
+    /// The stored value and layout of a group written lately.
+    pub(super) fn get(&self, job: JobId, group: u32) -> Option<&Encoded> {
+        self.groups.get(&(job, group))
+    }
+
+    /// Forgets the groups of a job removed.
+    pub(super) fn forget(&mut self, job: JobId) {
+        self.groups.retain(|(of, _), _| *of != job);
     }
 
     pub(super) fn put(&mut self, job: JobId, group: u32, encoded: Encoded) {
@@ -162,18 +169,18 @@ mod tests {
     }
 
     #[test]
-    fn a_layout_is_used_only_for_the_value_it_describes() {
-        let job = JobId::new();
+    fn a_group_is_remembered_by_job_and_number_until_its_job_is_forgotten() {
+        let (job, other) = (JobId::new(), JobId::new());
         let task = record(3);
-        let changed = BTreeMap::from([(4u8, &task)]);
-        let encoded = encode(&[], &changed);
+        let encoded = encode(&[], &BTreeMap::from([(4u8, &task)]));
         let mut recent = Recent::default();
         recent.put(job, 0, encoded.clone());
-        assert!(recent.get(job, 0, &encoded.bytes).is_some());
-        assert!(recent.get(job, 1, &encoded.bytes).is_none(), "another group");
-        let mut other = encoded.bytes.clone();
-        *other.last_mut().unwrap() ^= 1;
-        assert!(recent.get(job, 0, &other).is_none(), "a stored value that differs");
+        recent.put(other, 0, encoded.clone());
+        assert_eq!(recent.get(job, 0).map(|known| &known.bytes), Some(&encoded.bytes));
+        assert!(recent.get(job, 1).is_none(), "another group");
+        recent.forget(job);
+        assert!(recent.get(job, 0).is_none(), "a removed job's group");
+        assert!(recent.get(other, 0).is_some(), "another job's group stays");
     }
 
     #[test]
@@ -187,6 +194,6 @@ mod tests {
             recent.put(JobId::new(), group, encoded.clone());
         }
         assert!(recent.groups.len() <= REMEMBERED);
-        assert!(recent.get(first, 0, &encoded.bytes).is_none());
+        assert!(recent.get(first, 0).is_none());
     }
 }

@@ -92,6 +92,9 @@ async fn run(
     let mut running: HashMap<AttemptId, AbortHandle> = HashMap::default();
     loop {
         let ended = tokio::select! {
+            // Orders first: what the engine hands out starts at once, and
+            // ends are heard whenever no order waits.
+            biased;
             order = orders.recv() => match order {
                 Some(WorkOrder::Execute(assignment)) => {
                     let attempt = assignment.attempt;

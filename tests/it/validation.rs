@@ -711,6 +711,19 @@ fn parameters_with_a_number_beyond_a_double_are_refused() {
 }
 
 #[test]
+fn parameters_are_read_through_at_every_depth_as_a_worker_reads_them() {
+    let job = |parameters: &str| {
+        format!(r#"{{"name":"x","tasks":[{{"id":"a","job_type":"noop","parameters":{parameters}}}]}}"#)
+    };
+    let readable = r#"{"a":[1e308,-1.7e308,18446744073709551616,-9223372036854775809,"\u00e9",null,true,{"b":[[]]}]}"#;
+    assert_eq!(&*accepted(&job(readable)).tasks[0].parameters, readable);
+    for unreadable in [r#"{"a":[1,{"b":-1e400}]}"#, r#"{"a":{"b":{"c":[2E999]}}}"#] {
+        let (problem, _) = only_problem(&job(unreadable));
+        assert!(matches!(problem, Problem::ParametersUnreadable { .. }), "{unreadable}: {problem:?}");
+    }
+}
+
+#[test]
 fn a_toml_syntax_error_names_its_line_and_column() {
     let parse = |text: &str| jobfile::parse(text.as_bytes(), Format::Toml, "job.toml", &Limits::default());
     // The reader's message is one line, and the column counts characters.
