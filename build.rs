@@ -11,6 +11,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // A worker's messages carry small maps (metadata, parameters,
+        // outputs) on every task: ordered maps cost less to fill than
+        // SipHash's, and the order they are encoded in is stable.
+        .btree_map(".plugin")
         .type_attribute(".jobcenter.v1", "#[derive(serde::Serialize)]")
         .type_attribute(".jobcenter.v1", "#[serde(rename_all = \"snake_case\")]")
         .compile_fds(descriptors)?;

@@ -410,7 +410,7 @@ fn hello(worker_id: &str, instance: &str) -> worker_to_admin_message::Body {
         worker_version: "fleet".into(),
         protocol_version: "1".into(),
         capabilities,
-        metadata: HashMap::new(),
+        metadata: Default::default(),
     })
 }
 

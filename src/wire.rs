@@ -3,7 +3,7 @@
 //! map to the stream's typed `ConfigValue`s and back, and how a client finds
 //! the gRPC port behind an admin's HTTP address.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{Map, Number, Value};
@@ -53,7 +53,7 @@ pub const LEASE_RENEWAL: &str = "jobcenter.lease";
 pub const LEASE_LEFT_METADATA: &str = "jobcenter.lease_left_ms";
 
 /// The lease a heartbeat says is left, if it says.
-pub fn lease_left_of(metadata: &HashMap<String, String>) -> Option<Duration> {
+pub fn lease_left_of(metadata: &BTreeMap<String, String>) -> Option<Duration> {
     metadata.get(LEASE_LEFT_METADATA)?.trim().parse().ok().map(Duration::from_millis)
 }
 
@@ -92,7 +92,7 @@ pub fn take_back_after(lease: Duration) -> Duration {
 }
 
 /// A worker's lease from its hello metadata, if it declares one.
-pub fn lease_of(metadata: &HashMap<String, String>) -> Result<Option<Duration>, String> {
+pub fn lease_of(metadata: &BTreeMap<String, String>) -> Result<Option<Duration>, String> {
     match metadata.get(LEASE_METADATA) {
         None => Ok(None),
         Some(text) => match text.trim().parse::<u64>() {
@@ -154,7 +154,7 @@ const DURATION_KEY: &str = "$duration_ms";
 /// A JSON parameters object as the stream's typed values. Integers become
 /// `int64`, other numbers `double`, lists of one scalar type the typed list,
 /// other lists and objects nested values; `null` members are left out.
-pub fn json_to_values(parameters: &Map<String, Value>) -> HashMap<String, ConfigValue> {
+pub fn json_to_values(parameters: &Map<String, Value>) -> BTreeMap<String, ConfigValue> {
     parameters.iter().filter_map(|(k, v)| json_to_value(v).map(|v| (k.clone(), v))).collect()
 }
 
@@ -204,7 +204,7 @@ pub fn json_to_value(value: &Value) -> Option<ConfigValue> {
 
 /// The stream's typed values as a JSON object, the inverse of `json_to_values`
 /// for every kind JSON can hold; bytes and durations take a tagged form.
-pub fn values_to_json(values: &HashMap<String, ConfigValue>) -> Map<String, Value> {
+pub fn values_to_json(values: &BTreeMap<String, ConfigValue>) -> Map<String, Value> {
     let sorted: BTreeMap<&String, &ConfigValue> = values.iter().collect();
     sorted.into_iter().map(|(k, v)| (k.clone(), value_to_json(v))).collect()
 }
@@ -475,8 +475,8 @@ mod tests {
 
     #[test]
     fn leases_come_from_the_hello_and_leave_a_margin() {
-        let with = |v: &str| HashMap::from([(LEASE_METADATA.to_string(), v.to_string())]);
-        assert_eq!(lease_of(&HashMap::new()), Ok(None));
+        let with = |v: &str| BTreeMap::from([(LEASE_METADATA.to_string(), v.to_string())]);
+        assert_eq!(lease_of(&BTreeMap::new()), Ok(None));
         assert_eq!(lease_of(&with("20000")), Ok(Some(Duration::from_secs(20))));
         assert!(lease_of(&with("0")).is_err());
         assert!(lease_of(&with("soon")).is_err());

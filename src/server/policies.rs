@@ -74,9 +74,9 @@ fn change_values(
 
 /// Form defaults with the values an operator set on top.
 fn with_set(
-    mut values: std::collections::HashMap<String, ConfigValue>,
+    mut values: std::collections::BTreeMap<String, ConfigValue>,
     set: Option<&serde_json::Map<String, serde_json::Value>>,
-) -> std::collections::HashMap<String, ConfigValue> {
+) -> std::collections::BTreeMap<String, ConfigValue> {
     for (k, v) in set.into_iter().flatten() {
         if let Some(value) = crate::wire::json_to_value(v) {
             values.insert(k.clone(), value);
@@ -90,8 +90,8 @@ fn with_set(
 #[derive(Debug, PartialEq)]
 pub(crate) struct ForDispatch {
     pub runtime: AdminRuntimeConfig,
-    pub admin_values: std::collections::HashMap<String, ConfigValue>,
-    pub worker_values: std::collections::HashMap<String, ConfigValue>,
+    pub admin_values: std::collections::BTreeMap<String, ConfigValue>,
+    pub worker_values: std::collections::BTreeMap<String, ConfigValue>,
 }
 
 impl ForDispatch {
@@ -337,13 +337,13 @@ impl Policies {
 
     /// The admin configuration values of a job type: its descriptor's
     /// defaults, with what an operator set on top.
-    pub(crate) fn admin_values(&self, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
+    pub(crate) fn admin_values(&self, job_type: &str) -> std::collections::BTreeMap<String, ConfigValue> {
         admin_values(&self.book.lock().expect("policy lock"), job_type)
     }
 
     /// The worker configuration values of a job type: the descriptor's
     /// defaults, with what an operator set on top.
-    pub(crate) fn worker_values(&self, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
+    pub(crate) fn worker_values(&self, job_type: &str) -> std::collections::BTreeMap<String, ConfigValue> {
         worker_values(&self.book.lock().expect("policy lock"), job_type)
     }
 
@@ -443,13 +443,13 @@ fn effective(book: &Book, job_type: &str) -> (Policy, BTreeMap<String, Source>) 
     Policy::resolve(job_type, policy::builtin(job_type), descriptor, &overrides)
 }
 
-fn admin_values(book: &Book, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
+fn admin_values(book: &Book, job_type: &str) -> std::collections::BTreeMap<String, ConfigValue> {
     let form = book.descriptors.get(job_type).and_then(|d| d.admin_config_form.as_ref());
     with_set(form.map(|f| f.default_values.clone()).unwrap_or_default(), book.admin_values.get(job_type))
 }
 
-fn worker_values(book: &Book, job_type: &str) -> std::collections::HashMap<String, ConfigValue> {
-    let mut values = std::collections::HashMap::new();
+fn worker_values(book: &Book, job_type: &str) -> std::collections::BTreeMap<String, ConfigValue> {
+    let mut values = std::collections::BTreeMap::new();
     if let Some(d) = book.descriptors.get(job_type) {
         values = d.worker_default_values.clone();
         if let Some(form) = &d.worker_config_form {

@@ -9,7 +9,7 @@
 
 use crate::support;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -45,7 +45,11 @@ fn hello(job_types: &[&str], lease: bool) -> WorkerHello {
                 ..JobTypeCapability::default()
             })
             .collect(),
-        metadata: if lease { HashMap::from([(wire::LEASE_METADATA.into(), LEASE_MS.into())]) } else { HashMap::new() },
+        metadata: if lease {
+            BTreeMap::from([(wire::LEASE_METADATA.into(), LEASE_MS.into())])
+        } else {
+            BTreeMap::new()
+        },
         ..WorkerHello::default()
     }
 }
@@ -64,7 +68,7 @@ fn completed(job_id: &str, success: bool, error: &str, output: &[&str]) -> Body 
         job_id: job_id.into(),
         success,
         error_message: error.into(),
-        result: Some(JobResult { output_values: HashMap::from([("output".into(), output)]), summary: String::new() }),
+        result: Some(JobResult { output_values: BTreeMap::from([("output".into(), output)]), summary: String::new() }),
         ..JobCompleted::default()
     })
 }

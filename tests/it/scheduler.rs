@@ -6,7 +6,7 @@
 
 use crate::support;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jobcenter::proto::plugin::{
@@ -29,8 +29,8 @@ fn proposals(sleep_ms: i64) -> Vec<JobProposal> {
         job_type: "noop".into(),
         priority: priority as i32,
         summary: format!("{id} on volume {volume}"),
-        parameters: HashMap::from([("sleep_ms".to_string(), int(sleep_ms))]),
-        labels: HashMap::from([("volume_id".to_string(), volume.to_string())]),
+        parameters: BTreeMap::from([("sleep_ms".to_string(), int(sleep_ms))]),
+        labels: BTreeMap::from([("volume_id".to_string(), volume.to_string())]),
         ..JobProposal::default()
     };
     vec![

@@ -24,7 +24,7 @@
 //! its text back as the same value (a number, true/false or text); lists,
 //! maps, bytes and durations are not mapped.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::policy::{self, Overrides};
@@ -268,7 +268,7 @@ fn runtime_lines(runtime: &AdminRuntimeConfig) -> Vec<(String, Outcome)> {
     lines
 }
 
-fn value_lines(group: &str, prefix: &str, values: &HashMap<String, ConfigValue>) -> Vec<(String, Outcome)> {
+fn value_lines(group: &str, prefix: &str, values: &BTreeMap<String, ConfigValue>) -> Vec<(String, Outcome)> {
     let sorted: BTreeMap<&String, &ConfigValue> = values.iter().collect();
     sorted
         .into_iter()
@@ -408,14 +408,14 @@ mod tests {
 
     #[test]
     fn configuration_values_are_set_when_they_read_back_the_same() {
-        let admin = HashMap::from([
+        let admin = BTreeMap::from([
             ("collection_filter".to_string(), value(Kind::StringValue("ec_only".into()))),
             ("script".to_string(), value(Kind::StringValue("volume.list\nvolume.fix.replication -apply".into()))),
             ("empty".to_string(), value(Kind::StringValue(String::new()))),
             ("looks_like_a_number".to_string(), value(Kind::StringValue("30".into()))),
             ("reset_word".to_string(), value(Kind::StringValue("default".into()))),
         ]);
-        let worker = HashMap::from([
+        let worker = BTreeMap::from([
             ("fullness_ratio".to_string(), value(Kind::DoubleValue(0.77))),
             ("whole_ratio".to_string(), value(Kind::DoubleValue(1.0))),
             ("min_size_mb".to_string(), value(Kind::Int64Value(31))),

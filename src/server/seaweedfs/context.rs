@@ -3,7 +3,6 @@
 //! list (asked again every [`REFRESH`]), and for an `s3_lifecycle`
 //! execution its share of the cluster's delete budget.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -58,7 +57,7 @@ pub(crate) fn cluster_context(
         master_grpc_addresses: masters.addresses.clone(),
         filer_addresses: nodes.filers,
         s3_grpc_addresses: nodes.s3,
-        metadata: HashMap::from([("source".to_string(), "jobcenter".to_string())]),
+        metadata: std::collections::BTreeMap::from([("source".to_string(), "jobcenter".to_string())]),
         ..ClusterContext::default()
     };
     if execution && job_type == S3_LIFECYCLE {

@@ -7,7 +7,7 @@
 //! The bytes are changed field by field, so that every field jobcenter does
 //! not know is kept as it was.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use prost::Message;
 
@@ -33,7 +33,7 @@ const DEFAULT_CONCURRENT_MOVES: usize = 5;
 /// Puts a task's share into its parameters: as `io_byte_per_second`, and
 /// into their `task_params_pb` for the job types whose parameters have a
 /// rate there (left as it is when the bytes cannot be read).
-pub(crate) fn apply(job_type: &str, share: u64, parameters: &mut HashMap<String, ConfigValue>) {
+pub(crate) fn apply(job_type: &str, share: u64, parameters: &mut BTreeMap<String, ConfigValue>) {
     let rate = i64::try_from(share).unwrap_or(i64::MAX);
     parameters.insert(RATE.to_string(), ConfigValue { kind: Some(Kind::Int64Value(rate)) });
     let Some(Kind::BytesValue(bytes)) = parameters.get_mut(TASK_PARAMS).and_then(|v| v.kind.as_mut()) else {
@@ -178,7 +178,7 @@ mod tests {
     }
 
     fn applied(job_type: &str, params: &TaskParams, share: u64) -> TaskParams {
-        let mut parameters = HashMap::from([(TASK_PARAMS.to_string(), bytes_value(params.encode_to_vec()))]);
+        let mut parameters = BTreeMap::from([(TASK_PARAMS.to_string(), bytes_value(params.encode_to_vec()))]);
         apply(job_type, share, &mut parameters);
         let rate = i64::try_from(share).unwrap();
         assert_eq!(parameters[RATE], ConfigValue { kind: Some(Kind::Int64Value(rate)) }, "the loose parameter too");
@@ -253,7 +253,7 @@ mod tests {
         vacuum.extend([0x4a, 0x02, 0x08, 0x01]); // vacuum_params (9) {force_vacuum: true}
         assert_eq!(with_rate("volume_balance", &vacuum, 5), None);
         assert_eq!(with_rate("erasure_coding", &ec.encode_to_vec(), 5), None);
-        let mut parameters = HashMap::from([(TASK_PARAMS.to_string(), bytes_value(vacuum.clone()))]);
+        let mut parameters = BTreeMap::from([(TASK_PARAMS.to_string(), bytes_value(vacuum.clone()))]);
         apply("volume_balance", 5, &mut parameters);
         assert_eq!(parameters[TASK_PARAMS], bytes_value(vacuum));
         assert_eq!(with_rate("volume_balance", &[0xff], 5), None, "unreadable bytes are left as they are");

@@ -537,7 +537,7 @@ impl Api {
         let (policy, sources) = self.policies.effective(job_type);
         let mut out = convert::policy(job_type, &policy, &sources);
         // Each value as JSON text.
-        let texts = |values: std::collections::HashMap<String, crate::proto::plugin::ConfigValue>| {
+        let texts = |values: std::collections::BTreeMap<String, crate::proto::plugin::ConfigValue>| {
             values.into_iter().map(|(k, v)| (k, crate::wire::value_to_json(&v).to_string())).collect()
         };
         out.worker_config = texts(self.policies.worker_values(job_type));

@@ -191,7 +191,7 @@ fn descriptor_json(d: &JobTypeDescriptor) -> Value {
     })
 }
 
-fn values_json(values: &std::collections::HashMap<String, ConfigValue>) -> Value {
+fn values_json(values: &BTreeMap<String, ConfigValue>) -> Value {
     let sorted: BTreeMap<&String, &ConfigValue> = values.iter().collect();
     Value::Object(sorted.into_iter().map(|(k, v)| (k.clone(), value_json(v))).collect::<Map<_, _>>())
 }

@@ -606,7 +606,7 @@ impl Session {
                 detail: assignment.job_name.clone(),
                 parameters,
                 labels: {
-                    let mut labels: HashMap<String, String> = assignment.labels.clone().into_iter().collect();
+                    let mut labels = assignment.labels.clone();
                     labels.insert(wire::TASK_ID_LABEL.into(), assignment.task_id.to_string());
                     labels.insert(wire::JOB_NAME_LABEL.into(), assignment.job_name.clone());
                     if let Some(traceparent) = &assignment.traceparent {
@@ -1305,7 +1305,7 @@ mod tests {
                 success: false,
                 error_message: reported_error,
                 result: Some(JobResult {
-                    output_values: HashMap::from([("output".to_string(), output)]),
+                    output_values: BTreeMap::from([("output".to_string(), output)]),
                     summary: String::new(),
                 }),
                 ..JobCompleted::default()

@@ -2,7 +2,7 @@
 //! hello, heartbeats, schema responses and outcomes; and the `TaskContext` a
 //! handler sees of an execution request.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,7 +75,7 @@ pub(super) fn hello_message(
         worker_version: env!("CARGO_PKG_VERSION").to_string(),
         protocol_version: PROTOCOL_VERSION.to_string(),
         capabilities,
-        metadata: HashMap::from([
+        metadata: BTreeMap::from([
             ("runtime".to_string(), "jobcenter".to_string()),
             (wire::LEASE_METADATA.to_string(), lease.as_millis().to_string()),
         ]),
@@ -90,8 +90,8 @@ pub(super) fn heartbeat_message(worker_id: &str, executions: &Executions, max_de
         detection_slots_total: saturating_i32(max_detect),
         execution_slots_used: saturating_i32(executions.used()),
         execution_slots_total: saturating_i32(executions.capacity),
-        queued_jobs_by_type: HashMap::new(),
-        metadata: HashMap::from([("runtime".to_string(), "jobcenter".to_string())]),
+        queued_jobs_by_type: BTreeMap::new(),
+        metadata: BTreeMap::from([("runtime".to_string(), "jobcenter".to_string())]),
     }
 }
 
@@ -184,7 +184,7 @@ pub(super) fn job_completed(
         job_type,
         success,
         error_message,
-        result: Some(JobResult { output_values: HashMap::from([("output".to_string(), output)]), summary }),
+        result: Some(JobResult { output_values: BTreeMap::from([("output".to_string(), output)]), summary }),
         activities: Vec::new(),
         completed_at: Some(wire_timestamp(now)),
     }

@@ -2,7 +2,7 @@
 //! slots, the reconnect pauses, the messages, task contexts, addresses,
 //! worker ids and tokens.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use tokio::task::{AbortHandle, JoinSet};
 
@@ -169,7 +169,7 @@ fn completions_carry_outcome_and_output() {
 fn task_context_from_an_attempt_id() {
     let task = TaskRef { job: JobId::new(), idx: TaskIdx(7) };
     let mut job = spec(&AttemptId::new(task, 3).to_string(), "shell", serde_json::json!({"command": "true", "n": 2}));
-    job.labels = HashMap::from([
+    job.labels = BTreeMap::from([
         (TASK_ID_LABEL.to_string(), "vacuum 7".to_string()),
         (JOB_NAME_LABEL.to_string(), "nightly".to_string()),
         ("volume_id".to_string(), "7".to_string()),

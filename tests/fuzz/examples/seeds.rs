@@ -5,7 +5,7 @@
 //!
 //!     cargo run --manifest-path tests/fuzz/Cargo.toml --example seeds -- tests/fuzz/corpus
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -150,7 +150,7 @@ fn completed(job_id: String, success: bool, error: &str, lines: &[&str]) -> Work
         success,
         error_message: error.into(),
         result: Some(JobResult {
-            output_values: HashMap::from([("output".to_string(), output)]),
+            output_values: BTreeMap::from([("output".to_string(), output)]),
             summary: "done".into(),
         }),
         activities: vec![ActivityEvent { stage: "copy".into(), message: "copied".into(), ..ActivityEvent::default() }],

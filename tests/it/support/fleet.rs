@@ -2,7 +2,7 @@
 //! with one job type and then nothing, held open until the fleet is dropped.
 //! For what needs more workers than processes are worth starting.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jobcenter::proto::plugin::plugin_control_service_client::PluginControlServiceClient;
@@ -62,7 +62,7 @@ async fn open(url: &str, worker_id: &str) -> impl Sized {
         worker_instance_id: uuid::Uuid::new_v4().to_string(),
         protocol_version: "1".into(),
         capabilities,
-        metadata: HashMap::new(),
+        metadata: BTreeMap::new(),
         ..WorkerHello::default()
     };
     tx.send(WorkerToAdminMessage { worker_id: worker_id.into(), sent_at: None, body: Some(Body::Hello(hello)) })
