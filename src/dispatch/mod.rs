@@ -669,21 +669,22 @@ impl Dispatch {
     where
         I: Iterator<Item = (HandlerId, &'a Slot, u32)>,
     {
+        // One handler that fits is the pick: nothing else is looked at.
+        let mut fitting = looked();
+        let only = fitting.next()?;
+        if fitting.next().is_none() {
+            return Some(only.0);
+        }
         // Two passes, no allocation among few handlers: dispatch runs this for every task.
-        let (mut count, mut best) = (0usize, f64::INFINITY);
+        let mut best = f64::INFINITY;
         for (id, _, _) in looked() {
-            count += 1;
             best = self.recent(&id, job_type, now).map_or(best, |ms| best.min(ms));
         }
-        let near = (count > 1).then(near);
-        let beside = near.as_ref().map(beside).unwrap_or_default();
-        if count + beside.len() <= 1 {
-            return looked().next().map(|(id, _, _)| id);
-        }
+        let near = near();
+        let beside = beside(&near);
         for (id, _, _) in &beside {
             best = self.recent(id, job_type, now).map_or(best, |ms| best.min(ms));
         }
-        let near = near.unwrap_or_default();
         looked()
             .chain(beside)
             .min_by_key(|(id, slot, free)| {
