@@ -111,7 +111,7 @@ impl Cover {
         }
         self.tell_elsewhere(elsewhere);
         if ask {
-            tokio::spawn(self.clone().ask());
+            self.sessions.duties.spawn(self.clone().ask());
         }
     }
 
@@ -120,7 +120,7 @@ impl Cover {
     fn tell_elsewhere(&self, running: Option<u32>) {
         if let Some(running) = running {
             let (engine, handler) = (self.sessions.engine.clone(), self.handler);
-            tokio::spawn(async move {
+            self.sessions.duties.spawn(async move {
                 let _ = engine.handler_elsewhere(handler, running).await;
             });
         }

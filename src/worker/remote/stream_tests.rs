@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::fake_admin::{
     accepted_hello, next_session, options_for, output_lines, process_ends, serving, spec, start_fake_admin,
-    start_worker, stop_worker, wait_for_file,
+    start_worker, stop_worker, wait_for_file, FakeSession, Renewing,
 };
 use super::*;
 use crate::model::{AttemptId, JobId, TaskIdx, TaskRef};
@@ -269,23 +269,40 @@ async fn with_a_renewing_admin_executions_outlive_the_stream_until_the_lease_run
     assert_eq!(log, format!("{job} 0 1 start\n{job} 0 1 succeeded\n{job} 1 1 start\n{job} 1 1 abandoned\n"));
 }
 
-#[tokio::test]
-async fn a_renewal_held_up_on_the_way_renews_only_as_of_the_heartbeat_it_answers() {
-    let dir = tempfile::tempdir().unwrap();
+/// A worker of one slot and a lease of `lease`, its hello accepted and each
+/// heartbeat renewed until `Renewing` ends; the session's receiver is kept
+/// with it.
+async fn leased_worker(lease: Duration) -> (Stopper, FakeSession, Renewing, Sessions) {
     let (admin, mut sessions) = start_fake_admin().await;
-    let lease = Duration::from_secs(4);
-    let (stop, worker) = start_worker(RemoteWorkerOptions { lease, ..options_for(admin, 1) });
+    let stopper = start_worker(RemoteWorkerOptions { lease, ..options_for(admin, 1) });
     let mut session = next_session(&mut sessions).await;
     session.hello().await;
     session.send("", accepted_hello()).await;
     let renewing = session.renew().await;
-    let job = JobId::new();
-    let pid_file = dir.path().join("pid");
+    (stopper, session, renewing, sessions)
+}
+
+/// Starts a shell command that sleeps a minute as attempt 1 of a task of a
+/// new job: its attempt id, and its process id once it runs.
+async fn start_sleeper(session: &mut FakeSession, dir: &std::path::Path) -> (String, String) {
+    let pid_file = dir.join("pid");
     let command = format!("echo $$ > {}; exec sleep 60", pid_file.display());
-    let long = AttemptId::new(TaskRef { job, idx: TaskIdx(0) }, 1).to_string();
+    let long = AttemptId::new(TaskRef { job: JobId::new(), idx: TaskIdx(0) }, 1).to_string();
     session.execute("r1", spec(&long, "shell", serde_json::json!({"command": command})), 0).await;
     session.started("r1", &long).await;
     let pid = wait_for_file(&pid_file).await.trim().to_string();
+    (long, pid)
+}
+
+type Stopper = (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), InvalidOptions>>);
+type Sessions = tokio::sync::mpsc::UnboundedReceiver<FakeSession>;
+
+#[tokio::test]
+async fn a_renewal_held_up_on_the_way_renews_only_as_of_the_heartbeat_it_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = Duration::from_secs(4);
+    let ((stop, worker), mut session, renewing, _sessions) = leased_worker(lease).await;
+    let (_, pid) = start_sleeper(&mut session, dir.path()).await;
     // From here the admin answers nothing on time: the heartbeat read
     // now is renewed 0.9 s later (within the half lease after which the
     // worker gives the session up), as a network that held the renewal
@@ -310,23 +327,13 @@ async fn a_renewal_held_up_on_the_way_renews_only_as_of_the_heartbeat_it_answers
 #[tokio::test]
 async fn a_heartbeat_says_how_much_of_the_lease_is_left_while_it_binds() {
     let dir = tempfile::tempdir().unwrap();
-    let (admin, mut sessions) = start_fake_admin().await;
     let lease = Duration::from_secs(4);
-    let (stop, worker) = start_worker(RemoteWorkerOptions { lease, ..options_for(admin, 1) });
-    let mut session = next_session(&mut sessions).await;
-    session.hello().await;
-    session.send("", accepted_hello()).await;
-    let renewing = session.renew().await;
+    let ((stop, worker), mut session, renewing, _sessions) = leased_worker(lease).await;
     let idle = session.heartbeat().await;
     assert_eq!(wire::lease_left_of(&idle.metadata), None, "nothing runs: the lease binds nothing");
     // Renewals stop before anything runs: from here what is left only shrinks.
     renewing.abort();
-    let pid_file = dir.path().join("pid");
-    let command = format!("echo $$ > {}; exec sleep 60", pid_file.display());
-    let long = AttemptId::new(TaskRef { job: JobId::new(), idx: TaskIdx(0) }, 1).to_string();
-    session.execute("r1", spec(&long, "shell", serde_json::json!({"command": command})), 0).await;
-    session.started("r1", &long).await;
-    wait_for_file(&pid_file).await;
+    start_sleeper(&mut session, dir.path()).await;
     let mut said = Vec::new();
     // (The worker gives the session up half a lease after the last renewal.)
     while said.len() < 2 {
