@@ -205,8 +205,7 @@ pub fn json_to_value(value: &Value) -> Option<ConfigValue> {
 /// The stream's typed values as a JSON object, the inverse of `json_to_values`
 /// for every kind JSON can hold; bytes and durations take a tagged form.
 pub fn values_to_json(values: &BTreeMap<String, ConfigValue>) -> Map<String, Value> {
-    let sorted: BTreeMap<&String, &ConfigValue> = values.iter().collect();
-    sorted.into_iter().map(|(k, v)| (k.clone(), value_to_json(v))).collect()
+    values.iter().map(|(k, v)| (k.clone(), value_to_json(v))).collect()
 }
 
 pub fn value_to_json(value: &ConfigValue) -> Value {

@@ -671,13 +671,11 @@ impl Dispatch {
     {
         // One handler that fits is the pick: nothing else is looked at.
         let mut fitting = looked();
-        let only = fitting.next()?;
-        if fitting.next().is_none() {
-            return Some(only.0);
-        }
+        let first = fitting.next()?;
+        let Some(second) = fitting.next() else { return Some(first.0) };
         // Two passes, no allocation among few handlers: dispatch runs this for every task.
         let mut best = f64::INFINITY;
-        for (id, _, _) in looked() {
+        for (id, _, _) in [first, second].into_iter().chain(fitting) {
             best = self.recent(&id, job_type, now).map_or(best, |ms| best.min(ms));
         }
         let near = near();

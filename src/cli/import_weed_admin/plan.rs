@@ -269,9 +269,8 @@ fn runtime_lines(runtime: &AdminRuntimeConfig) -> Vec<(String, Outcome)> {
 }
 
 fn value_lines(group: &str, prefix: &str, values: &BTreeMap<String, ConfigValue>) -> Vec<(String, Outcome)> {
-    let sorted: BTreeMap<&String, &ConfigValue> = values.iter().collect();
-    sorted
-        .into_iter()
+    values
+        .iter()
         .map(|(name, value)| {
             let weed = format!("{group}.{name} = {}", describe(value));
             let outcome = match setting_text(value) {

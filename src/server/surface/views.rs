@@ -192,8 +192,7 @@ fn descriptor_json(d: &JobTypeDescriptor) -> Value {
 }
 
 fn values_json(values: &BTreeMap<String, ConfigValue>) -> Value {
-    let sorted: BTreeMap<&String, &ConfigValue> = values.iter().collect();
-    Value::Object(sorted.into_iter().map(|(k, v)| (k.clone(), value_json(v))).collect::<Map<_, _>>())
+    Value::Object(values.iter().map(|(k, v)| (k.clone(), value_json(v))).collect::<Map<_, _>>())
 }
 
 fn form_json(form: &ConfigForm) -> Value {

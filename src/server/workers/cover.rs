@@ -132,11 +132,11 @@ impl Cover {
     /// reached.
     async fn ask_leaders(
         &self,
+        node: HandlerId,
         attempts: &[Attempt],
         vouched: &mut Vec<(Attempt, Instant)>,
         cancel: &mut Vec<(Attempt, &'static str)>,
     ) -> Vec<Attempt> {
-        let Some(node) = self.sessions.topology.member() else { return Vec::new() };
         let mut by_leader: BTreeMap<String, Vec<Attempt>> = BTreeMap::new();
         for &attempt in attempts {
             let asked_at = Instant::now();
@@ -148,7 +148,7 @@ impl Cover {
                 Some(Some(w)) => match w.owner {
                     // Led here, and its job not loaded yet (adopted a
                     // moment ago): asked again next time.
-                    Some(owner) if owner.id == node.id => {}
+                    Some(owner) if owner.id == node => {}
                     Some(owner) => by_leader.entry(owner.grpc_address).or_default().push(attempt),
                     None => {
                         let valid = peer::vouch_validity(self.sessions.settings.orphan_grace, self.lease);
@@ -225,10 +225,10 @@ impl Cover {
             .filter(|a| !held.contains(a) && !foreign.contains(a))
             .map(|a| (*a, "it was taken back while the worker was away"))
             .collect();
-        if self.sessions.topology.member().is_some() {
+        if let Some(node) = self.sessions.topology.member() {
             let mut asking: Vec<Attempt> = foreign.into_iter().collect();
             loop {
-                let unreached = self.ask_leaders(&asking, &mut vouched, &mut cancel).await;
+                let unreached = self.ask_leaders(node.id, &asking, &mut vouched, &mut cancel).await;
                 if unreached.is_empty() {
                     break;
                 }
