@@ -463,7 +463,15 @@ fn worker_values(book: &Book, job_type: &str) -> std::collections::BTreeMap<Stri
 
 fn read_book(store: &dyn Store) -> Result<Book, store::Error> {
     let mut book = Book::default();
-    for (key, bytes) in store.settings(DESCRIPTOR_PREFIX)? {
+    let all = store.settings_any(&[
+        DESCRIPTOR_PREFIX,
+        POLICY_PREFIX,
+        WORKER_CONFIG_PREFIX,
+        ADMIN_CONFIG_PREFIX,
+        BUDGET_SETTING,
+    ])?;
+    let under = |prefix: &'static str| all.iter().filter(move |(key, _)| key.starts_with(prefix));
+    for (key, bytes) in under(DESCRIPTOR_PREFIX) {
         match JobTypeDescriptor::decode(bytes.as_slice()) {
             Ok(descriptor) => {
                 book.descriptors.insert(key[DESCRIPTOR_PREFIX.len()..].to_string(), descriptor);
@@ -471,26 +479,26 @@ fn read_book(store: &dyn Store) -> Result<Book, store::Error> {
             Err(e) => tracing::warn!(key, error = %e, "skipping an undecodable descriptor"),
         }
     }
-    for (key, bytes) in store.settings(POLICY_PREFIX)? {
-        match serde_json::from_slice::<Overrides>(&bytes) {
+    for (key, bytes) in under(POLICY_PREFIX) {
+        match serde_json::from_slice::<Overrides>(bytes) {
             Ok(overrides) => {
                 book.overrides.insert(key[POLICY_PREFIX.len()..].to_string(), overrides);
             }
             Err(e) => tracing::warn!(key, error = %e, "skipping an unreadable policy"),
         }
     }
-    for (key, bytes) in store.settings(WORKER_CONFIG_PREFIX)? {
-        if let Ok(values) = serde_json::from_slice(&bytes) {
+    for (key, bytes) in under(WORKER_CONFIG_PREFIX) {
+        if let Ok(values) = serde_json::from_slice(bytes) {
             book.worker_values.insert(key[WORKER_CONFIG_PREFIX.len()..].to_string(), values);
         }
     }
-    for (key, bytes) in store.settings(ADMIN_CONFIG_PREFIX)? {
-        if let Ok(values) = serde_json::from_slice(&bytes) {
+    for (key, bytes) in under(ADMIN_CONFIG_PREFIX) {
+        if let Ok(values) = serde_json::from_slice(bytes) {
             book.admin_values.insert(key[ADMIN_CONFIG_PREFIX.len()..].to_string(), values);
         }
     }
-    for (key, bytes) in store.settings(BUDGET_SETTING)? {
-        match serde_json::from_slice(&bytes) {
+    for (key, bytes) in under(BUDGET_SETTING) {
+        match serde_json::from_slice(bytes) {
             Ok(budget) if key == BUDGET_SETTING => book.budget = Some(budget),
             Ok(_) => {}
             Err(e) => tracing::warn!(key, error = %e, "skipping an unreadable bandwidth budget"),

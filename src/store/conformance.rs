@@ -125,6 +125,18 @@ pub fn settings_are_kept_by_key(store: &dyn Store) {
     );
     store.put_setting("policy/vacuum", None).unwrap();
     assert_eq!(store.settings("policy/").unwrap().len(), 1);
+    // Several prefixes at once: every key under any of them, once, in key
+    // order; a key under two prefixes is not repeated, and `_` or `%` in a
+    // prefix are no patterns.
+    store.put_setting("descriptor/vacuum/x", Some(b"d")).unwrap();
+    store.put_setting("pol_cy/x", Some(b"e")).unwrap();
+    let keys = |prefixes: &[&str]| -> Vec<String> {
+        store.settings_any(prefixes).unwrap().into_iter().map(|(key, _)| key).collect()
+    };
+    assert_eq!(keys(&["policy/", "descriptor/"]), ["descriptor/vacuum", "descriptor/vacuum/x", "policy/balance"]);
+    assert_eq!(keys(&["descriptor/vacuum", "descriptor/"]), ["descriptor/vacuum", "descriptor/vacuum/x"]);
+    assert_eq!(keys(&["pol_cy/", "po%"]), ["pol_cy/x"]);
+    assert_eq!(keys(&["nothing/"]), Vec::<String>::new());
 }
 
 pub fn settings_in_a_batch_are_written_with_it(store: &dyn Store) {

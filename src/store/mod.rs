@@ -256,6 +256,15 @@ pub trait Store: Send + Sync + 'static {
     fn put_setting(&self, key: &str, value: Option<&[u8]>) -> Result<(), Error>;
     /// Every setting whose key starts with `prefix`, in key order.
     fn settings(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, Error>;
+    /// Every setting whose key starts with any of `prefixes`, in key order,
+    /// read at once (a database reads them in one statement).
+    fn settings_any(&self, prefixes: &[&str]) -> Result<Vec<(String, Vec<u8>)>, Error> {
+        let mut all = std::collections::BTreeMap::new();
+        for prefix in prefixes {
+            all.extend(self.settings(prefix)?);
+        }
+        Ok(all.into_iter().collect())
+    }
     /// The cluster side of a store several admin instances share.
     fn cluster(&self) -> Option<&dyn cluster::Cluster> {
         None

@@ -133,17 +133,17 @@ impl Schedules {
     /// Every schedule stored, and each one's last run.
     async fn load(&self) -> Result<Vec<(Schedule, LastRun)>, crate::store::Error> {
         let store = self.engine.store().clone();
-        let (stored, runs) =
-            blocking(move || Ok((store.settings(schedule::PREFIX)?, store.settings(schedule::RUN_PREFIX)?))).await?;
-        let runs: HashMap<String, LastRun> = runs
-            .into_iter()
+        let all = blocking(move || store.settings_any(&[schedule::PREFIX, schedule::RUN_PREFIX])).await?;
+        let runs: HashMap<String, LastRun> = all
+            .iter()
             .filter_map(|(key, bytes)| {
-                Some((key[schedule::RUN_PREFIX.len()..].to_string(), serde_json::from_slice(&bytes).ok()?))
+                let name = key.strip_prefix(schedule::RUN_PREFIX)?;
+                Some((name.to_string(), serde_json::from_slice(bytes).ok()?))
             })
             .collect();
         let mut out = Vec::new();
-        for (key, bytes) in stored {
-            let checked = serde_json::from_slice::<Stored>(&bytes)
+        for (key, bytes) in all.iter().filter(|(key, _)| key.starts_with(schedule::PREFIX)) {
+            let checked = serde_json::from_slice::<Stored>(bytes)
                 .map_err(|e| e.to_string())
                 .and_then(|stored| Schedule::from_stored(stored).map_err(|e| e.to_string()));
             match checked {

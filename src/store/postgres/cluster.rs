@@ -3,6 +3,7 @@
 //! and leases. Every time is the database's `now()`; every change an
 //! instance makes passes `jobcenter.fence`.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio_postgres::types::{ToSql, Type};
@@ -429,88 +430,13 @@ impl Cluster for PgStore {
 
     fn permits(&self, requests: &[PermitRequest]) -> Result<Vec<u32>, Error> {
         let me = self.me_or_refuse()?;
-        self.block_on(async {
-            let client = self.reader().await?;
-            let mut held_now = Vec::with_capacity(requests.len());
-            for request in requests {
-                let key = request.key.as_str();
-                let capacity = i32::try_from(request.capacity).unwrap_or(i32::MAX);
-                let want = i32::try_from(request.want.min(request.capacity)).unwrap_or(i32::MAX);
-                // A want of 0 is no row: the table holds what live instances want now.
-                let recorded = if want > 0 {
-                    client
-                        .execute(
-                            "INSERT INTO jobcenter.permit_wants (key, holder, want) \
-                             SELECT $1::text, $2::uuid, $3::int4 WHERE jobcenter.fence($2::uuid) \
-                             ON CONFLICT (key, holder) DO UPDATE SET want = excluded.want",
-                            &[&key, &me, &want],
-                        )
-                        .await
-                } else {
-                    client
-                        .execute(
-                            "DELETE FROM jobcenter.permit_wants WHERE key = $1 AND holder = $2 \
-                             AND jobcenter.fence($2::uuid)",
-                            &[&key, &me],
-                        )
-                        .await
-                };
-                recorded.map_err(|e| self.error(&e))?;
-                let rows = client
-                    .query(
-                        "SELECT w.holder, w.want, floor(extract(epoch FROM now()) / 10)::int8 FROM jobcenter.permit_wants w \
-                         JOIN jobcenter.instances i ON i.id = w.holder AND i.status = 'active' \
-                         WHERE w.key = $1 AND w.want > 0",
-                        &[&key],
-                    )
-                    .await
-                    .map_err(|e| self.error(&e))?;
-                let wants: Vec<(Uuid, u32)> = rows
-                    .iter()
-                    .map(|r| (r.get::<_, Uuid>(0), u32::try_from(r.get::<_, i32>(1)).unwrap_or(0)))
-                    .collect();
-                // Whoever waits when there is not enough changes every 10 s
-                // of the database's clock.
-                let turn = rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(2)).unwrap_or(0));
-                let target = allot(request.capacity, &wants, me, turn);
-                let keep = i64::from(target.max(request.running).min(request.capacity));
-                // Give back what is past the capacity or past what is kept.
-                client
-                    .execute(
-                        "DELETE FROM jobcenter.permits WHERE key = $1 AND holder = $2 AND (slot >= $3 OR slot IN \
-                         (SELECT slot FROM jobcenter.permits WHERE key = $1 AND holder = $2 AND slot < $3 \
-                          ORDER BY slot OFFSET $4))",
-                        &[&key, &me, &capacity, &keep],
-                    )
-                    .await
-                    .map_err(|e| self.error(&e))?;
-                let count_sql = "SELECT count(*) FROM jobcenter.permits WHERE key = $1 AND holder = $2";
-                let held_row = client.query_one(count_sql, &[&key, &me]).await.map_err(|e| self.error(&e))?;
-                let mut held = u32::try_from(held_row.get::<_, i64>(0)).unwrap_or(0);
-                if held < target {
-                    // Free slots: never taken, or held by an instance no longer active.
-                    let missing = i64::from(target - held);
-                    client
-                        .execute(
-                            "INSERT INTO jobcenter.permits (key, slot, holder) \
-                             SELECT $1::text, s, $2::uuid FROM generate_series(0, $3::int4 - 1) s \
-                             WHERE jobcenter.fence($2::uuid) AND NOT EXISTS (SELECT 1 FROM jobcenter.permits p \
-                               JOIN jobcenter.instances i ON i.id = p.holder AND i.status = 'active' \
-                               WHERE p.key = $1 AND p.slot = s) \
-                             ORDER BY s LIMIT $4 \
-                             ON CONFLICT (key, slot) DO UPDATE SET holder = excluded.holder \
-                             WHERE permits.holder NOT IN (SELECT id FROM jobcenter.instances WHERE status = 'active')",
-                            &[&key, &me, &capacity, &missing],
-                        )
-                        .await
-                        .map_err(|e| self.error(&e))?;
-                    let held_row = client.query_one(count_sql, &[&key, &me]).await.map_err(|e| self.error(&e))?;
-                    held = u32::try_from(held_row.get::<_, i64>(0)).unwrap_or(0);
-                }
-                held_now.push(held);
-            }
-            Ok(held_now)
-        })
+        let mut memory = self.permit_memory.lock().expect("the permit memory is not poisoned");
+        let settled = self.block_on(settle_permits(self, me, requests, &mut memory));
+        if settled.is_err() {
+            // What a failed settlement did is not known: ask the database next time.
+            memory.clear();
+        }
+        settled
     }
 
     fn claim_schedule_run(&self, schedule: &str, slot: i64) -> Result<RunClaim, Error> {
@@ -544,4 +470,120 @@ impl Cluster for PgStore {
             Ok(claim)
         })
     }
+}
+
+/// What this instance last made of one permit key in the database: the want
+/// it recorded, the capacity it trimmed its slots to, and the slots it
+/// holds. While the instance is active nobody else writes its rows, so the
+/// memory stays true until a settlement fails (then it is dropped).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Remembered {
+    want: i32,
+    capacity: i32,
+    held: u32,
+}
+
+/// One settlement (`Cluster::permits`). What the database already holds is
+/// not written again: a key whose want, capacity and slots are unchanged
+/// costs one read (the wants of the live instances, which also checks the
+/// fence), where it cost four statements.
+async fn settle_permits(
+    store: &PgStore,
+    me: Uuid,
+    requests: &[PermitRequest],
+    memory: &mut HashMap<String, Remembered>,
+) -> Result<Vec<u32>, Error> {
+    let client = store.reader().await?;
+    let mut held_now = Vec::with_capacity(requests.len());
+    memory.retain(|key, _| requests.iter().any(|r| &r.key == key));
+    for request in requests {
+        let key = request.key.as_str();
+        let capacity = i32::try_from(request.capacity).unwrap_or(i32::MAX);
+        let want = i32::try_from(request.want.min(request.capacity)).unwrap_or(i32::MAX);
+        let known = memory.get(key).copied();
+        if known.map(|k| k.want) != Some(want) {
+            // A want of 0 is no row: the table holds what live instances want now.
+            let recorded = if want > 0 {
+                client
+                    .execute(
+                        "INSERT INTO jobcenter.permit_wants (key, holder, want) \
+                         SELECT $1::text, $2::uuid, $3::int4 WHERE jobcenter.fence($2::uuid) \
+                         ON CONFLICT (key, holder) DO UPDATE SET want = excluded.want",
+                        &[&key, &me, &want],
+                    )
+                    .await
+            } else {
+                client
+                    .execute(
+                        "DELETE FROM jobcenter.permit_wants WHERE key = $1 AND holder = $2 \
+                         AND jobcenter.fence($2::uuid)",
+                        &[&key, &me],
+                    )
+                    .await
+            };
+            recorded.map_err(|e| store.error(&e))?;
+        }
+        // The fence is an init plan: checked once, whatever the rows.
+        let rows = client
+            .query(
+                "SELECT w.holder, w.want, floor(extract(epoch FROM now()) / 10)::int8 FROM jobcenter.permit_wants w \
+                 JOIN jobcenter.instances i ON i.id = w.holder AND i.status = 'active' \
+                 WHERE w.key = $1 AND w.want > 0 AND (SELECT jobcenter.fence($2::uuid))",
+                &[&key, &me],
+            )
+            .await
+            .map_err(|e| store.error(&e))?;
+        let wants: Vec<(Uuid, u32)> =
+            rows.iter().map(|r| (r.get::<_, Uuid>(0), u32::try_from(r.get::<_, i32>(1)).unwrap_or(0))).collect();
+        // Whoever waits when there is not enough changes every 10 s
+        // of the database's clock.
+        let turn = rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(2)).unwrap_or(0));
+        let target = allot(request.capacity, &wants, me, turn);
+        let keep = target.max(request.running).min(request.capacity);
+        let mut held = match known {
+            Some(known) => known.held,
+            None => {
+                let row = client
+                    .query_one("SELECT count(*) FROM jobcenter.permits WHERE key = $1 AND holder = $2", &[&key, &me])
+                    .await
+                    .map_err(|e| store.error(&e))?;
+                u32::try_from(row.get::<_, i64>(0)).unwrap_or(0)
+            }
+        };
+        if held > keep || known.map(|k| k.capacity) != Some(capacity) {
+            // Give back what is past the capacity or past what is kept.
+            let given = client
+                .execute(
+                    "DELETE FROM jobcenter.permits WHERE key = $1 AND holder = $2 AND (slot >= $3 OR slot IN \
+                     (SELECT slot FROM jobcenter.permits WHERE key = $1 AND holder = $2 AND slot < $3 \
+                      ORDER BY slot OFFSET $4))",
+                    &[&key, &me, &capacity, &i64::from(keep)],
+                )
+                .await
+                .map_err(|e| store.error(&e))?;
+            held = held.saturating_sub(u32::try_from(given).unwrap_or(u32::MAX));
+        }
+        if held < target {
+            // Free slots: never taken, or held by an instance no longer
+            // active. Each row written is a slot this instance did not hold.
+            let taken = client
+                .execute(
+                    "INSERT INTO jobcenter.permits (key, slot, holder) \
+                     SELECT $1::text, s, $2::uuid FROM generate_series(0, $3::int4 - 1) s \
+                     WHERE jobcenter.fence($2::uuid) AND NOT EXISTS (SELECT 1 FROM jobcenter.permits p \
+                       JOIN jobcenter.instances i ON i.id = p.holder AND i.status = 'active' \
+                       WHERE p.key = $1 AND p.slot = s) \
+                     ORDER BY s LIMIT $4 \
+                     ON CONFLICT (key, slot) DO UPDATE SET holder = excluded.holder \
+                     WHERE permits.holder NOT IN (SELECT id FROM jobcenter.instances WHERE status = 'active')",
+                    &[&key, &me, &capacity, &i64::from(target - held)],
+                )
+                .await
+                .map_err(|e| store.error(&e))?;
+            held += u32::try_from(taken).unwrap_or(0);
+        }
+        memory.insert(key.to_string(), Remembered { want, capacity, held });
+        held_now.push(held);
+    }
+    Ok(held_now)
 }

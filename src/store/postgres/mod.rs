@@ -57,6 +57,8 @@ pub struct PgStore {
     pending: Mutex<Vec<Batch>>,
     /// This process as a registered instance; its writes are fenced by it.
     me: std::sync::OnceLock<Uuid>,
+    /// What the instance's permit settlements left in the database, per key.
+    permit_memory: Mutex<std::collections::HashMap<String, cluster::Remembered>>,
 }
 
 impl Drop for PgStore {
@@ -108,6 +110,7 @@ impl PgStore {
             writer: tokio::sync::Mutex::new(Some(writer)),
             pending: Mutex::new(Vec::new()),
             me: std::sync::OnceLock::new(),
+            permit_memory: Mutex::default(),
         })
     }
 
@@ -829,6 +832,20 @@ impl Store for PgStore {
             let client = self.reader().await?;
             let rows = client
                 .query("SELECT key, value FROM jobcenter.settings WHERE starts_with(key, $1) ORDER BY key", &[&prefix])
+                .await
+                .map_err(|e| self.error(&e))?;
+            Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+        })
+    }
+
+    fn settings_any(&self, prefixes: &[&str]) -> Result<Vec<(String, Vec<u8>)>, Error> {
+        self.block_on(async {
+            let client = self.reader().await?;
+            let rows = client
+                .query(
+                    "SELECT key, value FROM jobcenter.settings WHERE key ^@ ANY($1::text[]) ORDER BY key",
+                    &[&prefixes],
+                )
                 .await
                 .map_err(|e| self.error(&e))?;
             Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
