@@ -40,7 +40,9 @@ const HISTORY_TABLE: &str = "jobcenter.schema_history";
 const MIGRATION_LOCK: i64 = 0x6a6f_6263_656e_7472;
 /// Rows per statement when a flush writes many (a million-task failure).
 const ROWS_PER_STATEMENT: usize = 20_000;
-/// Reader connections.
+/// Reader connections. The one returned last is taken first, so that light
+/// traffic keeps to few sessions (their caches warm, their statistics
+/// reported as they go) instead of passing through all of them in turn.
 const POOL_SIZE: usize = 8;
 /// The SQLSTATE `jobcenter.fence` raises for a deactivated instance.
 const FENCED: &str = "JCF01";
@@ -91,6 +93,7 @@ impl PgStore {
             );
             let pool = deadpool_postgres::Pool::builder(manager)
                 .max_size(POOL_SIZE)
+                .queue_mode(deadpool_postgres::QueueMode::Lifo)
                 .post_create(deadpool_postgres::Hook::async_fn(|client, _| {
                     Box::pin(
                         async move { client.batch_execute(connect::SESSION_SETUP).await.map_err(HookError::Backend) },
