@@ -495,12 +495,13 @@ async fn settle_permits(
 ) -> Result<Vec<u32>, Error> {
     let client = store.reader().await?;
     let mut held_now = Vec::with_capacity(requests.len());
-    memory.retain(|key, _| requests.iter().any(|r| &r.key == key));
+    // Only the keys asked for now are remembered on.
+    let mut remembered = HashMap::with_capacity(requests.len());
     for request in requests {
         let key = request.key.as_str();
         let capacity = i32::try_from(request.capacity).unwrap_or(i32::MAX);
         let want = i32::try_from(request.want.min(request.capacity)).unwrap_or(i32::MAX);
-        let known = memory.get(key).copied();
+        let known = memory.remove(key);
         if known.map(|k| k.want) != Some(want) {
             // A want of 0 is no row: the table holds what live instances want now.
             let recorded = if want > 0 {
@@ -582,8 +583,9 @@ async fn settle_permits(
                 .map_err(|e| store.error(&e))?;
             held += u32::try_from(taken).unwrap_or(0);
         }
-        memory.insert(key.to_string(), Remembered { want, capacity, held });
+        remembered.insert(request.key.clone(), Remembered { want, capacity, held });
         held_now.push(held);
     }
+    *memory = remembered;
     Ok(held_now)
 }
