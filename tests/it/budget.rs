@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::support::seaweedfs::{self, task_params, Cluster, ClusterOptions, WAIT};
-use crate::support::{raw_http, start_worker, wait_until, Process, Server};
+use crate::support::{self, raw_http, start_worker, wait_until, Process, Server};
 
 fn budget(server: &Server) -> Value {
     server.cli_json(&["budget", "--json"])
@@ -487,25 +487,6 @@ fn cluster_instance(dir: &Path, name: &str, url: &str) -> Server {
     Server::start_on(&dir.join(name), &http, &args)
 }
 
-/// The most executions running at once in a workers' log
-/// (`JOB TASK ATTEMPT start|...`, in the order they happened), and how many started.
-fn most_at_once(log: &Path) -> (i32, usize) {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let (mut running, mut most, mut starts) = (0i32, 0i32, 0);
-    for line in text.lines() {
-        match line.split_whitespace().nth(3) {
-            Some("start") => {
-                running += 1;
-                starts += 1;
-            }
-            Some(_) => running -= 1,
-            None => {}
-        }
-        most = most.max(running);
-    }
-    (most, starts)
-}
-
 #[test]
 fn a_budget_set_through_one_instance_holds_across_the_instances_of_one_database() {
     let dir = tempfile::tempdir().unwrap();
@@ -554,7 +535,7 @@ fn a_budget_set_through_one_instance_holds_across_the_instances_of_one_database(
     })
     .expect("the jobs end");
     assert_eq!(ended, [json!("succeeded"), json!("succeeded")]);
-    let (most, starts) = most_at_once(&log);
+    let (most, starts) = support::most_at_once(&log, |_| true);
     eprintln!("most used {most_used} B/s, {shares_seen} shares seen at once, {most} tasks at once of {starts}");
     assert_eq!(starts, 8, "each task ran once");
     assert!(most_used <= 20_000_000, "the shares of both instances' tasks came to {most_used} B/s, past the budget");

@@ -646,7 +646,7 @@ fn a_global_limit_and_a_volume_lock_hold_across_instances_each_running_its_own_j
     all_succeed(&database, "limited-", 6);
 
     // The workers' log, in the order things happened: never more than 2 running.
-    let (most, starts) = most_at_once(&log, &ids);
+    let (most, starts) = support::most_at_once(&log, |job| ids.iter().any(|id| id == job));
     assert_eq!(starts, 24, "each task ran once");
     assert!(most <= 2, "{most} noop tasks ran at once over the cluster, past its limit of 2");
     assert_eq!(most, 2, "the limit was used");
@@ -663,7 +663,7 @@ fn a_global_limit_and_a_volume_lock_hold_across_instances_each_running_its_own_j
         "SELECT count(DISTINCT owner) FROM jobcenter.jobs WHERE name LIKE 'volume-%' AND owner IS NOT NULL",
     );
     all_succeed(&database, "volume-", 3);
-    let (most, starts) = most_at_once(&log, &on_volume);
+    let (most, starts) = support::most_at_once(&log, |job| on_volume.iter().any(|id| id == job));
     eprintln!("jobs on volume 7 led by {} instances", owners.trim());
     assert_eq!(starts, 3, "each task ran once");
     assert_eq!(most, 1, "tasks on one volume ran at once on different instances' jobs");
@@ -696,28 +696,6 @@ fn all_succeed(database: &str, prefix: &str, n: usize) {
         "the {prefix} jobs did not all succeed: {}",
         pg().psql(database, "SELECT name, state FROM jobcenter.jobs")
     );
-}
-
-/// The most executions of `jobs` running at once, from the workers' log (each
-/// worker writes an end before it reports it, so a line order is a time
-/// order), and how many started in all.
-fn most_at_once(log: &std::path::Path, jobs: &[String]) -> (i32, usize) {
-    let text = std::fs::read_to_string(log).unwrap();
-    let (mut running, mut most, mut starts) = (0i32, 0i32, 0);
-    for line in text.lines() {
-        let parts: Vec<&str> = line.split_whitespace().collect();
-        if parts.len() != 4 || !jobs.iter().any(|id| id == parts[0]) {
-            continue;
-        }
-        if parts[3] == "start" {
-            running += 1;
-            starts += 1;
-        } else {
-            running -= 1;
-        }
-        most = most.max(running);
-    }
-    (most, starts)
 }
 
 /// A detector for `noop` that proposes one piece of work, dedupe key `noop:volume-7`.

@@ -1,11 +1,12 @@
 //! The database failing under a cluster of real instances and workers, each
 //! on a host of its own: PostgreSQL stopped (fast, then at once) and started
 //! again during a 10,000-task job; a primary replaced by a promoted
-//! streaming replica at another address; PostgreSQL out of connections.
+//! streaming replica at another address; PostgreSQL out of connections; a
+//! restart under jobs held to a global limit.
 //! What must hold: no acknowledged submission lost, the job as the
 //! reference model says, no task run again because of the fault, never two
-//! executions of one task at once, and every instance ready again soon after
-//! the database is.
+//! executions of one task at once, a global limit kept, and every instance
+//! ready again soon after the database is.
 
 use crate::support;
 use crate::support::layered;
@@ -177,6 +178,46 @@ fn a_primary_replaced_by_a_promoted_replica_at_another_address_loses_nothing_and
          {} submissions acknowledged (all stored), {refused} not",
         acknowledged.len()
     );
+}
+
+/// A job type's global limit lives in the database (`jobcenter.permits`),
+/// and each instance remembers what it holds there: a restart of the
+/// database, at once, in the middle of the work, makes every instance read
+/// its permits again, and the limit holds throughout.
+#[test]
+fn a_global_limit_holds_across_the_instances_while_the_database_restarts_at_once() {
+    let rig = build(Setup { instances: 3, timing: timing(), ..Setup::default() });
+    let set = rig.admins[0].cli(&["policy", "set", "noop", "global_execution_concurrency=2"]);
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    for admin in &rig.admins {
+        wait_until(Duration::from_secs(15), || {
+            let policy = String::from_utf8_lossy(&admin.cli(&["policy", "get", "noop"]).stdout).to_string();
+            policy
+                .lines()
+                .any(|l| l.contains("global_execution_concurrency") && l.split_whitespace().any(|w| w == "2"))
+                .then_some(())
+        })
+        .unwrap_or_else(|| panic!("{} does not apply the limit", admin.http));
+    }
+    // Three jobs of eight 250 ms tasks, one led by each instance.
+    let ids: Vec<String> =
+        rig.admins.iter().map(|admin| submit(admin, rig.dir.path(), &rig::independent(8, 250))).collect();
+    let started = |rig: &Cluster| ids.iter().map(|id| exec_events(&rig.log, id).len()).sum::<usize>();
+    wait_until(Duration::from_secs(60), || (started(&rig) >= 8).then_some(()))
+        .unwrap_or_else(|| panic!("the jobs make no progress: {}", rig.stalled(&ids[0])));
+    rig.database.stop(pg_common::Shutdown::Immediate);
+    std::thread::sleep(Duration::from_secs(1));
+    rig.database.start_again();
+    let back = all_ready(&rig, Duration::from_secs(10));
+    for id in &ids {
+        let done = rig.ended(id, &[], Duration::from_secs(120));
+        assert_eq!(done["state"], "succeeded", "{done}");
+    }
+    let (most, starts) = support::most_at_once(&rig.log, |job| ids.iter().any(|id| id == job));
+    assert!(starts >= 24, "{starts} executions for the 24 tasks");
+    assert!(most <= 2, "{most} noop tasks ran at once over the cluster, past its limit of 2");
+    assert_eq!(most, 2, "the limit was used");
+    eprintln!("a global limit of 2 over 3 instances held while the database restarted: {starts} executions, every instance ready {back:?} after it");
 }
 
 #[test]

@@ -334,6 +334,29 @@ pub fn exec_events(log: &Path, job: &str) -> Vec<(String, u32, String)> {
         .collect()
 }
 
+/// The most executions of the jobs `of` picks running at once, from the
+/// workers' log (`JOB TASK ATTEMPT start|...`; each worker writes an end
+/// before it reports it, so a line order is a time order), and how many
+/// started in all.
+pub fn most_at_once(log: &Path, of: impl Fn(&str) -> bool) -> (i32, usize) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let (mut running, mut most, mut starts) = (0i32, 0i32, 0);
+    for line in text.lines() {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        if parts.len() != 4 || !of(parts[0]) {
+            continue;
+        }
+        if parts[3] == "start" {
+            running += 1;
+            starts += 1;
+        } else {
+            running -= 1;
+        }
+        most = most.max(running);
+    }
+    (most, starts)
+}
+
 /// How many times each task started, and how many times it succeeded, from
 /// `exec_events` in the order they were written (the log is appended to by
 /// every worker, so its order is the order of the events). Panics when a
