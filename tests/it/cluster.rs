@@ -624,18 +624,7 @@ fn a_global_limit_and_a_volume_lock_hold_across_instances_each_running_its_own_j
     .expect("the workers connected");
 
     // At most 2 noop tasks at once in the whole cluster, set through one instance.
-    let set = servers[0].cli(&["policy", "set", "noop", "global_execution_concurrency=2"]);
-    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
-    for server in &servers {
-        wait_until(Duration::from_secs(10), || {
-            let policy = String::from_utf8_lossy(&server.cli(&["policy", "get", "noop"]).stdout).to_string();
-            policy
-                .lines()
-                .any(|l| l.contains("global_execution_concurrency") && l.split_whitespace().any(|w| w == "2"))
-                .then_some(())
-        })
-        .unwrap_or_else(|| panic!("{} does not apply the limit", server.http));
-    }
+    support::set_global_limit(&servers, "noop", 2);
     // Six jobs of four independent 300 ms tasks, two submitted to each instance.
     let mut ids = Vec::new();
     for n in 0..6 {

@@ -187,18 +187,7 @@ fn a_primary_replaced_by_a_promoted_replica_at_another_address_loses_nothing_and
 #[test]
 fn a_global_limit_holds_across_the_instances_while_the_database_restarts_at_once() {
     let rig = build(Setup { instances: 3, timing: timing(), ..Setup::default() });
-    let set = rig.admins[0].cli(&["policy", "set", "noop", "global_execution_concurrency=2"]);
-    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
-    for admin in &rig.admins {
-        wait_until(Duration::from_secs(15), || {
-            let policy = String::from_utf8_lossy(&admin.cli(&["policy", "get", "noop"]).stdout).to_string();
-            policy
-                .lines()
-                .any(|l| l.contains("global_execution_concurrency") && l.split_whitespace().any(|w| w == "2"))
-                .then_some(())
-        })
-        .unwrap_or_else(|| panic!("{} does not apply the limit", admin.http));
-    }
+    support::set_global_limit(&rig.admins, "noop", 2);
     // Three jobs of eight 250 ms tasks, one led by each instance.
     let ids: Vec<String> =
         rig.admins.iter().map(|admin| submit(admin, rig.dir.path(), &rig::independent(8, 250))).collect();

@@ -334,6 +334,25 @@ pub fn exec_events(log: &Path, job: &str) -> Vec<(String, u32, String)> {
         .collect()
 }
 
+/// Sets `job_type`'s global limit to `limit` through the first of a
+/// cluster's instances, and waits until every one of them applies it.
+pub fn set_global_limit(servers: &[Server], job_type: &str, limit: u32) {
+    let setting = format!("global_execution_concurrency={limit}");
+    let set = servers[0].cli(&["policy", "set", job_type, &setting]);
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    let wanted = limit.to_string();
+    for server in servers {
+        wait_until(Duration::from_secs(15), || {
+            let policy = String::from_utf8_lossy(&server.cli(&["policy", "get", job_type]).stdout).to_string();
+            policy
+                .lines()
+                .any(|l| l.contains("global_execution_concurrency") && l.split_whitespace().any(|w| w == wanted))
+                .then_some(())
+        })
+        .unwrap_or_else(|| panic!("{} does not apply the limit", server.http));
+    }
+}
+
 /// The most executions of the jobs `of` picks running at once, from the
 /// workers' log (`JOB TASK ATTEMPT start|...`; each worker writes an end
 /// before it reports it, so a line order is a time order), and how many
