@@ -45,6 +45,8 @@ pub struct BenchArgs {
     pub data_dir: Option<PathBuf>,
     /// Run the server on PostgreSQL instead: a fresh database is created on
     /// the server this URL names (the user needs CREATEDB), and dropped after.
+    /// The job is submitted 11 s after the instances are up, once the
+    /// database's statistics count their setting up.
     #[arg(long)]
     pub database_url: Option<String>,
     /// With --database-url: admin instances sharing the database; worker n
