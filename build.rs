@@ -15,6 +15,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // outputs) on every task: ordered maps cost less to fill than
         // SipHash's, and the order they are encoded in is stable.
         .btree_map(".plugin")
+        // Messages are moved into and out of the transport whole
+        // (src/proto/codec.rs).
+        .codec_path("crate::proto::codec::Prost")
         .type_attribute(".jobcenter.v1", "#[derive(serde::Serialize)]")
         .type_attribute(".jobcenter.v1", "#[serde(rename_all = \"snake_case\")]")
         .compile_fds(descriptors)?;
