@@ -831,14 +831,7 @@ impl Store for PgStore {
     }
 
     fn settings(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, Error> {
-        self.block_on(async {
-            let client = self.reader().await?;
-            let rows = client
-                .query("SELECT key, value FROM jobcenter.settings WHERE starts_with(key, $1) ORDER BY key", &[&prefix])
-                .await
-                .map_err(|e| self.error(&e))?;
-            Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
-        })
+        self.settings_any(&[prefix])
     }
 
     fn settings_any(&self, prefixes: &[&str]) -> Result<Vec<(String, Vec<u8>)>, Error> {
