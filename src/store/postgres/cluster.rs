@@ -486,7 +486,7 @@ pub(super) struct Remembered {
 /// One settlement (`Cluster::permits`). What the database already holds is
 /// not written again: a key whose want, capacity and slots are unchanged
 /// costs one read (the wants of the live instances, which also checks the
-/// fence), where it cost four statements.
+/// fence).
 async fn settle_permits(
     store: &PgStore,
     me: Uuid,
