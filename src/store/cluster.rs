@@ -124,6 +124,23 @@ pub struct PermitRequest {
     pub running: u32,
 }
 
+/// What a settlement left for one permit key: the slots this instance
+/// holds, and what the split allots it. They differ while it keeps slots
+/// for tasks still running past its share, or waits for slots another
+/// instance has yet to give back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub held: u32,
+    pub target: u32,
+}
+
+/// What an instance hears of the others' permits between settlements: the
+/// value changes whenever another instance says the split changed for
+/// others (it waits for slots, it gave slots back that others wait for, it
+/// deactivated an instance), and it says whether such news is heard at all
+/// just now. While it is `false` nothing may be assumed unchanged.
+pub type PermitNews = tokio::sync::watch::Receiver<bool>;
+
 /// Splits `capacity` slots over instances by what each wants (max-min
 /// fairness: nobody gets more than they want, and what one does not want is
 /// shared by the others); returns what `me` is allotted. Instances in
@@ -192,8 +209,11 @@ pub trait Cluster: Send + Sync {
     /// Takes and gives back permit slots so that this instance holds, for
     /// each request, its allotted share of what the live instances want
     /// (never fewer than it runs, never more than the capacity); returns the
-    /// slots held per request, in order.
-    fn permits(&self, requests: &[PermitRequest]) -> Result<Vec<u32>, Error>;
+    /// slots held and allotted per request, in order.
+    fn permits(&self, requests: &[PermitRequest]) -> Result<Vec<Grant>, Error>;
+    /// News of the other instances' permits, once this instance is
+    /// registered; `None` when the store cannot tell.
+    fn permit_news(&self) -> Option<PermitNews>;
     /// Claims the run of `schedule` for `slot`, cluster-wide: fresh, taken
     /// over from an instance no longer active (its writes are all in, so
     /// the schedule's last run says whether it started the run), or held

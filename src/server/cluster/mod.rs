@@ -266,6 +266,10 @@ pub(crate) struct Member {
 
 /// How often an instance settles its permits when nothing wakes it.
 const PERMITS_EVERY: Duration = Duration::from_millis(250);
+/// How long settlements that find nothing changed here, and hear no news,
+/// may go without reading the database (news can be lost with its
+/// connection before anyone knows).
+const PERMITS_CHECK: Duration = Duration::from_secs(1);
 /// What a type wanted over this many settlements counts: permits are not
 /// given back the moment a queue runs dry between two tasks.
 const WANT_WINDOW: usize = 8;
@@ -273,13 +277,16 @@ const WANT_WINDOW: usize = 8;
 /// The permits loop of a server instance: each job type's global limit is
 /// split over the instances that have its tasks to run (slots in the
 /// database, `jobcenter.permits`), so the limit holds cluster-wide; this
-/// instance dispatches a type's tasks only within the slots it holds.
+/// instance dispatches a type's tasks only within the slots it holds. A
+/// settlement reads the database only when the split may have changed
+/// (`Settled::must_read`); news of the other instances wakes it at once.
 pub(crate) async fn permits(member: Arc<Member>) {
     let node = &member.node;
+    let mut news = node.store.cluster().and_then(|cluster| cluster.permit_news());
     // The server set no permits at all before it listened (`server::run`).
     let mut last = Settled::default();
     loop {
-        match settle_permits(&member, &mut last).await {
+        match settle_permits(&member, &mut last, news.as_mut()).await {
             Ok(()) => {}
             Err(store::Error::Fenced { .. }) => return deactivated(&member.engine, node),
             Err(e) => tracing::warn!(error = %e, "cannot settle the permits"),
@@ -287,8 +294,20 @@ pub(crate) async fn permits(member: Arc<Member>) {
         tokio::select! {
             () = tokio::time::sleep(PERMITS_EVERY) => {}
             () = node.permits_wake.notified() => {}
+            () = heard(&mut news) => {}
         }
     }
+}
+
+/// Resolves when there is permit news; never once nobody can send any.
+async fn heard(news: &mut Option<store::cluster::PermitNews>) {
+    if let Some(receiver) = news.as_mut() {
+        if receiver.changed().await.is_ok() {
+            return;
+        }
+        *news = None;
+    }
+    std::future::pending::<()>().await;
 }
 
 /// A job type's permit key.
@@ -304,6 +323,20 @@ struct Settled {
     recent: BTreeMap<String, std::collections::VecDeque<u32>>,
     held: BTreeMap<String, u32>,
     wanting: BTreeSet<String>,
+    /// When the window last moved on.
+    ticked: Option<Instant>,
+    /// The last settlement that read the database.
+    read: Option<Read>,
+}
+
+/// A settlement that read the database: what it asked, what it was
+/// granted, when, and in which turn of the split.
+#[derive(Debug)]
+struct Read {
+    requests: Vec<store::cluster::PermitRequest>,
+    grants: Vec<store::cluster::Grant>,
+    at: Instant,
+    turn: i64,
 }
 
 impl Settled {
@@ -313,7 +346,7 @@ impl Settled {
     /// 0: an instance that gave its slots back while it still wanted them,
     /// and then ran out of work, must not stay on record as wanting (the
     /// split would keep slots for it that nobody takes).
-    fn requests(&mut self, demand: crate::dispatch::Demand) -> Vec<store::cluster::PermitRequest> {
+    fn requests(&mut self, demand: crate::dispatch::Demand, now: Instant) -> Vec<store::cluster::PermitRequest> {
         // (key, capacity, wanted now, running)
         let mut asks: Vec<(String, u32, u32, u32)> = Vec::new();
         for crate::dispatch::TypeDemand { job_type, limit, queued, running } in demand.types {
@@ -336,9 +369,19 @@ impl Settled {
         // not given back the moment a queue runs dry between two tasks.
         self.recent.retain(|key, _| asked.contains(key) || self.held.contains_key(key));
         let mut requests = Vec::new();
-        for (key, capacity, now, running) in asks {
+        // The window moves on with the ticks of the loop; a settlement woken
+        // between two (new work) only raises the current entry, so that the
+        // window keeps its length in time however often work arrives.
+        let next_entry = self.ticked.is_none_or(|at| now.saturating_duration_since(at) >= PERMITS_EVERY);
+        if next_entry {
+            self.ticked = Some(now);
+        }
+        for (key, capacity, wanted, running) in asks {
             let window = self.recent.entry(key.clone()).or_default();
-            window.push_back(now);
+            match window.back_mut() {
+                Some(last) if !next_entry => *last = (*last).max(wanted),
+                _ => window.push_back(wanted),
+            }
             if window.len() > WANT_WINDOW {
                 window.pop_front();
             }
@@ -352,13 +395,45 @@ impl Settled {
         requests
     }
 
+    /// Whether settling `requests` must read the database. It need not
+    /// when nothing the split depends on can have changed since the last
+    /// read: no news of the other instances (`heard` is also true while
+    /// none can be heard), the same keys with the same capacities and wants,
+    /// every key held at its share (not waiting for slots, not keeping
+    /// slots for tasks past it), the same turn of the split, and a read
+    /// within `PERMITS_CHECK`.
+    fn must_read(&self, requests: &[store::cluster::PermitRequest], heard: bool, now: Instant, turn: i64) -> bool {
+        let Some(read) = &self.read else { return true };
+        let same = |a: &store::cluster::PermitRequest, b: &store::cluster::PermitRequest| {
+            a.key == b.key && a.capacity == b.capacity && a.want == b.want
+        };
+        heard
+            || now.saturating_duration_since(read.at) >= PERMITS_CHECK
+            || read.turn != turn
+            || read.grants.iter().any(|grant| grant.held != grant.target)
+            || read.requests.len() != requests.len()
+            || !read.requests.iter().zip(requests).all(|(a, b)| same(a, b))
+    }
+
+    /// Records a settlement that read the database.
+    fn record(
+        &mut self,
+        requests: Vec<store::cluster::PermitRequest>,
+        grants: Vec<store::cluster::Grant>,
+        at: Instant,
+        turn: i64,
+    ) {
+        self.granted(&requests, &grants);
+        self.read = Some(Read { requests, grants, at, turn });
+    }
+
     /// Records what the database granted for `requests`.
-    fn granted(&mut self, requests: &[store::cluster::PermitRequest], granted: &[u32]) {
+    fn granted(&mut self, requests: &[store::cluster::PermitRequest], granted: &[store::cluster::Grant]) {
         self.held.clear();
         self.wanting.clear();
-        for (request, slots) in requests.iter().zip(granted) {
-            if *slots > 0 {
-                self.held.insert(request.key.clone(), *slots);
+        for (request, grant) in requests.iter().zip(granted) {
+            if grant.held > 0 {
+                self.held.insert(request.key.clone(), grant.held);
             }
             if request.want > 0 {
                 self.wanting.insert(request.key.clone());
@@ -367,17 +442,33 @@ impl Settled {
     }
 }
 
-async fn settle_permits(member: &Member, last: &mut Settled) -> Result<(), store::Error> {
+async fn settle_permits(
+    member: &Member,
+    last: &mut Settled,
+    news: Option<&mut store::cluster::PermitNews>,
+) -> Result<(), store::Error> {
     let node = &member.node;
+    // Whatever is heard from here on is news to the next settlement.
+    let heard = news.is_none_or(|news| {
+        let changed = news.has_changed().unwrap_or(true);
+        let listening = *news.borrow_and_update();
+        changed || !listening
+    });
     let demand = member.engine.permit_demand().await.map_err(engine_error)?;
-    let requests = last.requests(demand);
-    let store = node.store.clone();
-    let (requests, granted) = tokio::task::spawn_blocking(move || {
-        store.cluster().expect("cluster").permits(&requests).map(|granted| (requests, granted))
-    })
-    .await
-    .map_err(|e| store::Error::Io(e.to_string()))??;
-    last.granted(&requests, &granted);
+    let requests = last.requests(demand, Instant::now());
+    let turn = node.db_now_ms().div_euclid(10_000);
+    if last.must_read(&requests, heard, Instant::now(), turn) {
+        last.read = None;
+        let store = node.store.clone();
+        let (requests, grants) = tokio::task::spawn_blocking(move || {
+            store.cluster().expect("cluster").permits(&requests).map(|grants| (requests, grants))
+        })
+        .await
+        .map_err(|e| store::Error::Io(e.to_string()))??;
+        last.record(requests, grants, Instant::now(), turn);
+    }
+    // The engine trimmed what it holds to what runs when it told its demand
+    // (`Dispatch::demand`): it is told again what this instance holds.
     let held = &last.held;
     let types = held.iter().filter_map(|(key, n)| key.strip_prefix(TYPE_KEY).map(|t| (Arc::from(t), *n))).collect();
     let resources = held.keys().filter(|k| !k.starts_with(TYPE_KEY) && !k.starts_with(BUDGET_KEY)).cloned().collect();
@@ -595,9 +686,24 @@ pub(crate) fn deactivated(engine: &EngineHandle, node: &Node) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
     use super::Settled;
     use crate::dispatch::{Demand, TypeDemand};
-    use crate::store::cluster::PermitRequest;
+    use crate::store::cluster::{Grant, PermitRequest};
+
+    impl Settled {
+        /// Requests one tick of the loop after the last.
+        fn requests_at(&mut self, demand: Demand) -> Vec<PermitRequest> {
+            let now = self.ticked.map_or_else(Instant::now, |at| at + super::PERMITS_EVERY);
+            self.requests(demand, now)
+        }
+    }
+
+    /// Grants at their share, holding `held`.
+    fn at_share(held: &[u32]) -> Vec<Grant> {
+        held.iter().map(|&held| Grant { held, target: held }).collect()
+    }
 
     fn volume(locked: bool) -> Demand {
         Demand { types: vec![], resources: [("volume:7".to_string(), locked)].into(), budget: vec![] }
@@ -611,20 +717,20 @@ mod tests {
     fn an_instance_that_gave_its_slot_back_while_wanting_it_says_when_it_no_longer_does() {
         let mut settled = Settled::default();
         // Its task on the volume runs under the slot it holds.
-        let requests = settled.requests(volume(true));
+        let requests = settled.requests_at(volume(true));
         assert_eq!(wants(&requests), [("volume:7", 1)]);
-        settled.granted(&requests, &[1]);
+        settled.granted(&requests, &at_share(&[1]));
         // The task ended; the slot is still wanted over the window, but the
         // split now gives it to another instance, so it is given back.
-        let requests = settled.requests(Demand::default());
+        let requests = settled.requests_at(Demand::default());
         assert_eq!(wants(&requests), [("volume:7", 1)], "wanted over the window while held");
-        settled.granted(&requests, &[0]);
+        settled.granted(&requests, &at_share(&[0]));
         // Nothing held, nothing to run: the database is told the want is 0,
         // once, and then the key is forgotten.
-        let requests = settled.requests(Demand::default());
+        let requests = settled.requests_at(Demand::default());
         assert_eq!(wants(&requests), [("volume:7", 0)], "the want ends in the database");
-        settled.granted(&requests, &[0]);
-        assert!(settled.requests(Demand::default()).is_empty());
+        settled.granted(&requests, &at_share(&[0]));
+        assert!(settled.requests_at(Demand::default()).is_empty());
         assert!(settled.recent.is_empty() && settled.held.is_empty() && settled.wanting.is_empty());
     }
 
@@ -636,17 +742,17 @@ mod tests {
             budget: vec![],
         };
         let mut settled = Settled::default();
-        let requests = settled.requests(noop(3, 0));
+        let requests = settled.requests_at(noop(3, 0));
         assert_eq!(wants(&requests), [("type:noop", 2)]);
         // Another instance has the slots at every settlement, then the queue
         // is emptied (its jobs canceled): the want lasts the window, then 0
         // is sent even though no slot was ever held here.
-        settled.granted(&requests, &[0]);
+        settled.granted(&requests, &at_share(&[0]));
         let mut sent = Vec::new();
         for _ in 0..super::WANT_WINDOW + 2 {
-            let requests = settled.requests(noop(0, 0));
+            let requests = settled.requests_at(noop(0, 0));
             sent.push(requests.first().map(|r| r.want));
-            settled.granted(&requests, &vec![0; requests.len()]);
+            settled.granted(&requests, &at_share(&vec![0; requests.len()]));
         }
         // The first want of 2 is in the window for its next 7 settlements.
         let mut expected = vec![Some(2); super::WANT_WINDOW - 1];
@@ -657,16 +763,86 @@ mod tests {
     #[test]
     fn a_key_held_and_asked_for_no_more_is_given_back() {
         let mut settled = Settled::default();
-        let requests = settled.requests(volume(false));
-        settled.granted(&requests, &[1]);
+        let requests = settled.requests_at(volume(false));
+        settled.granted(&requests, &at_share(&[1]));
         // The job was canceled: its volume is asked for no more.
         for _ in 0..super::WANT_WINDOW {
-            let requests = settled.requests(Demand::default());
+            let requests = settled.requests_at(Demand::default());
             assert_eq!(requests.len(), 1);
-            settled.granted(&requests, &[1]);
+            settled.granted(&requests, &at_share(&[1]));
         }
-        let requests = settled.requests(Demand::default());
+        let requests = settled.requests_at(Demand::default());
         assert_eq!(wants(&requests), [("volume:7", 0)]);
         assert_eq!(requests[0].running, 0);
+    }
+
+    #[test]
+    fn a_settlement_reads_the_database_only_when_the_split_may_have_changed() {
+        let noop = |limit, queued, running| Demand {
+            types: vec![TypeDemand { job_type: "noop".into(), limit, queued, running }],
+            resources: Default::default(),
+            budget: vec![],
+        };
+        let grant = |held, target| vec![Grant { held, target }];
+        let start = Instant::now();
+        let later = start + super::PERMITS_CHECK;
+        let mut settled = Settled::default();
+        let requests = settled.requests_at(noop(4, 10, 0));
+        assert!(settled.must_read(&requests, false, start, 1), "nothing read yet");
+        settled.record(requests, grant(2, 2), start, 1);
+        // The same want, its share held, no news: what runs changes nothing.
+        let requests = settled.requests_at(noop(4, 8, 2));
+        assert!(!settled.must_read(&requests, false, later - Duration::from_millis(1), 1));
+        assert!(settled.must_read(&requests, true, start, 1), "news of another instance");
+        assert!(settled.must_read(&requests, false, start, 2), "a new turn of the split");
+        assert!(settled.must_read(&requests, false, start + super::PERMITS_CHECK, 1), "the check is due");
+        let other_limit = settled.requests_at(noop(3, 8, 2));
+        assert!(settled.must_read(&other_limit, false, start, 1), "the capacity changed");
+        // Waiting for slots, or keeping slots past the share: read each time.
+        let requests = settled.requests_at(noop(4, 8, 2));
+        settled.record(requests, grant(1, 2), start, 1);
+        let requests = settled.requests_at(noop(4, 8, 1));
+        assert!(settled.must_read(&requests, false, start, 1), "waiting for a slot");
+        settled.record(requests, grant(3, 2), start, 1);
+        let requests = settled.requests_at(noop(4, 8, 3));
+        assert!(settled.must_read(&requests, false, start, 1), "keeping a slot past the share");
+        // The queue runs dry: the want falls once the window has passed.
+        settled.record(requests, grant(2, 2), start, 1);
+        let mut reads = 0;
+        for _ in 0..super::WANT_WINDOW {
+            let requests = settled.requests_at(noop(4, 0, 0));
+            if settled.must_read(&requests, false, start, 1) {
+                reads += 1;
+                settled.record(requests, grant(0, 0), start, 1);
+            }
+        }
+        assert_eq!(reads, 1, "the want of 0 is read once, when the window has passed");
+    }
+
+    #[test]
+    fn settlements_between_two_ticks_do_not_move_the_window() {
+        let noop = |queued| Demand {
+            types: vec![TypeDemand { job_type: "noop".into(), limit: 4, queued, running: 0 }],
+            resources: Default::default(),
+            budget: vec![],
+        };
+        let start = Instant::now();
+        let mut settled = Settled::default();
+        assert_eq!(wants(&settled.requests(noop(9), start)), [("type:noop", 4)]);
+        // The queue ran dry; twenty settlements within the tick still want 4.
+        for k in 1..=20 {
+            let requests = settled.requests(noop(0), start + Duration::from_millis(10 * k));
+            assert_eq!(wants(&requests), [("type:noop", 4)]);
+        }
+        // The window then moves one entry a tick: 4 is wanted for the rest
+        // of it, and then nothing is asked (no database was ever told).
+        let mut sent = Vec::new();
+        for k in 1..=super::WANT_WINDOW as u32 {
+            let requests = settled.requests(noop(0), start + super::PERMITS_EVERY * k);
+            sent.push(requests.first().map(|r| r.want));
+        }
+        let mut expected = vec![Some(4); super::WANT_WINDOW - 1];
+        expected.push(None);
+        assert_eq!(sent, expected);
     }
 }

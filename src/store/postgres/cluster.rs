@@ -10,10 +10,12 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
+use super::news::NEWS_CHANNEL;
 use super::{decode_job, read_transaction, PgStore};
 use crate::model::{HandlerId, JobId, JobRecord};
 use crate::store::cluster::{
-    allot, Beat, Cluster, Instance, Introduction, Membership, PermitRequest, Role, RunClaim, SharedSession, Whereabouts,
+    allot, Beat, Cluster, Grant, Instance, Introduction, Membership, PermitNews, PermitRequest, Role, RunClaim,
+    SharedSession, Whereabouts,
 };
 use crate::store::{Error, StoredJob};
 
@@ -97,6 +99,10 @@ impl Cluster for PgStore {
             transaction.commit().await.map_err(|e| self.error(&e))
         })?;
         self.me.set(id).map_err(|_| Error::Io("this process registered as an admin instance twice".into()))?;
+        let (tell, news) = tokio::sync::watch::channel(false);
+        let runtime = self.runtime.as_ref().expect("the runtime lives as long as the store");
+        runtime.spawn(super::news::listen(self.target.config.clone(), self.target.tls.clone(), id, tell));
+        let _ = self.permit_news.set(news);
         Ok(HandlerId(id))
     }
 
@@ -180,6 +186,10 @@ impl Cluster for PgStore {
                 return Err(Error::Fenced { instance: me.to_string() });
             };
             let deactivated = deactivated.map_err(|e| self.error(&e))?;
+            if !deactivated.is_empty() {
+                // The slots they held are free: news to every instance, this one too.
+                transaction.execute(TELL, &[&NEWS_CHANNEL, &""]).await.map_err(|e| self.error(&e))?;
+            }
             for done in [freed, leases, permits, wants, forgotten] {
                 done.map_err(|e| self.error(&e))?;
             }
@@ -428,7 +438,11 @@ impl Cluster for PgStore {
         })
     }
 
-    fn permits(&self, requests: &[PermitRequest]) -> Result<Vec<u32>, Error> {
+    fn permit_news(&self) -> Option<PermitNews> {
+        self.permit_news.get().cloned()
+    }
+
+    fn permits(&self, requests: &[PermitRequest]) -> Result<Vec<Grant>, Error> {
         let me = self.me_or_refuse()?;
         let mut memory = self.permit_memory.lock().expect("the permit memory is not poisoned");
         let settled = self.block_on(settle_permits(self, me, requests, &mut memory));
@@ -473,28 +487,73 @@ impl Cluster for PgStore {
 }
 
 /// What this instance last made of one permit key in the database: the want
-/// it recorded, the capacity it trimmed its slots to, and the slots it
-/// holds. While the instance is active nobody else writes its rows, so the
-/// memory stays true until a settlement fails (then it is dropped).
+/// it recorded and the capacity it trimmed its slots to. While the instance
+/// is active nobody else writes its rows, so the memory stays true until a
+/// settlement fails (then it is dropped).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Remembered {
     want: i32,
     capacity: i32,
-    held: u32,
+    /// It waited for slots others hold (and said so).
+    waiting: bool,
 }
 
+/// Permit news (`news::NEWS_CHANNEL`), from this instance (`$2`) or to all.
+const TELL: &str = "SELECT pg_notify($1::text, $2::text)";
+
+/// Records this instance's want of a key.
+const WRITE_WANT: &str = "INSERT INTO jobcenter.permit_wants (key, holder, want) \
+     SELECT $1::text, $2::uuid, $3::int4 WHERE jobcenter.fence($2::uuid) \
+     ON CONFLICT (key, holder) DO UPDATE SET want = excluded.want";
+
+/// A want of 0 is no row: the table holds what live instances want now.
+const DROP_WANT: &str =
+    "DELETE FROM jobcenter.permit_wants WHERE key = $1 AND holder = $2 AND jobcenter.fence($2::uuid)";
+
+/// In one row: the fence, the turn (whoever waits when there is not enough
+/// changes every 10 s of the database's clock), the slots this instance
+/// holds, the slots under the capacity other live instances hold, and the
+/// wants of the live instances.
+const READ_SPLIT: &str = "SELECT (SELECT jobcenter.fence($2::uuid)), floor(extract(epoch FROM now()) / 10)::int8, \
+       (SELECT count(*) FROM jobcenter.permits WHERE key = $1 AND holder = $2), \
+       (SELECT count(*) FROM jobcenter.permits p JOIN jobcenter.instances i ON i.id = p.holder \
+         AND i.status = 'active' WHERE p.key = $1 AND p.holder <> $2 AND p.slot < $3), \
+       coalesce(array_agg(w.holder), '{}'), coalesce(array_agg(w.want), '{}') \
+     FROM jobcenter.permit_wants w JOIN jobcenter.instances i ON i.id = w.holder AND i.status = 'active' \
+     WHERE w.key = $1 AND w.want > 0";
+
+/// Gives back the slots past the capacity or past what is kept.
+const GIVE_BACK: &str = "DELETE FROM jobcenter.permits WHERE key = $1 AND holder = $2 AND (slot >= $3 OR slot IN \
+     (SELECT slot FROM jobcenter.permits WHERE key = $1 AND holder = $2 AND slot < $3 ORDER BY slot OFFSET $4))";
+
+/// Takes free slots: never taken, or held by an instance no longer active.
+/// Each row written is a slot this instance did not hold.
+const TAKE: &str = "INSERT INTO jobcenter.permits (key, slot, holder) \
+     SELECT $1::text, s, $2::uuid FROM generate_series(0, $3::int4 - 1) s \
+     WHERE jobcenter.fence($2::uuid) AND NOT EXISTS (SELECT 1 FROM jobcenter.permits p \
+       JOIN jobcenter.instances i ON i.id = p.holder AND i.status = 'active' \
+       WHERE p.key = $1 AND p.slot = s) \
+     ORDER BY s LIMIT $4 \
+     ON CONFLICT (key, slot) DO UPDATE SET holder = excluded.holder \
+     WHERE permits.holder NOT IN (SELECT id FROM jobcenter.instances WHERE status = 'active')";
+
 /// One settlement (`Cluster::permits`). What the database already holds is
-/// not written again: a key whose want, capacity and slots are unchanged
-/// costs one read (the wants of the live instances, which also checks the
-/// fence).
+/// not written again: a key whose want and capacity are unchanged and whose
+/// slots match the split costs one read (the wants of the live instances and
+/// the slots held, which also checks the fence). What the others must act
+/// on is news to them (`news::NEWS_CHANNEL`): that this instance now waits
+/// for slots they hold, or wants less and gave slots back in a split where
+/// others want more than they have.
 async fn settle_permits(
     store: &PgStore,
     me: Uuid,
     requests: &[PermitRequest],
     memory: &mut HashMap<String, Remembered>,
-) -> Result<Vec<u32>, Error> {
+) -> Result<Vec<Grant>, Error> {
     let client = store.reader().await?;
-    let mut held_now = Vec::with_capacity(requests.len());
+    let mut grants = Vec::with_capacity(requests.len());
+    // Whether the others should hear of this settlement (told once, at its end).
+    let mut tell = false;
     // Only the keys asked for now are remembered on.
     let mut remembered = HashMap::with_capacity(requests.len());
     for request in requests {
@@ -503,89 +562,55 @@ async fn settle_permits(
         let want = i32::try_from(request.want.min(request.capacity)).unwrap_or(i32::MAX);
         let known = memory.remove(key);
         if known.map(|k| k.want) != Some(want) {
-            // A want of 0 is no row: the table holds what live instances want now.
-            let recorded = if want > 0 {
-                client
-                    .execute(
-                        "INSERT INTO jobcenter.permit_wants (key, holder, want) \
-                         SELECT $1::text, $2::uuid, $3::int4 WHERE jobcenter.fence($2::uuid) \
-                         ON CONFLICT (key, holder) DO UPDATE SET want = excluded.want",
-                        &[&key, &me, &want],
-                    )
-                    .await
-            } else {
-                client
-                    .execute(
-                        "DELETE FROM jobcenter.permit_wants WHERE key = $1 AND holder = $2 \
-                         AND jobcenter.fence($2::uuid)",
-                        &[&key, &me],
-                    )
-                    .await
+            let recorded = match want {
+                0 => client.execute(DROP_WANT, &[&key, &me]).await,
+                _ => client.execute(WRITE_WANT, &[&key, &me, &want]).await,
             };
             recorded.map_err(|e| store.error(&e))?;
         }
-        // The fence is an init plan: checked once, whatever the rows.
-        let rows = client
-            .query(
-                "SELECT w.holder, w.want, floor(extract(epoch FROM now()) / 10)::int8 FROM jobcenter.permit_wants w \
-                 JOIN jobcenter.instances i ON i.id = w.holder AND i.status = 'active' \
-                 WHERE w.key = $1 AND w.want > 0 AND (SELECT jobcenter.fence($2::uuid))",
-                &[&key, &me],
-            )
-            .await
-            .map_err(|e| store.error(&e))?;
+        let row = client.query_one(READ_SPLIT, &[&key, &me, &capacity]).await.map_err(|e| store.error(&e))?;
+        let turn = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+        let mut held = u32::try_from(row.get::<_, i64>(2)).unwrap_or(0);
+        let theirs = u32::try_from(row.get::<_, i64>(3)).unwrap_or(0);
+        let holders: Vec<Uuid> = row.get(4);
+        let amounts: Vec<i32> = row.get(5);
         let wants: Vec<(Uuid, u32)> =
-            rows.iter().map(|r| (r.get::<_, Uuid>(0), u32::try_from(r.get::<_, i32>(1)).unwrap_or(0))).collect();
-        // Whoever waits when there is not enough changes every 10 s
-        // of the database's clock.
-        let turn = rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(2)).unwrap_or(0));
+            holders.into_iter().zip(amounts).map(|(holder, n)| (holder, u32::try_from(n).unwrap_or(0))).collect();
         let target = allot(request.capacity, &wants, me, turn);
+        let contested = wants.iter().map(|w| u64::from(w.1)).sum::<u64>() > u64::from(request.capacity);
         let keep = target.max(request.running).min(request.capacity);
-        let mut held = match known {
-            Some(known) => known.held,
-            None => {
-                let row = client
-                    .query_one("SELECT count(*) FROM jobcenter.permits WHERE key = $1 AND holder = $2", &[&key, &me])
-                    .await
-                    .map_err(|e| store.error(&e))?;
-                u32::try_from(row.get::<_, i64>(0)).unwrap_or(0)
-            }
-        };
-        if held > keep || known.map(|k| k.capacity) != Some(capacity) {
-            // Give back what is past the capacity or past what is kept.
+        if held > keep || (held > 0 && known.map(|k| k.capacity) != Some(capacity)) {
             let given = client
-                .execute(
-                    "DELETE FROM jobcenter.permits WHERE key = $1 AND holder = $2 AND (slot >= $3 OR slot IN \
-                     (SELECT slot FROM jobcenter.permits WHERE key = $1 AND holder = $2 AND slot < $3 \
-                      ORDER BY slot OFFSET $4))",
-                    &[&key, &me, &capacity, &i64::from(keep)],
-                )
+                .execute(GIVE_BACK, &[&key, &me, &capacity, &i64::from(keep)])
                 .await
                 .map_err(|e| store.error(&e))?;
             held = held.saturating_sub(u32::try_from(given).unwrap_or(u32::MAX));
+            if given > 0 && contested && known.is_some_and(|k| k.want > want) {
+                // Given up by choice, where others want more than they have:
+                // their shares grew. (Slots given back because another's
+                // share grew are no news to it: it reads while it waits.)
+                tell = true;
+            }
         }
-        if held < target {
-            // Free slots: never taken, or held by an instance no longer
-            // active. Each row written is a slot this instance did not hold.
+        // Slots free to take, unless another instance took them meanwhile.
+        if held < target && held.saturating_add(theirs) < request.capacity {
             let taken = client
-                .execute(
-                    "INSERT INTO jobcenter.permits (key, slot, holder) \
-                     SELECT $1::text, s, $2::uuid FROM generate_series(0, $3::int4 - 1) s \
-                     WHERE jobcenter.fence($2::uuid) AND NOT EXISTS (SELECT 1 FROM jobcenter.permits p \
-                       JOIN jobcenter.instances i ON i.id = p.holder AND i.status = 'active' \
-                       WHERE p.key = $1 AND p.slot = s) \
-                     ORDER BY s LIMIT $4 \
-                     ON CONFLICT (key, slot) DO UPDATE SET holder = excluded.holder \
-                     WHERE permits.holder NOT IN (SELECT id FROM jobcenter.instances WHERE status = 'active')",
-                    &[&key, &me, &capacity, &i64::from(target - held)],
-                )
+                .execute(TAKE, &[&key, &me, &capacity, &i64::from(target - held)])
                 .await
                 .map_err(|e| store.error(&e))?;
             held += u32::try_from(taken).unwrap_or(0);
         }
-        remembered.insert(request.key.clone(), Remembered { want, capacity, held });
-        held_now.push(held);
+        // Waiting for slots others hold is said once: they give them back.
+        let waiting = held < target;
+        if waiting && !known.is_some_and(|k| k.waiting && k.want == want) {
+            tell = true;
+        }
+        remembered.insert(request.key.clone(), Remembered { want, capacity, waiting });
+        grants.push(Grant { held, target });
     }
     *memory = remembered;
-    Ok(held_now)
+    if tell {
+        client.execute(TELL, &[&NEWS_CHANNEL, &me.to_string()]).await.map_err(|e| store.error(&e))?;
+    }
+    Ok(grants)
 }

@@ -16,6 +16,7 @@
 
 mod cluster;
 mod connect;
+mod news;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -61,6 +62,8 @@ pub struct PgStore {
     me: std::sync::OnceLock<Uuid>,
     /// What the instance's permit settlements left in the database, per key.
     permit_memory: Mutex<std::collections::HashMap<String, cluster::Remembered>>,
+    /// What the instance hears of the others' permits, once registered.
+    permit_news: std::sync::OnceLock<crate::store::cluster::PermitNews>,
 }
 
 impl Drop for PgStore {
@@ -114,6 +117,7 @@ impl PgStore {
             pending: Mutex::new(Vec::new()),
             me: std::sync::OnceLock::new(),
             permit_memory: Mutex::default(),
+            permit_news: std::sync::OnceLock::new(),
         })
     }
 
@@ -130,8 +134,8 @@ impl PgStore {
         classify(&self.target, e)
     }
 
-    async fn reader(&self) -> Result<deadpool_postgres::Object, Error> {
-        self.pool.get().await.map_err(|e| match e {
+    async fn reader(&self) -> Result<Reader, Error> {
+        self.pool.get().await.map(Reader).map_err(|e| match e {
             deadpool_postgres::PoolError::Backend(e) => self.error(&e),
             other => Error::Unavailable { database: self.target.display.clone(), detail: other.to_string() },
         })
@@ -849,10 +853,42 @@ impl Store for PgStore {
     }
 }
 
-async fn read_transaction(
-    client: &mut deadpool_postgres::Object,
-) -> Result<deadpool_postgres::Transaction<'_>, tokio_postgres::Error> {
-    client.build_transaction().isolation_level(IsolationLevel::RepeatableRead).read_only(true).start().await
+async fn read_transaction(client: &mut Reader) -> Result<deadpool_postgres::Transaction<'_>, tokio_postgres::Error> {
+    client.0.build_transaction().isolation_level(IsolationLevel::RepeatableRead).read_only(true).start().await
+}
+
+/// A connection of the readers' pool. A statement run outside a
+/// transaction is prepared once per connection and kept: prepared on the
+/// spot, it would cost a round trip and a transaction of its own (its
+/// `Parse` ends with a `Sync`, which commits).
+struct Reader(deadpool_postgres::Object);
+
+type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+impl Reader {
+    async fn query(&self, sql: &str, params: Params<'_>) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        self.0.query(&self.0.prepare_cached(sql).await?, params).await
+    }
+
+    async fn query_one(&self, sql: &str, params: Params<'_>) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+        self.0.query_one(&self.0.prepare_cached(sql).await?, params).await
+    }
+
+    async fn query_opt(
+        &self,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<Option<tokio_postgres::Row>, tokio_postgres::Error> {
+        self.0.query_opt(&self.0.prepare_cached(sql).await?, params).await
+    }
+
+    async fn execute(&self, sql: &str, params: Params<'_>) -> Result<u64, tokio_postgres::Error> {
+        self.0.execute(&self.0.prepare_cached(sql).await?, params).await
+    }
+
+    async fn transaction(&mut self) -> Result<deadpool_postgres::Transaction<'_>, tokio_postgres::Error> {
+        self.0.transaction().await
+    }
 }
 
 /// Creates the schema or brings it up to date, refusing a schema that is not
