@@ -118,9 +118,34 @@ impl AttemptId {
 }
 
 impl fmt::Display for AttemptId {
+    /// Written whole at once: an attempt's text goes out with every task
+    /// dispatched, and a `String` written piece by piece grows each time.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}.{}", self.task.job, self.task.idx.0, self.number)
+        let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH + 2 * (1 + 10)];
+        let mut len = self.task.job.0.hyphenated().encode_lower(&mut text).len();
+        for n in [u64::from(self.task.idx.0), u64::from(self.number)] {
+            text[len] = b'.';
+            len += 1 + write_decimal(n, &mut text[len + 1..]);
+        }
+        f.write_str(std::str::from_utf8(&text[..len]).expect("an attempt's text is ASCII"))
     }
+}
+
+/// Writes `n` in decimal at the start of `out`; returns the digits written.
+fn write_decimal(mut n: u64, out: &mut [u8]) -> usize {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let len = digits.len() - at;
+    out[..len].copy_from_slice(&digits[at..]);
+    len
 }
 
 /// Text that is not `JOB_UUID.TASK_INDEX.ATTEMPT`.
@@ -162,6 +187,23 @@ mod attempt_id_tests {
             &format!("{}.-1.1", attempt.task.job),
         ] {
             assert!(wrong.parse::<AttemptId>().is_err(), "{wrong:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{AttemptId, JobId, TaskIdx, TaskRef};
+
+    #[test]
+    fn an_attempt_s_text_is_job_task_and_number_and_reads_back() {
+        let job = JobId(uuid::Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef));
+        for (idx, number) in [(0, 1), (7, 10), (999_999, 3), (u32::MAX, u32::MAX)] {
+            let attempt = AttemptId::new(TaskRef { job, idx: TaskIdx(idx) }, number);
+            let text = attempt.to_string();
+            assert_eq!(text, format!("{}.{idx}.{number}", job.0));
+            assert_eq!(text.parse::<AttemptId>(), Ok(attempt));
+            assert_eq!(format!("[{attempt:>5}]"), format!("[{text}]"), "wider than any width");
         }
     }
 }

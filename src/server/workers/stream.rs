@@ -595,19 +595,20 @@ impl Session {
             crate::server::seaweedfs::rate::apply(&assignment.job_type, rate, &mut parameters);
         }
         let book = self.sessions.policies.for_dispatch(&assignment.job_type);
+        let task_id = String::from(&*assignment.task_id);
         ExecuteJobRequest {
-            request_id: format!("exec-{job_id}"),
+            request_id: ["exec-", &job_id].concat(),
             job: Some(JobSpec {
                 job_id,
-                job_type: assignment.job_type.to_string(),
+                job_type: String::from(&*assignment.job_type),
                 dedupe_key: assignment.labels.get("dedupe_key").cloned().unwrap_or_default(),
                 priority: wire::priority_to_wire(assignment.priority) as i32,
-                summary: assignment.task_id.to_string(),
+                summary: task_id.clone(),
                 detail: assignment.job_name.clone(),
                 parameters,
                 labels: {
                     let mut labels = assignment.labels.clone();
-                    labels.insert(wire::TASK_ID_LABEL.into(), assignment.task_id.to_string());
+                    labels.insert(wire::TASK_ID_LABEL.into(), task_id);
                     labels.insert(wire::JOB_NAME_LABEL.into(), assignment.job_name.clone());
                     if let Some(traceparent) = &assignment.traceparent {
                         labels.insert(wire::TRACEPARENT_LABEL.into(), traceparent.to_string());
