@@ -47,7 +47,7 @@ pub(super) struct Cover {
 #[derive(Default)]
 struct State {
     /// Attempts this instance holds for the worker, as last asked.
-    own: HashSet<Attempt>,
+    own: foldhash::HashSet<Attempt>,
     /// Attempts of jobs led elsewhere: until when each is covered.
     vouched: HashMap<Attempt, Instant>,
     /// The latest heartbeat: its number, and what it lists (lent ones left out).

@@ -297,7 +297,7 @@ struct Session {
     adoptions_seen: u64,
     /// Attempts other instances lent to this worker, by attempt id: the
     /// gRPC address of the instance leading each one's job.
-    lent: std::sync::Mutex<HashMap<String, Lent>>,
+    lent: std::sync::Mutex<foldhash::HashMap<String, Lent>>,
     /// In a cluster: the attempts this session knows, for the recovery check.
     known: Option<KnownAttempts>,
     /// When the last hello or heartbeat arrived: the worker stops its
