@@ -270,8 +270,8 @@ const PERMITS_EVERY: Duration = Duration::from_millis(250);
 /// may go without reading the database (news can be lost with its
 /// connection before anyone knows).
 const PERMITS_CHECK: Duration = Duration::from_secs(1);
-/// What a type wanted over this many settlements counts: permits are not
-/// given back the moment a queue runs dry between two tasks.
+/// What a type wanted over this many ticks of the loop counts: permits are
+/// not given back the moment a queue runs dry between two tasks.
 const WANT_WINDOW: usize = 8;
 
 /// The permits loop of a server instance: each job type's global limit is
@@ -316,8 +316,8 @@ const TYPE_KEY: &str = "type:";
 const BUDGET_KEY: &str = "budget:";
 
 /// What the settlements so far left: per key, what was wanted at each of
-/// the last `WANT_WINDOW`; the slots held; and the keys the database was
-/// last told this instance wants.
+/// the last `WANT_WINDOW` ticks; the slots held; the keys the database was
+/// last told this instance wants; and the last read of the database.
 #[derive(Debug, Default)]
 struct Settled {
     recent: BTreeMap<String, std::collections::VecDeque<u32>>,
