@@ -123,29 +123,15 @@ impl fmt::Display for AttemptId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH + 2 * (1 + 10)];
         let mut len = self.task.job.0.hyphenated().encode_lower(&mut text).len();
-        for n in [u64::from(self.task.idx.0), u64::from(self.number)] {
+        for n in [self.task.idx.0, self.number] {
+            let mut digits = itoa::Buffer::new();
+            let digits = digits.format(n).as_bytes();
             text[len] = b'.';
-            len += 1 + write_decimal(n, &mut text[len + 1..]);
+            text[len + 1..len + 1 + digits.len()].copy_from_slice(digits);
+            len += 1 + digits.len();
         }
         f.write_str(std::str::from_utf8(&text[..len]).expect("an attempt's text is ASCII"))
     }
-}
-
-/// Writes `n` in decimal at the start of `out`; returns the digits written.
-fn write_decimal(mut n: u64, out: &mut [u8]) -> usize {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let len = digits.len() - at;
-    out[..len].copy_from_slice(&digits[at..]);
-    len
 }
 
 /// Text that is not `JOB_UUID.TASK_INDEX.ATTEMPT`.
@@ -189,11 +175,6 @@ mod attempt_id_tests {
             assert!(wrong.parse::<AttemptId>().is_err(), "{wrong:?}");
         }
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{AttemptId, JobId, TaskIdx, TaskRef};
 
     #[test]
     fn an_attempt_s_text_is_job_task_and_number_and_reads_back() {
