@@ -73,13 +73,48 @@ pub struct HandlerSpec {
     pub place: Place,
 }
 
-/// How long a handler took for a job type lately: a moving average of its
-/// successful attempts, and when the last one ended.
+/// How long a handler held a slot for a job type lately: a moving average
+/// over its successful attempts, from the assignment to the report reaching
+/// the server, and when the last one ended.
 #[derive(Clone, Copy, Debug)]
 struct Speed {
     millis: f64,
     at: Timestamp,
 }
+
+/// Attempts of a job type started here, this second and the one before.
+#[derive(Clone, Copy, Debug, Default)]
+struct Pace {
+    second: i64,
+    this: u32,
+    before: u32,
+}
+
+impl Pace {
+    fn start(&mut self, now: Timestamp) {
+        let second = now.as_millis().div_euclid(1000);
+        if second != self.second {
+            self.before = if second == self.second + 1 { self.this } else { 0 };
+            self.this = 0;
+            self.second = second;
+        }
+        self.this += 1;
+    }
+
+    /// Attempts started a second lately: the whole second before this one,
+    /// or this one so far if more.
+    fn per_second(&self, now: Timestamp) -> u32 {
+        match now.as_millis().div_euclid(1000) - self.second {
+            0 => self.this.max(self.before),
+            1 => self.this,
+            _ => 0,
+        }
+    }
+}
+
+/// How many times the pace its attempts start at the handlers here must
+/// reach for a job type to keep its tasks here rather than lend them.
+const HEADROOM: f64 = 2.0;
 
 /// Durations older than this are forgotten: the handler is tried afresh.
 const RECENT_MS: i64 = 10 * 60 * 1000;
@@ -259,6 +294,8 @@ pub struct Dispatch {
     permits: Option<HashMap<Arc<str>, u32>>,
     /// Each handler's recent duration by job type (kept across reconnects).
     speeds: HashMap<HandlerId, BTreeMap<Arc<str>, Speed>>,
+    /// Attempts started by job type, here or lent.
+    paces: BTreeMap<Arc<str>, Pace>,
     /// Job types outside their maintenance window: none is dispatched.
     closed: std::collections::HashSet<Arc<str>>,
     /// Who a pick looks at, kept as each handler's free slots change, once
@@ -430,11 +467,49 @@ impl Dispatch {
             || (limits.rate.is_some() && self.buckets.get(job_type).is_some_and(|b| !b.has_token(now)))
     }
 
-    /// An attempt of the type started from its queue: it spends a token of its rate.
-    pub fn started(&mut self, job_type: &str, now: Timestamp) {
+    /// An attempt of the type started from its queue, here or lent: it
+    /// spends a token of its rate and counts in its pace.
+    pub fn started(&mut self, job_type: &Arc<str>, now: Timestamp) {
         if let Some(bucket) = self.buckets.get_mut(job_type) {
             bucket.spend(now);
         }
+        match self.paces.get_mut(job_type) {
+            Some(pace) => pace.start(now),
+            None => self.paces.entry(job_type.clone()).or_default().start(now),
+        }
+    }
+
+    /// Whether the handlers here turn their slots for a job type at least
+    /// `HEADROOM` times as fast as its attempts started lately, so that the
+    /// slots of another instance's workers would add the hop and no pace.
+    /// A handler's pace is its slots for the type over its recent time
+    /// holding one (`record_duration`), counting only the slots the type
+    /// holds there or has free (not those other types hold); one not
+    /// measured lately adds none, and nothing started lately tells nothing.
+    pub fn keeps_pace(&self, job_type: &str, now: Timestamp) -> bool {
+        let started = self.paces.get(job_type).map_or(0, |pace| pace.per_second(now));
+        if started == 0 {
+            return false;
+        }
+        let needed = HEADROOM * f64::from(started);
+        let per_worker = self.limits.get(job_type).map_or(u32::MAX, |l| l.per_worker);
+        let mut pace = 0.0;
+        for (id, slot) in &self.handlers {
+            if !slot.accepts(job_type) {
+                continue;
+            }
+            let Some(millis) = self.recent(id, job_type, now) else { continue };
+            // The slots the type has there: those it holds and those free for it.
+            let held = self.held.get(id);
+            let holds = held.and_then(|h| h.by_type.get(job_type)).copied().unwrap_or(0);
+            let slots = slot.free_for(job_type, per_worker, held) + holds;
+            // A slot turns at most once a millisecond, as time is measured here.
+            pace += f64::from(slots) * 1000.0 / millis.max(1.0);
+            if pace >= needed {
+                return true;
+            }
+        }
+        false
     }
 
     /// Attempts of a job type running now, over every handler.
@@ -589,7 +664,8 @@ impl Dispatch {
         self.gated.iter().map(|t| self.running(t)).sum()
     }
 
-    /// A successful attempt of `job_type` took `millis` on `handler`.
+    /// A successful attempt of `job_type` held a slot of `handler` for
+    /// `millis`, from its assignment to its report reaching the server.
     pub fn record_duration(&mut self, handler: HandlerId, job_type: &Arc<str>, millis: i64, now: Timestamp) {
         let millis = millis.max(0) as f64;
         // Each worker process has a handler of its own: forget those gone
@@ -922,6 +998,47 @@ mod tests {
     }
 
     #[test]
+    fn the_handlers_here_keep_pace_when_their_slots_turn_twice_as_fast_as_attempts_start() {
+        let mut d = Dispatch::default();
+        let vacuum: Arc<str> = Arc::from("vacuum");
+        let now = Timestamp(1_000_000);
+        let handler = handler_at(&mut d, 10, None);
+        let start = |d: &mut Dispatch, n: u32, at: Timestamp| (0..n).for_each(|_| d.started(&vacuum, at));
+        start(&mut d, 400, now);
+        assert!(!d.keeps_pace("vacuum", now), "a handler not measured lately tells nothing");
+        // 10 slots held 20 ms each turn 500 a second: not twice 400.
+        d.record_duration(handler, &vacuum, 20, now);
+        assert!(!d.keeps_pace("vacuum", now));
+        // Held 2 ms lately (the average falls to 6.3 ms), they turn 1,580 a second.
+        (0..4).for_each(|_| d.record_duration(handler, &vacuum, 2, Timestamp(1_000_100)));
+        assert!(d.keeps_pace("vacuum", Timestamp(1_000_200)));
+        // The second after, the one before counts; two seconds on, nothing started lately.
+        assert!(d.keeps_pace("vacuum", Timestamp(1_001_500)));
+        assert!(!d.keeps_pace("vacuum", Timestamp(1_002_000)), "nothing started lately tells nothing");
+        start(&mut d, 1, Timestamp(1_002_000));
+        assert!(d.keeps_pace("vacuum", Timestamp(1_002_000)));
+        // A per-worker limit caps the slots a handler turns.
+        d.set_limits(
+            vacuum.clone(),
+            TypeLimits { global: 100, per_worker: 1, execution_timeout_seconds: None, rate: None },
+            Timestamp(1_002_000),
+        );
+        start(&mut d, 500, Timestamp(1_002_000));
+        assert!(!d.keeps_pace("vacuum", Timestamp(1_002_000)), "1 slot held 6.3 ms turns 158 a second, not twice 501");
+        assert!(!d.keeps_pace("other", Timestamp(1_002_000)), "a type nothing started of");
+        // Slots another type holds are not the type's to turn.
+        d.set_limits(
+            vacuum.clone(),
+            TypeLimits { global: 100, per_worker: 100, execution_timeout_seconds: None, rate: None },
+            Timestamp(1_002_000),
+        );
+        assert!(d.keeps_pace("vacuum", Timestamp(1_002_000)));
+        let balance: Arc<str> = Arc::from("balance");
+        (0..9).for_each(|_| d.take_slot(handler, &balance));
+        assert!(!d.keeps_pace("vacuum", Timestamp(1_002_000)), "1 slot of 10 left for it");
+    }
+
+    #[test]
     fn the_fastest_handler_lately_is_chosen_and_an_unmeasured_one_is_tried() {
         let mut d = Dispatch::default();
         let vacuum: Arc<str> = Arc::from("vacuum");
@@ -1217,7 +1334,7 @@ mod tests {
         d.push_ready(t.clone(), Priority::Normal, task(2), None, Timestamp(0));
         assert_eq!(d.pick_handler("vacuum", Place::default, Timestamp(0)), Some(h));
         d.pop("vacuum");
-        d.started("vacuum", Timestamp(0));
+        d.started(&t, Timestamp(0));
         assert_eq!(d.pick_handler("vacuum", Place::default, Timestamp(0)), None, "the burst of one is spent");
         assert_eq!(d.next_wake(Timestamp(0)), Some(Timestamp(30_000)), "two a minute: the next in 30 s");
         assert_eq!(d.pick_handler("vacuum", Place::default, Timestamp(30_000)), Some(h));
@@ -1233,7 +1350,7 @@ mod tests {
             },
             Timestamp(30_000),
         );
-        d.started("vacuum", Timestamp(30_000));
+        d.started(&t, Timestamp(30_000));
         assert_eq!(d.next_wake(Timestamp(30_000)), Some(Timestamp(60_000)), "two a minute here, of six");
     }
 

@@ -272,7 +272,8 @@ impl Core {
 
     /// Lends queued tasks to the free slots of another instance's handlers:
     /// each is assigned and held here (its handler is the peer's worker)
-    /// and returned once the step is durable.
+    /// and returned once the step is durable. A job type whose tasks the
+    /// handlers here run faster than they start is not lent.
     pub(super) fn lend(
         &mut self,
         slots: Vec<FreeSlots>,
@@ -284,6 +285,11 @@ impl Core {
         for offer in slots {
             let mut left = offer.total;
             for (job_type, free) in offer.job_types {
+                // The handlers here keep pace with what starts: lending would
+                // cost both instances the hop and run nothing sooner.
+                if self.dispatch.keeps_pace(&job_type, now) {
+                    continue;
+                }
                 let mut free = free.min(left);
                 let mut blocked = Vec::new();
                 let of = self.candidate(job_type);

@@ -71,7 +71,10 @@ impl Core {
         let released = follower::complete(job, task.idx.0, attempt, handler, outcome, now, &mut step.batch)?;
         if let (true, Some(since), Some(held)) = (succeeded, since, self.attempts.get(task)) {
             let job_type = held.job_type.clone();
-            self.dispatch.record_duration(handler, &job_type, now.as_millis() - since.as_millis(), now);
+            // The handler's time, not the report's wait for this loop.
+            let waited = received.map_or(0, |at| i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX));
+            let held_for = now.as_millis() - since.as_millis() - waited;
+            self.dispatch.record_duration(handler, &job_type, held_for, now);
         }
         let ending = if succeeded { Ending::Succeeded } else { Ending::Unsuccessful };
         self.end(AttemptId::new(task, attempt), ending, now, step);
