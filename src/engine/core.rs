@@ -45,6 +45,16 @@ pub(super) enum Command {
     Query(Query),
 }
 
+impl Command {
+    /// The loop took the command at `taken`: a report notes how long it
+    /// waited since the server received it.
+    pub(super) fn taken(&mut self, taken: std::time::Instant) {
+        if let Command::Report(ReportCommand::Complete { received: Some(at), waited_ms, .. }) = self {
+            *waited_ms = i64::try_from(taken.saturating_duration_since(*at).as_millis()).unwrap_or(i64::MAX);
+        }
+    }
+}
+
 impl From<JobCommand> for Command {
     fn from(command: JobCommand) -> Command {
         Command::Job(command)
@@ -171,6 +181,9 @@ pub(super) enum ReportCommand {
         outcome: Outcome,
         /// When the report reached the server, to measure dispatch latency.
         received: Option<std::time::Instant>,
+        /// How long it then waited for the engine's loop, in milliseconds:
+        /// set by the loop as it takes the command (`Command::taken`).
+        waited_ms: i64,
         /// Told once the step is durable (or the report refused).
         answer: Option<Answer>,
     },

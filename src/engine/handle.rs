@@ -175,7 +175,8 @@ impl EngineHandle {
         let answer: Answer = Box::new(move |result| {
             let _ = tx.send(result);
         });
-        self.send(ReportCommand::Complete { attempt, handler, outcome, received: None, answer: Some(answer) }.into())
+        let answer = Some(answer);
+        self.send(ReportCommand::Complete { attempt, handler, outcome, received: None, waited_ms: 0, answer }.into())
             .await?;
         rx.await.map_err(|_| Error::Stopped)
     }
@@ -192,7 +193,7 @@ impl EngineHandle {
         received: Option<std::time::Instant>,
         answer: Option<Answer>,
     ) -> Result<(), Error> {
-        self.send(ReportCommand::Complete { attempt, handler, outcome, received, answer }.into()).await
+        self.send(ReportCommand::Complete { attempt, handler, outcome, received, waited_ms: 0, answer }.into()).await
     }
 
     /// The handler gave an attempt up without an outcome: at capacity

@@ -52,6 +52,8 @@ pub(super) async fn run(
                 Err(_) => break,
             }
         }
+        let taken = std::time::Instant::now();
+        received.iter_mut().for_each(|command| command.taken(taken));
         let step = core.turn(received.drain(..), clock.now());
         if (!step.batch.is_empty() || !step.actions.is_empty()) && steps.send(step).await.is_err() {
             break;

@@ -59,6 +59,7 @@ impl Core {
         handler: HandlerId,
         outcome: Outcome,
         received: Option<std::time::Instant>,
+        waited_ms: i64,
         now: Timestamp,
         step: &mut Step,
     ) -> Result<(), Rejection> {
@@ -72,8 +73,7 @@ impl Core {
         if let (true, Some(since), Some(held)) = (succeeded, since, self.attempts.get(task)) {
             let job_type = held.job_type.clone();
             // The handler's time, not the report's wait for this loop.
-            let waited = received.map_or(0, |at| i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX));
-            let held_for = now.as_millis() - since.as_millis() - waited;
+            let held_for = now.as_millis() - since.as_millis() - waited_ms;
             self.dispatch.record_duration(handler, &job_type, held_for, now);
         }
         let ending = if succeeded { Ending::Succeeded } else { Ending::Unsuccessful };
@@ -143,7 +143,7 @@ impl Core {
             self.cancel_attempt(handler, task, attempt.number, step);
             let error = format!("execution timed out after {seconds} s");
             let outcome = Outcome::Failed { error, output: Vec::new() };
-            if let Err(rejection) = self.complete(task, attempt.number, handler, outcome, None, now, step) {
+            if let Err(rejection) = self.complete(task, attempt.number, handler, outcome, None, 0, now, step) {
                 tracing::warn!(%attempt, %rejection, "timeout not applied");
                 // Never leave a deadline that cannot be applied in the table.
                 self.attempts.set_deadline(task, Deadline::OfType(None));

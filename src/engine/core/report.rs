@@ -23,9 +23,10 @@ impl Core {
                 handler,
                 outcome,
                 received,
+                waited_ms,
                 answer,
             } => {
-                let result = self.complete(task, attempt, handler, outcome, received, now, step);
+                let result = self.complete(task, attempt, handler, outcome, received, waited_ms, now, step);
                 if let Err(rejection) = &result {
                     tracing::warn!(job.id = %task.job, task.idx = task.idx.0, attempt, %handler, %rejection, "completion rejected");
                 }

@@ -115,7 +115,7 @@ fn made_durable(step: Step) {
 }
 
 fn complete(attempt: AttemptId, handler: HandlerId, outcome: Outcome) -> Command {
-    ReportCommand::Complete { attempt, handler, outcome, received: None, answer: None }.into()
+    ReportCommand::Complete { attempt, handler, outcome, received: None, waited_ms: 0, answer: None }.into()
 }
 
 /// `n` tasks that depend on nothing.
@@ -445,6 +445,35 @@ fn a_leader_lends_no_task_of_a_type_its_own_handlers_keep_pace_with() {
     let step = core.turn([complete(attempt(id, 2, 1), ours, done())], at(11));
     assert_eq!(sent(&step), [attempt(id, 4, 1)]);
     assert_eq!(lend(&mut core, at(11)), 1, "the task still queued is lent");
+}
+
+#[test]
+fn a_reports_wait_for_the_loop_is_not_counted_as_its_handlers_time() {
+    let mut core = Core::new(Options::default(), broadcast::channel(16).0);
+    let ours = HandlerId::new();
+    let (connect, _orders) = connection_with_slots(ours, 1, 2);
+    core.turn([connect], T0);
+    let (id, _) = submit(&mut core, independent(4), at(1));
+    // The report reached the server at once and waited 10 s for the loop.
+    let received = std::time::Instant::now();
+    let mut report: Command = ReportCommand::Complete {
+        attempt: attempt(id, 0, 1),
+        handler: ours,
+        outcome: Outcome::Succeeded { output: Vec::new() },
+        received: Some(received),
+        waited_ms: 0,
+        answer: None,
+    }
+    .into();
+    report.taken(received + std::time::Duration::from_secs(10));
+    let Command::Report(ReportCommand::Complete { waited_ms, .. }) = &report else { unreachable!() };
+    assert_eq!(*waited_ms, 10_000);
+    let step = core.turn([report], at(11));
+    assert_eq!(sent(&step), [attempt(id, 2, 1)]);
+    let (reply, answer) = oneshot::channel();
+    let offer = FreeSlots { handler: HandlerId::new(), total: 4, job_types: vec![(Arc::from("noop"), 4)] };
+    let step = core.turn([ClusterCommand::Lend { slots: vec![offer], reply }.into()], at(11));
+    assert_eq!(answer_of(step, answer).len(), 0, "its slot turned in no time: the task queued stays here");
 }
 
 #[test]
