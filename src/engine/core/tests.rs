@@ -423,36 +423,23 @@ fn a_task_lent_to_another_instances_handler_is_held_here_and_ends_by_that_handle
 
 #[test]
 fn a_leader_lends_no_task_of_a_type_its_own_handlers_keep_pace_with() {
-    let mut core = Core::new(Options::default(), broadcast::channel(16).0);
-    let ours = HandlerId::new();
-    let (connect, _orders) = connection_with_slots(ours, 1, 2);
-    core.turn([connect], T0);
+    let (mut core, ours, _orders) = core_with_a_handler();
     let (id, step) = submit(&mut core, independent(6), at(1));
     assert_eq!(sent(&step), [attempt(id, 0, 1), attempt(id, 1, 1)], "two slots here");
-    let theirs = HandlerId::new();
-    let lend = |core: &mut Core, now: Timestamp| {
-        let (reply, answer) = oneshot::channel();
-        let offer = FreeSlots { handler: theirs, total: 4, job_types: vec![(Arc::from("noop"), 4)] };
-        let step = core.turn([ClusterCommand::Lend { slots: vec![offer], reply }.into()], now);
-        answer_of(step, answer).len()
-    };
     let done = || Outcome::Succeeded { output: Vec::new() };
     // Both end in no time: the slots here turn far faster than tasks start.
     let step = core.turn([complete(attempt(id, 0, 1), ours, done()), complete(attempt(id, 1, 1), ours, done())], at(1));
     assert_eq!(sent(&step), [attempt(id, 2, 1), attempt(id, 3, 1)]);
-    assert_eq!(lend(&mut core, at(1)), 0, "the two tasks queued stay for the handler here");
+    assert_eq!(lent_elsewhere(&mut core, at(1)), 0, "the two tasks queued stay for the handler here");
     // Tasks that hold a slot here for 10 s each: the slots here no longer keep pace.
     let step = core.turn([complete(attempt(id, 2, 1), ours, done())], at(11));
     assert_eq!(sent(&step), [attempt(id, 4, 1)]);
-    assert_eq!(lend(&mut core, at(11)), 1, "the task still queued is lent");
+    assert_eq!(lent_elsewhere(&mut core, at(11)), 1, "the task still queued is lent");
 }
 
 #[test]
 fn a_reports_wait_for_the_loop_is_not_counted_as_its_handlers_time() {
-    let mut core = Core::new(Options::default(), broadcast::channel(16).0);
-    let ours = HandlerId::new();
-    let (connect, _orders) = connection_with_slots(ours, 1, 2);
-    core.turn([connect], T0);
+    let (mut core, ours, _orders) = core_with_a_handler();
     let (id, _) = submit(&mut core, independent(4), at(1));
     // The report reached the server at once and waited 10 s for the loop.
     let received = std::time::Instant::now();
@@ -470,10 +457,15 @@ fn a_reports_wait_for_the_loop_is_not_counted_as_its_handlers_time() {
     assert_eq!(*waited_ms, 10_000);
     let step = core.turn([report], at(11));
     assert_eq!(sent(&step), [attempt(id, 2, 1)]);
+    assert_eq!(lent_elsewhere(&mut core, at(11)), 0, "its slot turned in no time: the task queued stays here");
+}
+
+/// How many tasks a leader lends to four `noop` slots another instance offers.
+fn lent_elsewhere(core: &mut Core, now: Timestamp) -> usize {
     let (reply, answer) = oneshot::channel();
     let offer = FreeSlots { handler: HandlerId::new(), total: 4, job_types: vec![(Arc::from("noop"), 4)] };
-    let step = core.turn([ClusterCommand::Lend { slots: vec![offer], reply }.into()], at(11));
-    assert_eq!(answer_of(step, answer).len(), 0, "its slot turned in no time: the task queued stays here");
+    let step = core.turn([ClusterCommand::Lend { slots: vec![offer], reply }.into()], now);
+    answer_of(step, answer).len()
 }
 
 #[test]
