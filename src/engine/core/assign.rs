@@ -282,12 +282,22 @@ impl Core {
     ) -> Vec<(HandlerId, Assignment)> {
         self.dispatch.promote_due(now);
         let mut lent = Vec::new();
+        // Asked once a type: an offer may list thousands of workers, of few types.
+        let mut kept: Vec<(Arc<str>, bool)> = Vec::new();
         for offer in slots {
             let mut left = offer.total;
             for (job_type, free) in offer.job_types {
                 // The handlers here keep pace with what starts: lending would
                 // cost both instances the hop and run nothing sooner.
-                if self.dispatch.keeps_pace(&job_type, now) {
+                let keeps = match kept.iter().find(|(t, _)| *t == job_type) {
+                    Some(&(_, keeps)) => keeps,
+                    None => {
+                        let keeps = self.dispatch.keeps_pace(&job_type, now);
+                        kept.push((job_type.clone(), keeps));
+                        keeps
+                    }
+                };
+                if keeps {
                     continue;
                 }
                 let mut free = free.min(left);
