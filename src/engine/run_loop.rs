@@ -60,3 +60,40 @@ pub(super) async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::super::core::{Command, ReportCommand};
+    use crate::follower::Outcome;
+    use crate::model::{AttemptId, HandlerId, JobId, TaskIdx, TaskRef};
+
+    fn report(received: Option<Instant>) -> Command {
+        ReportCommand::Complete {
+            attempt: AttemptId::new(TaskRef { job: JobId::new(), idx: TaskIdx(0) }, 1),
+            handler: HandlerId::new(),
+            outcome: Outcome::Succeeded { output: Vec::new() },
+            received,
+            waited_ms: 0,
+            answer: None,
+        }
+        .into()
+    }
+
+    fn waited(command: &Command) -> i64 {
+        let Command::Report(ReportCommand::Complete { waited_ms, .. }) = command else { unreachable!() };
+        *waited_ms
+    }
+
+    #[test]
+    fn a_report_taken_by_the_loop_notes_how_long_it_waited_since_the_server_received_it() {
+        let received = Instant::now();
+        let mut command = report(Some(received));
+        command.taken(received + Duration::from_millis(10_250));
+        assert_eq!(waited(&command), 10_250);
+        let mut command = report(None);
+        command.taken(received + Duration::from_secs(1));
+        assert_eq!(waited(&command), 0, "a report with no time of receipt waited nothing known");
+    }
+}
