@@ -74,8 +74,8 @@ pub struct HandlerSpec {
 }
 
 /// How long a handler held a slot for a job type lately: a moving average
-/// over its successful attempts, from the assignment to the report reaching
-/// the server, and when the last one ended.
+/// over its successful attempts (`record_duration`), and when the last one
+/// ended.
 #[derive(Clone, Copy, Debug)]
 struct Speed {
     millis: f64,
@@ -665,7 +665,8 @@ impl Dispatch {
     }
 
     /// A successful attempt of `job_type` held a slot of `handler` for
-    /// `millis`, from its assignment to its report reaching the server.
+    /// `millis`: from its assignment to its report, less the report's wait
+    /// for the engine's loop where the server knows when it came.
     pub fn record_duration(&mut self, handler: HandlerId, job_type: &Arc<str>, millis: i64, now: Timestamp) {
         let millis = millis.max(0) as f64;
         // Each worker process has a handler of its own: forget those gone

@@ -137,8 +137,9 @@ pub struct Grant {
 /// What an instance hears of the others' permits between settlements: the
 /// value changes whenever another instance says the split changed for
 /// others (it waits for slots, it wants less and gave back slots others
-/// want, it deactivated an instance), and it says whether such news is heard at all
-/// just now. While it is `false` nothing may be assumed unchanged.
+/// want, it deactivated an instance), and it says whether such news is
+/// heard at all just now. While it is `false` nothing may be assumed
+/// unchanged.
 pub type PermitNews = tokio::sync::watch::Receiver<bool>;
 
 /// Splits `capacity` slots over instances by what each wants (max-min

@@ -1,9 +1,9 @@
 //! Permit news: one connection of its own per instance listens on
 //! `NEWS_CHANNEL`, where an instance says that it waits for slots others
 //! hold, that it wants less and gave back slots others want, or that it
-//! deactivated another (`pg_notify`, delivered when its statement commits). Instances
-//! whose split did not change here can then leave the database alone until
-//! they hear something. News is rare on purpose: each one costs every
+//! deactivated another (`pg_notify`, delivered when its statement
+//! commits). Instances whose split did not change here can then leave the
+//! database alone until they hear something. News is rare on purpose: each one costs every
 //! listening session a transaction to read it.
 
 use std::time::Duration;
